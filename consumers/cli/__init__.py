@@ -1,0 +1,78 @@
+"""The ``partq`` command: the composition root that wires producer, coordinator and consumers.
+
+Exit codes: 0 ok, 2 usage or validation error, 1 runtime failure. Errors go to
+stderr as one line; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from consumers.cli.context import Context
+from consumers.cli.produce import produce
+from consumers.cli.streams import stream
+from producer.errors import PartqError, UsageError
+
+__all__ = ["cli", "main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--config", type=click.Path(dir_okay=False, path_type=Path), envvar="PARTQ_CONFIG",
+              help="TOML settings file (flags > PARTQ_* environment > file).")
+@click.option("--etcd-endpoints", help="Comma-separated etcd URLs [PARTQ_ETCD_ENDPOINTS].")
+@click.option("--etcd-user", help="etcd user [PARTQ_ETCD_USER].")
+@click.option("--etcd-ca", type=click.Path(path_type=Path), help="etcd CA file [PARTQ_ETCD_CA].")
+@click.option("--etcd-cert", type=click.Path(path_type=Path), help="etcd client cert [PARTQ_ETCD_CERT].")
+@click.option("--etcd-key", type=click.Path(path_type=Path), help="etcd client key [PARTQ_ETCD_KEY].")
+@click.option("--amqp-url", help="RabbitMQ URL [PARTQ_AMQP_URL].")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.version_option(package_name="partq")
+@click.pass_context
+def cli(ctx: click.Context, config: Path | None, debug: bool, **overrides: object) -> None:
+    """partq: keyed, ordered, balanced consumer groups for RabbitMQ, coordinated in etcd.
+
+    Passwords come from the environment or the config file only
+    (PARTQ_ETCD_PASSWORD, or inside PARTQ_AMQP_URL).
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    for noisy in ("pika", "grpc", "etcd3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if debug else logging.CRITICAL)
+    ctx.obj = Context(config=config, overrides=overrides, debug=debug)
+
+
+cli.add_command(stream)
+cli.add_command(produce)
+
+
+def main(argv: list[str] | None = None) -> int:
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="partq", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        return int(e.exit_code)
+    except click.Abort:
+        click.echo("partq: aborted", err=True)
+        return 130
+    except click.ClickException as e:
+        e.show()
+        return 2 if isinstance(e, click.UsageError) else int(e.exit_code)
+    except PartqError as e:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"partq: error: {e}", err=True)
+        return 2 if isinstance(e, UsageError) else 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

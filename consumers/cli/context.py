@@ -1,0 +1,28 @@
+"""What every subcommand gets: settings, built lazily so ``--help`` needs no servers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from coordinator.settings import Settings
+from coordinator.streams import Registry
+
+
+@dataclass
+class Context:
+    config: Path | None
+    overrides: dict[str, Any]
+    debug: bool = False
+    _registry: Registry | None = field(default=None, repr=False)
+
+    @cached_property
+    def settings(self) -> Settings:
+        return Settings.load(self.config, **self.overrides)
+
+    def registry(self) -> Registry:
+        if self._registry is None:
+            self._registry = Registry.connect(self.settings)
+        return self._registry

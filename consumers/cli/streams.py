@@ -1,0 +1,75 @@
+"""``partq stream create|describe|list|delete``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from consumers.cli.context import Context
+from coordinator import admin
+from producer.contract import QUEUE_TYPES, StreamSpec
+
+pass_context = click.make_pass_decorator(Context)
+
+
+@click.group()
+def stream() -> None:
+    """Create and inspect streams."""
+
+
+@stream.command()
+@click.argument("name")
+@click.option("--partitions", "-p", type=int, required=True, help="Fixed number of partitions.")
+@click.option("--queue-type", type=click.Choice(QUEUE_TYPES), default="quorum", show_default=True)
+@pass_context
+def create(ctx: Context, name: str, partitions: int, queue_type: str) -> None:
+    """Create stream NAME: its spec in etcd and its queues in RabbitMQ. Idempotent."""
+    spec = StreamSpec(name, partitions, queue_type)  # type: ignore[arg-type]
+    created = admin.create_stream(ctx.registry(), ctx.settings.amqp, spec)
+    verb = "created" if created else "exists, unchanged:"
+    click.echo(f"stream {name} {verb} {partitions} partitions, {queue_type} queues")
+
+
+@stream.command()
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def describe(ctx: Context, name: str, as_json: bool) -> None:
+    """Show stream NAME's spec and, per partition, queue depth and consumers."""
+    description = admin.describe(ctx.registry(), ctx.settings.amqp, name)
+    if as_json:
+        click.echo(json.dumps(description.to_dict(), indent=2))
+        return
+    spec = description.spec
+    click.echo(f"stream {spec.name}: {spec.partitions} partitions, {spec.queue_type} queues")
+    click.echo(f"{'partition':>9}  {'queue':<40} {'messages':>9} {'consumers':>9}")
+    for q in description.queues:
+        messages = "missing" if q.messages is None else str(q.messages)
+        consumers = "-" if q.consumers is None else str(q.consumers)
+        click.echo(f"{q.partition:>9}  {q.queue:<40} {messages:>9} {consumers:>9}")
+
+
+@stream.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def list_(ctx: Context, as_json: bool) -> None:
+    """List the streams stored in etcd."""
+    specs = ctx.registry().list_specs()
+    if as_json:
+        click.echo(json.dumps([json.loads(s.to_json()) for s in specs], indent=2))
+        return
+    for spec in specs:
+        click.echo(f"{spec.name}\t{spec.partitions}\t{spec.queue_type}")
+
+
+@stream.command()
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Really delete the queues and their messages.")
+@pass_context
+def delete(ctx: Context, name: str, yes: bool) -> None:
+    """Delete stream NAME: its queues (with their messages) and its etcd keys."""
+    if not yes:
+        raise click.UsageError(f"deleting {name} drops its messages: add --yes to confirm")
+    admin.delete(ctx.registry(), ctx.settings.amqp, name)
+    click.echo(f"stream {name} deleted")

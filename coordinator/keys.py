@@ -1,0 +1,83 @@
+"""The etcd key layout: the only module that formats partq's etcd keys.
+
+Everything lives under ``/partq/v1/``; per stream::
+
+    /partq/v1/streams/<stream>/spec                      the StreamSpec (JSON)
+    /partq/v1/streams/<stream>/members/<member>          one per consumer, on its lease
+    /partq/v1/streams/<stream>/leader/<lease hex>        election candidates, on their leases
+    /partq/v1/streams/<stream>/assignment/<partition>    owner of one partition (leader-written)
+    /partq/v1/streams/<stream>/claims/<partition>        "I am consuming it", on the owner's lease
+    /partq/v1/streams/<stream>/requests/<name>           operator requests (manual mode)
+
+Partitions are zero-padded to 5 digits so keys sort numerically.
+"""
+
+from __future__ import annotations
+
+ROOT = "/partq/v1"
+STREAMS = f"{ROOT}/streams/"
+
+
+def stream_prefix(stream: str) -> str:
+    return f"{STREAMS}{stream}/"
+
+
+def spec(stream: str) -> str:
+    return f"{stream_prefix(stream)}spec"
+
+
+def members(stream: str) -> str:
+    return f"{stream_prefix(stream)}members/"
+
+
+def member(stream: str, member_id: str) -> str:
+    return f"{members(stream)}{member_id}"
+
+
+def leader_prefix(stream: str) -> str:
+    return f"{stream_prefix(stream)}leader/"
+
+
+def leader_candidate(stream: str, lease_id: int) -> str:
+    return f"{leader_prefix(stream)}{lease_id:016x}"
+
+
+def assignments(stream: str) -> str:
+    return f"{stream_prefix(stream)}assignment/"
+
+
+def assignment(stream: str, partition: int) -> str:
+    return f"{assignments(stream)}{partition:05d}"
+
+
+def claims(stream: str) -> str:
+    return f"{stream_prefix(stream)}claims/"
+
+
+def claim(stream: str, partition: int) -> str:
+    return f"{claims(stream)}{partition:05d}"
+
+
+def requests(stream: str) -> str:
+    return f"{stream_prefix(stream)}requests/"
+
+
+def request(stream: str, name: str) -> str:
+    return f"{requests(stream)}{name}"
+
+
+def last_segment(key: str | bytes) -> str:
+    text = key.decode() if isinstance(key, bytes) else key
+    return text.rsplit("/", 1)[1]
+
+
+def partition_of(key: str | bytes) -> int:
+    return int(last_segment(key))
+
+
+def stream_of_spec(key: str | bytes) -> str | None:
+    """The stream name in a spec key, or None for any other key."""
+    text = key.decode() if isinstance(key, bytes) else key
+    if not text.startswith(STREAMS) or not text.endswith("/spec"):
+        return None
+    return text[len(STREAMS) : -len("/spec")]

@@ -1,0 +1,85 @@
+"""Stream specs in etcd: created once with a create-if-absent transaction, read by everyone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator import keys
+from coordinator.etcd import connect, etcd_errors
+from coordinator.settings import Settings
+from producer.contract import StreamSpec, validate_stream_name
+from producer.errors import SpecMismatch, StreamNotFound
+
+__all__ = ["Registry"]
+
+
+@dataclass(frozen=True)
+class Registry:
+    """Reads and creates stream specs. Implements ``producer.SpecSource``."""
+
+    client: Any
+    where: str
+
+    @classmethod
+    def connect(cls, settings: Settings | None = None) -> Registry:
+        settings = settings or Settings.load()
+        return cls(connect(settings), settings.etcd_endpoints)
+
+    def create(self, spec: StreamSpec) -> bool:
+        """Store ``spec``; True if created, False if an identical spec was there already.
+
+        A stored spec that differs raises :class:`SpecMismatch` naming both values.
+        """
+        key = keys.spec(spec.name)
+        client = self.client
+        with etcd_errors(self.where):
+            created, responses = client.transaction(
+                compare=[client.transactions.version(key) == 0],
+                success=[client.transactions.put(key, spec.to_json())],
+                failure=[client.transactions.get(key)],
+            )
+        if created:
+            return True
+        stored = StreamSpec.from_json(responses[0][0][0])
+        if stored.partitions != spec.partitions:
+            raise SpecMismatch(
+                f"stream {spec.name!r} already exists with {stored.partitions} partitions, "
+                f"not {spec.partitions}: partitions are fixed at creation "
+                f"(use --partitions {stored.partitions} or another stream name)"
+            )
+        if stored.queue_type != spec.queue_type:
+            raise SpecMismatch(
+                f"stream {spec.name!r} already exists with queue type {stored.queue_type}, "
+                f"not {spec.queue_type}"
+            )
+        return False
+
+    def read_spec(self, stream: str) -> StreamSpec:
+        validate_stream_name(stream)
+        with etcd_errors(self.where):
+            value, _meta = self.client.get(keys.spec(stream))
+        if value is None:
+            raise StreamNotFound(
+                f"stream {stream!r} does not exist in etcd at {self.where}: create it with "
+                f"`partq stream create {stream} --partitions N`"
+            )
+        return StreamSpec.from_json(value)
+
+    def list_specs(self) -> list[StreamSpec]:
+        with etcd_errors(self.where):
+            items = list(self.client.get_prefix(keys.STREAMS))
+        specs = [
+            StreamSpec.from_json(value)
+            for value, meta in items
+            if keys.stream_of_spec(meta.key) is not None
+        ]
+        return sorted(specs, key=lambda s: s.name)
+
+    def delete(self, stream: str) -> None:
+        """Remove every key of ``stream`` (used by tests and `partq stream delete`)."""
+        with etcd_errors(self.where):
+            self.client.delete_prefix(keys.stream_prefix(stream))
+
+    def close(self) -> None:
+        self.client.close()

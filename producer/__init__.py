@@ -1,0 +1,55 @@
+"""partq's producer side: the wire contract and the producer SDK.
+
+This package imports neither ``coordinator`` nor ``consumers``.
+"""
+
+from producer.amqp import DEFAULT_AMQP_URL, redact_url
+from producer.contract import (
+    StreamSpec,
+    dead_letter_queue,
+    exchange_name,
+    partition_for,
+    queue_name,
+    queue_pattern,
+    validate_stream_name,
+)
+from producer.errors import (
+    BrokerUnavailable,
+    ConnectionLost,
+    InvalidStreamName,
+    MessageNacked,
+    MessageUnroutable,
+    PartqError,
+    ProducerClosed,
+    PublishFailed,
+    SpecMismatch,
+    StreamNotFound,
+    UsageError,
+)
+from producer.publisher import Producer, Receipt, SpecSource
+
+__all__ = [
+    "DEFAULT_AMQP_URL",
+    "BrokerUnavailable",
+    "ConnectionLost",
+    "InvalidStreamName",
+    "MessageNacked",
+    "MessageUnroutable",
+    "PartqError",
+    "Producer",
+    "ProducerClosed",
+    "PublishFailed",
+    "Receipt",
+    "SpecMismatch",
+    "SpecSource",
+    "StreamNotFound",
+    "StreamSpec",
+    "UsageError",
+    "dead_letter_queue",
+    "exchange_name",
+    "partition_for",
+    "queue_name",
+    "queue_pattern",
+    "redact_url",
+    "validate_stream_name",
+]

@@ -1,0 +1,191 @@
+"""The wire contract every partq component shares.
+
+One place for each fact: the hash (:func:`partition_for`), the names of a
+stream's exchange and queues (:func:`queue_name` and friends), the message
+headers (:data:`HEADER_KEY` …) and the stream spec (:class:`StreamSpec`).
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import mmh3
+
+from producer.errors import InvalidStreamName, SpecMismatch, UsageError
+
+__all__ = [
+    "HEADER_KEY",
+    "HEADER_KEY_B64",
+    "HEADER_PARTITION",
+    "HEADER_PUBLISHED_MS",
+    "MAX_PARTITIONS",
+    "QueueType",
+    "StreamSpec",
+    "dead_letter_queue",
+    "decode_key",
+    "encode_key",
+    "exchange_name",
+    "partition_for",
+    "queue_name",
+    "queue_pattern",
+    "validate_stream_name",
+]
+
+QueueType = Literal["quorum", "classic"]
+QUEUE_TYPES: tuple[QueueType, ...] = ("quorum", "classic")
+MAX_PARTITIONS = 65_536
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
+_NAME_MAX = 100
+_PREFIX = "partq"
+
+HEADER_KEY = "partq-key"
+HEADER_KEY_B64 = "partq-key-b64"
+HEADER_PARTITION = "partq-partition"
+HEADER_PUBLISHED_MS = "partq-published-ms"
+
+
+def partition_for(key: str | bytes, partitions: int) -> int:
+    """The partition of ``key``: murmur3_x86_32(key bytes, seed 0), unsigned, mod ``partitions``.
+
+    ``str`` keys are hashed as UTF-8; ``bytes`` as they are. Any other type is a
+    ``TypeError`` (convert numbers to ``str`` yourself, so every language agrees).
+    """
+    if isinstance(key, str):
+        data = key.encode("utf-8")
+    elif isinstance(key, bytes | bytearray | memoryview):
+        data = bytes(key)
+    else:
+        raise TypeError(f"partition key must be str or bytes, not {type(key).__name__}")
+    if isinstance(partitions, bool) or not isinstance(partitions, int):
+        raise TypeError(f"partitions must be an int, not {type(partitions).__name__}")
+    if partitions < 1:
+        raise ValueError(f"partitions must be at least 1, got {partitions}")
+    return int(mmh3.hash(data, 0, signed=False)) % partitions
+
+
+def validate_stream_name(name: str) -> str:
+    """Return ``name`` if it is a valid stream name, else raise :class:`InvalidStreamName`."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > _NAME_MAX:
+        raise InvalidStreamName(
+            f"invalid stream name {name!r}: use lower-case letters, digits, '_', '.' and '-', "
+            f"starting with a letter or digit, at most {_NAME_MAX} characters "
+            f"(pattern [a-z0-9][a-z0-9_.-]*)"
+        )
+    return name
+
+
+def exchange_name(stream: str) -> str:
+    return f"{_PREFIX}.{stream}"
+
+
+def queue_name(stream: str, partition: int) -> str:
+    """The queue of one partition, e.g. ``partq.orders.p00007``; see :func:`queue_pattern`."""
+    if not 0 <= partition < MAX_PARTITIONS:
+        raise ValueError(f"partition {partition} is outside 0..{MAX_PARTITIONS - 1}")
+    return f"{_PREFIX}.{stream}.p{partition:05d}"
+
+
+def queue_pattern(stream: str) -> str:
+    """A regex that matches exactly the partition queues of ``stream``."""
+    return rf"^{re.escape(_PREFIX)}\.{re.escape(stream)}\.p\d{{5}}$"
+
+
+def dead_letter_queue(stream: str) -> str:
+    return f"{_PREFIX}.{stream}.dlq"
+
+
+def encode_key(key: str | bytes) -> dict[str, str]:
+    """Headers that carry ``key`` so that :func:`decode_key` gives back the same type."""
+    if isinstance(key, str):
+        return {HEADER_KEY: key}
+    return {HEADER_KEY_B64: base64.b64encode(bytes(key)).decode("ascii")}
+
+
+def decode_key(headers: Mapping[str, Any]) -> str | bytes | None:
+    if HEADER_KEY in headers:
+        value = headers[HEADER_KEY]
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    if HEADER_KEY_B64 in headers:
+        return base64.b64decode(headers[HEADER_KEY_B64])
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """A stream: its name, its fixed number of partitions and its queue type."""
+
+    name: str
+    partitions: int
+    queue_type: QueueType = "quorum"
+    version: int = 1
+
+    def __post_init__(self) -> None:
+        validate_stream_name(self.name)
+        if isinstance(self.partitions, bool) or not isinstance(self.partitions, int):
+            raise UsageError(f"partitions must be a whole number, got {self.partitions!r}")
+        if not 1 <= self.partitions <= MAX_PARTITIONS:
+            raise UsageError(
+                f"partitions must be between 1 and {MAX_PARTITIONS}, got {self.partitions}"
+            )
+        if self.queue_type not in QUEUE_TYPES:
+            raise UsageError(
+                f"queue type must be one of {', '.join(QUEUE_TYPES)}, got {self.queue_type!r}"
+            )
+
+    def partition_for(self, key: str | bytes) -> int:
+        return partition_for(key, self.partitions)
+
+    def queue(self, partition: int) -> str:
+        if not 0 <= partition < self.partitions:
+            raise ValueError(
+                f"partition {partition} is outside 0..{self.partitions - 1} of {self.name!r}"
+            )
+        return queue_name(self.name, partition)
+
+    @property
+    def exchange(self) -> str:
+        return exchange_name(self.name)
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return dead_letter_queue(self.name)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "v": self.version,
+                "name": self.name,
+                "partitions": self.partitions,
+                "queue_type": self.queue_type,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> StreamSpec:
+        doc = json.loads(raw)
+        if doc.get("v") != 1:
+            raise UsageError(
+                f"stream spec version {doc.get('v')!r} is not understood by this partq: upgrade it"
+            )
+        return cls(
+            name=doc["name"],
+            partitions=doc["partitions"],
+            queue_type=doc["queue_type"],
+            version=doc["v"],
+        )
+
+    def check_partitions(self, configured: int | None) -> None:
+        """Refuse to run when a configured partition count disagrees with this spec."""
+        if configured is not None and configured != self.partitions:
+            raise SpecMismatch(
+                f"stream {self.name!r} has {self.partitions} partitions in etcd, but "
+                f"{configured} were configured here: fix the configuration "
+                f"(partitions are fixed when a stream is created)"
+            )

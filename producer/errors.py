@@ -1,0 +1,80 @@
+"""partq's errors. Every error partq raises is a :class:`PartqError`.
+
+::
+
+    PartqError
+    ├── UsageError                 bad input or settings: fix the call (CLI exit code 2)
+    │   ├── InvalidStreamName
+    │   └── SpecMismatch           configured partitions disagree with the stored spec
+    ├── StreamNotFound             no spec in etcd: create the stream first
+    ├── BrokerUnavailable          RabbitMQ cannot be reached or refused us
+    ├── PublishFailed              a message was not confirmed (its future fails with this)
+    │   ├── MessageNacked
+    │   ├── MessageUnroutable
+    │   └── ConnectionLost
+    └── ProducerClosed
+
+``coordinator.errors`` and ``consumers.errors`` extend this tree. Library errors
+(pika's, etcd3's, grpc's) are translated where they are raised, so callers only
+ever see these, each with a message that says what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerUnavailable",
+    "ConnectionLost",
+    "InvalidStreamName",
+    "MessageNacked",
+    "MessageUnroutable",
+    "PartqError",
+    "ProducerClosed",
+    "PublishFailed",
+    "SpecMismatch",
+    "StreamNotFound",
+    "UsageError",
+]
+
+
+class PartqError(Exception):
+    """Base of every partq error."""
+
+
+class UsageError(PartqError, ValueError):
+    """The input or the settings are wrong; fix them and try again."""
+
+
+class InvalidStreamName(UsageError):
+    pass
+
+
+class SpecMismatch(UsageError):
+    pass
+
+
+class StreamNotFound(PartqError):
+    pass
+
+
+class BrokerUnavailable(PartqError):
+    pass
+
+
+class PublishFailed(PartqError):
+    """The broker did not confirm the message: it may not have been stored."""
+
+
+class MessageNacked(PublishFailed):
+    pass
+
+
+class MessageUnroutable(PublishFailed):
+    pass
+
+
+class ConnectionLost(PublishFailed):
+    pass
+
+
+class ProducerClosed(PartqError):
+    pass

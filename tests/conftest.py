@@ -1,0 +1,84 @@
+"""Fixtures that start real servers: a private etcd per session, the machine's RabbitMQ.
+
+A server that cannot be had is a skip on a developer's machine and a failure
+in CI (``CI`` set), so a green CI run always means the integration tiers ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.local import LocalEtcd
+from coordinator.settings import Settings
+from coordinator.streams import Registry
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+AMQP_URL = os.environ.get("PARTQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+
+
+def _unavailable(what: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} is required in CI", pytrace=False)
+    pytest.skip(f"{what} is not available here")
+
+
+def _docker_available() -> bool:
+    return Path("/var/run/docker.sock").exists()
+
+
+@pytest.fixture(scope="session")
+def partition_vectors() -> dict[str, Any]:
+    path = SHARED / "vectors" / "partition-vectors.json"
+    if not path.is_file():
+        pytest.fail(f"golden vectors missing: {path} (tests load them from ../shared)")
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[LocalEtcd]:
+    """A private etcd on a free loopback port (testcontainers' etcd where Docker runs)."""
+    try:
+        server = LocalEtcd().start()
+    except Exception as e:  # not installed, or it would not start
+        _unavailable(f"etcd ({e})")
+        raise
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def rabbitmq() -> str:
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=2):
+            pass
+    except OSError:
+        _unavailable("RabbitMQ on 127.0.0.1:5672")
+    return AMQP_URL
+
+
+@pytest.fixture
+def settings(etcd_server: LocalEtcd, rabbitmq: str) -> Settings:
+    return Settings.load(etcd_endpoints=etcd_server.endpoint, amqp_url=rabbitmq)
+
+
+@pytest.fixture
+def registry(settings: Settings) -> Iterator[Registry]:
+    registry = Registry.connect(settings)
+    yield registry
+    registry.close()
+
+
+@pytest.fixture
+def stream_name(request: pytest.FixtureRequest) -> str:
+    """A stream name no other test uses."""
+    base = request.node.name.lower().replace("[", "-").replace("]", "")
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in base)[:40]
+    return f"t-{safe}-{uuid.uuid4().hex[:8]}"

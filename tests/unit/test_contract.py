@@ -1,0 +1,96 @@
+"""The wire contract: the hash against the golden vectors, names, the spec."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from producer import (
+    InvalidStreamName,
+    SpecMismatch,
+    StreamSpec,
+    UsageError,
+    partition_for,
+    queue_name,
+    queue_pattern,
+)
+from producer.contract import decode_key, encode_key
+
+
+def _key(vector: dict[str, Any]) -> str | bytes:
+    return vector["key"] if "key" in vector else bytes.fromhex(vector["key_hex"])
+
+
+def test_every_golden_vector(partition_vectors: dict[str, Any]) -> None:
+    # Given the shared golden vectors
+    vectors = partition_vectors["vectors"]
+    assert len(vectors) >= 20
+    checked = 0
+    for vector in vectors:
+        key = _key(vector)
+        for partitions, expected in vector["partition"].items():
+            # When a key is hashed into P partitions / Then it lands where the vectors say
+            assert partition_for(key, int(partitions)) == expected, (key, partitions)
+            checked += 1
+        assert partition_for(key, 2**32) == vector["murmur3_x86_32"]
+    assert checked > 100
+
+
+def test_str_key_hashes_as_its_utf8_bytes() -> None:
+    assert partition_for("Ünïcødé", 1000) == partition_for("Ünïcødé".encode(), 1000)
+    assert partition_for(bytearray(b"abc"), 7) == partition_for(b"abc", 7)
+
+
+@pytest.mark.parametrize("key", [None, 42, 4.2, ["a"], object()])
+def test_other_key_types_are_type_errors(key: object) -> None:
+    with pytest.raises(TypeError, match="str or bytes"):
+        partition_for(key, 8)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("partitions", [0, -1])
+def test_partitions_below_one_are_value_errors(partitions: int) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        partition_for("k", partitions)
+
+
+def test_queue_names_match_their_stream_pattern_only() -> None:
+    pattern = re.compile(queue_pattern("orders"))
+    assert queue_name("orders", 7) == "partq.orders.p00007"
+    assert pattern.match(queue_name("orders", 65_535))
+    assert not pattern.match(queue_name("orders.x", 7))
+    assert not pattern.match(queue_name("orders2", 7))
+    assert not pattern.match("partq.orders.dlq")
+
+
+@pytest.mark.parametrize("name", ["", "Orders", "-x", "a b", "a/b", "x" * 101, "ä"])
+def test_invalid_stream_names_show_the_allowed_form(name: str) -> None:
+    with pytest.raises(InvalidStreamName, match=r"\[a-z0-9\]\[a-z0-9_.-\]\*"):
+        StreamSpec(name, 4)
+
+
+def test_spec_validates_and_round_trips() -> None:
+    spec = StreamSpec("orders.eu-1", 16, "classic")
+    assert StreamSpec.from_json(spec.to_json()) == spec
+    assert spec.queue(15) == "partq.orders.eu-1.p00015"
+    with pytest.raises(ValueError):
+        spec.queue(16)
+    for bad in (0, 65_537):
+        with pytest.raises(UsageError, match="between 1 and 65536"):
+            StreamSpec("s", bad)
+    with pytest.raises(UsageError, match="quorum, classic"):
+        StreamSpec("s", 4, "stream")  # type: ignore[arg-type]
+
+
+def test_configured_partitions_must_match_the_spec() -> None:
+    spec = StreamSpec("orders", 16)
+    spec.check_partitions(None)
+    spec.check_partitions(16)
+    with pytest.raises(SpecMismatch, match="16 partitions in etcd, but 8"):
+        spec.check_partitions(8)
+
+
+@pytest.mark.parametrize("key", ["user-1", "", "ключ", b"\x00\xff", b"plain"])
+def test_keys_round_trip_through_headers_with_their_type(key: str | bytes) -> None:
+    assert decode_key(encode_key(key)) == key
