@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coordinator.streams import Registry
-from producer.amqp import QueueStats, blocking_connection, declare_stream, delete_stream, queue_stats
+from producer.amqp import (
+    QueueStats,
+    blocking_connection,
+    declare_stream,
+    delete_stream,
+    queue_stats,
+)
 from producer.contract import StreamSpec
 from producer.errors import StreamNotFound
 

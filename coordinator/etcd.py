@@ -13,13 +13,14 @@ from typing import Any, ParamSpec, TypeVar
 
 import etcd3
 import etcd3.exceptions
+import etcd3.transactions
 import grpc
 
 from coordinator.errors import EtcdUnavailable
 from coordinator.settings import Settings
 from producer.errors import UsageError
 
-__all__ = ["connect", "etcd_errors", "translated"]
+__all__ = ["connect", "etcd_errors", "lease_is", "translated"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -87,3 +88,16 @@ def connect(settings: Settings) -> Any:
         )
         client.status()
     return client
+
+
+class _LeaseCompare(etcd3.transactions.BaseCompare):  # type: ignore[misc]
+    """``Compare(key).lease == id`` — python3-etcd3 has no helper for the LEASE target."""
+
+    def build_compare(self, compare: Any) -> None:
+        compare.target = etcd3.etcdrpc.Compare.LEASE
+        compare.lease = int(self.value)
+
+
+def lease_is(key: str, lease_id: int) -> Any:
+    """A transaction comparison that holds while ``key`` is attached to ``lease_id``."""
+    return _LeaseCompare(key) == lease_id

@@ -50,7 +50,9 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
-def connection_parameters(url: str, *, name: str, heartbeat: int | None = None) -> pika.URLParameters:
+def connection_parameters(
+    url: str, *, name: str, heartbeat: int | None = None
+) -> pika.URLParameters:
     if not url.startswith(("amqp://", "amqps://")):
         raise UsageError(
             f"AMQP URL {redact_url(url)!r} must start with amqp:// or amqps://, "

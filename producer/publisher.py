@@ -225,11 +225,11 @@ class Producer:
             metrics.FAILED.labels(*self._labels, reason).inc()
             pending.future.set_exception(error)
         metrics.IN_FLIGHT.labels(*self._labels).dec()
-        self._window.release()
         with self._idle:
             self._outstanding -= 1
             if self._outstanding == 0:
                 self._idle.notify_all()
+        self._window.release()  # only after the count: it must never exceed the window
 
     def _fail_all(self, error: PublishFailed | ProducerClosed) -> None:
         with self._lock:
@@ -294,7 +294,10 @@ class Producer:
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_connection_closed,
         )
-        connection.ioloop.start()
+        try:
+            connection.ioloop.start()
+        finally:
+            connection.ioloop.close()  # its wake-up socket pair would leak otherwise
 
     def _on_open_error(self, connection: SelectConnection, error: BaseException) -> None:
         if not self._ready.is_set():

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from consumers.cli.context import Context
+from consumers.cli.group import consume, coordinator, drain, move, rebalance, status
 from consumers.cli.produce import produce
 from consumers.cli.streams import stream
 from producer.errors import PartqError, UsageError
@@ -22,13 +23,21 @@ __all__ = ["cli", "main"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--config", type=click.Path(dir_okay=False, path_type=Path), envvar="PARTQ_CONFIG",
-              help="TOML settings file (flags > PARTQ_* environment > file).")
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="PARTQ_CONFIG",
+    help="TOML settings file (flags > PARTQ_* environment > file).",
+)
 @click.option("--etcd-endpoints", help="Comma-separated etcd URLs [PARTQ_ETCD_ENDPOINTS].")
 @click.option("--etcd-user", help="etcd user [PARTQ_ETCD_USER].")
 @click.option("--etcd-ca", type=click.Path(path_type=Path), help="etcd CA file [PARTQ_ETCD_CA].")
-@click.option("--etcd-cert", type=click.Path(path_type=Path), help="etcd client cert [PARTQ_ETCD_CERT].")
-@click.option("--etcd-key", type=click.Path(path_type=Path), help="etcd client key [PARTQ_ETCD_KEY].")
+@click.option(
+    "--etcd-cert", type=click.Path(path_type=Path), help="etcd client cert [PARTQ_ETCD_CERT]."
+)
+@click.option(
+    "--etcd-key", type=click.Path(path_type=Path), help="etcd client key [PARTQ_ETCD_KEY]."
+)
 @click.option("--amqp-url", help="RabbitMQ URL [PARTQ_AMQP_URL].")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.version_option(package_name="partq")
@@ -50,6 +59,8 @@ def cli(ctx: click.Context, config: Path | None, debug: bool, **overrides: objec
 
 cli.add_command(stream)
 cli.add_command(produce)
+for _command in (consume, coordinator, status, rebalance, move, drain):
+    cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,19 +35,19 @@ def parse_lines(stream: IO[str]) -> Iterator[Line | str]:
         try:
             doc = json.loads(raw)
         except json.JSONDecodeError as e:
-            yield f"line {number}: not JSON ({e.msg}); expected {{\"key\": ..., \"body\": ...}}"
+            yield f'line {number}: not JSON ({e.msg}); expected {{"key": ..., "body": ...}}'
             continue
         if not isinstance(doc, dict) or "key" not in doc or "body" not in doc:
-            yield f"line {number}: expected an object with \"key\" and \"body\""
+            yield f'line {number}: expected an object with "key" and "body"'
             continue
         key, body = doc["key"], doc["body"]
         if not isinstance(key, str):
-            yield f"line {number}: \"key\" must be a string, got {type(key).__name__}"
+            yield f'line {number}: "key" must be a string, got {type(key).__name__}'
             continue
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         headers = doc.get("headers")
         if headers is not None and not isinstance(headers, dict):
-            yield f"line {number}: \"headers\" must be an object"
+            yield f'line {number}: "headers" must be an object'
             continue
         message_id = doc.get("message_id")
         yield Line(number, key, data, headers, None if message_id is None else str(message_id))
@@ -57,14 +57,30 @@ def parse_lines(stream: IO[str]) -> Iterator[Line | str]:
 @click.argument("name")
 @click.option("--key", "-k", help="Key of a single message.")
 @click.option("--body", "-b", help="Body of a single message.")
-@click.option("--from", "source", type=click.File("r"),
-              help="JSON lines {\"key\": …, \"body\": …} ('-' = stdin; the default without --key).")
+@click.option(
+    "--from",
+    "source",
+    type=click.File("r"),
+    help='JSON lines {"key": …, "body": …} (\'-\' = stdin; the default without --key).',
+)
 @click.option("--partitions", type=int, help="Expected partition count; refused if etcd differs.")
-@click.option("--window", type=click.IntRange(1, 100_000), default=1000, show_default=True,
-              help="Unconfirmed messages in flight at most.")
+@click.option(
+    "--window",
+    type=click.IntRange(1, 100_000),
+    default=1000,
+    show_default=True,
+    help="Unconfirmed messages in flight at most.",
+)
 @pass_context
-def produce(ctx: Context, name: str, key: str | None, body: str | None, source: IO[str] | None,
-            partitions: int | None, window: int) -> None:
+def produce(
+    ctx: Context,
+    name: str,
+    key: str | None,
+    body: str | None,
+    source: IO[str] | None,
+    partitions: int | None,
+    window: int,
+) -> None:
     """Publish keyed messages to stream NAME and print a summary."""
     if (key is None) != (body is None):
         raise click.UsageError("give both --key and --body, or neither (to read JSON lines)")
@@ -80,15 +96,22 @@ def produce(ctx: Context, name: str, key: str | None, body: str | None, source: 
     failed = 0
     futures: list[tuple[int, Future[Receipt]]] = []
     started = time.monotonic()
-    with Producer(name, amqp_url=settings.amqp, etcd=ctx.registry(), partitions=partitions,
-                  window=window) as producer:
+    with Producer(
+        name, amqp_url=settings.amqp, etcd=ctx.registry(), partitions=partitions, window=window
+    ) as producer:
         for line in lines:
             if isinstance(line, str):
                 invalid += 1
                 click.echo(f"partq: skipped {line}", err=True)
                 continue
-            futures.append((line.number, producer.publish(
-                line.key, line.body, headers=line.headers, message_id=line.message_id)))
+            futures.append(
+                (
+                    line.number,
+                    producer.publish(
+                        line.key, line.body, headers=line.headers, message_id=line.message_id
+                    ),
+                )
+            )
         producer.flush(timeout=None)
     for number, future in futures:
         error = future.exception()

@@ -69,7 +69,9 @@ def bounds(partitions: int, weight: int, total: int) -> tuple[int, int]:
     return (partitions * weight) // total, -((-partitions * weight) // total)
 
 
-def held_now(partitions: int, members: Mapping[str, int], current: Mapping[int, str]) -> Counter[str]:
+def held_now(
+    partitions: int, members: Mapping[str, int], current: Mapping[int, str]
+) -> Counter[str]:
     """c_m: in-range partitions each live member holds in `current`."""
     return Counter(o for p, o in current.items() if 0 <= p < partitions and o in members)
 

@@ -1,0 +1,43 @@
+"""partq's consumer side: the daemon and its handler API.
+
+>>> def handle(message: consumers.Message) -> None:   # doctest: +SKIP
+...     print(message.key, message.body)               # returning acks the message
+>>> consumers.run("orders", handle)                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from consumers.daemon import Consumer, ConsumerConfig
+from consumers.message import Handler, Message, load_handler
+from consumers.signals import on_stop_signals
+from coordinator.settings import Settings
+from coordinator.streams import Registry
+
+__all__ = ["Consumer", "ConsumerConfig", "Handler", "Message", "load_handler", "run"]
+
+
+def run(
+    stream: str,
+    handler: Handler,
+    *,
+    settings: Settings | None = None,
+    install_signal_handlers: bool = True,
+    **config: object,
+) -> int:
+    """Consume ``stream`` with ``handler`` until SIGTERM/SIGINT; returns an exit code.
+
+    The first signal drains (finish and ack what was delivered, release the
+    partitions, revoke the lease) within ``drain_timeout``; a second exits at once.
+    """
+    settings = settings or Settings.load()
+    registry = Registry.connect(settings)
+    consumer = Consumer(
+        registry, handler, ConsumerConfig(stream=stream, **config),  # type: ignore[arg-type]
+        amqp_url=settings.amqp,
+    )  # fmt: skip
+    if install_signal_handlers:
+        on_stop_signals(consumer.stop)
+    try:
+        return consumer.run()
+    finally:
+        registry.close()

@@ -1,0 +1,241 @@
+"""``partq consume|coordinator|status|rebalance|move|drain``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import click
+
+from consumers.cli.context import Context
+from consumers.daemon import Consumer, ConsumerConfig
+from consumers.http import serve
+from consumers.message import load_handler
+from consumers.signals import on_stop_signals
+from coordinator.group import Group
+from coordinator.service import CoordinatorConfig, StreamCoordinator, plan
+from coordinator.status import render_html, snapshot_status
+
+pass_context = click.make_pass_decorator(Context)
+log = logging.getLogger("partq.cli")
+
+
+@click.command()
+@click.argument("stream")
+@click.option("--handler", required=True, help="The handler, as pkg.module:function.")
+@click.option("--member-id", envvar="PARTQ_MEMBER_ID", help="Stable member id (e.g. pod name).")
+@click.option("--weight", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--prefetch", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--ttl", type=click.IntRange(min=1), default=5, show_default=True, help="Lease TTL in seconds."
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Handler attempts before a message goes to the dead-letter queue.",
+)
+@click.option("--drain-timeout", type=float, default=20.0, show_default=True)
+@click.option("--partitions", type=int, help="Expected partition count; refused if etcd differs.")
+@click.option("--http-host", default="127.0.0.1", show_default=True)
+@click.option("--http-port", type=int, default=9401, show_default=True, help="0: pick a free port.")
+@pass_context
+def consume(
+    ctx: Context,
+    stream: str,
+    handler: str,
+    member_id: str | None,
+    weight: int,
+    prefetch: int,
+    ttl: int,
+    max_attempts: int,
+    drain_timeout: float,
+    partitions: int | None,
+    http_host: str,
+    http_port: int,
+) -> None:
+    """Consume STREAM's assigned partitions with HANDLER until SIGTERM/SIGINT."""
+    function = load_handler(handler)
+    config = ConsumerConfig(
+        stream=stream, member_id=member_id, weight=weight, prefetch=prefetch, ttl=ttl,
+        max_attempts=max_attempts, drain_timeout=drain_timeout, partitions=partitions,
+    )  # fmt: skip
+    consumer = Consumer(ctx.registry(), function, config, amqp_url=ctx.settings.amqp)
+    server = serve(http_host, http_port, live=consumer.alive.is_set, ready=consumer.ready.is_set)
+    log.info(
+        "member %s serving /livez /readyz /metrics on %s:%d",
+        consumer.member,
+        http_host,
+        server.server_port,
+    )
+    on_stop_signals(consumer.stop)
+    code = consumer.run()
+    server.shutdown()
+    raise click.exceptions.Exit(code)
+
+
+@click.command()
+@click.argument("streams", nargs=-1, required=True)
+@click.option("--min-members", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--settle",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds the member set must stay unchanged before assigning.",
+)
+@click.option("--max-moves", type=click.IntRange(min=1), help="Partitions in motion at most.")
+@click.option("--manual", is_flag=True, help="Move nothing until `partq rebalance`.")
+@click.option("--ttl", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--http-host", default="127.0.0.1", show_default=True)
+@click.option("--http-port", type=int, default=9400, show_default=True, help="0: pick a free port.")
+@pass_context
+def coordinator(
+    ctx: Context,
+    streams: tuple[str, ...],
+    min_members: int,
+    settle: float,
+    max_moves: int | None,
+    manual: bool,
+    ttl: int,
+    http_host: str,
+    http_port: int,
+) -> None:
+    """Run a coordinator for STREAMS (one leads per stream; run several for failover)."""
+    registry = ctx.registry()
+    for stream in streams:
+        registry.read_spec(stream)  # fail now, not in a thread, for a stream that does not exist
+    config = CoordinatorConfig(
+        min_members=min_members, settle=settle, max_moves=max_moves, manual=manual, ttl=ttl
+    )
+    threads = [StreamCoordinator(registry, s, config) for s in streams]
+    stop = threading.Event()
+
+    def page() -> str:
+        return render_html([snapshot_status(registry, ctx.settings.amqp, s) for s in streams])
+
+    server = serve(
+        http_host,
+        http_port,
+        live=lambda: all(t.is_alive() for t in threads),
+        ready=lambda: not stop.is_set(),
+        page=page,
+    )
+    log.info(
+        "coordinating %s; status page on http://%s:%d/",
+        ", ".join(streams),
+        http_host,
+        server.server_port,
+    )
+    on_stop_signals(stop.set)
+    for thread in threads:
+        thread.start()
+    while not stop.wait(1.0):
+        if not all(t.is_alive() for t in threads):
+            break
+    for thread in threads:
+        thread.stop()
+    for thread in threads:
+        thread.join(timeout=10)
+    server.shutdown()
+
+
+@click.command()
+@click.argument("stream")
+@click.option("--json", "as_json", is_flag=True)
+@pass_context
+def status(ctx: Context, stream: str, as_json: bool) -> None:
+    """Leader, members, assignment, claims, queue depths and moves in progress of STREAM."""
+    report = snapshot_status(ctx.registry(), ctx.settings.amqp, stream)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    click.echo(f"stream {stream}: {report['partitions']} partitions, {report['queue_type']}")
+    click.echo(f"leader: {report['leader'] or '-'}")
+    click.echo(f"members ({len(report['members'])}):")
+    for m in report["members"]:
+        click.echo(
+            f"  {m['id']:<30} weight {m['weight']}  age {m['age_s']:.0f}s  "
+            f"owns {m['owns']}  host {m['host']} pid {m['pid']}"
+        )
+    click.echo(f"unassigned: {report['unassigned'] or '-'}")
+    click.echo(f"moves in progress: {report['in_motion'] or '-'}")
+    click.echo(
+        f"{'partition':>9}  {'owner':<30} {'claimed by':<30} {'messages':>8} {'consumers':>9}"
+    )
+    for row in report["rows"]:
+        click.echo(
+            f"{row['partition']:>9}  {row['owner'] or '-':<30} {row['claim'] or '-':<30} "
+            f"{_num(row['messages']):>8} {_num(row['consumers']):>9}"
+        )
+
+
+def _num(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+@click.command()
+@click.argument("stream")
+@click.option("--dry-run", is_flag=True, help="Print the planned moves; change nothing.")
+@click.option("--max-moves", type=click.IntRange(min=1))
+@pass_context
+def rebalance(ctx: Context, stream: str, dry_run: bool, max_moves: int | None) -> None:
+    """Ask the leader to rebalance STREAM now (needed in --manual mode)."""
+    registry = ctx.registry()
+    spec = registry.read_spec(stream)
+    group = Group(registry.client, registry.where, stream)
+    state = group.snapshot()
+    excluded = {r["member"] for n, r in state.requests.items() if n.startswith("drain-")}
+    target = plan(spec, state.members, state.assignment, state.claims, excluded, max_moves)
+    changes = [
+        (p, state.assignment.get(p), o)
+        for p, o in sorted(target.items())
+        if state.assignment.get(p) != o
+    ]
+    for partition, old, new in changes:
+        click.echo(f"partition {partition}: {old or '(unassigned)'} -> {new}")
+    click.echo(f"{len(changes)} partitions would change owner")
+    if not dry_run:
+        group.request("rebalance")
+        click.echo("rebalance requested; the leading coordinator carries it out")
+
+
+@click.command()
+@click.argument("stream")
+@click.option("--partition", "-p", type=int, required=True)
+@click.option("--to", "member", required=True, help="The member that should own it.")
+@pass_context
+def move(ctx: Context, stream: str, partition: int, member: str) -> None:
+    """Move one partition of STREAM to MEMBER."""
+    registry = ctx.registry()
+    spec = registry.read_spec(stream)
+    if not 0 <= partition < spec.partitions:
+        raise click.BadParameter(
+            f"{stream} has partitions 0..{spec.partitions - 1}", param_hint="--partition"
+        )
+    group = Group(registry.client, registry.where, stream)
+    if member not in group.snapshot().members:
+        raise click.BadParameter(
+            f"{member!r} is not a live member of {stream} (see partq status)", param_hint="--to"
+        )
+    group.request(f"move-{partition}", partition=partition, to=member)
+    click.echo(f"move of partition {partition} to {member} requested")
+
+
+@click.command()
+@click.argument("stream")
+@click.argument("member")
+@pass_context
+def drain(ctx: Context, stream: str, member: str) -> None:
+    """Move every partition of STREAM away from MEMBER (until it leaves)."""
+    registry = ctx.registry()
+    registry.read_spec(stream)
+    group = Group(registry.client, registry.where, stream)
+    state = group.snapshot()
+    if member not in state.members:
+        raise click.BadParameter(f"{member!r} is not a live member of {stream}")
+    group.request(f"drain-{member}", member=member)
+    owned = sorted(p for p, o in state.assignment.items() if o == member)
+    click.echo(f"drain of {member} requested ({len(owned)} partitions to move)")

@@ -1,0 +1,365 @@
+"""The consumer daemon: joins a stream's group and consumes the partitions assigned to it.
+
+One controller thread owns all state. etcd watch events, broker callbacks,
+worker reports and signals reach it through one queue; it steps each
+partition's pure state machine (``consumers.handoff``) and carries out the
+commands: claim/release in etcd, subscribe/cancel at the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from consumers import metrics
+from consumers.broker import Broker, Delivery
+from consumers.handoff import Command, Event, Holder, Phase, State, step
+from consumers.message import Handler
+from consumers.worker import DeadLetters, Worker
+from coordinator.errors import EtcdUnavailable
+from coordinator.group import Claim, Group, WatchEvent
+from coordinator.session import Session
+from coordinator.streams import Registry
+from producer.amqp import DEFAULT_AMQP_URL
+from producer.contract import StreamSpec
+
+__all__ = ["Consumer", "ConsumerConfig"]
+
+log = logging.getLogger("partq.consumer")
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    stream: str
+    member_id: str | None = None
+    weight: int = 1
+    prefetch: int = 100
+    ttl: int = 5
+    heartbeat: int | None = None  # AMQP heartbeat; default: the lease TTL
+    max_attempts: int = 5
+    retry_backoff: float = 0.1
+    drain_timeout: float = 20.0
+    partitions: int | None = None  # expected partition count; refused if etcd differs
+    version: str = "0.1.0"
+
+    def __post_init__(self) -> None:
+        if self.weight < 1:
+            raise ValueError(f"weight must be at least 1, got {self.weight}")
+        if self.prefetch < 1:
+            raise ValueError(f"prefetch must be at least 1, got {self.prefetch}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max attempts must be at least 1, got {self.max_attempts}")
+
+    @property
+    def member(self) -> str:
+        return self.member_id or default_member_id()
+
+
+def default_member_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+
+
+class Consumer:
+    def __init__(
+        self,
+        registry: Registry,
+        handler: Handler,
+        config: ConsumerConfig,
+        *,
+        amqp_url: str = DEFAULT_AMQP_URL,
+    ) -> None:
+        self.registry = registry
+        self.handler = handler
+        self.config = config
+        self.member = config.member
+        self.spec: StreamSpec = registry.read_spec(config.stream)
+        self.spec.check_partitions(config.partitions)
+        self.group = Group(registry.client, registry.where, config.stream)
+        self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.states = {p: State() for p in range(self.spec.partitions)}
+        self.assignment: dict[int, str] = {}
+        self.claims: dict[int, Claim] = {}
+        self.workers: dict[int, Worker] = {}
+        self.freed_at: dict[int, float] = {}
+        self.session: Session | None = None
+        self.watch_id: int | None = None
+        self.stopping = False
+        self.ready = threading.Event()
+        self.alive = threading.Event()
+        self._resync_backoff = 0.2
+        self._labels = (self.spec.name, self.member)
+        self.dead_letters = DeadLetters(amqp_url, self.spec, self.member)
+        self.broker = Broker(
+            amqp_url, self.spec,
+            prefetch=config.prefetch,
+            heartbeat=config.heartbeat or config.ttl,
+            name=f"partq-consumer-{self.member}",
+            deliver=self._deliver,
+            on_subscribed=lambda p: self.events.put(("part", p, Event.SUBSCRIBED)),
+            on_drained=lambda p: self.events.put(("part", p, Event.DRAINED)),
+            on_channel_lost=lambda p: self.events.put(("part", p, Event.CHANNEL_LOST)),
+            on_connection=lambda up: self.events.put(("broker", up)),
+        )  # fmt: skip
+
+    # -- public --------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Drain, release claims, revoke the lease, return from :meth:`run`."""
+        self.events.put(("stop",))
+
+    def owned(self) -> list[int]:
+        return sorted(p for p, s in self.states.items() if s.phase is Phase.ACTIVE)
+
+    def run(self) -> int:
+        """Consume until :meth:`stop`; 0 after a clean drain, 1 if the drain deadline passed."""
+        self.alive.set()
+        self.broker.start()
+        self._join()
+        deadline: float | None = None
+        try:
+            while True:
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    event = self.events.get(timeout=timeout)
+                except queue.Empty:
+                    log.error("drain deadline of %ss passed; exiting", self.config.drain_timeout)
+                    return 1
+                if event[0] == "stop" and not self.stopping:
+                    deadline = time.monotonic() + self.config.drain_timeout
+                    self._begin_stop()
+                else:
+                    self._on(event)
+                if self.stopping and all(s.phase is Phase.IDLE for s in self.states.values()):
+                    return 0
+        finally:
+            self._shutdown()
+
+    # -- events --------------------------------------------------------------------------
+
+    def _deliver(self, partition: int, item: Delivery | object) -> None:
+        worker = self.workers.get(partition)
+        if worker is not None:
+            worker.inbox.put(item)
+
+    def _on(self, event: tuple[Any, ...]) -> None:
+        kind = event[0]
+        if kind == "watch":
+            self._apply(event[1])
+        elif kind == "watch-error":
+            if not self.stopping:
+                log.warning("etcd watch failed: %s; consuming on, resyncing", event[1])
+                self._schedule("resync")
+        elif kind == "resync":
+            self._resync()
+        elif kind == "lease-lost":
+            self._fence()
+        elif kind == "part":
+            self._feed(event[1], event[2])
+        elif kind == "retry-release":
+            self._run_command(event[1], Command.RELEASE)
+        elif kind == "broker":
+            self._update_ready()
+
+    def _apply(self, change: WatchEvent) -> None:
+        if change.kind == "assignment":
+            partition = int(change.name)
+            if change.value is None:
+                self.assignment.pop(partition, None)
+            else:
+                self.assignment[partition] = change.value["owner"]
+            self._sync(partition)
+        elif change.kind == "claim":
+            partition = int(change.name)
+            if change.value is None:
+                self.claims.pop(partition, None)
+            else:
+                self.claims[partition] = Claim(change.value["member"], change.lease)
+            self._sync(partition)
+
+    def _holder(self, partition: int) -> Holder:
+        claim = self.claims.get(partition)
+        if claim is None:
+            return Holder.NOBODY
+        return Holder.ME if self.session and claim.lease == self.session.id else Holder.OTHER
+
+    def _sync(self, partition: int) -> None:
+        """Feed the state machine whatever differs between it and the mirror."""
+        if partition >= self.spec.partitions:
+            return
+        state = self.states[partition]
+        assigned = self.assignment.get(partition) == self.member and not self.stopping
+        if assigned != state.assigned:
+            self._feed(partition, Event.ASSIGNED if assigned else Event.UNASSIGNED)
+        holder = self._holder(partition)
+        state = self.states[partition]
+        if holder is not state.holder:
+            if holder is Holder.NOBODY:
+                self.freed_at[partition] = time.time()
+                self._feed(partition, Event.CLAIM_FREE)
+            elif holder is Holder.OTHER:
+                self._feed(partition, Event.CLAIM_OTHER)
+
+    def _feed(self, partition: int, event: Event) -> None:
+        before = self.states[partition]
+        after, commands = step(before, event)
+        self.states[partition] = after
+        if before.phase is not after.phase:
+            log.debug(
+                "partition %d: %s -> %s on %s",
+                partition,
+                before.phase.value,
+                after.phase.value,
+                event.value,
+            )
+        if after.phase is Phase.ACTIVE and before.phase is not Phase.ACTIVE:
+            metrics.HANDOFFS.labels(*self._labels, "acquired").inc()
+            log.info("partition %d: consuming", partition)
+        if before.phase is Phase.DRAINING and after.phase is not Phase.DRAINING:
+            metrics.HANDOFFS.labels(*self._labels, "released").inc()
+            log.info("partition %d: drained and released", partition)
+        metrics.PARTITIONS_OWNED.labels(*self._labels).set(len(self.owned()))
+        for command in commands:
+            self._run_command(partition, command)
+
+    def _run_command(self, partition: int, command: Command) -> None:
+        session = self.session
+        if command is Command.SUBSCRIBE:
+            old = self.workers.get(partition)
+            if old is not None:
+                old.stop()
+            worker = Worker(
+                spec=self.spec, partition=partition, member=self.member, handler=self.handler,
+                broker=self.broker, session=session,  # type: ignore[arg-type]
+                dead_letters=self.dead_letters, max_attempts=self.config.max_attempts,
+                retry_backoff=self.config.retry_backoff, previous=old,
+                freed_at=self.freed_at.pop(partition, None),
+            )  # fmt: skip
+            self.workers[partition] = worker
+            worker.start()
+            self.broker.subscribe(partition)
+        elif command is Command.CANCEL:
+            self.broker.cancel(partition)
+        elif command is Command.CLAIM:
+            assert session is not None
+            try:
+                ok = self.group.claim(partition, self.member, session)
+            except EtcdUnavailable as e:
+                log.warning("partition %d: cannot claim: %s", partition, e)
+                ok = False
+                self._schedule("resync")
+            self._feed(partition, Event.CLAIMED if ok else Event.CLAIM_REFUSED)
+        elif command is Command.RELEASE:
+            worker = self.workers.pop(partition, None)
+            if worker is not None:
+                worker.stop()
+            assert session is not None
+            try:
+                self.group.release(partition, session)
+            except EtcdUnavailable as e:
+                log.warning("partition %d: cannot release the claim yet: %s", partition, e)
+                self._schedule("retry-release", partition)
+                return
+            self._feed(partition, Event.RELEASED)
+
+    def _schedule(self, kind: str, *args: Any) -> None:
+        delay = self._resync_backoff
+        self._resync_backoff = min(self._resync_backoff * 2, 5.0)
+        timer = threading.Timer(delay, self.events.put, args=((kind, *args),))
+        timer.daemon = True
+        timer.start()
+
+    # -- membership, sessions, fencing ---------------------------------------------------
+
+    def _join(self) -> None:
+        """New session, register the member, mirror the group (retrying while etcd is down)."""
+        backoff = 0.2
+        while True:
+            try:
+                self.session = Session(
+                    self.registry.client, self.registry.where, self.config.ttl,
+                    on_lost=lambda: self.events.put(("lease-lost",)),
+                    on_renewal_failure=metrics.LEASE_RENEWAL_FAILURES.labels(*self._labels).inc,
+                )  # fmt: skip
+                self.group.join(self.session, self.member, self.config.weight, self.config.version)
+                break
+            except EtcdUnavailable as e:
+                log.warning("cannot join %s: %s; retrying in %.1fs", self.spec.name, e, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        log.info("joined %s as %s (lease %x)", self.spec.name, self.member, self.session.id)
+        self._resync()
+
+    def _resync(self) -> None:
+        if self.watch_id is not None:
+            self.group.cancel_watch(self.watch_id)
+            self.watch_id = None
+        try:
+            state = self.group.snapshot()
+            self.watch_id = self.group.watch(
+                state.revision,
+                lambda e: self.events.put(
+                    ("watch-error", e) if isinstance(e, Exception) else ("watch", e)
+                ),
+            )
+        except EtcdUnavailable as e:
+            log.warning("cannot read the group from etcd: %s; consuming on", e)
+            self._schedule("resync")
+            return
+        self._resync_backoff = 0.2
+        self.assignment = dict(state.assignment)
+        self.claims = dict(state.claims)
+        for partition in range(self.spec.partitions):
+            self._sync(partition)
+        self._update_ready()
+
+    def _fence(self) -> None:
+        """Our lease is gone: others may own our partitions now. Stop at once, then rejoin."""
+        log.warning("lease lost: stopping every partition and rejoining")
+        self.ready.clear()
+        self.broker.close_all()
+        for worker in self.workers.values():
+            worker.stop()
+        self.workers.clear()
+        self.states = {p: State() for p in range(self.spec.partitions)}
+        metrics.PARTITIONS_OWNED.labels(*self._labels).set(0)
+        if self.session is not None:
+            self.session.close(revoke=False)
+        if not self.stopping:
+            self._join()
+
+    def _begin_stop(self) -> None:
+        log.info("stopping: leaving the group and draining %d partitions", len(self.owned()))
+        self.stopping = True
+        self.ready.clear()
+        if self.session is not None:
+            try:
+                self.group.leave(self.member, self.session)
+            except EtcdUnavailable as e:
+                log.warning("cannot leave the group in etcd: %s", e)
+        for partition in range(self.spec.partitions):
+            self._sync(partition)
+
+    def _update_ready(self) -> None:
+        if not self.stopping and self.broker.connected.is_set() and self.session is not None:
+            self.ready.set()
+        else:
+            self.ready.clear()
+
+    def _shutdown(self) -> None:
+        self.ready.clear()
+        if self.watch_id is not None:
+            self.group.cancel_watch(self.watch_id)
+        for worker in self.workers.values():
+            worker.stop()
+        self.broker.stop()
+        self.broker.join(timeout=5)
+        if self.session is not None:
+            self.session.close(revoke=True)
+        self.alive.clear()

@@ -1,0 +1,125 @@
+"""One partition's handoff state machine, pure: ``step(state, event) -> (state, commands)``.
+
+revoke → drain → release → grant, as in ARCHITECTURE.md::
+
+    IDLE ──assigned──▶ CLAIMING ──claimed──▶ SUBSCRIBING ──subscribed──▶ ACTIVE
+      ▲    (claim held by another: WAITING until it is deleted)              │
+      │                                                               unassigned
+    RELEASING ◀──drained (cancel-ok, every delivery acked, channel closed)── DRAINING
+
+The shell (``consumers.daemon``) turns etcd watch events and broker callbacks
+into events and carries out the commands; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+__all__ = ["Command", "Event", "Holder", "Phase", "State", "step"]
+
+
+class Phase(Enum):
+    IDLE = "idle"
+    WAITING = "waiting"  # assigned to us, another member still holds the claim
+    CLAIMING = "claiming"
+    SUBSCRIBING = "subscribing"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    RELEASING = "releasing"
+
+
+class Holder(Enum):
+    NOBODY = "nobody"
+    ME = "me"
+    OTHER = "other"
+
+
+class Event(Enum):
+    ASSIGNED = "assigned"  # the assignment names us
+    UNASSIGNED = "unassigned"
+    CLAIM_FREE = "claim-free"  # the claim key was deleted
+    CLAIM_OTHER = "claim-other"
+    CLAIMED = "claimed"  # our claim transaction succeeded
+    CLAIM_REFUSED = "claim-refused"
+    SUBSCRIBED = "subscribed"  # basic.consume-ok
+    DRAINED = "drained"
+    RELEASED = "released"
+    CHANNEL_LOST = "channel-lost"  # the broker closed our channel or connection
+
+
+class Command(Enum):
+    CLAIM = "claim"
+    SUBSCRIBE = "subscribe"
+    CANCEL = "cancel"  # basic.cancel, finish and ack what was delivered, close the channel
+    RELEASE = "release"
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    phase: Phase = Phase.IDLE
+    assigned: bool = False
+    holder: Holder = Holder.NOBODY
+
+    @property
+    def consuming(self) -> bool:
+        return self.phase in (Phase.SUBSCRIBING, Phase.ACTIVE, Phase.DRAINING)
+
+
+def _want(state: State) -> tuple[State, list[Command]]:
+    """From IDLE: go for the partition if it is assigned to us."""
+    if not state.assigned:
+        return replace(state, phase=Phase.IDLE), []
+    if state.holder is Holder.OTHER:
+        return replace(state, phase=Phase.WAITING), []
+    if state.holder is Holder.ME:  # our claim survived (e.g. after a broker reconnect)
+        return replace(state, phase=Phase.SUBSCRIBING), [Command.SUBSCRIBE]
+    return replace(state, phase=Phase.CLAIMING), [Command.CLAIM]
+
+
+def step(state: State, event: Event) -> tuple[State, list[Command]]:
+    phase = state.phase
+    if event is Event.ASSIGNED:
+        state = replace(state, assigned=True)
+        return _want(state) if phase in (Phase.IDLE, Phase.WAITING) else (state, [])
+    if event is Event.UNASSIGNED:
+        state = replace(state, assigned=False)
+        if phase is Phase.ACTIVE:
+            return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
+        if phase is Phase.WAITING:
+            return replace(state, phase=Phase.IDLE), []
+        return state, []  # CLAIMING/SUBSCRIBING finish first; DRAINING/RELEASING go on
+    if event is Event.CLAIM_FREE:
+        state = replace(state, holder=Holder.NOBODY)
+        return _want(state) if phase is Phase.WAITING else (state, [])
+    if event is Event.CLAIM_OTHER:
+        return replace(state, holder=Holder.OTHER), []
+    if event is Event.CLAIMED:
+        state = replace(state, holder=Holder.ME)
+        if not state.assigned:  # unassigned while the claim was in flight
+            return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
+        return replace(state, phase=Phase.SUBSCRIBING), [Command.SUBSCRIBE]
+    if event is Event.CLAIM_REFUSED:
+        state = replace(state, holder=Holder.OTHER)
+        return (replace(state, phase=Phase.WAITING if state.assigned else Phase.IDLE), [])
+    if event is Event.SUBSCRIBED:
+        if phase is not Phase.SUBSCRIBING:
+            return state, []
+        if not state.assigned:
+            return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
+        return replace(state, phase=Phase.ACTIVE), []
+    if event is Event.DRAINED:
+        if phase is not Phase.DRAINING:
+            return state, []
+        return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
+    if event is Event.RELEASED:
+        return _want(replace(state, phase=Phase.IDLE, holder=Holder.NOBODY))
+    if event is Event.CHANNEL_LOST:
+        if phase in (Phase.SUBSCRIBING, Phase.ACTIVE):
+            if state.assigned:
+                return replace(state, phase=Phase.SUBSCRIBING), [Command.SUBSCRIBE]
+            return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
+        if phase is Phase.DRAINING:  # the broker requeued what was unacked: nothing to finish
+            return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
+        return state, []
+    raise ValueError(f"unknown event {event!r}")

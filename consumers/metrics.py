@@ -1,0 +1,55 @@
+"""The consumer daemon's Prometheus metrics: every name the consumer exports is here."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+__all__ = [
+    "DEAD_LETTERED",
+    "HANDLED",
+    "HANDLER_SECONDS",
+    "HANDOFFS",
+    "HANDOFF_GAP_SECONDS",
+    "LEASE_RENEWAL_FAILURES",
+    "PARTITIONS_OWNED",
+    "REDELIVERIES",
+]
+
+HANDLED = Counter(
+    "partq_consumer_messages_handled",
+    "Messages handled, by outcome (ok, retry, dead_lettered)",
+    ["stream", "member", "outcome"],
+)
+HANDLER_SECONDS = Histogram(
+    "partq_consumer_handler_seconds",
+    "Time the handler took per message",
+    ["stream", "member"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+PARTITIONS_OWNED = Gauge(
+    "partq_consumer_partitions_owned", "Partitions this member consumes now", ["stream", "member"]
+)
+HANDOFFS = Counter(
+    "partq_consumer_handoffs",
+    "Partition handoffs by direction (acquired, released)",
+    ["stream", "member", "direction"],
+)
+HANDOFF_GAP_SECONDS = Histogram(
+    "partq_consumer_handoff_gap_seconds",
+    "From the previous owner's release of a partition to this member's subscription",
+    ["stream", "member"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+REDELIVERIES = Counter(
+    "partq_consumer_redeliveries",
+    "Deliveries flagged redelivered by the broker",
+    ["stream", "member"],
+)
+DEAD_LETTERED = Counter(
+    "partq_consumer_dead_lettered",
+    "Messages sent to the dead-letter queue after the retry bound",
+    ["stream", "member"],
+)
+LEASE_RENEWAL_FAILURES = Counter(
+    "partq_consumer_lease_renewal_failures", "Failed lease keepalives", ["stream", "member"]
+)

@@ -1,0 +1,62 @@
+"""The coordinator's Prometheus metrics: every name the coordinator exports is here."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+__all__ = [
+    "ASSIGNMENT_INFO",
+    "ETCD_SECONDS",
+    "IMBALANCE",
+    "IS_LEADER",
+    "MEMBERS",
+    "PARTITIONS_IN_MOTION",
+    "PARTITIONS_MOVED",
+    "PARTITIONS_UNASSIGNED",
+    "QUEUE_MESSAGES",
+    "REBALANCES",
+]
+
+IS_LEADER = Gauge(
+    "partq_coordinator_is_leader", "1 while this coordinator leads the stream", ["stream"]
+)
+MEMBERS = Gauge("partq_coordinator_members", "Live consumer members of the stream", ["stream"])
+PARTITIONS_UNASSIGNED = Gauge(
+    "partq_coordinator_partitions_unassigned",
+    "Partitions with no owner in the assignment",
+    ["stream"],
+)
+PARTITIONS_IN_MOTION = Gauge(
+    "partq_coordinator_partitions_in_motion",
+    "Partitions assigned to a member that has not claimed them yet",
+    ["stream"],
+)
+REBALANCES = Counter(
+    "partq_coordinator_rebalances",
+    "Assignments written, by reason (join, leave, manual, move, drain, startup)",
+    ["stream", "reason"],
+)
+PARTITIONS_MOVED = Counter(
+    "partq_coordinator_partitions_moved", "Partitions whose owner changed", ["stream"]
+)
+IMBALANCE = Gauge(
+    "partq_coordinator_imbalance_partitions",
+    "Largest distance of a member's partition count from its quota",
+    ["stream"],
+)
+ETCD_SECONDS = Histogram(
+    "partq_etcd_request_seconds",
+    "Latency of etcd requests made by partq",
+    ["operation"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+ASSIGNMENT_INFO = Gauge(
+    "partq_assignment_info",
+    "1 for each partition's current owner; join with RabbitMQ's queue metrics on `queue`",
+    ["stream", "partition", "member", "queue"],
+)
+QUEUE_MESSAGES = Gauge(
+    "partq_queue_messages",
+    "Messages ready in a partition queue (passive queue.declare)",
+    ["stream", "partition", "queue"],
+)

@@ -1,0 +1,117 @@
+"""A session: an etcd lease kept alive by a refresher thread for the life of a client.
+
+Like etcd's Go ``concurrency.Session``: ``lost`` is set when etcd says the
+lease is gone (expired or revoked). An etcd that cannot be *reached* does not
+end the session: nobody can take our partitions while etcd is down, and where
+etcd is up for others the broker's single-active-consumer keeps a new owner
+waiting until we stop. :meth:`fresh` tells whether the refresher has run
+recently, which is false right after the process was frozen (SIGSTOP): a
+consumer waits for the next refresh before handling more messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from coordinator.errors import EtcdUnavailable, LeaseLost
+from coordinator.etcd import etcd_errors
+
+__all__ = ["Session"]
+
+log = logging.getLogger("partq.session")
+
+
+class Session:
+    def __init__(
+        self,
+        client: Any,
+        where: str,
+        ttl: int = 5,
+        *,
+        on_lost: Callable[[], None] | None = None,
+        on_renewal_failure: Callable[[], None] | None = None,
+    ) -> None:
+        if ttl < 1:
+            raise ValueError(f"lease TTL must be at least 1 s, got {ttl}")
+        self.client = client
+        self.where = where
+        self.ttl = ttl
+        self.interval = ttl / 3
+        self.lost = threading.Event()
+        self._closed = threading.Event()
+        self._ticked = threading.Condition()
+        self._on_lost = on_lost
+        self._on_failure = on_renewal_failure
+        with etcd_errors(where):
+            self.lease = client.lease(ttl)
+        self.id: int = self.lease.id
+        self.last_tick = time.monotonic()
+        self.last_ok = self.last_tick
+        self._thread = threading.Thread(
+            target=self._refresh, name=f"lease-{self.id:x}", daemon=True
+        )
+        self._thread.start()
+
+    def _refresh(self) -> None:
+        while not self._closed.wait(self.interval):
+            started = time.monotonic()
+            try:
+                with etcd_errors(self.where):
+                    responses = list(self.client.refresh_lease(self.id))
+                remaining = responses[0].TTL if responses else 0
+            except EtcdUnavailable as e:
+                log.warning("cannot renew lease %x: %s", self.id, e)
+                if self._on_failure:
+                    self._on_failure()
+                remaining = None
+            with self._ticked:
+                self.last_tick = started
+                if remaining is not None and remaining > 0:
+                    self.last_ok = started
+                self._ticked.notify_all()
+            if remaining is not None and remaining <= 0:
+                log.warning("lease %x is gone (expired or revoked)", self.id)
+                self._lose()
+                return
+
+    def _lose(self) -> None:
+        if not self.lost.is_set():
+            self.lost.set()
+            if self._on_lost:
+                self._on_lost()
+
+    def fresh(self) -> bool:
+        """True while the refresher ran within the last two intervals."""
+        return time.monotonic() - self.last_tick < 2 * self.interval + 0.5
+
+    def wait_fresh(self, timeout: float) -> bool:
+        """After a freeze, wait for the refresher's next run; False if the lease is lost."""
+        deadline = time.monotonic() + timeout
+        with self._ticked:
+            while not self.fresh() and not self.lost.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._ticked.wait(left)
+        return not self.lost.is_set() and self.fresh()
+
+    def check(self) -> None:
+        if self.lost.is_set():
+            raise LeaseLost(f"lease {self.id:x} expired or was revoked")
+
+    def close(self, *, revoke: bool = True) -> None:
+        """Stop refreshing; revoke so that our keys vanish now instead of after a TTL."""
+        self._closed.set()
+        if revoke and not self.lost.is_set():
+            try:
+                with etcd_errors(self.where):
+                    self.client.revoke_lease(self.id)
+            except EtcdUnavailable as e:
+                log.warning(
+                    "could not revoke lease %x (it expires in %ss): %s", self.id, self.ttl, e
+                )
+        self._thread.join(timeout=self.interval + 1)

@@ -1,0 +1,117 @@
+"""A stream's status: leader, members, assignment, claims, queue depth; as data and as HTML."""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+from coordinator.group import Group
+from coordinator.service import in_motion
+from coordinator.streams import Registry
+from producer.amqp import blocking_connection, queue_stats
+from producer.errors import BrokerUnavailable
+
+__all__ = ["render_html", "snapshot_status"]
+
+
+def snapshot_status(registry: Registry, amqp_url: str, stream: str) -> dict[str, Any]:
+    spec = registry.read_spec(stream)
+    state = Group(registry.client, registry.where, stream).snapshot()
+    leader = None
+    if state.leaders:
+        leader = state.leaders[0][1].rsplit("/", 1)[1]
+    try:
+        with blocking_connection(amqp_url, name="partq-status") as connection:
+            stats = {q.partition: q for q in queue_stats(connection, spec)}
+    except BrokerUnavailable:
+        stats = {}
+    live = set(state.members)
+    owned = {p: o for p, o in state.assignment.items() if o in live}
+    moving = sorted(in_motion(owned, state.claims))
+    now = time.time()
+    rows = []
+    for p in range(spec.partitions):
+        q = stats.get(p)
+        claim = state.claims.get(p)
+        owner = owned.get(p)
+        if owner is None:
+            phase = "unassigned"
+        elif claim is None or claim.member != owner:
+            phase = "moving"
+        else:
+            phase = "consuming"
+        rows.append({
+            "partition": p, "queue": spec.queue(p), "owner": owner, "state": phase,
+            "claim": claim.member if claim else None,
+            "messages": q.messages if q else None, "consumers": q.consumers if q else None,
+        })  # fmt: skip
+    members = [
+        {
+            "id": m.id,
+            "weight": m.weight,
+            "host": m.host,
+            "pid": m.pid,
+            "version": m.version,
+            "age_s": max(0.0, now - m.started) if m.started else 0.0,
+            "owns": sum(1 for o in owned.values() if o == m.id),
+        }  # fmt: skip
+        for m in sorted(state.members.values(), key=lambda m: m.id)
+    ]
+    return {
+        "stream": stream,
+        "partitions": spec.partitions,
+        "queue_type": spec.queue_type,
+        "leader": leader,
+        "members": members,
+        "assignment": {str(p): o for p, o in sorted(owned.items())},
+        "claims": {str(p): c.member for p, c in sorted(state.claims.items())},
+        "unassigned": [p for p in range(spec.partitions) if p not in owned],
+        "in_motion": moving,
+        "rows": rows,
+    }
+
+
+def render_html(reports: list[dict[str, Any]], refresh_seconds: int = 2) -> str:
+    """A self-refreshing page: one partition table per stream."""
+    e = html.escape
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<meta http-equiv='refresh' content='{refresh_seconds}'>",
+        "<title>partq status</title><style>",
+        "body{font:14px system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}",
+        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}",
+        ".consuming{background:#e6f4ea}.moving{background:#fff4ce}.unassigned{background:#fde2e1}",
+        "</style></head><body><h1>partq status</h1>",
+    ]
+    for r in reports:
+        parts.append(
+            f"<h2 id='stream-{e(r['stream'])}'>{e(r['stream'])}</h2><p>{r['partitions']} "
+            f"partitions, {e(r['queue_type'])} queues; leader: {e(str(r['leader'] or '-'))}; "
+            f"unassigned: {len(r['unassigned'])}; moving: {len(r['in_motion'])}</p>"
+        )
+        parts.append(
+            "<h3>Members</h3><table><tr><th>member</th><th>weight</th><th>owns</th>"
+            "<th>age (s)</th><th>host</th><th>pid</th></tr>"
+        )
+        for m in r["members"]:
+            parts.append(
+                f"<tr><td>{e(m['id'])}</td><td>{m['weight']}</td><td>{m['owns']}</td>"
+                f"<td>{m['age_s']:.0f}</td><td>{e(m['host'])}</td><td>{m['pid']}</td></tr>"
+            )
+        parts.append(
+            "</table><h3>Partitions</h3><table class='partitions'><tr><th>partition</th>"
+            "<th>owner</th><th>state</th><th>claimed by</th><th>queue</th>"
+            "<th>messages</th><th>consumers</th></tr>"
+        )
+        for row in r["rows"]:
+            parts.append(
+                f"<tr class='{row['state']}'><td>{row['partition']}</td>"
+                f"<td>{e(row['owner'] or '-')}</td><td>{row['state']}</td>"
+                f"<td>{e(row['claim'] or '-')}</td><td>{e(row['queue'])}</td>"
+                f"<td>{'-' if row['messages'] is None else row['messages']}</td>"
+                f"<td>{'-' if row['consumers'] is None else row['consumers']}</td></tr>"
+            )
+        parts.append("</table>")
+    parts.append("</body></html>")
+    return "".join(parts)
