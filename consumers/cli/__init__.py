@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from consumers.cli.context import Context
-from consumers.cli.group import consume, coordinator, drain, move, rebalance, status
+from consumers.cli.group import consume, coordinator, demo, drain, move, rebalance, status
 from consumers.cli.produce import produce
 from consumers.cli.streams import stream
 from producer.errors import PartqError, UsageError
@@ -59,14 +59,15 @@ def cli(ctx: click.Context, config: Path | None, debug: bool, **overrides: objec
 
 cli.add_command(stream)
 cli.add_command(produce)
-for _command in (consume, coordinator, status, rebalance, move, drain):
+for _command in (consume, coordinator, status, rebalance, move, drain, demo):
     cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        cli.main(args=argv, prog_name="partq", standalone_mode=False)
+        # Without standalone mode click returns (not raises) a command's Exit code.
+        code = cli.main(args=argv, prog_name="partq", standalone_mode=False)
     except click.exceptions.Exit as e:
         return int(e.exit_code)
     except click.Abort:
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if isinstance(e, UsageError) else 1
     except KeyboardInterrupt:
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

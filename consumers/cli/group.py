@@ -239,3 +239,15 @@ def drain(ctx: Context, stream: str, member: str) -> None:
     group.request(f"drain-{member}", member=member)
     owned = sorted(p for p, o in state.assignment.items() if o == member)
     click.echo(f"drain of {member} requested ({len(owned)} partitions to move)")
+
+
+@click.command()
+@click.option("--partitions", type=click.IntRange(1, 256), default=12, show_default=True)
+@click.option("--ttl", type=click.IntRange(min=1), default=3, show_default=True)
+@pass_context
+def demo(ctx: Context, partitions: int, ttl: int) -> None:
+    """End-to-end demo on a private etcd and the local RabbitMQ (about a minute)."""
+    from consumers.demo import run_demo
+
+    ok = run_demo(ctx.settings.amqp, partitions=partitions, ttl=ttl)
+    raise click.exceptions.Exit(0 if ok else 1)

@@ -1,0 +1,5 @@
+import sys
+
+from consumers.cli import main
+
+sys.exit(main())
