@@ -13,6 +13,7 @@ ack. Nothing is ever rejected or requeued by a planned handoff.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -135,10 +136,8 @@ class Broker(threading.Thread):
                 self._connection.close()
 
         if not self._call(do) and self._connection is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._connection.ioloop.add_callback_threadsafe(self._connection.ioloop.stop)
-            except Exception:
-                pass
 
     # -- the I/O thread ------------------------------------------------------------------
 
@@ -148,10 +147,7 @@ class Broker(threading.Thread):
             connection = SelectConnection(
                 self.params,
                 on_open_callback=self._opened,
-                on_open_error_callback=lambda c, e: (
-                    log.warning("RabbitMQ: %s", e),
-                    c.ioloop.stop(),
-                ),
+                on_open_error_callback=self._open_failed,
                 on_close_callback=self._closed,
             )
             self._connection = connection
@@ -170,6 +166,10 @@ class Broker(threading.Thread):
                 return
             time.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+
+    def _open_failed(self, connection: SelectConnection, error: BaseException) -> None:
+        log.warning("cannot connect to RabbitMQ: %s", error)
+        connection.ioloop.stop()
 
     def _opened(self, connection: SelectConnection) -> None:
         self.connected.set()

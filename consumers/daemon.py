@@ -256,9 +256,9 @@ class Consumer:
                 self._schedule("resync")
             self._feed(partition, Event.CLAIMED if ok else Event.CLAIM_REFUSED)
         elif command is Command.RELEASE:
-            worker = self.workers.pop(partition, None)
-            if worker is not None:
-                worker.stop()
+            released = self.workers.pop(partition, None)
+            if released is not None:
+                released.stop()
             assert session is not None
             try:
                 self.group.release(partition, session)

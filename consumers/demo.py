@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import click
@@ -29,7 +30,7 @@ from coordinator.local import LocalEtcd
 from coordinator.settings import Settings
 from coordinator.streams import Registry
 from producer.contract import StreamSpec
-from producer.publisher import Producer
+from producer.publisher import Producer, Receipt
 
 __all__ = ["run_demo"]
 
@@ -43,8 +44,15 @@ def _wait(what: str, predicate: Callable[[], bool], timeout: float) -> None:
     raise TimeoutError(f"demo: timed out after {timeout:.0f}s waiting for {what}")
 
 
-def run_demo(amqp_url: str, *, partitions: int = 12, keys: int = 40, rate: int = 400,
-             ttl: int = 3, echo: Callable[[str], None] = click.echo) -> bool:
+def run_demo(
+    amqp_url: str,
+    *,
+    partitions: int = 12,
+    keys: int = 40,
+    rate: int = 400,
+    ttl: int = 3,
+    echo: Callable[[str], None] = click.echo,
+) -> bool:
     """Run the demo; True when nothing was lost and no order was broken."""
     work = Path(tempfile.mkdtemp(prefix="partq-demo-"))
     record = work / "handled.jsonl"
@@ -57,8 +65,12 @@ def run_demo(amqp_url: str, *, partitions: int = 12, keys: int = 40, rate: int =
         create_stream(registry, amqp_url, spec)
         echo(f"etcd on {etcd.endpoint}; stream {stream}: {partitions} partitions (quorum)")
         group = Group(registry.client, registry.where, stream)
-        env = {**os.environ, "PARTQ_ETCD_ENDPOINTS": etcd.endpoint, "PARTQ_AMQP_URL": amqp_url,
-               "PARTQ_RECORD": str(record)}
+        env = {
+            **os.environ,
+            "PARTQ_ETCD_ENDPOINTS": etcd.endpoint,
+            "PARTQ_AMQP_URL": amqp_url,
+            "PARTQ_RECORD": str(record),
+        }
         exe = [sys.executable, "-m", "consumers.cli"]
 
         def start(name: str, *args: str) -> None:
@@ -69,8 +81,19 @@ def run_demo(amqp_url: str, *, partitions: int = 12, keys: int = 40, rate: int =
             log.close()
 
         def consumer(name: str) -> None:
-            start(name, "consume", stream, "--handler", "consumers.examples:record_handler",
-                  "--member-id", name, "--ttl", str(ttl), "--http-port", "0")
+            start(
+                name,
+                "consume",
+                stream,
+                "--handler",
+                "consumers.examples:record_handler",
+                "--member-id",
+                name,
+                "--ttl",
+                str(ttl),
+                "--http-port",
+                "0",
+            )
 
         def settled(members: set[str]) -> bool:
             state = group.snapshot()
@@ -79,13 +102,22 @@ def run_demo(amqp_url: str, *, partitions: int = 12, keys: int = 40, rate: int =
             owners = [state.assignment.get(p) for p in range(partitions)]
             claims = [state.claims.get(p) for p in range(partitions)]
             counts = [owners.count(m) for m in members]
-            return (all(o in members for o in owners)
-                    and all(c is not None and c.member == o for c, o in zip(claims, owners, strict=True))
-                    and max(counts) - min(counts) <= 1)
+            return (
+                all(o in members for o in owners)
+                and all(
+                    c is not None and c.member == o for c, o in zip(claims, owners, strict=True)
+                )
+                and max(counts) - min(counts) <= 1
+            )
 
         published: dict[str, list[int]] = {f"user-{k}": [] for k in range(keys)}
         stop_producing = threading.Event()
         failures: list[BaseException] = []
+
+        def note_failure(future: Future[Receipt]) -> None:
+            error = future.exception()
+            if error is not None:
+                failures.append(error)
 
         def produce() -> None:
             with Producer(spec, amqp_url=amqp_url) as producer:
@@ -94,8 +126,7 @@ def run_demo(amqp_url: str, *, partitions: int = 12, keys: int = 40, rate: int =
                     for k in range(keys):
                         key = f"user-{k}"
                         published[key].append(seq)
-                        producer.publish(key, str(seq)).add_done_callback(
-                            lambda f: f.exception() and failures.append(f.exception()))  # type: ignore[func-returns-value,arg-type]
+                        producer.publish(key, str(seq)).add_done_callback(note_failure)
                     seq += 1
                     time.sleep(keys / rate)
                 producer.flush(30)
@@ -111,14 +142,24 @@ def run_demo(amqp_url: str, *, partitions: int = 12, keys: int = 40, rate: int =
             previous.clear()
             previous.update(assignment)
             counts = {m: sum(1 for o in assignment.values() if o == m) for m in sorted(members)}
-            line = f"{title:<34} settled in {time.monotonic() - began:4.1f}s  moved {moved:2d}  {counts}"
+            took = time.monotonic() - began
+            line = f"{title:<34} settled in {took:4.1f}s  moved {moved:2d}  {counts}"
             moves.append(line)
             echo(line)
 
         producer_thread = threading.Thread(target=produce, daemon=True)
         try:
-            start("coordinator", "coordinator", stream, "--settle", "0.5", "--http-port", "0",
-                  "--ttl", str(ttl))
+            start(
+                "coordinator",
+                "coordinator",
+                stream,
+                "--settle",
+                "0.5",
+                "--http-port",
+                "0",
+                "--ttl",
+                str(ttl),
+            )
             consumer("c1")
             step("1 consumer", {"c1"})
             producer_thread.start()
@@ -141,14 +182,16 @@ def run_demo(amqp_url: str, *, partitions: int = 12, keys: int = 40, rate: int =
         def handled_all() -> bool:
             if not record.exists():
                 return False
-            done = {(r["key"], int(r["body"])) for r in map(json.loads, record.read_text().splitlines())}
+            done = {
+                (r["key"], int(r["body"])) for r in map(json.loads, record.read_text().splitlines())
+            }
             return len(done) >= total
 
         try:
             _wait("every message to be handled", handled_all, 60)
         except TimeoutError as e:
             echo(str(e))
-        for name, process in processes.items():
+        for process in processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
         for process in processes.values():
@@ -156,19 +199,29 @@ def run_demo(amqp_url: str, *, partitions: int = 12, keys: int = 40, rate: int =
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 process.kill()
-        rows = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+        rows = (
+            [json.loads(line) for line in record.read_text().splitlines()]
+            if record.exists()
+            else []
+        )
         result = audit(rows, published)
         delete(registry, amqp_url, stream)
         registry.close()
     gaps = sorted(result.gaps)
     echo("")
-    echo(f"published {total} (failed publishes: {len(failures)}), handled {result.handled} "
-         f"({result.unique} unique, {result.duplicates} redelivered duplicates)")
+    echo(
+        f"published {total} (failed publishes: {len(failures)}), handled {result.handled} "
+        f"({result.unique} unique, {result.duplicates} redelivered duplicates)"
+    )
     if gaps:
         p50 = gaps[len(gaps) // 2] * 1000
-        echo(f"owner changes seen in the record: {len(gaps)}; gap between owners p50 {p50:.0f} ms, "
-             f"max {gaps[-1] * 1000:.0f} ms")
-    echo(f"lost = {len(result.lost)}, order violations = {len(result.order_violations)}, "
-         f"overlapping owners = {len(result.overlaps)}")
+        echo(
+            f"owner changes seen in the record: {len(gaps)}; gap between owners p50 {p50:.0f} ms, "
+            f"max {gaps[-1] * 1000:.0f} ms"
+        )
+    echo(
+        f"lost = {len(result.lost)}, order violations = {len(result.order_violations)}, "
+        f"overlapping owners = {len(result.overlaps)}"
+    )
     echo(f"logs and record in {work}")
     return result.ok and not failures

@@ -91,21 +91,27 @@ def step(state: State, event: Event) -> tuple[State, list[Command]]:
         return state, []  # CLAIMING/SUBSCRIBING finish first; DRAINING/RELEASING go on
     if event is Event.CLAIM_FREE:
         state = replace(state, holder=Holder.NOBODY)
+        if phase is Phase.ACTIVE:  # our claim vanished under us: stop, then start over
+            return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
         return _want(state) if phase is Phase.WAITING else (state, [])
     if event is Event.CLAIM_OTHER:
         return replace(state, holder=Holder.OTHER), []
     if event is Event.CLAIMED:
+        if phase is not Phase.CLAIMING:  # a stale answer
+            return state, []
         state = replace(state, holder=Holder.ME)
         if not state.assigned:  # unassigned while the claim was in flight
             return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
         return replace(state, phase=Phase.SUBSCRIBING), [Command.SUBSCRIBE]
     if event is Event.CLAIM_REFUSED:
+        if phase is not Phase.CLAIMING:
+            return state, []
         state = replace(state, holder=Holder.OTHER)
         return (replace(state, phase=Phase.WAITING if state.assigned else Phase.IDLE), [])
     if event is Event.SUBSCRIBED:
         if phase is not Phase.SUBSCRIBING:
             return state, []
-        if not state.assigned:
+        if not state.assigned or state.holder is not Holder.ME:
             return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
         return replace(state, phase=Phase.ACTIVE), []
     if event is Event.DRAINED:
@@ -116,7 +122,7 @@ def step(state: State, event: Event) -> tuple[State, list[Command]]:
         return _want(replace(state, phase=Phase.IDLE, holder=Holder.NOBODY))
     if event is Event.CHANNEL_LOST:
         if phase in (Phase.SUBSCRIBING, Phase.ACTIVE):
-            if state.assigned:
+            if state.assigned and state.holder is Holder.ME:
                 return replace(state, phase=Phase.SUBSCRIBING), [Command.SUBSCRIBE]
             return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
         if phase is Phase.DRAINING:  # the broker requeued what was unacked: nothing to finish

@@ -6,7 +6,6 @@ stops exactly the process it started.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -72,7 +71,6 @@ class LocalEtcd:
             ],
             stdout=log,
             stderr=log,
-            env={**os.environ, "ETCD_UNSUPPORTED_ARCH": os.environ.get("ETCD_UNSUPPORTED_ARCH", "")},
         )  # fmt: skip
         log.close()
         deadline = time.monotonic() + timeout

@@ -55,7 +55,7 @@ def snapshot_status(registry: Registry, amqp_url: str, stream: str) -> dict[str,
             "version": m.version,
             "age_s": max(0.0, now - m.started) if m.started else 0.0,
             "owns": sum(1 for o in owned.values() if o == m.id),
-        }  # fmt: skip
+        }
         for m in sorted(state.members.values(), key=lambda m: m.id)
     ]
     return {

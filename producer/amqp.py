@@ -5,6 +5,7 @@ pika's errors are translated here into :mod:`producer.errors`.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -95,10 +96,8 @@ def blocking_connection(
         yield connection
     finally:
         if connection.is_open:
-            try:
+            with contextlib.suppress(pika.exceptions.AMQPError):
                 connection.close()
-            except pika.exceptions.AMQPError:
-                pass
 
 
 def _queue_arguments(spec: StreamSpec) -> dict[str, Any]:

@@ -217,11 +217,12 @@ class Producer:
             )
             pending.future.set_result(Receipt(pending.properties.message_id, pending.partition))
         else:
-            reason = {
+            reasons: dict[type[Exception], str] = {
                 MessageNacked: "nacked",
                 MessageUnroutable: "unroutable",
                 ConnectionLost: "connection",
-            }.get(type(error), "closed")
+            }
+            reason = reasons.get(type(error), "closed")
             metrics.FAILED.labels(*self._labels, reason).inc()
             pending.future.set_exception(error)
         metrics.IN_FLIGHT.labels(*self._labels).dec()

@@ -42,7 +42,7 @@ __all__ = ["cli", "main"]
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.version_option(package_name="partq")
 @click.pass_context
-def cli(ctx: click.Context, config: Path | None, debug: bool, **overrides: object) -> None:
+def cli(ctx: click.Context, /, config: Path | None, debug: bool, **overrides: object) -> None:
     """partq: keyed, ordered, balanced consumer groups for RabbitMQ, coordinated in etcd.
 
     Passwords come from the environment or the config file only

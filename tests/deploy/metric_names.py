@@ -1,0 +1,128 @@
+"""Which series partq exports, and which partq series a PromQL expression reads.
+
+Exported names come from the metric objects in partq's metrics modules, so a
+renamed metric breaks the check of every dashboard panel and rule using it.
+A query must name a *series* exactly as Prometheus stores it: a counter's
+``partq_x_total``, a histogram's ``partq_y_bucket``/``_sum``/``_count``, a
+gauge's bare name. A bare histogram or counter name selects nothing, so it is
+reported, as is a suffix that does not belong to the metric's type.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.metrics import MetricWrapperBase
+
+METRICS_MODULES = ("producer.metrics", "coordinator.metrics", "consumers.metrics")
+SPARK_METRICS_MODULE = "producer.spark.metrics"
+SPARK_PREFIX = "partq_spark_"
+
+# The series names prometheus_client exposes for a family of each type.
+SERIES_SUFFIXES: Mapping[str, tuple[str, ...]] = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+    "summary": ("", "_sum", "_count", "_created"),
+    "info": ("_info",),
+    "stateset": ("",),
+    "enum": ("",),
+    "unknown": ("",),
+}
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+_NAME = re.compile(r"(?<![A-Za-z0-9_:])partq_[a-z0-9_]+")
+
+
+def spark_metrics_available() -> bool:
+    try:
+        importlib.import_module(SPARK_METRICS_MODULE)
+    except ModuleNotFoundError:
+        return False
+    return True
+
+
+def exported_families(modules: Iterable[str] = METRICS_MODULES) -> dict[str, str]:
+    """Family name → type, for every metric object defined in ``modules``."""
+    families: dict[str, str] = {}
+    for module_name in modules:
+        module = importlib.import_module(module_name)
+        for value in vars(module).values():
+            if isinstance(value, MetricWrapperBase):
+                for family in value.describe():
+                    families[family.name] = family.type
+    return families
+
+
+def exported_series(families: Mapping[str, str]) -> frozenset[str]:
+    return frozenset(
+        name + suffix for name, kind in families.items() for suffix in SERIES_SUFFIXES[kind]
+    )
+
+
+def family_of(series: str, families: Mapping[str, str]) -> str | None:
+    """The family ``series`` belongs to, or None if it is no series of any."""
+    for name, kind in families.items():
+        if any(series == name + suffix for suffix in SERIES_SUFFIXES[kind]):
+            return name
+    return None
+
+
+def referenced_metrics(expr: str) -> set[str]:
+    """partq metric names an expression selects (quoted label values are ignored)."""
+    return set(_NAME.findall(_STRING.sub('""', expr)))
+
+
+def unknown_metrics(
+    expressions: Iterable[tuple[str, str]], exported: frozenset[str]
+) -> list[str]:
+    """One line per (place, name) where a query names a series partq does not export."""
+    problems = []
+    for where, expr in expressions:
+        for name in sorted(referenced_metrics(expr)):
+            if name not in exported:
+                close = difflib.get_close_matches(name, exported, n=1, cutoff=0.8)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                problems.append(f"{where}: {name} is not a series partq exports{hint}")
+    return problems
+
+
+def rule_expressions(path: Path) -> Iterator[tuple[str, str]]:
+    doc = yaml.safe_load(path.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            name = rule.get("alert") or rule.get("record")
+            yield f"{path.name}: {name}", str(rule["expr"])
+
+
+def dashboard_expressions(path: Path) -> Iterator[tuple[str, str]]:
+    """Every query in a Grafana dashboard: panel targets, variables, annotations."""
+    yield from _walk(json.loads(path.read_text()), f"{path.name}: dashboard")
+
+
+def scaledobject_expressions(path: Path) -> Iterator[tuple[str, str]]:
+    doc = yaml.safe_load(path.read_text())
+    for trigger in doc["spec"]["triggers"]:
+        if trigger["type"] == "prometheus":
+            yield f"{path.name}: trigger", str(trigger["metadata"]["query"])
+
+
+def _walk(node: Any, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(node, dict):
+        here = f"{where.split(': ')[0]}: {node['title']!r}" if "title" in node else where
+        for key, value in node.items():
+            if key in ("expr", "query", "definition") and isinstance(value, str):
+                yield here, value
+            else:
+                yield from _walk(value, here)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _walk(item, where)

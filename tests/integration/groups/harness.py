@@ -1,0 +1,213 @@
+"""Run consumers and coordinators as separate OS processes, produce keyed sequences, wait.
+
+Processes are started with ``subprocess.Popen`` and ended by their own PID only.
+``wait_until`` polls the *test's observation* (etcd state, record files) in a
+bounded loop; the product itself never polls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordinator.group import Group, GroupState
+from producer import Producer, StreamSpec
+
+from . import checker
+
+__all__ = ["Fleet", "Proc", "SequenceProducer", "balanced", "wait_until"]
+
+ROOT = Path(__file__).resolve().parents[3]
+PARTQ = ROOT / ".venv" / "bin" / "partq"
+HANDLERS = "tests.integration.groups.recorder"
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until it is truthy (returned) or ``timeout`` passes (AssertionError)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    for _ in range(int(timeout / interval) + 2):
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}: {last!r}")
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def terminate(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM, wait; SIGKILL if it does not exit in time."""
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def tail(self, lines: int = 30) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Fleet:
+    """This test's processes; ``close()`` ends every one still running, by PID."""
+
+    stream: str
+    tmp: Path
+    etcd: str
+    amqp: str
+    record: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    def _env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "PARTQ_ETCD_ENDPOINTS": self.etcd, "PARTQ_AMQP_URL": self.amqp,
+            "PYTHONPATH": str(ROOT), "PARTQ_TEST_RECORD": str(self.record),
+        })  # fmt: skip
+        env.update(extra)
+        return env
+
+    def _start(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
+        log = self.tmp / f"{name}.log"
+        with open(log, "ab") as out:
+            popen = subprocess.Popen([str(PARTQ), *args], stdout=out, stderr=out, env=env, cwd=ROOT)
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def consumer(
+        self, member: str, *, ttl: int = 2, handler: str = "record", extra: tuple[str, ...] = ()
+    ) -> Proc:
+        args = [
+            "consume", self.stream, "--handler", f"{HANDLERS}:{handler}", "--member-id", member,
+            "--ttl", str(ttl), "--http-port", "0", "--drain-timeout", "15", *extra,
+        ]  # fmt: skip
+        return self._start(member, args, self._env(PARTQ_TEST_MEMBER=member))
+
+    def coordinator(self, name: str = "coordinator", *, ttl: int = 2, settle: float = 0.3) -> Proc:
+        args = [
+            "coordinator", self.stream, "--settle", str(settle), "--ttl", str(ttl),
+            "--http-port", "0",
+        ]  # fmt: skip
+        return self._start(name, args, self._env())
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.alive():
+                proc.signal(signal.SIGCONT)
+                proc.signal(signal.SIGKILL)
+        for proc in self.procs:
+            try:
+                proc.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def records(self) -> list[dict[str, Any]]:
+        return checker.load(self.record)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} (pid {p.pid}) ---\n{p.tail()}" for p in self.procs)
+
+
+class SequenceProducer(threading.Thread):
+    """Publishes ``{"seq": n}`` for each of ``keys`` keys, round after round, until stopped.
+
+    ``confirmed`` holds the (key, seq) pairs the broker confirmed; per key, seq n+1
+    is published only after seq n is queued, so publish order is seq order.
+    """
+
+    def __init__(
+        self, spec: StreamSpec, amqp: str, *, keys: int = 40, rate: float = 400.0,
+        rounds: int | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(name="sequence-producer", daemon=True)
+        self.spec = spec
+        self.amqp = amqp
+        self.keys = [f"key-{i:03d}" for i in range(keys)]
+        self.rate = rate
+        self.rounds = rounds
+        self.halt = threading.Event()
+        self.confirmed: set[tuple[str, int]] = set()
+        self.failed: list[str] = []
+        self._lock = threading.Lock()
+        self.sent = 0
+
+    def run(self) -> None:
+        pause = len(self.keys) / self.rate
+        with Producer(self.spec, amqp_url=self.amqp, name="partq-test-producer") as producer:
+            seq = 0
+            while not self.halt.is_set() and (self.rounds is None or seq < self.rounds):
+                began = time.monotonic()
+                for key in self.keys:
+                    body = json.dumps({"key": key, "seq": seq}).encode()
+                    future = producer.publish(key, body, message_id=f"{key}:{seq}")
+                    future.add_done_callback(self._done(key, seq))
+                    self.sent += 1
+                seq += 1
+                self.halt.wait(max(0.0, pause - (time.monotonic() - began)))
+            producer.flush(30)
+
+    def _done(self, key: str, seq: int) -> Callable[[Any], None]:
+        def done(future: Any) -> None:
+            error = future.exception()
+            with self._lock:
+                if error is None:
+                    self.confirmed.add((key, seq))
+                else:
+                    self.failed.append(f"{key}:{seq}: {error}")
+
+        return done
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(60)
+
+    def published(self) -> set[tuple[str, int]]:
+        with self._lock:
+            return set(self.confirmed)
+
+
+def balanced(group: Group, partitions: int, members: set[str]) -> GroupState | None:
+    """The group's state if ``members`` are exactly its members, balanced, claims held."""
+    state = group.snapshot()
+    if set(state.members) != members:
+        return None
+    claims = {p: c.member for p, c in state.claims.items()}
+    if checker.balance_problems(partitions, members, state.assignment, claims):
+        return None
+    return state

@@ -1,0 +1,303 @@
+"""The invariants of ARCHITECTURE.md on real etcd and RabbitMQ, consumers as OS processes.
+
+Each test starts its own stream (P = 12, quorum queues), coordinator and
+consumers (``partq consume`` with ``recorder.record`` as handler), produces keyed
+sequences, disturbs the group, and checks the handler records with ``checker``.
+Measurements are printed (run with ``-s`` to see them).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pika
+import pytest
+
+from coordinator import admin
+from coordinator.group import Group
+from coordinator.local import LocalEtcd
+from coordinator.settings import Settings
+from coordinator.streams import Registry
+from producer import Producer, StreamSpec
+
+from . import checker
+from .harness import Fleet, SequenceProducer, balanced, wait_until
+
+pytestmark = [pytest.mark.integration]
+
+P = 12
+SETTLE = 12.0  # bound for a group to converge after a step (TTL 2 s, settle 0.3 s)
+
+
+@contextmanager
+def stream_fleet(
+    registry: Registry, etcd: str, amqp: str, name: str, tmp: Path
+) -> Iterator[tuple[Fleet, Group, StreamSpec]]:
+    spec = StreamSpec(name, P, "quorum")
+    admin.create_stream(registry, amqp, spec)
+    fleet = Fleet(name, tmp, etcd, amqp, tmp / "records.jsonl")
+    try:
+        yield fleet, Group(registry.client, registry.where, name), spec
+    finally:
+        fleet.close()
+        try:
+            admin.delete(registry, amqp, name)
+        except Exception as e:  # etcd may be the thing a failed test left down
+            print(f"cleanup of {name} failed: {e}")
+
+
+@pytest.fixture
+def env(
+    registry: Registry, settings: Settings, rabbitmq: str, stream_name: str, tmp_path: Path
+) -> Iterator[tuple[Fleet, Group, StreamSpec]]:
+    with stream_fleet(registry, settings.etcd_endpoints, rabbitmq, stream_name, tmp_path) as e:
+        yield e
+
+
+def settle(group: Group, fleet: Fleet, members: set[str], timeout: float = SETTLE) -> dict[int, str]:
+    try:
+        state = wait_until(
+            lambda: balanced(group, P, members), timeout, what=f"balance over {sorted(members)}"
+        )
+    except AssertionError:
+        print(fleet.logs())
+        raise
+    return dict(state.assignment)
+
+
+def handled_all(fleet: Fleet, producer: SequenceProducer, timeout: float = 30.0) -> list[dict]:
+    published = producer.published()
+    assert not producer.failed, producer.failed[:5]
+    wait_until(
+        lambda: not checker.lost(published, fleet.records()), timeout, interval=0.25,
+        what="every published message handled",
+    )  # fmt: skip
+    return fleet.records()
+
+
+def assert_invariants(records: list[dict], published: set, frozen: dict | None = None) -> None:
+    assert checker.lost(published, records) == []
+    assert checker.overlaps(records, frozen) == []
+    assert checker.order_violations(records) == []
+
+
+def summary(name: str, values: list[float]) -> str:
+    ms = [v * 1000 for v in values]
+    return (
+        f"{name}: n={len(ms)} p50={checker.percentile(ms, 50):.1f} ms "
+        f"p99={checker.percentile(ms, 99):.1f} ms max={max(ms, default=float('nan')):.1f} ms"
+    )
+
+
+def test_scale_up_and_down_keeps_every_invariant(env, rabbitmq: str) -> None:
+    fleet, group, spec = env
+    fleet.coordinator()
+    consumers = {"c1": fleet.consumer("c1")}
+    assignment = settle(group, fleet, {"c1"})
+    producer = SequenceProducer(spec, rabbitmq)
+    producer.start()
+    steps: list[str] = []
+    try:
+        for action, member in [("add", "c2"), ("add", "c3"), ("remove", "c3"), ("remove", "c2")]:
+            time.sleep(1.5)
+            if action == "add":
+                consumers[member] = fleet.consumer(member)
+            else:
+                assert consumers.pop(member).terminate() == 0, fleet.logs()
+            live = set(consumers)
+            before = assignment
+            began = time.monotonic()
+            assignment = settle(group, fleet, live)
+            moved = checker.moves(before, assignment)
+            least = checker.min_moves(P, before, live)
+            steps.append(f"{action} {member}: {moved} moved (min {least}) "
+                         f"in {time.monotonic() - began:.2f}s")  # fmt: skip
+            assert moved == least, steps
+        time.sleep(1.0)
+    finally:
+        producer.stop()
+    records = handled_all(fleet, producer)
+    published = producer.published()
+    print("\n" + "\n".join(steps))
+    print(f"published {len(published)}, handled {len(records)} records")
+    print(summary("handoff gap (last handling by old owner -> first by new)",
+                  checker.handoff_gaps(records)))  # fmt: skip
+    assert_invariants(records, published)
+
+
+@pytest.mark.fault
+def test_kill_9_consumer_partitions_move_after_ttl(env, rabbitmq: str) -> None:
+    fleet, group, spec = env
+    fleet.coordinator()
+    c1, c2 = fleet.consumer("c1"), fleet.consumer("c2")
+    before = settle(group, fleet, {"c1", "c2"})
+    producer = SequenceProducer(spec, rabbitmq)
+    producer.start()
+    try:
+        time.sleep(1.5)
+        killed_at = time.time()
+        c2.kill()
+        settle(group, fleet, {"c1"})
+        failover = time.time() - killed_at
+        time.sleep(1.0)
+    finally:
+        producer.stop()
+    records = handled_all(fleet, producer)
+    moved = sorted(p for p, owner in before.items() if owner == "c2")
+    firsts = [
+        min((r["start"] for r in records if r["partition"] == p and r["pid"] == c1.pid
+             and r["start"] > killed_at), default=float("nan")) - killed_at
+        for p in moved
+    ]  # fmt: skip
+    print(f"\nfailover after kill -9 (TTL 2 s): balanced again after {failover:.2f}s; "
+          f"first handling by c1: {summary('per moved partition', firsts)}")  # fmt: skip
+    print(f"redelivered records: {sum(1 for r in records if r['redelivered'])}")
+    assert failover >= 1.0, "partitions moved before the lease could expire"
+    assert_invariants(records, producer.published())
+
+
+@pytest.mark.fault
+def test_sigstop_longer_than_ttl_no_overlap(env, rabbitmq: str) -> None:
+    fleet, group, spec = env
+    fleet.coordinator()
+    fleet.consumer("c1")
+    c2 = fleet.consumer("c2")
+    settle(group, fleet, {"c1", "c2"})
+    producer = SequenceProducer(spec, rabbitmq)
+    producer.start()
+    try:
+        time.sleep(1.5)
+        stopped_at = time.time()
+        c2.signal(signal.SIGSTOP)
+        time.sleep(6.0)
+        resumed_at = time.time()
+        c2.signal(signal.SIGCONT)
+        settle(group, fleet, {"c1", "c2"}, timeout=20)
+        converged = time.time() - resumed_at
+        time.sleep(1.0)
+    finally:
+        producer.stop()
+    records = handled_all(fleet, producer)
+    print(f"\nSIGSTOP 6 s (TTL 2 s): converged {converged:.2f}s after SIGCONT")
+    assert_invariants(records, producer.published(), {c2.pid: [(stopped_at, resumed_at)]})
+
+
+@pytest.mark.fault
+def test_kill_leading_coordinator_another_takes_over(env, rabbitmq: str) -> None:
+    fleet, group, spec = env
+    a = fleet.coordinator("coordinator-a")
+    leader_a = wait_until(lambda: group.snapshot().leaders, 10, what="a leader")[0][1]
+    fleet.coordinator("coordinator-b")
+    wait_until(lambda: len(group.snapshot().leaders) == 2, 10, what="two candidates")
+    fleet.consumer("c1"), fleet.consumer("c2")
+    settle(group, fleet, {"c1", "c2"})
+    producer = SequenceProducer(spec, rabbitmq)
+    producer.start()
+    try:
+        time.sleep(1.0)
+        killed_at = time.monotonic()
+        a.kill()
+        counts = [len(fleet.records())]
+        while time.monotonic() - killed_at < 10:
+            time.sleep(0.5)
+            counts.append(len(fleet.records()))
+            leaders = [key for _, key in group.snapshot().leaders]
+            if leaders and leader_a not in leaders:
+                break
+        takeover = time.monotonic() - killed_at
+        assert leaders and leader_a not in leaders, f"no new leader: {leaders}"
+        fleet.consumer("c3")
+        settle(group, fleet, {"c1", "c2", "c3"})
+        time.sleep(1.0)
+    finally:
+        producer.stop()
+    records = handled_all(fleet, producer)
+    print(f"\nleader takeover after kill -9 (TTL 2 s): {takeover:.2f}s; "
+          f"handled counts while leaderless: {counts}")  # fmt: skip
+    assert all(b > a for a, b in zip(counts, counts[1:], strict=False)), counts
+    assert_invariants(records, producer.published())
+
+
+@pytest.mark.fault
+def test_etcd_down_consumers_keep_consuming_then_converge(
+    rabbitmq: str, stream_name: str, tmp_path: Path
+) -> None:
+    etcd = LocalEtcd(data_dir=tmp_path / "etcd")
+    etcd.data_dir.mkdir()
+    etcd.start()
+    registry = Registry.connect(Settings.load(etcd_endpoints=etcd.endpoint, amqp_url=rabbitmq))
+    try:
+        with stream_fleet(registry, etcd.endpoint, rabbitmq, stream_name, tmp_path) as env:
+            fleet, group, spec = env
+            fleet.coordinator()
+            fleet.consumer("c1"), fleet.consumer("c2")
+            settle(group, fleet, {"c1", "c2"})
+            producer = SequenceProducer(spec, rabbitmq)
+            producer.start()
+            try:
+                time.sleep(1.0)
+                down_at = time.time()
+                etcd.stop()
+                counts = [len(fleet.records())]
+                for _ in range(10):
+                    time.sleep(1.0)
+                    counts.append(len(fleet.records()))
+                up_at = time.time()
+                during = [r for r in fleet.records() if down_at + 1 < r["start"] < up_at]
+                members_during = sorted({r["member"] for r in during})
+                partitions_during = len({r["partition"] for r in during})
+                etcd.start()
+                settle(group, fleet, {"c1", "c2"}, timeout=30)
+                converged = time.time() - up_at
+                time.sleep(1.0)
+            finally:
+                producer.stop()
+            records = handled_all(fleet, producer)
+            print(f"\netcd down 10 s: handled counts each second {counts}; "
+                  f"{len(during)} handled by {members_during} on {partitions_during} partitions "
+                  f"while down; converged {converged:.2f}s after etcd came back")  # fmt: skip
+            assert all(b > a for a, b in zip(counts, counts[1:], strict=False)), counts
+            assert members_during == ["c1", "c2"] and partitions_during == P
+            assert_invariants(records, producer.published())
+    finally:
+        registry.close()
+        etcd.stop()
+
+
+def test_poison_message_is_dead_lettered_and_its_partition_flows(env, rabbitmq: str) -> None:
+    fleet, group, spec = env
+    fleet.coordinator()
+    fleet.consumer("c1", handler="poison", extra=("--max-attempts", "3"))
+    settle(group, fleet, {"c1"})
+    key, poisoned = "key-poisoned", 3
+    published = set()
+    with Producer(spec, amqp_url=rabbitmq) as producer:
+        for seq in range(10):
+            body = json.dumps({"seq": seq, **({"poison": 1} if seq == poisoned else {})})
+            producer.publish(key, body, message_id=f"{key}:{seq}").result(10)
+            if seq != poisoned:
+                published.add((key, seq))
+    wait_until(lambda: not checker.lost(published, fleet.records()), 20, what="the other messages")
+    records = fleet.records()
+    assert all(r["seq"] != poisoned for r in records)
+    poisoned_started = [r["start"] for r in records if r["seq"] > poisoned]
+    assert poisoned_started, "later messages of the partition were not handled"
+    assert checker.order_violations(records) == []
+
+    def dead_letter() -> tuple | None:
+        with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as conn:
+            channel = conn.channel()
+            method, props, body = channel.basic_get(spec.dead_letter_queue, auto_ack=True)
+            return (props, body) if method else None
+
+    props, body = wait_until(dead_letter, 10, interval=0.25, what="the dead letter")
+    assert b"poison" in body
+    headers = props.headers
+    assert "poison message" in headers["x-partq-error"]
+    assert headers["x-partq-attempts"] == 3
+    assert props.message_id == f"{key}:{poisoned}"

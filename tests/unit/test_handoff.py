@@ -1,0 +1,80 @@
+"""The per-partition handoff state machine (pure)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumers.handoff import Command, Event, Holder, Phase, State, step
+
+
+def run(events: list[Event], state: State | None = None) -> tuple[State, list[Command]]:
+    state = state or State()
+    issued: list[Command] = []
+    for event in events:
+        state, commands = step(state, event)
+        issued.extend(commands)
+    return state, issued
+
+
+def test_planned_move_is_revoke_drain_release_then_nothing() -> None:
+    # Given an active partition
+    active, commands = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED])
+    assert active.phase is Phase.ACTIVE
+    assert commands == [Command.CLAIM, Command.SUBSCRIBE]
+    # When it is unassigned / Then it cancels, and releases only once drained
+    draining, commands = step(active, Event.UNASSIGNED)
+    assert (draining.phase, commands) == (Phase.DRAINING, [Command.CANCEL])
+    releasing, commands = step(draining, Event.DRAINED)
+    assert (releasing.phase, commands) == (Phase.RELEASING, [Command.RELEASE])
+    idle, commands = step(releasing, Event.RELEASED)
+    assert (idle.phase, commands) == (Phase.IDLE, [])
+
+
+def test_new_owner_waits_for_the_old_claim_to_go() -> None:
+    # Given a partition assigned to us while another member still holds its claim
+    state, commands = run([Event.CLAIM_OTHER, Event.ASSIGNED])
+    assert (state.phase, commands) == (Phase.WAITING, [])
+    # When the claim is deleted / Then we claim, and subscribe only once the claim is ours
+    state, commands = step(state, Event.CLAIM_FREE)
+    assert (state.phase, commands) == (Phase.CLAIMING, [Command.CLAIM])
+    state, commands = step(state, Event.CLAIMED)
+    assert (state.phase, commands) == (Phase.SUBSCRIBING, [Command.SUBSCRIBE])
+
+
+def test_refused_claim_waits_and_unassigned_claim_is_given_back() -> None:
+    state, _ = run([Event.ASSIGNED])
+    refused, commands = step(state, Event.CLAIM_REFUSED)
+    assert (refused.phase, commands) == (Phase.WAITING, [])
+    # Unassigned while the claim was in flight: give it back at once
+    state, _ = run([Event.ASSIGNED, Event.UNASSIGNED])
+    state, commands = step(state, Event.CLAIMED)
+    assert (state.phase, commands) == (Phase.RELEASING, [Command.RELEASE])
+
+
+def test_channel_lost_resubscribes_when_still_ours() -> None:
+    state, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED])
+    state, commands = step(state, Event.CHANNEL_LOST)
+    assert (state.phase, commands) == (Phase.SUBSCRIBING, [Command.SUBSCRIBE])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list(Event)), max_size=40))
+def test_no_subscribe_without_our_claim_and_no_release_without_drain(events: list[Event]) -> None:
+    # Given any sequence of events the shell could deliver
+    state = State()
+    for event in events:
+        before = state
+        state, commands = step(state, event)
+        # Then we subscribe only while we hold the claim
+        if Command.SUBSCRIBE in commands:
+            assert state.holder is Holder.ME
+        # and never release a partition that was being consumed without draining it,
+        # unless the broker already dropped the channel (it requeued what was unacked)
+        if Command.RELEASE in commands and before.phase is Phase.ACTIVE:
+            raise AssertionError(f"released an active partition on {event}")
+        if Command.RELEASE in commands and before.phase is Phase.DRAINING:
+            assert event in (Event.DRAINED, Event.CHANNEL_LOST)
+        # and cancel only what we consume
+        if Command.CANCEL in commands:
+            assert before.phase in (Phase.ACTIVE, Phase.SUBSCRIBING)
