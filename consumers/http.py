@@ -18,6 +18,7 @@ def serve(
     live: Callable[[], bool],
     ready: Callable[[], bool],
     page: Callable[[], str] | None = None,
+    before_metrics: Callable[[], None] | None = None,
 ) -> ThreadingHTTPServer:
     """Serve in a daemon thread; returns the server (``server.server_port``, ``shutdown()``)."""
 
@@ -25,6 +26,8 @@ def serve(
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
+                if before_metrics is not None:
+                    before_metrics()
                 self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
             elif path == "/livez":
                 ok = live()

@@ -14,7 +14,7 @@ from consumers.http import serve
 from consumers.message import load_handler
 from consumers.signals import on_stop_signals
 from coordinator.group import Group
-from coordinator.service import CoordinatorConfig, StreamCoordinator, plan
+from coordinator.service import CoordinatorConfig, StreamCoordinator, export_queue_depth, plan
 from coordinator.status import render_html, snapshot_status
 
 pass_context = click.make_pass_decorator(Context)
@@ -122,6 +122,7 @@ def coordinator(
         live=lambda: all(t.is_alive() for t in threads),
         ready=lambda: not stop.is_set(),
         page=page,
+        before_metrics=lambda: export_queue_depth(ctx.settings.amqp, threads),
     )
     log.info(
         "coordinating %s; status page on http://%s:%d/",

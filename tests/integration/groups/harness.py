@@ -114,7 +114,7 @@ class Fleet:
         self, member: str, *, ttl: int = 2, handler: str = "record", extra: tuple[str, ...] = ()
     ) -> Proc:
         args = [
-            "consume", self.stream, "--handler", f"{HANDLERS}:{handler}", "--member-id", member,
+            "--debug", "consume", self.stream, "--handler", f"{HANDLERS}:{handler}", "--member-id", member,
             "--ttl", str(ttl), "--http-port", "0", "--drain-timeout", "15", *extra,
         ]  # fmt: skip
         return self._start(member, args, self._env(PARTQ_TEST_MEMBER=member))
