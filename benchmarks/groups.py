@@ -604,7 +604,7 @@ def broker_restart(b: Bench, rabbit: PrivateRabbit, queue_type: str, rate: float
     up = rabbit.start()
     time.sleep(dwell * 2)
     confirmed = load.finish()
-    drained = wait_handled(paths, confirmed, 120)
+    drained = wait_handled(paths, confirmed, 60)
     recs = read_records(paths)
     resumed = min((r.start for r in recs if r.start > t + down), default=float("nan")) - t
     b.stop([*cons, coord])

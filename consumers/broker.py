@@ -118,12 +118,17 @@ class Broker(threading.Thread):
             self._on_channel_lost(partition)
 
     def close_all(self) -> None:
-        """Fence: drop every channel now; the broker requeues what was not acked."""
+        """Fence: drop every channel now; the broker requeues what was not acked.
+
+        Silent: the caller starts its partitions over, so a late ``on_channel_lost`` for
+        one of these channels would be taken for the loss of its new subscription.
+        """
 
         def do() -> None:
             for partition, channel in sorted(self._channels.items()):
+                del self._channels[partition]  # _channel_closed then ignores this channel
+                self._closing_channels.discard(partition)
                 if channel.is_open:
-                    self._closing_channels.discard(partition)
                     channel.close()
 
         self._call(do)
@@ -218,6 +223,11 @@ class Broker(threading.Thread):
             self._deliver(partition, (END, channel))
             return
         channel.basic_cancel(tags[0], callback=lambda _f: self._deliver(partition, (END, channel)))
+        # pika rejects (requeues) every delivery that arrives between basic.cancel and
+        # CancelOk while the tag is in ``_cancelled``; a requeue goes to the back of a quorum
+        # queue and breaks per-key order. Keep the consumer callback until CancelOk (pika's
+        # own CancelOk handler removes it), so those deliveries are handled and acked too.
+        channel._cancelled.discard(tags[0])
 
     def _channel_closed(self, partition: int, channel: Channel, reason: BaseException) -> None:
         if self._channels.get(partition) is not channel:

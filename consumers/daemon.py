@@ -86,6 +86,8 @@ class Consumer:
         self.states = {p: State() for p in range(self.spec.partitions)}
         self.assignment: dict[int, str] = {}
         self.claims: dict[int, Claim] = {}
+        # partition -> etcd revision of our latest own claim write: older watch events are stale
+        self.claim_revisions: dict[int, int] = {}
         self.workers: dict[int, Worker] = {}
         self.freed_at: dict[int, float] = {}
         self.session: Session | None = None
@@ -177,6 +179,8 @@ class Consumer:
             self._sync(partition)
         elif change.kind == "claim":
             partition = int(change.name)
+            if change.revision <= self.claim_revisions.get(partition, 0):
+                return  # older than our own claim/release, which the mirror already has
             if change.value is None:
                 self.claims.pop(partition, None)
             else:
@@ -249,11 +253,15 @@ class Consumer:
         elif command is Command.CLAIM:
             assert session is not None
             try:
-                ok = self.group.claim(partition, self.member, session)
+                revision = self.group.claim(partition, self.member, session)
             except EtcdUnavailable as e:
                 log.warning("partition %d: cannot claim: %s", partition, e)
-                ok = False
+                revision = 0
                 self._schedule("resync")
+            ok = revision > 0
+            if ok:  # mirror our own write now: the watch echoes it later
+                self.claims[partition] = Claim(self.member, session.id)
+                self.claim_revisions[partition] = revision
             self._feed(partition, Event.CLAIMED if ok else Event.CLAIM_REFUSED)
         elif command is Command.RELEASE:
             released = self.workers.pop(partition, None)
@@ -261,11 +269,14 @@ class Consumer:
                 released.stop()
             assert session is not None
             try:
-                self.group.release(partition, session)
+                revision = self.group.release(partition, session)
             except EtcdUnavailable as e:
                 log.warning("partition %d: cannot release the claim yet: %s", partition, e)
                 self._schedule("retry-release", partition)
                 return
+            if revision > 0:  # mirror our own delete now, as for a claim
+                self.claims.pop(partition, None)
+                self.claim_revisions[partition] = revision
             self._feed(partition, Event.RELEASED)
 
     def _schedule(self, kind: str, *args: Any) -> None:
@@ -315,6 +326,7 @@ class Consumer:
         self._resync_backoff = 0.2
         self.assignment = dict(state.assignment)
         self.claims = dict(state.claims)
+        self.claim_revisions = {}  # the watch starts after the snapshot: nothing older arrives
         for partition in range(self.spec.partitions):
             self._sync(partition)
         self._update_ready()

@@ -3,6 +3,12 @@
 python3-etcd3 marks a failed endpoint unusable for ``time_retry`` seconds
 (300 by default), which would turn a 10 s etcd outage into 5 minutes of
 errors; endpoints here are built with ``time_retry=0`` and failover on.
+
+python3-etcd3 0.13.0's watcher thread calls ``six.itervalues`` without
+importing ``six`` when a watch stream ends (etcd restarted or unreachable): the
+thread dies with ``NameError`` and no callback hears of it, so a watcher would
+wait forever. :func:`_patch_watch_termination` supplies the missing name, so
+callbacks get the error (or ``None``) and partq resyncs.
 """
 
 from __future__ import annotations
@@ -21,6 +27,18 @@ from coordinator.settings import Settings
 from producer.errors import UsageError
 
 __all__ = ["connect", "etcd_errors", "lease_is", "translated"]
+
+
+def _patch_watch_termination() -> None:
+    import types
+
+    import etcd3.watch
+
+    if not hasattr(etcd3.watch, "six"):
+        etcd3.watch.six = types.SimpleNamespace(itervalues=lambda d: iter(list(d.values())))
+
+
+_patch_watch_termination()
 
 P = ParamSpec("P")
 T = TypeVar("T")

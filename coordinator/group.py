@@ -6,6 +6,7 @@ Values are small versioned JSON documents (``{"v": 1, ...}``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -13,7 +14,10 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
+
+import etcd3.exceptions
 
 from coordinator import keys
 from coordinator.errors import EtcdUnavailable, MemberIdTaken
@@ -70,6 +74,18 @@ class WatchEvent:
     revision: int = 0
 
 
+def _ensure_watch_errors_reach_callbacks() -> None:
+    """Work around python3-etcd3 0.13.0: ``etcd3.watch.Watcher._run`` ends a broken watch
+    stream with ``six.itervalues(callbacks)`` but never imports ``six``, so the thread dies
+    with a NameError and no callback ever hears that its watch is gone (a mirror then goes
+    stale for good after an etcd outage). Idempotent; a no-op where the name exists.
+    """
+    import etcd3.watch
+
+    if not hasattr(etcd3.watch, "six"):
+        etcd3.watch.six = SimpleNamespace(itervalues=lambda d: iter(list(d.values())))
+
+
 def _kind(stream: str, key: str) -> tuple[str, str] | None:
     for kind, prefix in (
         ("member", keys.members(stream)),
@@ -122,7 +138,7 @@ class Group:
         """Call ``callback`` for every change after ``revision`` (or with an error)."""
 
         def on_response(response: Any) -> None:
-            if isinstance(response, Exception):
+            if response is None or isinstance(response, Exception):  # the stream ended
                 callback(EtcdUnavailable(f"watch on {self.stream} ended: {response}"))
                 return
             for event in response.events:
@@ -137,6 +153,7 @@ class Group:
                     WatchEvent(kind, name, value, getattr(event, "lease", 0), event.mod_revision)
                 )
 
+        _ensure_watch_errors_reach_callbacks()
         with etcd_errors(self.where):
             watch_id: int = self.client.add_watch_prefix_callback(
                 keys.stream_prefix(self.stream), on_response, start_revision=revision + 1
@@ -153,7 +170,32 @@ class Group:
     # -- membership --------------------------------------------------------------------
 
     def join(self, session: Session, member_id: str, weight: int = 1, version: str = "") -> None:
-        """Register ``member_id`` on ``session``'s lease; refused if another live one has it."""
+        """Register ``member_id`` on ``session``'s lease; refused if another live one has it.
+
+        A key left by a crashed instance of the same member (a restarted pod) is
+        waited out once, for at most its lease's remaining TTL.
+        """
+        existing = self._try_join(session, member_id, weight, version)
+        if existing is None:
+            return
+        with etcd_errors(self.where):
+            remaining = self.client.get_lease_info(existing).TTL
+        deadline = time.monotonic() + max(0, remaining) + 2  # TTL is truncated; expiry ticks
+        log.info("member id %s is held by lease %x for up to %ss: waiting", member_id, existing,
+                 remaining)  # fmt: skip
+        while existing is not None and (left := deadline - time.monotonic()) > 0:
+            with etcd_errors(self.where), contextlib.suppress(etcd3.exceptions.WatchTimedOut):
+                self.client.watch_once(keys.member(self.stream, member_id), timeout=left)
+            existing = self._try_join(session, member_id, weight, version)
+        if existing is None:
+            return
+        raise MemberIdTaken(
+            f"member id {member_id!r} is already used by a live consumer of {self.stream!r} "
+            f"(lease {existing:x}): give this one another --member-id, or stop the other one"
+        )
+
+    def _try_join(self, session: Session, member_id: str, weight: int, version: str) -> int | None:
+        """Put the member key if absent; None if it is ours now, else the holder's lease."""
         if weight < 1:
             raise ValueError(f"weight must be at least 1, got {weight}")
         key = keys.member(self.stream, member_id)
@@ -169,15 +211,11 @@ class Group:
                 failure=[t.get(key)],
             )
         if ok:
-            return
+            return None
         existing = responses[0][0][1] if responses and responses[0] else None
-        if existing is not None and existing.lease_id == session.id:
-            return
-        raise MemberIdTaken(
-            f"member id {member_id!r} is already used by a live consumer of {self.stream!r} "
-            f"(lease {existing.lease_id if existing else 0:x}): give this one another "
-            f"--member-id, or stop the other one first"
-        )
+        if existing is None or existing.lease_id == session.id:
+            return None
+        return int(existing.lease_id)
 
     def leave(self, member_id: str, session: Session) -> None:
         key = keys.member(self.stream, member_id)
@@ -189,8 +227,13 @@ class Group:
 
     # -- claims ------------------------------------------------------------------------
 
-    def claim(self, partition: int, member_id: str, session: Session) -> bool:
-        """Create our claim on ``partition`` if nobody holds one. True if ours now."""
+    def claim(self, partition: int, member_id: str, session: Session) -> int:
+        """Create our claim on ``partition`` if nobody holds one.
+
+        Returns the claim's mod revision if it is ours now (truthy), else 0. A
+        caller mirroring the claims from the watch ignores events up to that
+        revision: they are older than what it knows.
+        """
         key = keys.claim(self.stream, partition)
         t = self.client.transactions
         with etcd_errors(self.where):
@@ -200,18 +243,21 @@ class Group:
                 failure=[t.get(key)],
             )
         if ok:
-            return True
+            return int(responses[0].response_put.header.revision)
         existing = responses[0][0][1] if responses and responses[0] else None
-        return existing is not None and existing.lease_id == session.id
+        if existing is not None and existing.lease_id == session.id:
+            return int(existing.mod_revision)
+        return 0
 
-    def release(self, partition: int, session: Session) -> None:
-        """Delete our claim on ``partition`` (only if it is ours)."""
+    def release(self, partition: int, session: Session) -> int:
+        """Delete our claim on ``partition`` (only if it is ours): the delete's revision, or 0."""
         key = keys.claim(self.stream, partition)
         t = self.client.transactions
         with etcd_errors(self.where):
-            self.client.transaction(
+            ok, responses = self.client.transaction(
                 compare=[lease_is(key, session.id)], success=[t.delete(key)], failure=[]
             )
+        return int(responses[0].response_delete_range.header.revision) if ok else 0
 
     # -- operator requests (manual mode) --------------------------------------------------
 

@@ -11,7 +11,7 @@ from coordinator.settings import Settings
 from producer.contract import StreamSpec, validate_stream_name
 from producer.errors import SpecMismatch, StreamNotFound
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "read_spec_from_endpoints"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +83,17 @@ class Registry:
 
     def close(self) -> None:
         self.client.close()
+
+
+def read_spec_from_endpoints(stream: str, endpoints: str) -> StreamSpec:
+    """Read ``stream``'s spec from the etcd at ``endpoints`` with one short-lived connection.
+
+    The Spark sink resolves this by name (its ``specReader`` option), so ``producer``
+    never imports the coordinator. An empty ``endpoints`` means the usual settings
+    (``PARTQ_ETCD_ENDPOINTS`` or the default).
+    """
+    registry = Registry.connect(Settings.load(etcd_endpoints=endpoints or None))
+    try:
+        return registry.read_spec(stream)
+    finally:
+        registry.close()

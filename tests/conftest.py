@@ -32,13 +32,20 @@ def _unavailable(what: str) -> None:
 
 def _docker_available() -> bool:
     """True only where a Docker daemon answers (these machines have a client but no daemon)."""
+    if not os.environ.get("DOCKER_HOST") and not Path("/var/run/docker.sock").exists():
+        return False
     try:
         import docker
 
-        docker.from_env(timeout=2).ping()
+        client = docker.from_env(timeout=2)
     except Exception:
         return False
-    return True
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
 
 
 class _ContainerEtcd:

@@ -16,6 +16,7 @@ import click
 from consumers.cli.context import Context
 from consumers.cli.group import consume, coordinator, demo, drain, move, rebalance, status
 from consumers.cli.produce import produce
+from consumers.cli.spark_job import spark_job
 from consumers.cli.streams import stream
 from producer.errors import PartqError, UsageError
 
@@ -59,6 +60,7 @@ def cli(ctx: click.Context, /, config: Path | None, debug: bool, **overrides: ob
 
 cli.add_command(stream)
 cli.add_command(produce)
+cli.add_command(spark_job)
 for _command in (consume, coordinator, status, rebalance, move, drain, demo):
     cli.add_command(_command)
 

@@ -20,10 +20,15 @@ from typing import Any
 
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 
-METRICS_MODULES = ("producer.metrics", "coordinator.metrics", "consumers.metrics")
-SPARK_METRICS_MODULE = "producer.spark.metrics"
-SPARK_PREFIX = "partq_spark_"
+# Every module that defines partq metrics (the Spark one imports pyspark: the spark extra).
+METRICS_MODULES = (
+    "producer.metrics",
+    "producer.spark.metrics",
+    "coordinator.metrics",
+    "consumers.metrics",
+)
 
 # The series names prometheus_client exposes for a family of each type.
 SERIES_SUFFIXES: Mapping[str, tuple[str, ...]] = {
@@ -42,24 +47,23 @@ _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _NAME = re.compile(r"(?<![A-Za-z0-9_:])partq_[a-z0-9_]+")
 
 
-def spark_metrics_available() -> bool:
-    try:
-        importlib.import_module(SPARK_METRICS_MODULE)
-    except ModuleNotFoundError:
-        return False
-    return True
-
-
 def exported_families(modules: Iterable[str] = METRICS_MODULES) -> dict[str, str]:
     """Family name → type, for every metric object defined in ``modules``."""
-    families: dict[str, str] = {}
+    return {family.name: family.type for family, _ in _families(modules)}
+
+
+def family_labels(modules: Iterable[str] = METRICS_MODULES) -> dict[str, tuple[str, ...]]:
+    """Family name → its label names."""
+    return {family.name: tuple(metric._labelnames) for family, metric in _families(modules)}
+
+
+def _families(modules: Iterable[str]) -> Iterator[tuple[Metric, MetricWrapperBase]]:
     for module_name in modules:
         module = importlib.import_module(module_name)
         for value in vars(module).values():
             if isinstance(value, MetricWrapperBase):
                 for family in value.describe():
-                    families[family.name] = family.type
-    return families
+                    yield family, value
 
 
 def exported_series(families: Mapping[str, str]) -> frozenset[str]:
@@ -81,9 +85,7 @@ def referenced_metrics(expr: str) -> set[str]:
     return set(_NAME.findall(_STRING.sub('""', expr)))
 
 
-def unknown_metrics(
-    expressions: Iterable[tuple[str, str]], exported: frozenset[str]
-) -> list[str]:
+def unknown_metrics(expressions: Iterable[tuple[str, str]], exported: frozenset[str]) -> list[str]:
     """One line per (place, name) where a query names a series partq does not export."""
     problems = []
     for where, expr in expressions:
@@ -105,7 +107,8 @@ def rule_expressions(path: Path) -> Iterator[tuple[str, str]]:
 
 def dashboard_expressions(path: Path) -> Iterator[tuple[str, str]]:
     """Every query in a Grafana dashboard: panel targets, variables, annotations."""
-    yield from _walk(json.loads(path.read_text()), f"{path.name}: dashboard")
+    for title, expr in _walk(json.loads(path.read_text()), "dashboard"):
+        yield f"{path.name}: {title}", expr
 
 
 def scaledobject_expressions(path: Path) -> Iterator[tuple[str, str]]:
@@ -115,9 +118,10 @@ def scaledobject_expressions(path: Path) -> Iterator[tuple[str, str]]:
             yield f"{path.name}: trigger", str(trigger["metadata"]["query"])
 
 
-def _walk(node: Any, where: str) -> Iterator[tuple[str, str]]:
+def _walk(node: Any, title: str) -> Iterator[tuple[str, str]]:
+    """(title of the nearest panel, query) for every query string under ``node``."""
     if isinstance(node, dict):
-        here = f"{where.split(': ')[0]}: {node['title']!r}" if "title" in node else where
+        here = repr(node["title"]) if "title" in node else title
         for key, value in node.items():
             if key in ("expr", "query", "definition") and isinstance(value, str):
                 yield here, value
@@ -125,4 +129,4 @@ def _walk(node: Any, where: str) -> Iterator[tuple[str, str]]:
                 yield from _walk(value, here)
     elif isinstance(node, list):
         for item in node:
-            yield from _walk(item, where)
+            yield from _walk(item, title)

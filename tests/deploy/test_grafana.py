@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from tests.deploy import metric_names as names
-from tests.deploy.conftest import DEPLOY
+from tests.deploy.conftest import DEPLOY, run
 
 DASHBOARD = DEPLOY / "grafana" / "partq-dashboard.json"
 DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
@@ -77,17 +78,39 @@ def test_every_query_uses_the_templated_prometheus_datasource() -> None:
             assert target["expr"].strip(), panel["title"]
 
 
-def test_every_panel_filters_on_the_stream_variable_where_the_metric_has_a_stream() -> None:
+def test_every_query_of_a_metric_with_a_stream_label_filters_on_the_stream_variable() -> None:
     families = names.exported_families()
+    labels = names.family_labels()
     for where, expr in names.dashboard_expressions(DASHBOARD):
-        labelled = [
+        if expr.startswith("label_values("):
+            continue
+        with_stream = [
             name
             for name in names.referenced_metrics(expr)
-            if (family := names.family_of(name, families)) is not None
-            and family != "partq_etcd_request_seconds"  # no stream label: shared by all
+            if "stream" in labels.get(names.family_of(name, families) or "", ())
         ]
-        if labelled and "label_values" not in expr:
+        if with_stream:
             assert 'stream=~"$stream"' in expr, f"{where}: {expr}"
+
+
+def test_every_dashboard_query_is_valid_promql(tmp_path: Path, promtool: str) -> None:
+    # Given the queries with Grafana's variables replaced as Grafana would
+    grafana_variables = {"$__rate_interval": "1m", "$stream": ".*"}
+    rules = []
+    for index, (where, query) in enumerate(names.dashboard_expressions(DASHBOARD)):
+        if query.startswith("label_values("):  # Grafana's own function, not PromQL
+            continue
+        expr = query
+        for variable, value in grafana_variables.items():
+            expr = expr.replace(variable, value)
+        assert "$" not in expr, f"{where}: unknown variable in {query}"
+        rules.append({"record": f"dashboard:query_{index}", "expr": expr})
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+
+    # When promtool parses them, then it accepts every one
+    result = run(promtool, "check", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("topic", sorted(REQUIRED_SERIES))

@@ -194,9 +194,7 @@ def test_libraries_log_only_warnings_even_at_debug() -> None:
 
     # Then only the libraries' warnings and partq's debug line are written
     messages = [record["message"] for record in records(out)]
-    assert messages == [f"{library} trouble" for library in logs.QUIET_LIBRARIES] + [
-        "partq detail"
-    ]
+    assert messages == [f"{library} trouble" for library in logs.QUIET_LIBRARIES] + ["partq detail"]
 
 
 def test_a_stricter_level_also_applies_to_the_libraries() -> None:

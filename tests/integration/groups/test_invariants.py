@@ -254,15 +254,20 @@ def test_etcd_down_consumers_keep_consuming_then_converge(
                 etcd.start()
                 settle(group, fleet, {"c1", "c2"}, timeout=30)
                 converged = time.time() - up_at
+                fleet.consumer("c3")  # the group must still react to changes: watches resumed
+                settle(group, fleet, {"c1", "c2", "c3"}, timeout=30)
+                rebalanced = time.time() - up_at
                 time.sleep(1.0)
             finally:
                 producer.stop()
             records = handled_all(fleet, producer)
             print(f"\netcd down 10 s: handled counts each second {counts}; "
                   f"{len(during)} handled by {members_during} on {partitions_during} partitions "
-                  f"while down; converged {converged:.2f}s after etcd came back")  # fmt: skip
+                  f"while down; converged {converged:.2f}s after etcd came back, "
+                  f"rebalanced onto c3 {rebalanced:.2f}s after")  # fmt: skip
             assert all(b > a for a, b in zip(counts, counts[1:], strict=False)), counts
-            assert members_during == ["c1", "c2"] and partitions_during == P
+            busy = {spec.partition_for(key) for key in producer.keys}
+            assert members_during == ["c1", "c2"] and partitions_during == len(busy)
             assert_invariants(records, producer.published())
     finally:
         registry.close()

@@ -1,0 +1,305 @@
+"""``partq spark-job``: a Spark Structured Streaming query publishing files (or a rate) to a stream.
+
+Runs until stopped: SIGTERM or SIGINT stop the query between writes and the
+command exits 0; a failed query exits 1 with the partq error that failed it.
+It reads the stream's spec once, at start, and pins it in the sink's options,
+so the running query never needs etcd. Every batch is logged (rows, seconds)
+and counted in the ``partq_spark_*`` metrics (``--metrics-port``).
+
+Also runnable with ``spark-submit`` (the master then comes from spark-submit)::
+
+    PYSPARK_PYTHON=.venv/bin/python .venv/bin/spark-submit --master 'local[2]' \\
+        consumers/cli/spark_job.py --stream orders --source in/ --key-column user_id \\
+        --checkpoint chk/
+
+(connection settings from ``PARTQ_ETCD_ENDPOINTS`` / ``PARTQ_AMQP_URL``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import click
+
+from consumers.cli.context import Context
+from producer.errors import PartqError, UsageError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["spark_job"]
+
+log = logging.getLogger("partq.spark")
+pass_context = click.make_pass_decorator(Context)
+
+RATE_KEYS = 1000  # distinct keys of the synthetic --rate source
+
+
+def _conf_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
+    conf: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--spark-conf")
+        conf[key.strip()] = value
+    return conf
+
+
+def _source(
+    spark: SparkSession,
+    *,
+    source: Path | None,
+    fmt: str,
+    schema: str | None,
+    rate: int | None,
+    max_files: int | None,
+) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    if rate is not None:
+        frame = spark.readStream.format("rate").option("rowsPerSecond", rate).load()
+        return frame.withColumn("key", F.format_string("key-%d", F.col("value") % RATE_KEYS))
+    assert source is not None
+    options = {"header": "true"} if fmt == "csv" else {}
+    if schema is None:
+        if not source.is_dir() or not any(p.is_file() for p in source.iterdir()):
+            raise UsageError(
+                f"{source} holds no files to infer the schema from: pass --schema, e.g. "
+                f"--schema 'user_id STRING, amount DOUBLE, ts TIMESTAMP'"
+            )
+        reader = (
+            spark.readStream.format(fmt)
+            .options(**options)
+            .schema(spark.read.format(fmt).options(**options).load(str(source)).schema)
+        )
+    else:
+        reader = spark.readStream.format(fmt).options(**options).schema(schema)
+    if max_files is not None:
+        reader = reader.option("maxFilesPerTrigger", max_files)
+    return reader.load(str(source))
+
+
+class _StopSignal:
+    """SIGTERM/SIGINT set an event; the main loop stops the query (py4j is not reentrant)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.received: str | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum).name
+        self.event.set()
+
+
+@click.command("spark-job")
+@click.option("--stream", "stream_name", required=True, help="Stream to publish to.")
+@click.option(
+    "--source",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory Spark watches for new files.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "csv", "parquet"]),
+    default="json",
+    show_default=True,
+    help="Format of the source files (csv: with a header line).",
+)
+@click.option("--schema", help="Source schema as DDL; default: inferred from the files present.")
+@click.option("--rate", type=click.IntRange(1), help="Synthetic source: N rows/s (no --source).")
+@click.option(
+    "--key-column", help="Column with each row's key (string or binary). Default with --rate: key."
+)
+@click.option(
+    "--value-column",
+    help="Column with the body (string or binary); default: the other columns as JSON.",
+)
+@click.option("--headers-column", help="map<string,string> column of extra headers.")
+@click.option(
+    "--order-column",
+    help="Rows of a key are published in this column's order "
+    "(default: source order; with --rate: value).",
+)
+@click.option(
+    "--checkpoint",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Checkpoint directory: restarting with it resumes where the query stopped.",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(1),
+    help="Expected partition count; the job refuses to start if etcd says otherwise.",
+)
+@click.option(
+    "--window",
+    type=click.IntRange(1, 100_000),
+    default=1000,
+    show_default=True,
+    help="Unconfirmed messages in flight per task.",
+)
+@click.option(
+    "--trigger-seconds",
+    type=click.FloatRange(0),
+    default=1.0,
+    show_default=True,
+    help="Seconds between micro-batches (0: as fast as possible).",
+)
+@click.option("--once", is_flag=True, help="Publish what the source holds now, then exit.")
+@click.option(
+    "--max-files-per-trigger", type=click.IntRange(1), help="Bound a micro-batch to N new files."
+)
+@click.option(
+    "--num-tasks",
+    type=click.IntRange(1),
+    help="Spark tasks that publish (default: spark.sql.shuffle.partitions).",
+)
+@click.option(
+    "--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port."
+)
+@click.option(
+    "--metrics-addr", default="0.0.0.0", show_default=True, help="Address for --metrics-port."
+)
+@click.option("--master", help="Spark master [default: local[2]; spark-submit's when run by it].")
+@click.option(
+    "--spark-conf",
+    "spark_conf",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Extra Spark setting (repeatable).",
+)
+@pass_context
+def spark_job(
+    ctx: Context,
+    stream_name: str,
+    source: Path | None,
+    fmt: str,
+    schema: str | None,
+    rate: int | None,
+    key_column: str | None,
+    value_column: str | None,
+    headers_column: str | None,
+    order_column: str | None,
+    checkpoint: Path,
+    partitions: int | None,
+    window: int,
+    trigger_seconds: float,
+    once: bool,
+    max_files_per_trigger: int | None,
+    num_tasks: int | None,
+    metrics_port: int | None,
+    metrics_addr: str,
+    master: str | None,
+    spark_conf: tuple[str, ...],
+) -> None:
+    """Publish rows from files in --source (or a --rate) to stream --stream until stopped."""
+    if (source is None) == (rate is None):
+        raise click.UsageError("give --source DIR or --rate N (one of them)")
+    if rate is not None:
+        key_column = key_column or "key"
+        order_column = order_column or "value"
+    if key_column is None:
+        raise click.UsageError("--key-column is required with --source")
+    conf = _conf_pairs(spark_conf)
+    try:
+        from producer.spark import (
+            ProgressListener,
+            SinkOptions,
+            failure_reason,
+            loopback_session,
+            prepare,
+        )
+    except ImportError as e:
+        raise UsageError(
+            f"the Spark job needs the spark extra: pip install 'partq[spark]' ({e})"
+        ) from None
+
+    settings = ctx.settings
+    registry = ctx.registry()
+    try:
+        spec = registry.read_spec(stream_name)  # once: the query never reads etcd again
+    finally:
+        registry.close()
+    options = SinkOptions(
+        stream=stream_name,
+        key_column=key_column,
+        value_column=value_column,
+        headers_column=headers_column,
+        amqp_url=settings.amqp,
+        etcd_endpoints=settings.etcd_endpoints,
+        partitions=partitions,
+        window=window,
+        spec=spec.to_json(),
+    )
+    options.read_spec()  # a wrong --partitions stops here, before Spark starts
+
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=metrics_addr)
+        log.info("metrics on http://%s:%d/metrics", metrics_addr, metrics_port)
+
+    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    spark = loopback_session(
+        f"partq-spark-job-{stream_name}",
+        master=master or (None if under_spark_submit else "local[2]"),
+        conf=conf,
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    query_name = f"partq-{stream_name}"
+    spark.streams.addListener(ProgressListener(query_name, stream_name))
+    frame = _source(
+        spark, source=source, fmt=fmt, schema=schema, rate=rate, max_files=max_files_per_trigger
+    )
+    prepared = prepare(frame, spec, key_column, order_column, num_tasks=num_tasks)
+    writer = (
+        prepared.writeStream.format("partq")
+        .options(**options.to_options())
+        .option("checkpointLocation", str(checkpoint))
+        .queryName(query_name)
+    )
+    writer = (
+        writer.trigger(availableNow=True)
+        if once
+        else writer.trigger(processingTime=f"{trigger_seconds} seconds")
+    )
+    stop = _StopSignal()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        query = writer.start()
+        log.info(
+            "stream %s: query %s publishing %s to %d partitions (checkpoint %s)",
+            stream_name,
+            query.id,
+            f"{rate} rows/s" if rate else f"{fmt} files from {source}",
+            spec.partitions,
+            checkpoint,
+        )
+        while not stop.event.wait(0.5) and query.isActive:
+            pass
+        if stop.received is not None:
+            log.info("stream %s: %s received, stopping the query", stream_name, stop.received)
+            query.stop()
+        error = query.exception()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        spark.stop()
+    if error is not None:
+        raise PartqError(f"the Spark query failed: {failure_reason(str(error))}")
+    log.info("stream %s: stopped", stream_name)
+
+
+if __name__ == "__main__":  # spark-submit consumers/cli/spark_job.py --stream … (see above)
+    # The whole CLI (not just this command) so errors and exit codes are partq's;
+    # imported by name because consumers.cli imports this module.
+    sys.exit(importlib.import_module("consumers.cli").main(["spark-job", *sys.argv[1:]]))

@@ -1,0 +1,57 @@
+"""Spark Structured Streaming into a partq stream: the ``partq`` sink and its helpers.
+
+Two ways to publish, with the same contract:
+
+* the ``partq`` format (Python Data Source API)::
+
+      producer.spark.register(spark)
+      prepared = producer.spark.prepare(df, spec, "user_id", order_column="ts")
+      (prepared.writeStream.format("partq")
+          .options(**producer.spark.SinkOptions("orders", "user_id").pinned().to_options())
+          .option("checkpointLocation", "/chk/orders").start())
+
+* ``df.writeStream.foreachBatch(producer.spark.foreach_batch_writer("orders", key_column=…))``.
+
+The contract (same as the producer SDK's): a row's partition is
+``producer.contract.partition_for(key, P)``; the spec is read from etcd before
+anything is published and a configured ``partitions`` that disagrees fails the
+query; every partition of a micro-batch is published by one task, in order
+(order column, then source order); confirms are pipelined and a batch is
+committed only after every message was confirmed. Delivery is at-least-once:
+a retried task or a restarted query publishes again, with the same
+deterministic ``message_id`` (``query:batch:partition:seq``, see
+:mod:`producer.spark.replay`) and body — effectively-once for a consumer that
+drops ids it has seen, provided the source replays batches deterministically.
+
+Importing this package imports pyspark (the ``spark`` extra); ``producer`` itself
+does not import it.
+"""
+
+from producer.spark.foreach_batch import BatchWriter, foreach_batch_writer
+from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions
+from producer.spark.prepare import prepare
+from producer.spark.progress import ProgressListener, failure_reason
+from producer.spark.replay import HEADER_BATCH_ID, HEADER_QUERY_ID, HEADER_SEQ, ReplayId
+from producer.spark.rows import ORDER_COLUMN, PARTITION_COLUMN, POSITION_COLUMN
+from producer.spark.session import loopback_session
+from producer.spark.sink import PartqDataSource, register
+
+__all__ = [
+    "DEFAULT_SPEC_READER",
+    "HEADER_BATCH_ID",
+    "HEADER_QUERY_ID",
+    "HEADER_SEQ",
+    "ORDER_COLUMN",
+    "PARTITION_COLUMN",
+    "POSITION_COLUMN",
+    "BatchWriter",
+    "PartqDataSource",
+    "ProgressListener",
+    "ReplayId",
+    "SinkOptions",
+    "failure_reason",
+    "foreach_batch_writer",
+    "loopback_session",
+    "prepare",
+    "register",
+]

@@ -1,0 +1,199 @@
+"""The sink's options, parsed and validated once, and how the stream spec is found.
+
+Spark hands a data source its options as a case-insensitive ``str → str``
+mapping; :meth:`SinkOptions.from_options` turns that into a frozen value and
+fails with a message naming the option when one is wrong.
+
+**Why the spec reader is a name.** ``producer`` must not import ``coordinator``
+(imports run producer ← coordinator ← consumers), yet the spec lives in etcd,
+behind the coordinator's client. So the sink takes the reader as a
+``"module:function"`` string (option ``specReader``, default
+:data:`DEFAULT_SPEC_READER`) and resolves it with :mod:`importlib` at run
+time: dependency inversion. Any ``(stream, endpoints) -> StreamSpec`` works,
+which is also how tests or other registries plug in.
+
+**When the spec is read.** Spark calls the data source's ``streamWriter()``
+in a driver-side Python worker when it plans each micro-batch and again
+before committing it, so a sink given only ``etcdEndpoints`` reads the spec
+(a few milliseconds) then. :meth:`SinkOptions.pinned` reads it once in the
+driver and passes it as option ``spec``; the sink then never contacts etcd and
+keeps publishing while etcd is down. ``partq spark-job`` always pins.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from producer.amqp import DEFAULT_AMQP_URL, redact_url
+from producer.contract import StreamSpec, validate_stream_name
+from producer.errors import SpecMismatch, UsageError
+
+__all__ = ["DEFAULT_SPEC_READER", "SinkOptions", "SpecReader", "read_spec", "resolve_spec_reader"]
+
+DEFAULT_SPEC_READER = "coordinator.streams:read_spec_from_endpoints"
+
+SpecReader = Callable[[str, str], StreamSpec]
+
+# Python field -> Spark option name (Spark compares option names case-insensitively).
+_NAMES = {
+    "stream": "stream",
+    "key_column": "keyColumn",
+    "value_column": "valueColumn",
+    "headers_column": "headersColumn",
+    "order_column": "orderColumn",
+    "etcd_endpoints": "etcdEndpoints",
+    "amqp_url": "amqpUrl",
+    "partitions": "partitions",
+    "window": "window",
+    "spec_reader": "specReader",
+    "spec": "spec",
+    "query_id": "queryId",
+    "confirm_timeout": "confirmTimeout",
+}
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """Everything the ``partq`` sink is told; see the README for each option."""
+
+    stream: str
+    key_column: str
+    value_column: str | None = None
+    headers_column: str | None = None
+    order_column: str | None = None
+    etcd_endpoints: str = ""  # empty: the reader's default (PARTQ_ETCD_ENDPOINTS or localhost)
+    amqp_url: str = field(default=DEFAULT_AMQP_URL, repr=False)
+    partitions: int | None = None
+    window: int = 1000
+    spec_reader: str = DEFAULT_SPEC_READER
+    spec: str | None = None  # a pinned StreamSpec as JSON
+    query_id: str | None = None
+    confirm_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        validate_stream_name(self.stream)
+        if not self.key_column:
+            raise UsageError("option keyColumn is required: the column holding each row's key")
+        if self.window < 1:
+            raise UsageError(f"option window must be at least 1, got {self.window}")
+        if self.partitions is not None and self.partitions < 1:
+            raise UsageError(f"option partitions must be at least 1, got {self.partitions}")
+        if self.confirm_timeout <= 0:
+            raise UsageError(f"option confirmTimeout must be positive, got {self.confirm_timeout}")
+        if self.query_id is not None and (not self.query_id or ":" in self.query_id):
+            raise UsageError(f"option queryId must be non-empty without ':', got {self.query_id!r}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> SinkOptions:
+        given = {name.lower(): value for name, value in options.items()}
+
+        def text(field_name: str) -> str | None:
+            value = given.get(_NAMES[field_name].lower())
+            return value if value not in (None, "") else None
+
+        def number(field_name: str, kind: Callable[[str], float | int]) -> float | int | None:
+            raw = text(field_name)
+            if raw is None:
+                return None
+            try:
+                return kind(raw)
+            except ValueError:
+                raise UsageError(
+                    f"option {_NAMES[field_name]} must be a number, got {raw!r}"
+                ) from None
+
+        stream, key_column = text("stream"), text("key_column")
+        if stream is None:
+            raise UsageError('option stream is required: .option("stream", "orders")')
+        if key_column is None:
+            raise UsageError('option keyColumn is required: .option("keyColumn", "user_id")')
+        partitions = number("partitions", int)
+        window = number("window", int)
+        confirm_timeout = number("confirm_timeout", float)
+        return cls(
+            stream=stream,
+            key_column=key_column,
+            value_column=text("value_column"),
+            headers_column=text("headers_column"),
+            order_column=text("order_column"),
+            etcd_endpoints=text("etcd_endpoints") or "",
+            amqp_url=text("amqp_url") or DEFAULT_AMQP_URL,
+            partitions=None if partitions is None else int(partitions),
+            window=1000 if window is None else int(window),
+            spec_reader=text("spec_reader") or DEFAULT_SPEC_READER,
+            spec=text("spec"),
+            query_id=text("query_id"),
+            confirm_timeout=120.0 if confirm_timeout is None else float(confirm_timeout),
+        )
+
+    def to_options(self) -> dict[str, str]:
+        """The Spark options that :meth:`from_options` turns back into these options."""
+        options: dict[str, str] = {}
+        for field_name, option in _NAMES.items():
+            value = getattr(self, field_name)
+            if value is not None and value != "":
+                options[option] = str(value)
+        return options
+
+    def read_spec(self) -> StreamSpec:
+        """The stream's spec (pinned, or read now), checked against ``partitions``."""
+        if self.spec is not None:
+            try:
+                spec = StreamSpec.from_json(self.spec)
+            except (ValueError, KeyError, TypeError) as e:
+                raise UsageError(f"option spec is not a partq stream spec ({e})") from None
+            if spec.name != self.stream:
+                raise UsageError(f"option spec describes stream {spec.name!r}, not {self.stream!r}")
+        else:
+            spec = read_spec(self.stream, self.etcd_endpoints, self.spec_reader)
+        if self.partitions is not None and self.partitions != spec.partitions:
+            raise SpecMismatch(
+                f"stream {spec.name!r} has {spec.partitions} partitions in etcd, but option "
+                f"partitions={self.partitions} expects {self.partitions}: fix the option "
+                f"(partitions are fixed when a stream is created); nothing was published"
+            )
+        return spec
+
+    def pinned(self) -> SinkOptions:
+        """These options with the spec read now (once) and carried along as option ``spec``."""
+        return replace(self, spec=self.read_spec().to_json())
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{name}={getattr(self, name)!r}" for name in _NAMES if name not in ("amqp_url", "spec")
+        )
+        return f"SinkOptions({shown}, amqp_url={redact_url(self.amqp_url)!r})"
+
+
+def resolve_spec_reader(path: str) -> SpecReader:
+    """The function named ``"package.module:function"``."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise UsageError(
+            f"option specReader must look like 'package.module:function', got {path!r}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UsageError(
+            f"option specReader {path!r}: cannot import {module_name} ({e}); is partq installed "
+            f"in the Python that Spark runs (PYSPARK_PYTHON)?"
+        ) from None
+    reader = getattr(module, attribute, None)
+    if not callable(reader):
+        raise UsageError(f"option specReader {path!r}: {module_name} has no function {attribute}")
+    return reader  # type: ignore[no-any-return]
+
+
+def read_spec(
+    stream: str, etcd_endpoints: str, spec_reader: str = DEFAULT_SPEC_READER
+) -> StreamSpec:
+    """Read ``stream``'s spec with the reader named ``spec_reader``."""
+    spec = resolve_spec_reader(spec_reader)(stream, etcd_endpoints)
+    if not isinstance(spec, StreamSpec):
+        raise UsageError(
+            f"option specReader {spec_reader!r} returned {type(spec).__name__}, not a StreamSpec"
+        )
+    return spec

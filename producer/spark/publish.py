@@ -1,0 +1,136 @@
+"""One Spark task's publishes: rows in per-partition order, pipelined confirms, all or fail.
+
+A task publishes the rows Spark gives it through the producer SDK, with the
+stream's spec passed in (executors never talk to etcd), and returns only after
+the broker confirmed every message. If any message is not confirmed the task
+raises :class:`PublishFailed`; Spark then retries the task or fails the batch,
+which is never committed. A retried task publishes the same messages with the
+same ids (see :mod:`producer.spark.replay`).
+
+Order. Every partq partition of a batch is published by exactly one task
+(``prepare()`` repartitions by partition). Within the task the rows are put in
+(partition, order column, source position) order — by sorting them here, or,
+when Spark sorted them already (``presorted``), as they come — and numbered per
+partition: that number is the message's ``seq``. The SDK publishes them on one
+channel in that order, so each queue receives a key's rows in order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+from producer.contract import StreamSpec
+from producer.errors import PublishFailed, UsageError
+from producer.publisher import Producer, Receipt
+from producer.spark.options import SinkOptions
+from producer.spark.replay import message_id, replay_headers
+from producer.spark.rows import Outgoing, RowLayout
+
+__all__ = ["TaskReport", "check_one_task_per_partition", "publish_task"]
+
+
+@dataclass(frozen=True)
+class TaskReport(WriterCommitMessage):
+    """What a task tells the driver: it published and got confirms for ``rows`` rows."""
+
+    task: int
+    rows: int
+    partitions: tuple[int, ...]
+    seconds: float
+
+
+def _in_order(
+    rows: Iterable[Sequence[Any]], layout: RowLayout, presorted: bool
+) -> Iterator[Outgoing]:
+    if presorted:
+        return (layout.message(row) for row in rows)
+    # Build (and check) every message before the first publish: a bad row fails the
+    # task before anything of it reaches the broker.
+    keyed = [(layout.sort_key(row), layout.message(row)) for row in rows]
+    keyed.sort(key=itemgetter(0))
+    return (message for _, message in keyed)
+
+
+def publish_task(
+    rows: Iterable[Sequence[Any]],
+    *,
+    layout: RowLayout,
+    spec: StreamSpec,
+    options: SinkOptions,
+    query_id: str,
+    batch_id: int,
+    task: int,
+    presorted: bool = False,
+) -> TaskReport:
+    """Publish ``rows``; return once all are confirmed, raise if any is not."""
+    started = time.monotonic()
+    messages = _in_order(rows, layout, presorted)
+    failures: list[BaseException] = []
+
+    def note(future: Future[Receipt]) -> None:
+        error = future.exception()
+        if error is not None:
+            failures.append(error)  # list.append is atomic; called on the SDK's I/O thread
+
+    seqs: dict[int, int] = {}
+    sent = 0
+    producer = Producer(
+        spec, amqp_url=options.amqp_url, window=options.window, name=f"partq-spark-task-{task}"
+    )
+    try:
+        for message in messages:
+            seq = seqs.get(message.partition, 0)
+            seqs[message.partition] = seq + 1
+            headers: dict[str, Any] = dict(message.headers) if message.headers else {}
+            headers.update(replay_headers(query_id, batch_id, seq))
+            future = producer.publish(
+                message.key,
+                message.body,
+                headers=headers,
+                message_id=message_id(query_id, batch_id, message.partition, seq),
+            )
+            future.add_done_callback(note)
+            sent += 1
+        try:
+            producer.flush(options.confirm_timeout)
+        except TimeoutError:
+            raise PublishFailed(
+                f"batch {batch_id}: the broker did not confirm every message within "
+                f"{options.confirm_timeout:.0f}s (option confirmTimeout); the task fails so "
+                f"that Spark retries it, and the batch is not committed"
+            ) from None
+    finally:
+        producer.close(timeout=5)
+    if failures:
+        raise PublishFailed(
+            f"batch {batch_id}: {len(failures)} of {sent} messages to stream {spec.name!r} were "
+            f"not confirmed (first: {failures[0]}); the task fails so that Spark retries it, "
+            f"and the batch is not committed"
+        )
+    return TaskReport(task, sent, tuple(sorted(seqs)), time.monotonic() - started)
+
+
+def check_one_task_per_partition(reports: Iterable[TaskReport | None], batch_id: int) -> int:
+    """Rows of the batch; raise if two tasks published one partition (order is then lost)."""
+    owner: dict[int, int] = {}
+    rows = 0
+    for report in reports:
+        if report is None:
+            continue
+        rows += report.rows
+        for partition in report.partitions:
+            if partition in owner:
+                raise UsageError(
+                    f"batch {batch_id}: partition {partition} was published by tasks "
+                    f"{owner[partition]} and {report.task}, so its order and message ids are "
+                    f"not reliable: do not repartition the DataFrame after producer.spark.prepare()"
+                )
+            owner[partition] = report.task
+    return rows

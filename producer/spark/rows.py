@@ -1,0 +1,210 @@
+"""From a Spark row to a partq message: where the key, body and headers come from.
+
+:class:`RowLayout` is built once from the DataFrame's schema and the sink's
+options, validating both (with messages that say what to do), and then turns
+each row into a :class:`Outgoing` message and a sort key. Rows are read by
+position, not by name, because that is what a task does a million times.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Row
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructType,
+)
+
+from producer.contract import partition_for
+from producer.errors import SpecMismatch, UsageError
+from producer.spark.options import SinkOptions
+
+__all__ = [
+    "INTERNAL_PREFIX",
+    "ORDER_COLUMN",
+    "PARTITION_COLUMN",
+    "POSITION_COLUMN",
+    "Outgoing",
+    "RowLayout",
+]
+
+INTERNAL_PREFIX = "_partq_"
+PARTITION_COLUMN = "_partq_partition"  # partition_for(key, P), added by prepare()
+POSITION_COLUMN = "_partq_position"  # source order: (source task << 33) + row index in it
+ORDER_COLUMN = "_partq_order"  # a copy of prepare()'s order column on streaming DataFrames
+
+_PREPARE_HINT = (
+    "call producer.spark.prepare(df, spec, key_column) before df.writeStream.format('partq'): "
+    "it computes each row's partition with partq's hash and gives every partition to one task"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message to publish."""
+
+    partition: int
+    key: str | bytes
+    body: bytes
+    headers: dict[str, str] | None
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def _plain(value: Any) -> Any:
+    """Nested rows as objects (a ``Row`` is a tuple, which JSON would make a list)."""
+    if isinstance(value, Row):
+        return {name: _plain(item) for name, item in value.asDict().items()}
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _is_complex(data_type: DataType) -> bool:
+    return isinstance(data_type, StructType | ArrayType | MapType)
+
+
+def _index(schema: StructType, column: str, what: str) -> int:
+    names = schema.fieldNames()
+    if column not in names:
+        raise UsageError(f"{what} {column!r} is not a column of the DataFrame (columns: {names})")
+    return names.index(column)
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where each part of a message is in a row, checked against the schema."""
+
+    partitions: int
+    key: int
+    partition: int
+    position: int
+    order: int | None
+    value: int | None
+    headers: int | None
+    payload: tuple[tuple[str, int, bool], ...]  # JSON body: (name, index, needs _plain)
+
+    @classmethod
+    def from_schema(cls, schema: StructType, options: SinkOptions, partitions: int) -> RowLayout:
+        fields = schema.fields
+        for column, kind, what in (
+            (PARTITION_COLUMN, IntegerType, "int"),
+            (POSITION_COLUMN, LongType, "bigint"),
+        ):
+            if column not in schema.fieldNames():
+                raise UsageError(f"the DataFrame has no column {column}: {_PREPARE_HINT}")
+            if not isinstance(fields[schema.fieldNames().index(column)].dataType, kind):
+                raise UsageError(f"column {column} must be {what}: {_PREPARE_HINT}")
+        key = _index(schema, options.key_column, "option keyColumn")
+        if not isinstance(fields[key].dataType, StringType | BinaryType):
+            raise UsageError(
+                f"key column {options.key_column!r} is {fields[key].dataType.simpleString()}: "
+                f"keys must be string or binary so every language hashes the same bytes "
+                f"(cast it, e.g. col({options.key_column!r}).cast('string'))"
+            )
+        value = None
+        if options.value_column is not None:
+            value = _index(schema, options.value_column, "option valueColumn")
+            if not isinstance(fields[value].dataType, StringType | BinaryType):
+                raise UsageError(
+                    f"value column {options.value_column!r} is "
+                    f"{fields[value].dataType.simpleString()}: it must be string or binary "
+                    f"(or leave valueColumn out to send the other columns as JSON)"
+                )
+        headers = None
+        if options.headers_column is not None:
+            headers = _index(schema, options.headers_column, "option headersColumn")
+            header_type = fields[headers].dataType
+            if not (
+                isinstance(header_type, MapType)
+                and isinstance(header_type.keyType, StringType)
+                and isinstance(header_type.valueType, StringType)
+            ):
+                raise UsageError(
+                    f"headers column {options.headers_column!r} is {header_type.simpleString()}: "
+                    f"it must be map<string,string>"
+                )
+        if options.order_column is not None:
+            order: int | None = _index(schema, options.order_column, "option orderColumn")
+        elif ORDER_COLUMN in schema.fieldNames():
+            order = schema.fieldNames().index(ORDER_COLUMN)
+        else:
+            order = None
+        skip = {options.key_column, options.headers_column}
+        payload = tuple(
+            (f.name, i, _is_complex(f.dataType))
+            for i, f in enumerate(fields)
+            if f.name not in skip and not f.name.startswith(INTERNAL_PREFIX)
+        )
+        names = schema.fieldNames()
+        return cls(
+            partitions=partitions,
+            key=key,
+            partition=names.index(PARTITION_COLUMN),
+            position=names.index(POSITION_COLUMN),
+            order=order,
+            value=value,
+            headers=headers,
+            payload=payload,
+        )
+
+    def sort_key(self, row: Sequence[Any]) -> tuple[Any, ...]:
+        """(partition, order value with nulls first as Spark sorts, source position)."""
+        if self.order is None:
+            return (row[self.partition], row[self.position])
+        value = row[self.order]
+        return (row[self.partition], value is not None, value, row[self.position])
+
+    def message(self, row: Sequence[Any]) -> Outgoing:
+        """The message for ``row``, its partition checked. A null value is an empty body."""
+        key = row[self.key]
+        if key is None:
+            raise UsageError("a row has a null key: filter such rows out before the sink")
+        if isinstance(key, bytearray):
+            key = bytes(key)
+        if self.value is not None:
+            raw = row[self.value]
+            body = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw or b"")
+        else:
+            document = {
+                name: _plain(row[i]) if nested else row[i] for name, i, nested in self.payload
+            }
+            body = json.dumps(
+                document, default=_json_default, ensure_ascii=False, separators=(",", ":")
+            ).encode("utf-8")
+        partition = row[self.partition]
+        if partition != partition_for(key, self.partitions):
+            raise SpecMismatch(
+                f"a row's {PARTITION_COLUMN} is {partition} but partq's hash puts its key in "
+                f"partition {partition_for(key, self.partitions)} of {self.partitions}: prepare() "
+                f"was given another partition count than the stream has: pass it the stream's spec"
+            )
+        headers = None
+        if self.headers is not None and row[self.headers]:
+            headers = {k: v for k, v in row[self.headers].items() if v is not None}
+        return Outgoing(partition, key, body, headers)

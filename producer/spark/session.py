@@ -1,0 +1,49 @@
+"""A SparkSession on loopback with this interpreter's Python: for the job, tests, benchmarks.
+
+Call it from an entry point: it sets ``SPARK_LOCAL_IP`` and ``PYSPARK_PYTHON``
+(when unset) because the JVM Spark launches reads them from the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+from producer.spark.sink import register
+
+__all__ = ["LOOPBACK", "loopback_session"]
+
+LOOPBACK = "127.0.0.1"
+
+
+def loopback_session(
+    app_name: str,
+    *,
+    master: str | None = "local[2]",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """A session bound to 127.0.0.1, executors on ``sys.executable``, format ``partq`` registered.
+
+    ``master=None`` keeps the master Spark was given (``spark-submit --master``).
+    """
+    os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    settings = {
+        "spark.driver.host": LOOPBACK,
+        "spark.driver.bindAddress": LOOPBACK,
+        "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
+        # The AMQP URL is a sink option; keep its password out of plans and logs.
+        "spark.redaction.string.regex": r"(?i)amqps?://[^@/\s]*@",
+        **(conf or {}),
+    }
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register(spark)
+    return spark

@@ -1,0 +1,236 @@
+"""deploy/docker-compose.yml and the Dockerfile: parsed, and every reference checked.
+
+There is no Docker daemon here: nothing is built or run. What can be known
+offline is: the file parses, each image is pinned or built from a Dockerfile
+that exists, each mounted file exists, Prometheus and Grafana are pointed at
+the files the repo ships, and the image runs `partq` as a non-root user.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shlex
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy.conftest import DEPLOY, REPO
+
+COMPOSE = DEPLOY / "docker-compose.yml"
+DOCKERFILE = REPO / "Dockerfile"
+REQUIRED_SERVICES = {
+    "etcd",
+    "rabbitmq",
+    "prometheus",
+    "grafana",
+    "coordinator",
+    "consumers",
+    "producer",
+}
+PARTQ_COMMANDS = {"coordinator", "consume", "produce", "stream", "status"}
+DEFAULT_PORTS = {"coordinator": 9400, "consume": 9401}
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())  # type: ignore[no-any-return]
+
+
+def services() -> dict[str, dict[str, Any]]:
+    return compose()["services"]  # type: ignore[no-any-return]
+
+
+def bind_mounts(service: dict[str, Any]) -> list[tuple[Path, PurePosixPath]]:
+    """(host path, container path) of each bind mount (short syntax)."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith((".", "/")):
+            mounts.append(((COMPOSE.parent / source).resolve(), PurePosixPath(target)))
+    return mounts
+
+
+def host_path(service: dict[str, Any], inside: str) -> Path | None:
+    """The repo file a container path comes from, through the service's bind mounts."""
+    wanted = PurePosixPath(inside)
+    for host, target in bind_mounts(service):
+        if wanted == target or target in wanted.parents:
+            return host.joinpath(*wanted.relative_to(target).parts)
+    return None
+
+
+def partq_services() -> dict[str, dict[str, Any]]:
+    return {
+        name: service
+        for name, service in services().items()
+        if service.get("image", "").startswith("partq:")
+    }
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with comments dropped and continuations joined."""
+    text = re.sub(r"^\s*#.*\n", "", DOCKERFILE.read_text(), flags=re.MULTILINE)
+    text = re.sub(r"\\\n", " ", text)
+    found = []
+    for line in text.splitlines():
+        if line.strip():
+            instruction, _, arguments = line.strip().partition(" ")
+            found.append((instruction.upper(), arguments.strip()))
+    return found
+
+
+# ---------------------------------------------------------------- compose
+
+
+def test_the_compose_file_runs_the_whole_system() -> None:
+    assert set(services()) >= REQUIRED_SERVICES
+
+
+@pytest.mark.parametrize("name", sorted(services()))
+def test_each_image_is_pinned_or_built_from_a_dockerfile_that_exists(name: str) -> None:
+    service = services()[name]
+    assert "image" in service or "build" in service
+    if "build" in service:
+        context = (COMPOSE.parent / service["build"]["context"]).resolve()
+        assert (context / service["build"].get("dockerfile", "Dockerfile")).is_file()
+        assert context == REPO
+    else:
+        image = service["image"]
+        tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else "latest"
+        assert tag != "latest", f"{name}: pin {image} to a version"
+
+
+@pytest.mark.parametrize("name", sorted(services()))
+def test_mounted_files_exist_and_named_volumes_are_declared(name: str) -> None:
+    service = services()[name]
+    for host, _ in bind_mounts(service):
+        assert host.exists(), f"{name} mounts {host}, which is not in the repo"
+        assert REPO in host.parents, f"{name} mounts {host}, outside the repo"
+    declared = set(compose().get("volumes") or {})
+    for volume in service.get("volumes", []):
+        source = volume.split(":")[0]
+        if not source.startswith((".", "/")):
+            assert source in declared, f"{name}: volume {source} is not declared"
+
+
+def test_dependencies_are_services() -> None:
+    for name, service in services().items():
+        assert set(service.get("depends_on", [])) <= set(services()), name
+
+
+def test_partq_services_run_partq_commands() -> None:
+    for name, service in partq_services().items():
+        command = service.get("command", [])
+        if service.get("entrypoint"):  # a shell around partq (the producer)
+            assert " partq produce " in f" {command[0]} ", name
+        else:
+            assert command[0] in PARTQ_COMMANDS, name
+        env = service["environment"]
+        assert {"PARTQ_ETCD_ENDPOINTS", "PARTQ_AMQP_URL"} <= set(env), name
+
+
+def test_the_consumers_run_the_example_handler_and_may_finish_their_drain() -> None:
+    consumers = services()["consumers"]
+    command = consumers["command"]
+    handler = command[command.index("--handler") + 1]
+    assert handler == "consumers.examples:print_handler"
+    module, _, function = handler.partition(":")
+    assert callable(getattr(importlib.import_module(module), function))
+    drain = float(command[command.index("--drain-timeout") + 1])
+    grace = float(consumers["stop_grace_period"].removesuffix("s"))
+    assert grace > drain
+
+
+def test_the_daemons_listen_beyond_loopback() -> None:
+    # partq's HTTP server listens on loopback by default: Prometheus could not scrape it
+    for name, service in partq_services().items():
+        command = service["command"]
+        if command[0] in DEFAULT_PORTS:
+            assert command[command.index("--http-host") + 1] in {"0.0.0.0", "::"}, name
+
+
+def test_grafana_provisioning_loads_the_repos_dashboard() -> None:
+    grafana = services()["grafana"]
+    provisioning = host_path(grafana, "/etc/grafana/provisioning")
+    assert provisioning == DEPLOY / "grafana" / "provisioning"
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "partq.yml").read_text())[
+        "providers"
+    ]
+    folder = PurePosixPath(provider["options"]["path"])
+    loaded = {
+        host_path(grafana, str(folder / "partq-dashboard.json")),
+        *(host for host, target in bind_mounts(grafana) if folder in target.parents),
+    }
+    assert DEPLOY / "grafana" / "partq-dashboard.json" in loaded, (
+        f"the dashboard is not mounted into the provider's folder {folder}"
+    )
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert host_path(grafana, home) == DEPLOY / "grafana" / "partq-dashboard.json"
+    json.loads((DEPLOY / "grafana" / "partq-dashboard.json").read_text())
+    datasource = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ][0]
+    assert datasource["url"].split("//")[1].split(":")[0] in services()
+
+
+def test_prometheus_loads_the_repos_config_and_rules_and_scrapes_partq() -> None:
+    prometheus = services()["prometheus"]
+    flag = next(arg for arg in prometheus["command"] if arg.startswith("--config.file="))
+    inside = PurePosixPath(flag.split("=", 1)[1])
+    assert host_path(prometheus, str(inside)) == DEPLOY / "prometheus" / "prometheus.yml"
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    for rule_file in config["rule_files"]:
+        assert host_path(prometheus, str(inside.parent / rule_file)) == (
+            DEPLOY / "prometheus" / "alerts.yml"
+        )
+
+    # Every partq daemon is scraped on the port it serves
+    scraped: set[tuple[str, int]] = set()
+    for job in config["scrape_configs"]:
+        for static in job.get("static_configs", []):
+            for target in static["targets"]:
+                host, port = target.rsplit(":", 1)
+                scraped.add((host, int(port)))
+        for dns in job.get("dns_sd_configs", []):
+            scraped |= {(name, dns["port"]) for name in dns["names"]}
+    for name, service in partq_services().items():
+        command = service["command"]
+        if command[0] in DEFAULT_PORTS:
+            port = int(
+                command[command.index("--http-port") + 1]
+                if "--http-port" in command
+                else DEFAULT_PORTS[command[0]]
+            )
+            assert (name, port) in scraped, f"Prometheus does not scrape {name}:{port}"
+    for host, _ in scraped - {("localhost", 9090)}:
+        assert host in services(), f"scrape target {host} is not a compose service"
+
+
+# ---------------------------------------------------------------- Dockerfile
+
+
+def test_the_image_is_python_311_slim_running_partq_as_a_non_root_user() -> None:
+    instructions = dockerfile_instructions()
+    stages = [i for i, (op, _) in enumerate(instructions) if op == "FROM"]
+    final = instructions[stages[-1] :]
+    assert final[0][1].split()[0] == "python:3.11-slim"
+    entrypoint = [args for op, args in final if op == "ENTRYPOINT"]
+    assert entrypoint, "no ENTRYPOINT"
+    assert json.loads(entrypoint[-1]) == ["partq"]  # exec form: signals reach partq
+    users = [args for op, args in final if op == "USER"]
+    assert users, "the image runs as root"
+    assert users[-1].split(":")[0] not in {"root", "0"}
+    assert any(op == "RUN" and "pip install ." in args for op, args in final)
+    exposed = {int(port) for op, args in final if op == "EXPOSE" for port in args.split()}
+    assert exposed >= set(DEFAULT_PORTS.values())
+
+
+def test_the_files_the_dockerfile_copies_are_in_the_repo() -> None:
+    for op, args in dockerfile_instructions():
+        if op == "COPY" and "--from" not in args:
+            *sources, _ = shlex.split(args)
+            for source in sources:
+                assert (REPO / source).exists(), f"COPY {source}: not in the repo"

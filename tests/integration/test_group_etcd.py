@@ -1,0 +1,147 @@
+"""Sessions, membership, claims, watches and leader fencing against a real etcd."""
+
+from __future__ import annotations
+
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator import keys
+from coordinator.errors import EtcdUnavailable, MemberIdTaken, NotLeader
+from coordinator.etcd import connect
+from coordinator.group import Group, WatchEvent
+from coordinator.local import LocalEtcd
+from coordinator.service import CoordinatorConfig, StreamCoordinator
+from coordinator.session import Session
+from coordinator.settings import Settings
+from coordinator.streams import Registry
+from producer.contract import StreamSpec
+
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture
+def client(etcd_server: LocalEtcd) -> Iterator[Any]:
+    c = connect(Settings.load(etcd_endpoints=etcd_server.endpoint))
+    yield c
+    c.close()
+
+
+def test_a_second_live_member_with_the_same_id_is_refused(client: Any, stream_name: str) -> None:
+    # Given a live member "m"
+    group = Group(client, "test", stream_name)
+    first = Session(client, "test", ttl=2)
+    group.join(first, "m")
+    second = Session(client, "test", ttl=2)
+    try:
+        # When another session joins as "m" / Then it is refused, naming what to do
+        with pytest.raises(MemberIdTaken, match="another --member-id"):
+            group.join(second, "m")
+        assert group.snapshot().members["m"].lease == first.id
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_restarted_member_waits_out_its_crashed_predecessor(
+    client: Any, stream_name: str
+) -> None:
+    # Given member "m" whose process died (its lease is no longer refreshed)
+    group = Group(client, "test", stream_name)
+    crashed = Session(client, "test", ttl=2)
+    group.join(crashed, "m")
+    crashed.close(revoke=False)
+    restarted = Session(client, "test", ttl=2)
+    try:
+        # When it restarts with the same id
+        began = time.monotonic()
+        group.join(restarted, "m")
+        # Then it joins once the old lease expired, within the TTL and its rounding
+        assert time.monotonic() - began < 4.5
+        assert group.snapshot().members["m"].lease == restarted.id
+    finally:
+        restarted.close()
+
+
+def test_a_revoked_lease_is_reported_lost_and_its_keys_vanish(
+    client: Any, stream_name: str
+) -> None:
+    # Given a member with a claim
+    group = Group(client, "test", stream_name)
+    lost = threading.Event()
+    session = Session(client, "test", ttl=1, on_lost=lost.set)
+    group.join(session, "m")
+    assert group.claim(3, "m", session)
+    # When etcd revokes its lease behind its back
+    client.revoke_lease(session.id)
+    # Then the session reports it within a refresh interval and the keys are gone
+    assert lost.wait(3)
+    state = group.snapshot()
+    assert "m" not in state.members
+    assert 3 not in state.claims
+    session.close()
+
+
+def test_claims_are_exclusive_and_only_the_holder_releases(client: Any, stream_name: str) -> None:
+    group = Group(client, "test", stream_name)
+    a, b = Session(client, "test", ttl=2), Session(client, "test", ttl=2)
+    try:
+        assert group.claim(0, "a", a)
+        assert group.claim(0, "a", a)  # idempotent for the holder
+        assert not group.claim(0, "b", b)
+        group.release(0, b)  # not b's: a no-op
+        assert group.snapshot().claims[0].member == "a"
+        group.release(0, a)
+        assert group.claim(0, "b", b)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_watch_reports_when_etcd_goes_away() -> None:
+    # Given a watch on a private etcd (python3-etcd3's watcher needs partq's patch for this)
+    with tempfile.TemporaryDirectory() as data:
+        etcd = LocalEtcd(data_dir=Path(data)).start()
+        try:
+            c = connect(Settings.load(etcd_endpoints=etcd.endpoint))
+            group = Group(c, etcd.endpoint, "w")
+            events: queue.Queue[WatchEvent | Exception] = queue.Queue()
+            group.watch(group.snapshot().revision, events.put)
+            c.put(keys.claim("w", 1), '{"v": 1, "member": "x"}')
+            assert isinstance(events.get(timeout=5), WatchEvent)
+            # When etcd restarts
+            etcd.restart()
+            # Then the callback hears that the watch ended, so the caller can resync
+            assert isinstance(events.get(timeout=10), EtcdUnavailable)
+            c.close()
+        finally:
+            etcd.stop()
+
+
+def test_a_deposed_leader_cannot_write_the_assignment(
+    settings: Settings, registry: Registry, stream_name: str
+) -> None:
+    # Given a leading coordinator
+    registry.create(StreamSpec(stream_name, 4))
+    leader = StreamCoordinator(registry, stream_name, CoordinatorConfig(settle=0.1, ttl=2))
+    leader.start()
+    try:
+        assert leader.leading.wait(10)
+        assert leader._fence is not None
+        candidate, _revision = leader._fence
+        # When its candidate key disappears (its lease expired while it was away)
+        registry.client.delete(candidate)
+        # Then its next fenced write is refused
+        with pytest.raises(NotLeader):
+            leader._write({0: "someone"}, "test")
+        assert 0 not in Group(registry.client, "test", stream_name).snapshot().assignment
+    finally:
+        leader.stop()
+        leader.join(10)
+        registry.delete(stream_name)

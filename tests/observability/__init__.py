@@ -1,0 +1,1 @@
+"""Observability tests: a real Prometheus scraping partq, and the status page in Chromium."""

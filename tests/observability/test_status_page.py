@@ -1,0 +1,177 @@
+"""The coordinator's status page, rendered by headless Chromium (Debian's ``chromium``).
+
+Asserts on the DOM Chromium built (``--dump-dom``), not on the HTML the server
+sent, and keeps a screenshot as ``artifacts/status-page.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Launcher, http_get, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CHROMIUM = Path("/usr/bin/chromium")
+PARTITIONS = 8
+MEMBERS = ("obs-a", "obs-b")
+
+
+@dataclass
+class Table:
+    cls: str
+    header: list[str] = field(default_factory=list)
+    rows: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # (tr class, cells)
+
+
+class PageParser(HTMLParser):
+    """Tables (header, rows as dicts keyed by header) and ``<meta>`` tags of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[Table] = []
+        self.metas: list[dict[str, str]] = []
+        self._row: tuple[str, list[str]] | None = None
+        self._cell: list[str] | None = None
+        self._header = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "meta":
+            self.metas.append(a)
+        elif tag == "table":
+            self.tables.append(Table(a.get("class", "")))
+        elif tag == "tr" and self.tables:
+            self._row = (a.get("class", ""), [])
+            self._header = False
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = []
+            self._header = tag == "th"
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None and self._row is not None:
+            self._row[1].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            table = self.tables[-1]
+            cls, cells = self._row
+            if self._header and not table.header:
+                table.header = cells
+            else:
+                table.rows.append((cls, dict(zip(table.header, cells, strict=True))))
+            self._row = None
+
+
+def parse(page: str) -> PageParser:
+    parser = PageParser()
+    parser.feed(page)
+    parser.close()
+    return parser
+
+
+def partitions_table(page: PageParser) -> Table:
+    tables = [t for t in page.tables if t.cls == "partitions"]
+    assert len(tables) == 1, f"{len(tables)} tables with class 'partitions'"
+    return tables[0]
+
+
+def members_table(page: PageParser) -> Table:
+    tables = [t for t in page.tables if t.header[:1] == ["member"]]
+    assert len(tables) == 1, f"{len(tables)} members tables"
+    return tables[0]
+
+
+def owners(page: PageParser) -> dict[int, tuple[str, str, str]]:
+    """partition -> (owner, state cell, row class)."""
+    return {
+        int(r["partition"]): (r["owner"], r["state"], cls) for cls, r in partitions_table(page).rows
+    }
+
+
+def settled(url: str, members: set[str]) -> dict[int, tuple[str, str, str]] | None:
+    """The server's page (no browser) once every partition is consumed by one of ``members``
+    and each of them owns some; None before."""
+    status, body = http_get(url)
+    if status != 200:
+        return None
+    rows = owners(parse(body.decode()))
+    ok = (
+        len(rows) == PARTITIONS
+        and all(state == "consuming" and owner in members for owner, state, _ in rows.values())
+        and {owner for owner, _, _ in rows.values()} == members
+    )
+    return rows if ok else None
+
+
+def chromium(url: str, screenshot: Path, profile: Path) -> str:
+    """Load ``url`` in headless Chromium: the rendered DOM, and a screenshot written."""
+    screenshot.unlink(missing_ok=True)
+    argv = [
+        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+        "--no-first-run", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", f"--user-data-dir={profile}", f"--screenshot={screenshot}",
+        "--window-size=1280,1600", "--dump-dom", url,
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, timeout=60, check=False)
+    err = done.stderr.decode(errors="replace")[-2000:]
+    assert done.returncode == 0, f"chromium exited {done.returncode}: {err}"
+    assert screenshot.is_file() and screenshot.stat().st_size > 0, f"no screenshot: {err}"
+    return done.stdout.decode()
+
+
+@pytest.fixture
+def browser() -> Path:
+    if not (CHROMIUM.exists() and os.access(CHROMIUM, os.X_OK)):
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is required in CI", pytrace=False)
+        pytest.skip(f"{CHROMIUM} is not installed")
+    return CHROMIUM
+
+
+def test_status_page_in_chromium(
+    browser: Path, launcher: Launcher, make_stream: Any, artifacts: Path, tmp_path: Path
+) -> None:
+    spec = make_stream(PARTITIONS)
+    coordinator = launcher.coordinator(spec.name)
+    consumers = {m: launcher.consumer(spec.name, m) for m in MEMBERS}
+    launcher.wait_ready(coordinator)
+    for proc in consumers.values():
+        launcher.wait_ready(proc)
+    url = coordinator.base + "/"
+    wait_until(lambda: settled(url, set(MEMBERS)), 30, what="8 partitions consumed by both")
+
+    # both members: what Chromium rendered
+    shot = artifacts / "status-page.png"
+    page = parse(chromium(url, shot, tmp_path / "chromium-1"))
+    refresh = [m for m in page.metas if m.get("http-equiv", "").lower() == "refresh"]
+    assert refresh and refresh[0].get("content") == "2", page.metas
+    rows = owners(page)
+    assert sorted(rows) == list(range(PARTITIONS)), rows
+    for p, (owner, state, cls) in rows.items():
+        assert owner in MEMBERS and state == "consuming" and cls == "consuming", (p, rows[p])
+    counts = {m: sum(1 for o, _, _ in rows.values() if o == m) for m in MEMBERS}
+    assert counts == {m: PARTITIONS // 2 for m in MEMBERS}, counts
+    listed = {r["member"]: int(r["owns"]) for _, r in members_table(page).rows}
+    assert listed == counts, listed
+
+    # one member leaves (SIGTERM, by PID): a later load shows the other owning all 8
+    leaving, staying = consumers["obs-b"], "obs-a"
+    assert leaving.terminate(timeout=20) == 0, leaving.tail()
+    wait_until(lambda: settled(url, {staying}), 30, what=f"all partitions owned by {staying}")
+    page = parse(chromium(url, artifacts / "status-page-after-leave.png", tmp_path / "chromium-2"))
+    rows = owners(page)
+    assert len(rows) == PARTITIONS
+    assert all(v == (staying, "consuming", "consuming") for v in rows.values()), rows
+    listed = {r["member"]: int(r["owns"]) for _, r in members_table(page).rows}
+    assert listed == {staying: PARTITIONS}, listed

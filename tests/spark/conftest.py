@@ -1,0 +1,131 @@
+"""Spark fixtures: one local[2] session on loopback, streams with queues, queue reading.
+
+Spark needs the ``spark`` extra and a Java runtime; without them the Spark tests
+skip on a developer's machine and fail in CI, like the server fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from coordinator import admin
+from coordinator.streams import Registry
+from producer.amqp import blocking_connection
+from producer.contract import StreamSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+PARTITIONS = 8
+SHUFFLE_PARTITIONS = "4"
+SPARK_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": SHUFFLE_PARTITIONS,
+    "spark.sql.streaming.stopTimeout": "30s",
+}
+
+
+def _unavailable(what: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} is required in CI", pytrace=False)
+    pytest.skip(f"{what} is not available here")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        _unavailable("pyspark (pip install -e '.[spark]')")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        _unavailable("a Java runtime for Spark")
+    from producer.spark import loopback_session
+
+    session = loopback_session("partq-tests", master="local[2]", conf=SPARK_CONF)
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def spark_stream(registry: Registry, rabbitmq: str, stream_name: str) -> Iterator[StreamSpec]:
+    """A fresh stream of 8 quorum partitions, deleted afterwards."""
+    spec = StreamSpec(stream_name, PARTITIONS)
+    admin.create_stream(registry, rabbitmq, spec)
+    yield spec
+    admin.delete(registry, rabbitmq, spec.name)
+
+
+@dataclass(frozen=True)
+class Delivered:
+    partition: int
+    message_id: str
+    body: bytes
+    headers: dict[str, Any]
+
+    @property
+    def row(self) -> dict[str, Any]:
+        return json.loads(self.body)  # type: ignore[no-any-return]
+
+
+def queue_depths(amqp_url: str, spec: StreamSpec) -> list[int]:
+    from producer.amqp import queue_stats
+
+    with blocking_connection(amqp_url) as connection:
+        return [s.messages or 0 for s in queue_stats(connection, spec)]
+
+
+def read_all(amqp_url: str, spec: StreamSpec) -> dict[int, list[Delivered]]:
+    """Every message now in each partition queue, in queue order (consumed and acked)."""
+    found: dict[int, list[Delivered]] = defaultdict(list)
+    with blocking_connection(amqp_url) as connection:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=2000)
+        for partition in range(spec.partitions):
+            queue = spec.queue(partition)
+            expected = channel.queue_declare(queue, passive=True).method.message_count
+            got = found[partition]
+            for method, properties, body in channel.consume(queue, inactivity_timeout=5):
+                if method is None:
+                    break
+                got.append(
+                    Delivered(partition, properties.message_id, body, dict(properties.headers))
+                )
+                channel.basic_ack(method.delivery_tag)
+                if len(got) == expected:
+                    break
+            channel.cancel()
+            assert len(got) == expected, f"{queue}: read {len(got)} of {expected}"
+    return dict(found)
+
+
+def write_json_rows(directory: Path, rows: Sequence[dict[str, Any]], files: int) -> None:
+    """``rows`` as JSON lines in ``files`` files, row i in file i % files (keys span files)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    chunks: list[list[str]] = [[] for _ in range(files)]
+    for i, row in enumerate(rows):
+        chunks[i % files].append(json.dumps(row))
+    for n, lines in enumerate(chunks):
+        staging = directory / f".part-{n:03d}.json.tmp"
+        staging.write_text("\n".join(lines) + "\n")
+        staging.rename(directory / f"part-{n:03d}.json")  # appear whole to the file source
+
+
+def keyed_rows(count: int, keys: int, pad: int = 0) -> list[dict[str, Any]]:
+    """Rows ``{"key", "order", "n", "pad"}``: ``order`` ascends per key and is unique."""
+    return [
+        {"key": f"user-{i % keys}", "order": i, "n": i // keys, "pad": "x" * pad}
+        for i in range(count)
+    ]
+
+
+ROW_SCHEMA = "key STRING, order BIGINT, n BIGINT, pad STRING"
