@@ -624,7 +624,8 @@ def fmt_ms(x: float) -> str:
 def render(res: dict[str, Any], meta: dict[str, Any]) -> str:
     L = [SECTION, ""]
     L.append(f"Command: `{meta['command']}` — run {meta['date']} on RabbitMQ {meta['rabbitmq']}, "
-             f"etcd {meta['etcd']} (private, LocalEtcd), Python {meta['python']}; "
+             f"etcd {meta['etcd']} (private, LocalEtcd), Python {meta['python']}, partq at "
+             f"{meta.get('commit', '?')}; "
              f"**2 cores, shared** with other engineers' concurrent test runs, so absolute numbers "
              f"are noisy; ratios are measured within one run. Consumers and coordinators are "
              f"`partq` subprocesses (coordinator `--settle 1`), handled messages are recorded by "
@@ -747,7 +748,10 @@ def versions() -> dict[str, str]:
             return "?"
 
     etcd = run(["etcd", "--version"]).splitlines()
+    dirty = run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
     return {
+        "commit": run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+        + (" (with uncommitted changes)" if dirty else ""),
         "rabbitmq": run(["rabbitmqctl", "version"]) or "?",
         "etcd": etcd[0].split()[-1] if etcd else "?",
         "python": sys.version.split()[0],
@@ -776,6 +780,14 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     res: dict[str, Any] = {}
     rabbit: PrivateRabbit | None = None
+
+    def checkpoint() -> None:  # a hung later phase still leaves what was measured
+        (workdir / "results.json").write_text(
+            json.dumps({"meta": meta, "results": res}, indent=1, default=str)
+        )
+        if not args.no_write:
+            write_section(REPO / "docs" / "benchmarks.md", render(res, meta))
+
     with LocalEtcd() as etcd:
         b = Bench(etcd, workdir)
         try:
@@ -788,6 +800,7 @@ def main(argv: list[str] | None = None) -> int:
                         log(f"handoff {qt} #{i + 1}: {len(g)} moves, gaps ms "
                             f"{sorted(round(x * 1000) for x in g)} order {r['order']}")  # fmt: skip
                         res["handoff"].append(r)
+                        checkpoint()
             if "failover" in only:
                 res["failover"] = []
                 for qt in ("quorum", "classic"):
@@ -797,12 +810,14 @@ def main(argv: list[str] | None = None) -> int:
                             log(f"failover {qt} ttl={ttl} #{i + 1}: {r['failover']} marks "
                                 f"{r['marks']} order {r['order']}")  # fmt: skip
                             res["failover"].append(r)
+                            checkpoint()
             if "retry" in only:
                 res["retry"] = []
                 for qt in ("quorum", "classic"):
                     r = retry(b, qt, args.rate, 5.0)
                     log(f"retry {qt}: order {r['order']}")
                     res["retry"].append(r)
+                    checkpoint()
             if "restart" in only:
                 res["restart"] = []
                 try:
@@ -812,11 +827,14 @@ def main(argv: list[str] | None = None) -> int:
                         r = broker_restart(b, rabbit, qt, args.rate, dwell)
                         log(f"restart {qt}: {r}")
                         res["restart"].append(r)
+                        checkpoint()
                 except Exception as e:  # noqa: BLE001
                     res["restart_error"] = f"{type(e).__name__}: {e}"
                     log(f"broker restart not measured: {e!r}")
+                    checkpoint()
             if "throughput" in only:
                 res["throughput"] = throughput(b, n, size)
+                checkpoint()
         finally:
             b.stop_all()
             if rabbit is not None:

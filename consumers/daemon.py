@@ -27,6 +27,7 @@ from coordinator.errors import EtcdUnavailable
 from coordinator.group import Claim, Group, WatchEvent
 from coordinator.session import Session
 from coordinator.streams import Registry
+from producer import logs
 from producer.amqp import DEFAULT_AMQP_URL
 from producer.contract import StreamSpec
 
@@ -121,6 +122,10 @@ class Consumer:
 
     def run(self) -> int:
         """Consume until :meth:`stop`; 0 after a clean drain, 1 if the drain deadline passed."""
+        with logs.bind(stream=self.spec.name, member=self.member):
+            return self._run()
+
+    def _run(self) -> int:
         self.alive.set()
         self.broker.start()
         self._join()

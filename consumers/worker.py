@@ -17,6 +17,7 @@ from consumers import metrics
 from consumers.broker import END, Broker, Delivery
 from consumers.message import Handler, message_from
 from coordinator.session import Session
+from producer import logs
 from producer.amqp import blocking_connection
 from producer.contract import StreamSpec
 
@@ -98,6 +99,10 @@ class Worker(threading.Thread):
         self.inbox.put(STOP)
 
     def run(self) -> None:
+        with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
+            self._run()
+
+    def _run(self) -> None:
         if self.previous is not None:
             self.previous.join()  # never two handlers of one partition in this process
         first = True

@@ -30,6 +30,7 @@ from coordinator.etcd import etcd_errors
 from coordinator.group import Claim, Group, GroupState, Member, WatchEvent
 from coordinator.session import Session
 from coordinator.streams import Registry
+from producer import logs
 from producer.amqp import blocking_connection, queue_stats
 from producer.contract import StreamSpec
 from producer.errors import BrokerUnavailable
@@ -123,6 +124,10 @@ class StreamCoordinator(threading.Thread):
         self.events.put("stop")
 
     def run(self) -> None:
+        with logs.bind(stream=self.stream):
+            self._run()
+
+    def _run(self) -> None:
         backoff = 0.2
         while not self.stopping.is_set():
             try:

@@ -6,7 +6,6 @@ stderr as one line; ``--debug`` adds the traceback.
 
 from __future__ import annotations
 
-import logging
 import sys
 import traceback
 from pathlib import Path
@@ -18,6 +17,7 @@ from consumers.cli.group import consume, coordinator, demo, drain, move, rebalan
 from consumers.cli.produce import produce
 from consumers.cli.spark_job import spark_job
 from consumers.cli.streams import stream
+from producer import logs
 from producer.errors import PartqError, UsageError
 
 __all__ = ["cli", "main"]
@@ -49,12 +49,7 @@ def cli(ctx: click.Context, /, config: Path | None, debug: bool, **overrides: ob
     Passwords come from the environment or the config file only
     (PARTQ_ETCD_PASSWORD, or inside PARTQ_AMQP_URL).
     """
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    for noisy in ("pika", "grpc", "etcd3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING if debug else logging.CRITICAL)
+    logs.configure("DEBUG" if debug else "INFO")
     ctx.obj = Context(config=config, overrides=overrides, debug=debug)
 
 

@@ -39,7 +39,13 @@ log = logging.getLogger("partq.cli")
 )
 @click.option("--drain-timeout", type=float, default=20.0, show_default=True)
 @click.option("--partitions", type=int, help="Expected partition count; refused if etcd differs.")
-@click.option("--http-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--http-host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="PARTQ_HTTP_HOST",
+    help="Address for /metrics, /livez, /readyz (0.0.0.0 in containers) [PARTQ_HTTP_HOST].",
+)
 @click.option("--http-port", type=int, default=9401, show_default=True, help="0: pick a free port.")
 @pass_context
 def consume(
@@ -89,7 +95,13 @@ def consume(
 @click.option("--max-moves", type=click.IntRange(min=1), help="Partitions in motion at most.")
 @click.option("--manual", is_flag=True, help="Move nothing until `partq rebalance`.")
 @click.option("--ttl", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--http-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--http-host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="PARTQ_HTTP_HOST",
+    help="Address for /metrics, /livez, /readyz (0.0.0.0 in containers) [PARTQ_HTTP_HOST].",
+)
 @click.option("--http-port", type=int, default=9400, show_default=True, help="0: pick a free port.")
 @pass_context
 def coordinator(

@@ -1,4 +1,4 @@
-"""consumers.logs: JSON lines off a terminal, text on one, bound context, no passwords."""
+"""producer.logs: JSON lines off a terminal, text on one, bound context, no passwords."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from consumers import logs
+from producer import logs
 from producer.amqp import redact_url
 from producer.errors import UsageError
 

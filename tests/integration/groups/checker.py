@@ -6,6 +6,7 @@ violations (empty: the invariant holds), so a failing test shows what broke.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import defaultdict
@@ -94,7 +95,7 @@ def order_violations(records: Iterable[Record]) -> list[str]:
     problems = []
     for key, handled in sorted(by_key.items()):
         handled.sort()
-        for (_, before), (at, after) in zip(handled, handled[1:], strict=False):
+        for (_, before), (at, after) in itertools.pairwise(handled):
             if after < before:
                 problems.append(f"key {key}: seq {after} first handled at {at:.6f} after {before}")
     return problems
@@ -151,7 +152,7 @@ def handoff_gaps(records: Iterable[Record]) -> list[float]:
     gaps = []
     for rs in by_partition.values():
         rs.sort(key=lambda r: r["start"])
-        for prev, nxt in zip(rs, rs[1:], strict=False):
+        for prev, nxt in itertools.pairwise(rs):
             if nxt["pid"] != prev["pid"]:
                 gaps.append(nxt["start"] - prev["end"])
     return gaps

@@ -7,6 +7,7 @@ bounded loop; the product itself never polls.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -114,8 +115,9 @@ class Fleet:
         self, member: str, *, ttl: int = 2, handler: str = "record", extra: tuple[str, ...] = ()
     ) -> Proc:
         args = [
-            "--debug", "consume", self.stream, "--handler", f"{HANDLERS}:{handler}", "--member-id", member,
-            "--ttl", str(ttl), "--http-port", "0", "--drain-timeout", "15", *extra,
+            "--debug", "consume", self.stream, "--handler", f"{HANDLERS}:{handler}",
+            "--member-id", member, "--ttl", str(ttl), "--http-port", "0",
+            "--drain-timeout", "15", *extra,
         ]  # fmt: skip
         return self._start(member, args, self._env(PARTQ_TEST_MEMBER=member))
 
@@ -132,10 +134,8 @@ class Fleet:
                 proc.signal(signal.SIGCONT)
                 proc.signal(signal.SIGKILL)
         for proc in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
 
     def records(self) -> list[dict[str, Any]]:
         return checker.load(self.record)

@@ -8,6 +8,7 @@ Measurements are printed (run with ``-s`` to see them).
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import time
@@ -59,7 +60,9 @@ def env(
         yield e
 
 
-def settle(group: Group, fleet: Fleet, members: set[str], timeout: float = SETTLE) -> dict[int, str]:
+def settle(
+    group: Group, fleet: Fleet, members: set[str], timeout: float = SETTLE
+) -> dict[int, str]:
     try:
         state = wait_until(
             lambda: balanced(group, P, members), timeout, what=f"balance over {sorted(members)}"
@@ -80,10 +83,24 @@ def handled_all(fleet: Fleet, producer: SequenceProducer, timeout: float = 30.0)
     return fleet.records()
 
 
-def assert_invariants(records: list[dict], published: set, frozen: dict | None = None) -> None:
+def assert_invariants(
+    records: list[dict], published: set, frozen: dict | None = None, *, order: bool = True
+) -> None:
+    """Nothing lost, one at a time, and (``order``) per-key order of first handlings.
+
+    ``order=False`` only where a consumer stops without draining (kill -9, SIGSTOP, a lost
+    lease): the broker then requeues what it had delivered, and a quorum queue puts those
+    messages at its back, behind newer ones of the same key (see ARCHITECTURE.md, Handoff).
+    Such tests print the violations they saw instead.
+    """
     assert checker.lost(published, records) == []
     assert checker.overlaps(records, frozen) == []
-    assert checker.order_violations(records) == []
+    violations = checker.order_violations(records)
+    if order:
+        assert violations == []
+    else:
+        print(f"per-key order violations after the fault (requeued to the back): "
+              f"{len(violations)} {violations[:3]}")  # fmt: skip
 
 
 def summary(name: str, values: list[float]) -> str:
@@ -158,7 +175,7 @@ def test_kill_9_consumer_partitions_move_after_ttl(env, rabbitmq: str) -> None:
           f"first handling by c1: {summary('per moved partition', firsts)}")  # fmt: skip
     print(f"redelivered records: {sum(1 for r in records if r['redelivered'])}")
     assert failover >= 1.0, "partitions moved before the lease could expire"
-    assert_invariants(records, producer.published())
+    assert_invariants(records, producer.published(), order=False)
 
 
 @pytest.mark.fault
@@ -184,7 +201,9 @@ def test_sigstop_longer_than_ttl_no_overlap(env, rabbitmq: str) -> None:
         producer.stop()
     records = handled_all(fleet, producer)
     print(f"\nSIGSTOP 6 s (TTL 2 s): converged {converged:.2f}s after SIGCONT")
-    assert_invariants(records, producer.published(), {c2.pid: [(stopped_at, resumed_at)]})
+    assert_invariants(
+        records, producer.published(), {c2.pid: [(stopped_at, resumed_at)]}, order=False
+    )
 
 
 @pytest.mark.fault
@@ -219,7 +238,7 @@ def test_kill_leading_coordinator_another_takes_over(env, rabbitmq: str) -> None
     records = handled_all(fleet, producer)
     print(f"\nleader takeover after kill -9 (TTL 2 s): {takeover:.2f}s; "
           f"handled counts while leaderless: {counts}")  # fmt: skip
-    assert all(b > a for a, b in zip(counts, counts[1:], strict=False)), counts
+    assert all(b > a for a, b in itertools.pairwise(counts)), counts
     assert_invariants(records, producer.published())
 
 
@@ -265,10 +284,10 @@ def test_etcd_down_consumers_keep_consuming_then_converge(
                   f"{len(during)} handled by {members_during} on {partitions_during} partitions "
                   f"while down; converged {converged:.2f}s after etcd came back, "
                   f"rebalanced onto c3 {rebalanced:.2f}s after")  # fmt: skip
-            assert all(b > a for a, b in zip(counts, counts[1:], strict=False)), counts
+            assert all(b > a for a, b in itertools.pairwise(counts)), counts
             busy = {spec.partition_for(key) for key in producer.keys}
             assert members_during == ["c1", "c2"] and partitions_during == len(busy)
-            assert_invariants(records, producer.published())
+            assert_invariants(records, producer.published(), order=False)
     finally:
         registry.close()
         etcd.stop()
