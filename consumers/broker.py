@@ -1,14 +1,27 @@
 """The consumer's RabbitMQ edge: one connection, one channel per partition, one I/O thread.
 
-Only the I/O thread touches pika objects; other threads call the public
-methods, which hop onto the I/O loop with ``add_callback_threadsafe``.
-Callbacks into the daemon are queued events, never direct calls.
+Only the I/O thread touches pika objects and the per-partition state; other
+threads call the public methods, which hop onto the I/O loop with
+``add_callback_threadsafe``. Callbacks into the daemon are queued events.
 
-Drain: ``cancel(p)`` sends basic.cancel; deliveries that arrive before
-CancelOk still go to the partition's worker; on CancelOk a sentinel follows
-them; the worker handles and acks everything, then asks to close the channel,
-and ``on_drained(p)`` fires once the broker confirmed the close — after every
-ack. Nothing is ever rejected or requeued by a planned handoff.
+A planned drain never gives a message back to the broker, because a message
+returned to a RabbitMQ 3.10 quorum queue goes to the back and breaks per-key
+order. Measured here (see docs/benchmarks.md), two things return messages:
+
+- deliveries still in flight to the channel when ``basic.cancel`` is processed
+  (the broker requeues them), and
+- closing the channel right after the last acks (some settles are not yet
+  applied by the quorum queue, and the close returns those messages).
+
+So ``cancel(p)``: (1) holds the partition's acks, so the broker gets no new
+credit; (2) sends ``basic.cancel`` only once nothing can be in flight: the
+unacked deliveries fill the prefetch window, or the queue reports no ready
+message; (3) after CancelOk, a round trip (``basic.qos``) lets any delivery
+the broker queued before it arrive; then the END mark follows them to the
+worker. The worker handles and acks everything; ``finish(p)`` sends the held
+acks, makes a round trip so they reach the broker, and reports the partition
+drained. The channel is *parked*, not closed, and reused if the partition
+comes back; channels close with the connection.
 """
 
 from __future__ import annotations
@@ -18,11 +31,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pika
-import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
@@ -32,6 +44,8 @@ from producer.contract import StreamSpec
 __all__ = ["END", "Broker", "Delivery"]
 
 log = logging.getLogger("partq.consumer.broker")
+_STOP_GRACE = 1.0  # seconds between the last drain's acks and closing the connection
+_QUIET = 0.5  # a revoked subscription that receives nothing this long is cancelled anyway
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +59,21 @@ class Delivery:
 
 
 END = object()  # follows the last delivery of a cancelled subscription
+
+
+@dataclass
+class _Subscription:
+    """One partition's channel and drain bookkeeping (I/O thread only)."""
+
+    channel: Channel
+    tag: str | None = None
+    received: int = 0
+    acks_sent: int = 0
+    holding: bool = False
+    held: list[int] = field(default_factory=list)
+    queue_empty: bool = False
+    cancel_sent: bool = False
+    consuming: bool = False
 
 
 class Broker(threading.Thread):
@@ -73,8 +102,8 @@ class Broker(threading.Thread):
         self._on_channel_lost = on_channel_lost
         self._on_connection = on_connection
         self._connection: SelectConnection | None = None
-        self._channels: dict[int, Channel] = {}
-        self._closing_channels: set[int] = set()
+        self._subs: dict[int, _Subscription] = {}
+        self._last_drain = 0.0
         self._stopping = False
         self.connected = threading.Event()
 
@@ -91,30 +120,20 @@ class Broker(threading.Thread):
         return True
 
     def subscribe(self, partition: int) -> None:
-        if not self._call(lambda: self._open(partition)):
+        if not self._call(lambda: self._subscribe(partition)):
             self._on_channel_lost(partition)
 
     def cancel(self, partition: int) -> None:
-        if not self._call(lambda: self._cancel(partition)):
+        """Begin draining ``partition``: the worker gets END after its last delivery."""
+        if not self._call(lambda: self._revoke(partition)):
             self._on_channel_lost(partition)
 
-    def ack(self, channel: Channel, delivery_tag: int) -> None:
-        def do() -> None:
-            if channel.is_open:
-                channel.basic_ack(delivery_tag)
+    def ack(self, partition: int, channel: Channel, delivery_tag: int) -> None:
+        self._call(lambda: self._ack(partition, channel, delivery_tag))
 
-        self._call(do)
-
-    def close_channel(self, partition: int, channel: Channel) -> None:
-        def do() -> None:
-            if channel.is_open:
-                self._closing_channels.add(partition)
-                channel.close()
-            elif self._channels.get(partition) is channel:
-                del self._channels[partition]
-                self._on_drained(partition)
-
-        if not self._call(do):
+    def finish(self, partition: int, channel: Channel) -> None:
+        """The worker handled everything up to END: send the held acks, then report."""
+        if not self._call(lambda: self._finish(partition, channel)):
             self._on_channel_lost(partition)
 
     def close_all(self) -> None:
@@ -125,26 +144,31 @@ class Broker(threading.Thread):
         """
 
         def do() -> None:
-            for partition, channel in sorted(self._channels.items()):
-                del self._channels[partition]  # _channel_closed then ignores this channel
-                self._closing_channels.discard(partition)
-                if channel.is_open:
-                    channel.close()
+            subs, self._subs = self._subs, {}
+            for _partition, sub in sorted(subs.items()):
+                if sub.channel.is_open:
+                    sub.channel.close()
 
         self._call(do)
 
     def stop(self) -> None:
         self._stopping = True
 
-        def do() -> None:
+        def close() -> None:
             if self._connection is not None and self._connection.is_open:
                 self._connection.close()
+
+        def do() -> None:
+            # Acks sent just before a close may not be applied by a quorum queue yet.
+            wait = max(0.0, self._last_drain + _STOP_GRACE - time.monotonic())
+            if self._connection is not None:
+                self._connection.ioloop.call_later(wait, close)
 
         if not self._call(do) and self._connection is not None:
             with contextlib.suppress(Exception):
                 self._connection.ioloop.add_callback_threadsafe(self._connection.ioloop.stop)
 
-    # -- the I/O thread ------------------------------------------------------------------
+    # -- the I/O thread: connection ------------------------------------------------------
 
     def run(self) -> None:
         backoff = 0.2
@@ -158,13 +182,13 @@ class Broker(threading.Thread):
             self._connection = connection
             connection.ioloop.start()
             self._connection = None
+            connection.ioloop.close()  # its wake-up socket pair
             if self.connected.is_set():
                 backoff = 0.2
             self.connected.clear()
             self._on_connection(False)
-            lost = sorted(self._channels)
-            self._channels.clear()
-            self._closing_channels.clear()
+            lost = sorted(p for p, sub in self._subs.items() if sub.consuming or sub.holding)
+            self._subs.clear()
             for partition in lost:
                 self._on_channel_lost(partition)
             if self._stopping:
@@ -173,7 +197,7 @@ class Broker(threading.Thread):
             backoff = min(backoff * 2, 5.0)
 
     def _open_failed(self, connection: SelectConnection, error: BaseException) -> None:
-        log.warning("cannot connect to RabbitMQ: %s", error)
+        log.warning("cannot connect to RabbitMQ: %r", error)
         connection.ioloop.stop()
 
     def _opened(self, connection: SelectConnection) -> None:
@@ -182,62 +206,141 @@ class Broker(threading.Thread):
 
     def _closed(self, connection: SelectConnection, reason: BaseException) -> None:
         if not self._stopping:
-            log.warning("lost the RabbitMQ connection: %s", reason)
+            log.warning("lost the RabbitMQ connection: %r", reason)
         connection.ioloop.stop()
 
-    def _open(self, partition: int) -> None:
+    # -- the I/O thread: one partition ---------------------------------------------------
+
+    def _subscribe(self, partition: int) -> None:
         assert self._connection is not None
-        old = self._channels.get(partition)
-        if old is not None and old.is_open:
+        parked = self._subs.get(partition)
+        if parked is not None and parked.channel.is_open and not parked.consuming:
+            self._consume(partition, parked.channel, new=False)  # closing could return acks
             return
         self._connection.channel(on_open_callback=lambda ch: self._consume(partition, ch))
 
-    def _consume(self, partition: int, channel: Channel) -> None:
-        self._channels[partition] = channel
-        channel.add_on_close_callback(
-            lambda ch, reason: self._channel_closed(partition, ch, reason)
-        )
-
-        def on_message(ch: Channel, method: Any, properties: Any, body: bytes) -> None:
-            self._deliver(
-                partition,
-                Delivery(partition, ch, method.delivery_tag, method.redelivered, properties, body),
+    def _consume(self, partition: int, channel: Channel, *, new: bool = True) -> None:
+        sub = _Subscription(channel, consuming=True)
+        self._subs[partition] = sub
+        if new:
+            channel.add_on_close_callback(
+                lambda ch, reason: self._channel_closed(partition, ch, reason)
             )
 
+        def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
+            method = method_frame.method
+            sub.received += 1
+            self._deliver(
+                partition,
+                Delivery(
+                    partition, channel, method.delivery_tag, method.redelivered,
+                    header_frame.properties, body,
+                ),
+            )  # fmt: skip
+            if sub.holding:
+                self._cancel_when_quiet(partition, sub)
+
+        # Every delivery on this channel goes to the partition's worker. pika itself rejects
+        # (requeues) deliveries that arrive between basic.cancel and CancelOk and drops those
+        # after it. pika looks ``_on_deliver`` up on the instance for each delivery (pika 1.3
+        # and 1.4); tests/integration/test_broker_drain.py pins the effect.
+        channel._on_deliver = on_delivery
+
         def on_qos(_frame: Any) -> None:
-            channel.basic_consume(
+            sub.tag = channel.basic_consume(
                 self.spec.queue(partition),
-                on_message,
+                lambda *_: None,  # unused: on_delivery above receives every delivery
                 callback=lambda _f: self._on_subscribed(partition),
             )
 
         channel.basic_qos(prefetch_count=self.prefetch, callback=on_qos)
 
-    def _cancel(self, partition: int) -> None:
-        channel = self._channels.get(partition)
-        if channel is None or not channel.is_open:
+    def _ack(self, partition: int, channel: Channel, delivery_tag: int) -> None:
+        sub = self._subs.get(partition)
+        if sub is None or sub.channel is not channel or not channel.is_open:
+            return  # an old channel: the broker has requeued that delivery already
+        if sub.holding:
+            sub.held.append(delivery_tag)
+            return
+        channel.basic_ack(delivery_tag)
+        sub.acks_sent += 1
+
+    def _revoke(self, partition: int) -> None:
+        sub = self._subs.get(partition)
+        if sub is None or not sub.channel.is_open or not sub.consuming:
             self._on_channel_lost(partition)
             return
-        tags = list(channel.consumer_tags)
-        if not tags:
-            self._deliver(partition, (END, channel))
+        sub.holding = True
+
+        def on_depth(frame: Any) -> None:
+            sub.queue_empty = frame.method.message_count == 0
+            self._cancel_when_quiet(partition, sub)
+            if not sub.cancel_sent:
+                watch(sub.received)
+
+        def watch(seen: int) -> None:
+            # Nothing arrives while we wait behind another single active consumer, or
+            # when the broker has nothing for us: after a quiet spell, cancel anyway.
+            def check() -> None:
+                if sub.cancel_sent:
+                    return
+                if sub.received == seen:
+                    sub.queue_empty = True
+                    self._cancel_when_quiet(partition, sub)
+                else:
+                    watch(sub.received)
+
+            assert self._connection is not None
+            self._connection.ioloop.call_later(_QUIET, check)
+
+        sub.channel.queue_declare(self.spec.queue(partition), passive=True, callback=on_depth)
+
+    def _cancel_when_quiet(self, partition: int, sub: _Subscription) -> None:
+        """Cancel once no delivery can be in flight (see the module docstring)."""
+        if sub.cancel_sent or not sub.channel.is_open:
             return
-        channel.basic_cancel(tags[0], callback=lambda _f: self._deliver(partition, (END, channel)))
-        # pika rejects (requeues) every delivery that arrives between basic.cancel and
-        # CancelOk while the tag is in ``_cancelled``; a requeue goes to the back of a quorum
-        # queue and breaks per-key order. Keep the consumer callback until CancelOk (pika's
-        # own CancelOk handler removes it), so those deliveries are handled and acked too.
-        channel._cancelled.discard(tags[0])
+        window_full = sub.received - sub.acks_sent >= self.prefetch
+        if not (window_full or sub.queue_empty):
+            return
+        sub.cancel_sent = True
+        channel = sub.channel
+
+        def after_barrier(_frame: Any) -> None:
+            sub.consuming = False
+            self._deliver(partition, (END, channel))
+
+        def after_cancel(_frame: Any) -> None:
+            channel.basic_qos(prefetch_count=self.prefetch, callback=after_barrier)
+
+        if sub.tag is None:
+            after_cancel(None)
+        else:
+            channel.basic_cancel(sub.tag, callback=after_cancel)
+
+    def _finish(self, partition: int, channel: Channel) -> None:
+        sub = self._subs.get(partition)
+        if sub is None or sub.channel is not channel or not channel.is_open:
+            self._on_channel_lost(partition)
+            return
+        for tag in sub.held:
+            channel.basic_ack(tag)
+        sub.acks_sent += len(sub.held)
+        sub.held.clear()
+        sub.holding = False
+
+        def acked(_frame: Any) -> None:
+            self._last_drain = time.monotonic()
+            self._on_drained(partition)
+
+        channel.basic_qos(prefetch_count=self.prefetch, callback=acked)  # the acks went first
 
     def _channel_closed(self, partition: int, channel: Channel, reason: BaseException) -> None:
-        if self._channels.get(partition) is not channel:
+        sub = self._subs.get(partition)
+        if sub is None or sub.channel is not channel:
             return
-        if partition in self._closing_channels:
-            del self._channels[partition]
-            self._closing_channels.discard(partition)
-            self._on_drained(partition)
-        elif self._connection is not None and self._connection.is_open:
-            del self._channels[partition]
-            log.warning("partition %d: channel closed: %s", partition, reason)
+        if self._connection is None or not self._connection.is_open:
+            return  # the connection is going down: run() reports every partition it had
+        del self._subs[partition]
+        if sub.consuming or sub.holding:
+            log.warning("partition %d: channel closed: %r", partition, reason)
             self._on_channel_lost(partition)
-        # else the connection is going down: run() reports every channel it had

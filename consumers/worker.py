@@ -111,7 +111,7 @@ class Worker(threading.Thread):
             if item is STOP:
                 return
             if isinstance(item, tuple) and item[0] is END:
-                self.broker.close_channel(self.partition, item[1])
+                self.broker.finish(self.partition, item[1])
                 return
             delivery: Delivery = item
             if self.stopped.is_set() or not delivery.channel.is_open:
@@ -124,7 +124,7 @@ class Worker(threading.Thread):
                 )
             first = False
             if self._handle(delivery):
-                self.broker.ack(delivery.channel, delivery.delivery_tag)
+                self.broker.ack(self.partition, delivery.channel, delivery.delivery_tag)
 
     def _handle(self, delivery: Delivery) -> bool:
         """Run the handler with bounded retries; True when the delivery may be acked."""

@@ -14,7 +14,6 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import etcd3.exceptions
@@ -72,18 +71,6 @@ class WatchEvent:
     value: dict[str, Any] | None  # None: deleted
     lease: int = 0
     revision: int = 0
-
-
-def _ensure_watch_errors_reach_callbacks() -> None:
-    """Work around python3-etcd3 0.13.0: ``etcd3.watch.Watcher._run`` ends a broken watch
-    stream with ``six.itervalues(callbacks)`` but never imports ``six``, so the thread dies
-    with a NameError and no callback ever hears that its watch is gone (a mirror then goes
-    stale for good after an etcd outage). Idempotent; a no-op where the name exists.
-    """
-    import etcd3.watch
-
-    if not hasattr(etcd3.watch, "six"):
-        etcd3.watch.six = SimpleNamespace(itervalues=lambda d: iter(list(d.values())))
 
 
 def _kind(stream: str, key: str) -> tuple[str, str] | None:
@@ -153,7 +140,6 @@ class Group:
                     WatchEvent(kind, name, value, getattr(event, "lease", 0), event.mod_revision)
                 )
 
-        _ensure_watch_errors_reach_callbacks()
         with etcd_errors(self.where):
             watch_id: int = self.client.add_watch_prefix_callback(
                 keys.stream_prefix(self.stream), on_response, start_revision=revision + 1

@@ -122,13 +122,13 @@ def test_scale_up_and_down_keeps_every_invariant(env, rabbitmq: str) -> None:
     try:
         for action, member in [("add", "c2"), ("add", "c3"), ("remove", "c3"), ("remove", "c2")]:
             time.sleep(1.5)
+            began = time.monotonic()
             if action == "add":
                 consumers[member] = fleet.consumer(member)
-            else:
+            else:  # SIGTERM: drain, release, revoke; exits once its partitions are handed over
                 assert consumers.pop(member).terminate() == 0, fleet.logs()
             live = set(consumers)
             before = assignment
-            began = time.monotonic()
             assignment = settle(group, fleet, live)
             moved = checker.moves(before, assignment)
             least = checker.min_moves(P, before, live)
@@ -167,9 +167,10 @@ def test_kill_9_consumer_partitions_move_after_ttl(env, rabbitmq: str) -> None:
     records = handled_all(fleet, producer)
     moved = sorted(p for p, owner in before.items() if owner == "c2")
     firsts = [
-        min((r["start"] for r in records if r["partition"] == p and r["pid"] == c1.pid
-             and r["start"] > killed_at), default=float("nan")) - killed_at
+        min(starts) - killed_at
         for p in moved
+        if (starts := [r["start"] for r in records
+                       if r["partition"] == p and r["pid"] == c1.pid and r["start"] > killed_at])
     ]  # fmt: skip
     print(f"\nfailover after kill -9 (TTL 2 s): balanced again after {failover:.2f}s; "
           f"first handling by c1: {summary('per moved partition', firsts)}")  # fmt: skip

@@ -1,0 +1,84 @@
+"""A planned drain hands every delivered message to the handler: nothing is requeued."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+
+import pika
+import pytest
+
+from consumers.broker import END, Broker, Delivery
+from coordinator.admin import create_stream, delete
+from coordinator.streams import Registry
+from producer.contract import StreamSpec
+from producer.publisher import Producer
+
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture(params=["quorum", "classic"])
+def spec(
+    request: pytest.FixtureRequest, registry: Registry, rabbitmq: str, stream_name: str
+) -> Iterator[StreamSpec]:
+    spec = StreamSpec(stream_name, 1, request.param)
+    create_stream(registry, rabbitmq, spec)
+    yield spec
+    delete(registry, rabbitmq, stream_name)
+
+
+def test_cancel_mid_stream_acks_everything_it_was_given(spec: StreamSpec, rabbitmq: str) -> None:
+    # Given 2 000 messages in the partition and a consumer with a deep prefetch
+    with Producer(spec, amqp_url=rabbitmq) as producer:
+        for seq in range(2000):
+            producer.publish("k", str(seq))
+        producer.flush(30)
+    events: queue.Queue[tuple[str, int]] = queue.Queue()
+    handled: list[int] = []
+    done = threading.Event()
+
+    def deliver(partition: int, item: Delivery | object) -> None:  # the broker's I/O thread
+        if isinstance(item, tuple) and item[0] is END:
+            broker.finish(partition, item[1])
+            return
+        assert isinstance(item, Delivery)
+        handled.append(int(item.body))
+        broker.ack(partition, item.channel, item.delivery_tag)
+        if len(handled) == 50:
+            broker.cancel(partition)  # When the partition is revoked mid-stream
+
+    broker = Broker(
+        rabbitmq, spec, prefetch=500, heartbeat=5, name="drain-test", deliver=deliver,
+        on_subscribed=lambda p: events.put(("subscribed", p)),
+        on_drained=lambda p: (events.put(("drained", p)), done.set()),
+        on_channel_lost=lambda p: events.put(("lost", p)),
+        on_connection=lambda up: None,
+    )  # fmt: skip
+    broker.start()
+    try:
+        assert broker.connected.wait(10)
+        broker.subscribe(0)
+        assert done.wait(20), list(events.queue)
+    finally:
+        broker.stop()
+        broker.join(10)
+    # Then every message it was given was handled, in order, and acked before the close
+    assert handled == list(range(len(handled)))
+    assert len(handled) >= 50
+    assert ("lost", 0) not in list(events.queue)
+    # and the next reader of the partition gets exactly the rest, in order, none redelivered
+    rest: list[tuple[int, bool]] = []
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=500)
+        for method, _props, body in channel.consume(spec.queue(0), inactivity_timeout=3):
+            if method is None:
+                break
+            rest.append((int(body), bool(method.redelivered)))
+            channel.basic_ack(method.delivery_tag)
+            if len(rest) == 2000 - len(handled):
+                break
+        channel.cancel()
+    assert [seq for seq, _ in rest] == list(range(len(handled), 2000))
+    assert not any(redelivered for _, redelivered in rest)
