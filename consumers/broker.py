@@ -15,13 +15,17 @@ order. Measured here (see docs/benchmarks.md), two things return messages:
 
 So ``cancel(p)``: (1) holds the partition's acks, so the broker gets no new
 credit; (2) sends ``basic.cancel`` only once nothing can be in flight: the
-unacked deliveries fill the prefetch window, or the queue reports no ready
-message; (3) after CancelOk, a round trip (``basic.qos``) lets any delivery
-the broker queued before it arrive; then the END mark follows them to the
-worker. The worker handles and acks everything; ``finish(p)`` sends the held
-acks, makes a round trip so they reach the broker, and reports the partition
-drained. The channel is *parked*, not closed, and reused if the partition
-comes back; channels close with the connection.
+unacked deliveries fill the prefetch window, or nothing arrived for
+``_QUIET`` seconds (an idle partition, or a consumer waiting behind another
+single active consumer). "No ready message" is *not* such a moment: with
+producers running, every new message is dispatched at once and is in flight.
+After ``_MAX_HOLD`` seconds it cancels regardless (logged), so a slow trickle
+cannot stall a handoff. (3) After CancelOk, a round trip (``basic.qos``) lets
+any delivery the broker queued before it arrive; then the END mark follows
+them to the worker. The worker handles and acks everything; ``finish(p)``
+sends the held acks, makes a round trip so they reach the broker, and reports
+the partition drained. The channel is *parked*, not closed, and reused if the
+partition comes back; channels close with the connection.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ __all__ = ["END", "Broker", "Delivery"]
 
 log = logging.getLogger("partq.consumer.broker")
 _STOP_GRACE = 1.0  # seconds between the last drain's acks and closing the connection
-_QUIET = 0.5  # a revoked subscription that receives nothing this long is cancelled anyway
+_QUIET = 0.3  # a revoked subscription that receives nothing this long is cancelled
+_MAX_HOLD = 5.0  # ... and one whose window has not filled by then is cancelled regardless
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +76,8 @@ class _Subscription:
     acks_sent: int = 0
     holding: bool = False
     held: list[int] = field(default_factory=list)
-    queue_empty: bool = False
+    quiet: bool = False
+    held_since: float = 0.0
     cancel_sent: bool = False
     consuming: bool = False
 
@@ -103,6 +109,7 @@ class Broker(threading.Thread):
         self._on_connection = on_connection
         self._connection: SelectConnection | None = None
         self._subs: dict[int, _Subscription] = {}
+        self._opening: set[int] = set()
         self._last_drain = 0.0
         self._stopping = False
         self.connected = threading.Event()
@@ -119,9 +126,9 @@ class Broker(threading.Thread):
             return False
         return True
 
-    def subscribe(self, partition: int) -> None:
-        if not self._call(lambda: self._subscribe(partition)):
-            self._on_channel_lost(partition)
+    def subscribe(self, partition: int) -> bool:
+        """Start consuming ``partition``; False while disconnected (call again on reconnect)."""
+        return self._call(lambda: self._subscribe(partition))
 
     def cancel(self, partition: int) -> None:
         """Begin draining ``partition``: the worker gets END after its last delivery."""
@@ -188,7 +195,9 @@ class Broker(threading.Thread):
             self.connected.clear()
             self._on_connection(False)
             lost = sorted(p for p, sub in self._subs.items() if sub.consuming or sub.holding)
+            lost = sorted({*lost, *self._opening})
             self._subs.clear()
+            self._opening.clear()
             for partition in lost:
                 self._on_channel_lost(partition)
             if self._stopping:
@@ -214,12 +223,16 @@ class Broker(threading.Thread):
     def _subscribe(self, partition: int) -> None:
         assert self._connection is not None
         parked = self._subs.get(partition)
+        if partition in self._opening or (parked is not None and parked.consuming):
+            return  # already (being) subscribed on this connection
         if parked is not None and parked.channel.is_open and not parked.consuming:
             self._consume(partition, parked.channel, new=False)  # closing could return acks
             return
+        self._opening.add(partition)
         self._connection.channel(on_open_callback=lambda ch: self._consume(partition, ch))
 
     def _consume(self, partition: int, channel: Channel, *, new: bool = True) -> None:
+        self._opening.discard(partition)
         sub = _Subscription(channel, consuming=True)
         self._subs[partition] = sub
         if new:
@@ -271,36 +284,34 @@ class Broker(threading.Thread):
             self._on_channel_lost(partition)
             return
         sub.holding = True
+        sub.held_since = time.monotonic()
+        assert self._connection is not None
+        ioloop = self._connection.ioloop
 
-        def on_depth(frame: Any) -> None:
-            sub.queue_empty = frame.method.message_count == 0
-            self._cancel_when_quiet(partition, sub)
-            if not sub.cancel_sent:
-                watch(sub.received)
+        def check(seen: int) -> None:
+            if sub.cancel_sent:
+                return
+            waited = time.monotonic() - sub.held_since
+            if sub.received == seen or waited >= _MAX_HOLD:
+                if sub.received != seen:
+                    log.warning(
+                        "partition %d: cancelling after %.1fs with the prefetch window not "
+                        "full; a delivery in flight now would be requeued", partition, waited,
+                    )  # fmt: skip
+                sub.quiet = True
+                self._cancel_when_quiet(partition, sub)
+            else:
+                ioloop.call_later(_QUIET, lambda: check(sub.received))
 
-        def watch(seen: int) -> None:
-            # Nothing arrives while we wait behind another single active consumer, or
-            # when the broker has nothing for us: after a quiet spell, cancel anyway.
-            def check() -> None:
-                if sub.cancel_sent:
-                    return
-                if sub.received == seen:
-                    sub.queue_empty = True
-                    self._cancel_when_quiet(partition, sub)
-                else:
-                    watch(sub.received)
-
-            assert self._connection is not None
-            self._connection.ioloop.call_later(_QUIET, check)
-
-        sub.channel.queue_declare(self.spec.queue(partition), passive=True, callback=on_depth)
+        self._cancel_when_quiet(partition, sub)
+        ioloop.call_later(_QUIET, lambda: check(sub.received))
 
     def _cancel_when_quiet(self, partition: int, sub: _Subscription) -> None:
         """Cancel once no delivery can be in flight (see the module docstring)."""
         if sub.cancel_sent or not sub.channel.is_open:
             return
         window_full = sub.received - sub.acks_sent >= self.prefetch
-        if not (window_full or sub.queue_empty):
+        if not (window_full or sub.quiet):
             return
         sub.cancel_sent = True
         channel = sub.channel

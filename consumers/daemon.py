@@ -172,6 +172,8 @@ class Consumer:
         elif kind == "retry-release":
             self._run_command(event[1], Command.RELEASE)
         elif kind == "broker":
+            if event[1]:
+                self._resubscribe()
             self._update_ready()
 
     def _apply(self, change: WatchEvent) -> None:
@@ -252,7 +254,8 @@ class Consumer:
             )  # fmt: skip
             self.workers[partition] = worker
             worker.start()
-            self.broker.subscribe(partition)
+            if not self.broker.subscribe(partition):
+                log.info("partition %d: subscribing once RabbitMQ is back", partition)
         elif command is Command.CANCEL:
             self.broker.cancel(partition)
         elif command is Command.CLAIM:
@@ -362,6 +365,12 @@ class Consumer:
                 log.warning("cannot leave the group in etcd: %s", e)
         for partition in range(self.spec.partitions):
             self._sync(partition)
+
+    def _resubscribe(self) -> None:
+        """The broker is back: subscribe what was waiting for it."""
+        for partition, state in sorted(self.states.items()):
+            if state.phase is Phase.SUBSCRIBING:
+                self.broker.subscribe(partition)
 
     def _update_ready(self) -> None:
         if not self.stopping and self.broker.connected.is_set() and self.session is not None:

@@ -112,9 +112,10 @@ class Producer:
         self._params.connection_attempts = 1
         self._params.socket_timeout = connect_timeout
         self._reconnect_timeout = reconnect_timeout
-        self._window = threading.BoundedSemaphore(window)
+        self._window = window
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
+        self._idle = threading.Condition(self._lock)  # nothing outstanding
+        self._space = threading.Condition(self._lock)  # fewer than window outstanding
         self._outbox: deque[_Pending] = deque()
         self._unconfirmed: dict[int, _Pending] = {}
         self._outstanding = 0
@@ -170,18 +171,16 @@ class Producer:
         properties = message_properties(key, partition, message_id=message_id, headers=headers)
         future: Future[Receipt] = Future()
         future.set_running_or_notify_cancel()
-        if self._closing:
-            raise ProducerClosed("the producer is closed: create a new one")
-        self._window.acquire()
         pending = _Pending(partition, bytes(body), properties, future)
-        with self._lock:
+        with self._lock:  # one lock per message: the window is counted under it too
+            while self._outstanding >= self._window and not self._closing:
+                self._space.wait()
             if self._closing:
-                self._window.release()
                 raise ProducerClosed("the producer is closed: create a new one")
             self._outbox.append(pending)
             self._outstanding += 1
+            self._m_in_flight.inc()
             wake = not self._wake_scheduled and self._connection is not None
-        self._m_in_flight.inc()
         if wake:
             self._wake()
         return future
@@ -204,6 +203,7 @@ class Producer:
             log.warning("closing with %d messages unconfirmed", self._outstanding)
         with self._lock:
             self._closing = True
+            self._space.notify_all()  # publishers blocked on a full window: ProducerClosed
         self._wake()
         self._io.join(timeout=10)
         self._fail_all(ProducerClosed("the producer was closed before the broker confirmed"))
@@ -249,11 +249,11 @@ class Producer:
         if confirmed:
             self._m_confirmed.inc(confirmed)
         self._m_in_flight.dec(len(outcomes))
-        with self._idle:
+        with self._lock:
             self._outstanding -= len(outcomes)
+            self._space.notify(len(outcomes))
             if self._outstanding == 0:
                 self._idle.notify_all()
-        self._window.release(len(outcomes))  # only after the count: it must never exceed the window
 
     def _fail_all(self, error: PublishFailed | ProducerClosed) -> None:
         with self._lock:
@@ -327,7 +327,7 @@ class Producer:
             self._first_error = unavailable(self._url, error)
             self._ready.set()
         else:
-            log.warning("reconnect to RabbitMQ failed: %s", error)
+            log.warning("reconnect to RabbitMQ failed: %r", error)
         connection.ioloop.stop()
 
     def _on_connection_open(self, connection: SelectConnection) -> None:
@@ -424,16 +424,16 @@ class Producer:
             done = [self._unconfirmed.pop(tag) for tag in tags]
         outcomes: list[tuple[_Pending, PublishFailed | ProducerClosed | None]] = []
         for pending in done:
+            error: PublishFailed | None = None
             if nacked:
-                outcomes.append((pending, MessageNacked("the broker refused the message (nack)")))
+                error = MessageNacked("the broker refused the message (nack)")
             elif pending.returned:
-                outcomes.append((pending, MessageUnroutable(
+                error = MessageUnroutable(
                     f"no queue is bound for partition {pending.partition} of "
                     f"{self.spec.name!r}: run `partq stream create {self.spec.name} "
                     f"--partitions {self.spec.partitions}` to declare its queues"
-                )))  # fmt: skip
-            else:
-                outcomes.append((pending, None))
-        self._resolve(outcomes)
+                )
+            outcomes.append((pending, error))
+        self._resolve(outcomes)  # all at once: one lock and one window release per confirm
         if self._closing:
             self._drain()

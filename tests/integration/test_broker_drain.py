@@ -82,3 +82,73 @@ def test_cancel_mid_stream_acks_everything_it_was_given(spec: StreamSpec, rabbit
         channel.cancel()
     assert [seq for seq, _ in rest] == list(range(len(handled), 2000))
     assert not any(redelivered for _, redelivered in rest)
+
+
+def test_drain_while_producers_keep_publishing_keeps_order(spec: StreamSpec, rabbitmq: str) -> None:
+    # Given a partition that a producer keeps feeding during the handoff
+    stop = threading.Event()
+    published: list[int] = []
+
+    def produce() -> None:
+        with Producer(spec, amqp_url=rabbitmq) as producer:
+            seq = 0
+            while not stop.is_set() and seq < 20_000:
+                producer.publish("k", str(seq))
+                published.append(seq)
+                seq += 1
+                if seq % 10 == 0:
+                    stop.wait(0.01)  # about 1 000 msg/s
+            producer.flush(30)
+
+    handled: list[int] = []
+    redelivered: list[int] = []
+    done = threading.Event()
+
+    def deliver(partition: int, item: Delivery | object) -> None:
+        if isinstance(item, tuple) and item[0] is END:
+            broker.finish(partition, item[1])
+            return
+        assert isinstance(item, Delivery)
+        handled.append(int(item.body))
+        if item.redelivered:
+            redelivered.append(int(item.body))
+        broker.ack(partition, item.channel, item.delivery_tag)
+        if len(handled) == 300:
+            broker.cancel(partition)  # When it is revoked mid-stream
+
+    broker = Broker(
+        rabbitmq, spec, prefetch=50, heartbeat=5, name="drain-live", deliver=deliver,
+        on_subscribed=lambda p: None, on_drained=lambda p: done.set(),
+        on_channel_lost=lambda p: None, on_connection=lambda up: None,
+    )  # fmt: skip
+    producer = threading.Thread(target=produce)
+    producer.start()
+    broker.start()
+    try:
+        assert broker.connected.wait(10)
+        broker.subscribe(0)
+        assert done.wait(20)
+        # Then the next owner, reading while publishing goes on, continues exactly after
+        rest: list[tuple[int, bool]] = []
+        with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=50)
+            for method, _props, body in channel.consume(spec.queue(0), inactivity_timeout=2):
+                if method is None:
+                    break
+                rest.append((int(body), bool(method.redelivered)))
+                channel.basic_ack(method.delivery_tag)
+                if len(rest) == 300:
+                    stop.set()
+            channel.cancel()
+    finally:
+        stop.set()
+        producer.join(30)
+        broker.stop()
+        broker.join(10)
+    assert handled == list(range(len(handled)))
+    assert not redelivered
+    seqs = [seq for seq, _ in rest]
+    assert seqs == list(range(len(handled), len(handled) + len(seqs)))
+    assert len(handled) + len(seqs) == len(published)
+    assert not any(flag for _, flag in rest)
