@@ -1,0 +1,224 @@
+"""The coordinator on real etcd: min members, settle, max moves, manual mode, operator CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from coordinator.admin import create_stream, delete
+from coordinator.group import Group
+from coordinator.service import CoordinatorConfig, StreamCoordinator
+from coordinator.session import Session
+from coordinator.settings import Settings
+from coordinator.streams import Registry
+from producer.contract import StreamSpec
+
+pytestmark = [pytest.mark.integration]
+P = 8
+
+
+def eventually(what: str, check: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Observe etcd until ``check`` holds (bounded in time and count)."""
+    deadline = time.monotonic() + timeout
+    for _ in range(int(timeout / 0.05) + 1):
+        if check():
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Members:
+    """Members and their claims, played by sessions (no consumer processes needed)."""
+
+    def __init__(self, registry: Registry, stream: str) -> None:
+        self.registry = registry
+        self.group = Group(registry.client, registry.where, stream)
+        self.sessions: dict[str, Session] = {}
+
+    def join(self, member: str) -> None:
+        session = Session(self.registry.client, self.registry.where, ttl=5)
+        self.sessions[member] = session
+        self.group.join(session, member)
+
+    def leave(self, member: str) -> None:
+        self.sessions.pop(member).close(revoke=True)
+
+    def claim_assigned(self) -> None:
+        """Each member claims what is assigned to it, as consumers would (after release)."""
+        state = self.group.snapshot()
+        for partition, owner in sorted(state.assignment.items()):
+            claim = state.claims.get(partition)
+            if claim is not None and claim.member != owner and claim.member in self.sessions:
+                self.group.release(partition, self.sessions[claim.member])
+            if owner in self.sessions:
+                self.group.claim(partition, owner, self.sessions[owner])
+
+    def assignment(self) -> dict[int, str]:
+        return self.group.snapshot().assignment
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.close()
+
+
+@pytest.fixture
+def stream(registry: Registry, stream_name: str) -> Iterator[str]:
+    registry.create(StreamSpec(stream_name, P))
+    yield stream_name
+    registry.delete(stream_name)
+
+
+@pytest.fixture
+def members(registry: Registry, stream: str) -> Iterator[Members]:
+    m = Members(registry, stream)
+    yield m
+    m.close()
+
+
+@pytest.fixture
+def run_coordinator(registry: Registry, stream: str) -> Iterator[Callable[..., StreamCoordinator]]:
+    started: list[StreamCoordinator] = []
+
+    def start(**config: Any) -> StreamCoordinator:
+        coordinator = StreamCoordinator(registry, stream, CoordinatorConfig(ttl=2, **config))
+        coordinator.start()
+        started.append(coordinator)
+        assert coordinator.leading.wait(10)
+        return coordinator
+
+    yield start
+    for coordinator in started:
+        coordinator.stop()
+        coordinator.join(10)
+
+
+def counts(assignment: dict[int, str]) -> dict[str, int]:
+    result: dict[str, int] = {}
+    for owner in assignment.values():
+        result[owner] = result.get(owner, 0) + 1
+    return result
+
+
+def test_waits_for_min_members_then_balances(
+    members: Members, run_coordinator: Callable[..., StreamCoordinator]
+) -> None:
+    # Given a coordinator that needs two members
+    run_coordinator(min_members=2, settle=0.2)
+    members.join("a")
+    time.sleep(0.6)  # longer than the settle window: it must still hold back
+    assert members.assignment() == {}
+    # When the second member joins / Then it assigns all partitions, balanced
+    members.join("b")
+    eventually("a balanced assignment", lambda: counts(members.assignment()) == {"a": 4, "b": 4})
+
+
+def test_max_moves_limits_partitions_in_motion(
+    members: Members, run_coordinator: Callable[..., StreamCoordinator]
+) -> None:
+    # Given member a owning and consuming all 8 partitions
+    run_coordinator(settle=0.1, max_moves=2)
+    members.join("a")
+    eventually("a owns all", lambda: counts(members.assignment()) == {"a": P})
+    members.claim_assigned()
+    # When b joins (4 partitions should move)
+    members.join("b")
+    eventually("the first step", lambda: counts(members.assignment()).get("b") == 2)
+    time.sleep(0.5)
+    # Then only 2 are in motion until b has claimed them
+    assert counts(members.assignment()) == {"a": 6, "b": 2}
+    members.claim_assigned()
+    eventually("the second step", lambda: counts(members.assignment()) == {"a": 4, "b": 4})
+
+
+def partq(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PARTQ_ETCD_ENDPOINTS": settings.etcd_endpoints,
+        "PARTQ_AMQP_URL": settings.amqp,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "consumers.cli", *args],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_manual_mode_moves_only_on_operator_request(
+    settings: Settings,
+    members: Members,
+    stream: str,
+    run_coordinator: Callable[..., StreamCoordinator],
+) -> None:
+    # Given a manual-mode coordinator and two members
+    run_coordinator(settle=0.1, manual=True)
+    members.join("a")
+    members.join("b")
+    time.sleep(0.5)
+    assert members.assignment() == {}
+    # When the operator asks for a dry run / Then it prints the plan and changes nothing
+    dry = partq(settings, "rebalance", stream, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "8 partitions would change owner" in dry.stdout
+    time.sleep(0.3)
+    assert members.assignment() == {}
+    # When the operator rebalances / Then the leader assigns
+    done = partq(settings, "rebalance", stream)
+    assert done.returncode == 0, done.stderr
+    eventually("the manual rebalance", lambda: counts(members.assignment()) == {"a": 4, "b": 4})
+    members.claim_assigned()
+    # When the operator moves one of a's partitions to b
+    partition = min(p for p, o in members.assignment().items() if o == "a")
+    moved = partq(settings, "move", stream, "--partition", str(partition), "--to", "b")
+    assert moved.returncode == 0, moved.stderr
+    eventually("the move", lambda: members.assignment()[partition] == "b")
+    # When the operator drains a / Then all of a's partitions go to b
+    drained = partq(settings, "drain", stream, "a")
+    assert drained.returncode == 0, drained.stderr
+    eventually("the drain", lambda: counts(members.assignment()) == {"b": P})
+    # And bad requests are usage errors that say what to do
+    unknown = partq(settings, "move", stream, "--partition", "0", "--to", "nobody")
+    assert unknown.returncode == 2
+    assert "not a live member" in unknown.stderr
+    outside = partq(settings, "move", stream, "--partition", str(P), "--to", "b")
+    assert outside.returncode == 2
+
+
+def test_status_shows_leader_members_assignment_and_claims(
+    settings: Settings,
+    members: Members,
+    stream: str,
+    run_coordinator: Callable[..., StreamCoordinator],
+    registry: Registry,
+    rabbitmq: str,
+) -> None:
+    # Given a led stream with two members that claimed their partitions
+    create_stream(registry, rabbitmq, StreamSpec(stream, P))
+    run_coordinator(settle=0.1)
+    members.join("a")
+    members.join("b")
+    eventually("balance", lambda: counts(members.assignment()) == {"a": 4, "b": 4})
+    members.claim_assigned()
+    # When an operator asks for the status
+    result = partq(settings, "status", stream, "--json")
+    # Then it reports all of it
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["leader"]
+    assert sorted(m["id"] for m in report["members"]) == ["a", "b"]
+    assert sorted(report["assignment"].values()) == ["a"] * 4 + ["b"] * 4
+    assert report["claims"] == report["assignment"]
+    assert report["unassigned"] == []
+    assert report["in_motion"] == []
+    assert [row["messages"] for row in report["rows"]] == [0] * P
+    text = partq(settings, "status", stream)
+    assert text.returncode == 0
+    assert "moves in progress: -" in text.stdout
+    delete(registry, rabbitmq, stream)
