@@ -33,7 +33,7 @@ from coordinator.streams import Registry
 from producer import logs
 from producer.amqp import blocking_connection, queue_stats
 from producer.contract import StreamSpec
-from producer.errors import BrokerUnavailable
+from producer.errors import BrokerUnavailable, StreamNotFound
 
 __all__ = ["CoordinatorConfig", "StreamCoordinator", "export_queue_depth", "plan"]
 
@@ -133,7 +133,8 @@ class StreamCoordinator(threading.Thread):
             try:
                 self._campaign()
                 backoff = 0.2
-            except EtcdUnavailable as e:
+            except (EtcdUnavailable, NotLeader, StreamNotFound) as e:
+                # deposed, etcd away, or the stream deleted under us: campaign again later
                 log.warning("%s: %s; retrying in %.1fs", self.stream, e, backoff)
                 self._step_down()
                 self.stopping.wait(backoff)
