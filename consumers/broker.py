@@ -14,11 +14,13 @@ order. Measured here (see docs/benchmarks.md), two things return messages:
   applied by the quorum queue, and the close returns those messages).
 
 So ``cancel(p)``: (1) holds the partition's acks, so the broker gets no new
-credit; (2) sends ``basic.cancel`` only once nothing can be in flight: the
-unacked deliveries fill the prefetch window, or nothing arrived for
-``_QUIET`` seconds (an idle partition, or a consumer waiting behind another
-single active consumer). "No ready message" is *not* such a moment: with
-producers running, every new message is dispatched at once and is in flight.
+credit; (2) sends ``basic.cancel`` only once nothing arrived for ``_QUIET``
+seconds: with acks held the broker stops once the prefetch window is full
+(or the partition is idle, or we wait behind another single active
+consumer). Neither "the window is full by our count" nor "no ready message"
+is enough: a quorum queue applies acks sent just before the hold a little
+later and grants credit for them, and with producers running every new
+message is dispatched at once; either way a delivery is in flight.
 After ``_MAX_HOLD`` seconds it cancels regardless (logged), so a slow trickle
 cannot stall a handoff. (3) After CancelOk, a round trip (``basic.qos``) lets
 any delivery the broker queued before it arrive; then the END mark follows
@@ -49,7 +51,7 @@ __all__ = ["END", "Broker", "Delivery"]
 
 log = logging.getLogger("partq.consumer.broker")
 _STOP_GRACE = 1.0  # seconds between the last drain's acks and closing the connection
-_QUIET = 0.3  # a revoked subscription that receives nothing this long is cancelled
+_QUIET = 0.25  # no delivery for this long while acks are held: nothing is in flight
 _MAX_HOLD = 5.0  # ... and one whose window has not filled by then is cancelled regardless
 
 
@@ -250,8 +252,6 @@ class Broker(threading.Thread):
                     header_frame.properties, body,
                 ),
             )  # fmt: skip
-            if sub.holding:
-                self._cancel_when_quiet(partition, sub)
 
         # Every delivery on this channel goes to the partition's worker. pika itself rejects
         # (requeues) deliveries that arrive between basic.cancel and CancelOk and drops those
@@ -289,29 +289,39 @@ class Broker(threading.Thread):
         ioloop = self._connection.ioloop
 
         def check(seen: int) -> None:
+            if sub.cancel_sent or not sub.channel.is_open:
+                return
+            if sub.received == seen:
+                # A stalled process also sees no deliveries: a round trip makes sure that
+                # whatever the broker sent before it has been read.
+                sub.channel.basic_qos(
+                    prefetch_count=self.prefetch, callback=lambda _f: confirm(seen)
+                )
+            else:
+                confirm(seen)
+
+        def confirm(seen: int) -> None:
             if sub.cancel_sent:
                 return
             waited = time.monotonic() - sub.held_since
             if sub.received == seen or waited >= _MAX_HOLD:
                 if sub.received != seen:
                     log.warning(
-                        "partition %d: cancelling after %.1fs with the prefetch window not "
-                        "full; a delivery in flight now would be requeued", partition, waited,
+                        "partition %d: cancelling after %.1fs while deliveries still arrive; "
+                        "one in flight now would be requeued", partition, waited,
                     )  # fmt: skip
                 sub.quiet = True
                 self._cancel_when_quiet(partition, sub)
             else:
                 ioloop.call_later(_QUIET, lambda: check(sub.received))
 
-        self._cancel_when_quiet(partition, sub)
         ioloop.call_later(_QUIET, lambda: check(sub.received))
 
     def _cancel_when_quiet(self, partition: int, sub: _Subscription) -> None:
         """Cancel once no delivery can be in flight (see the module docstring)."""
         if sub.cancel_sent or not sub.channel.is_open:
             return
-        window_full = sub.received - sub.acks_sent >= self.prefetch
-        if not (window_full or sub.quiet):
+        if not sub.quiet:
             return
         sub.cancel_sent = True
         channel = sub.channel
