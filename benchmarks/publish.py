@@ -49,6 +49,7 @@ from producer.amqp import DEFAULT_AMQP_URL, blocking_connection, message_propert
 from producer.contract import QueueType
 
 METHODS = ("sdk", "pipelined", "wait-each")
+TIMES = "\N{MULTIPLICATION SIGN}"
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,7 @@ def report(runs: list[Run], args: argparse.Namespace, rabbit: str, command: str)
         f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
         f"- machine: {os.cpu_count()} cores ({cpu_model()}), shared with the broker"
         f" and other work; Python {platform.python_version()}, pika {pika.__version__}",
-        f"- RabbitMQ {rabbit} on 127.0.0.1; {args.messages:,} × {args.size}-byte persistent "
+        f"- RabbitMQ {rabbit} on 127.0.0.1; {args.messages:,} {TIMES} {args.size}-byte persistent "
         f"messages, mandatory, {args.keys:,} keys over P={args.partitions} partitions, "
         f"window {args.window}; wait-each: {args.wait_each_messages:,} messages",
         f"- median of {args.repeats} runs, each on a fresh stream (msg/s; CPU = this "
@@ -273,8 +274,8 @@ def report(runs: list[Run], args: argparse.Namespace, rabbit: str, command: str)
 
         sdk, pipe, each = (median(m, "rate") for m in METHODS)
         lines.append(
-            f"| {queue_type} | {sdk:,.0f} | {pipe:,.0f} | {each:,.0f} | {sdk / pipe:.2f}× "
-            f"| {sdk / each:.1f}× | {cpu('sdk'):.2f} | {cpu('pipelined'):.2f} |"
+            f"| {queue_type} | {sdk:,.0f} | {pipe:,.0f} | {each:,.0f} | {sdk / pipe:.2f}{TIMES} "
+            f"| {sdk / each:.1f}{TIMES} | {cpu('sdk'):.2f} | {cpu('pipelined'):.2f} |"
         )
     lines.append("")
     lines.append("Every run (msg/s):")

@@ -6,6 +6,7 @@ stderr as one line; ``--debug`` adds the traceback.
 
 from __future__ import annotations
 
+import logging
 import sys
 import traceback
 from pathlib import Path
@@ -50,6 +51,9 @@ def cli(ctx: click.Context, /, config: Path | None, debug: bool, **overrides: ob
     (PARTQ_ETCD_PASSWORD, or inside PARTQ_AMQP_URL).
     """
     logs.configure("DEBUG" if debug else "INFO")
+    if not debug:  # a failure is partq's one line on stderr, not also the libraries' reports
+        for library in logs.QUIET_LIBRARIES:
+            logging.getLogger(library).setLevel(logging.CRITICAL)
     ctx.obj = Context(config=config, overrides=overrides, debug=debug)
 
 

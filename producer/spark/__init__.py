@@ -23,18 +23,46 @@ deterministic ``message_id`` (``query:batch:partition:seq``, see
 :mod:`producer.spark.replay`) and body — effectively-once for a consumer that
 drops ids it has seen, provided the source replays batches deterministically.
 
-Importing this package imports pyspark (the ``spark`` extra); ``producer`` itself
-does not import it.
+Needs the ``spark`` extra (pyspark, pyarrow); ``producer`` itself never imports
+this package. The names below load their module on first use, so the pure parts
+(:mod:`~producer.spark.replay`, :mod:`~producer.spark.options`,
+:mod:`~producer.spark.metrics`) import without pyspark, e.g. in a consumer.
 """
 
-from producer.spark.foreach_batch import BatchWriter, foreach_batch_writer
-from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions
-from producer.spark.prepare import prepare
-from producer.spark.progress import ProgressListener, failure_reason
-from producer.spark.replay import HEADER_BATCH_ID, HEADER_QUERY_ID, HEADER_SEQ, ReplayId
-from producer.spark.rows import ORDER_COLUMN, PARTITION_COLUMN, POSITION_COLUMN
-from producer.spark.session import loopback_session
-from producer.spark.sink import PartqDataSource, register
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from producer.spark.foreach_batch import BatchWriter, foreach_batch_writer
+    from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions
+    from producer.spark.partitioning import prepare
+    from producer.spark.progress import ProgressListener, failure_reason
+    from producer.spark.replay import HEADER_BATCH_ID, HEADER_QUERY_ID, HEADER_SEQ, ReplayId
+    from producer.spark.rows import ORDER_COLUMN, PARTITION_COLUMN, POSITION_COLUMN
+    from producer.spark.session import loopback_session
+    from producer.spark.sink import PartqDataSource, register
+
+_HOME = {
+    "BatchWriter": "foreach_batch",
+    "foreach_batch_writer": "foreach_batch",
+    "DEFAULT_SPEC_READER": "options",
+    "SinkOptions": "options",
+    "prepare": "partitioning",
+    "ProgressListener": "progress",
+    "failure_reason": "progress",
+    "HEADER_BATCH_ID": "replay",
+    "HEADER_QUERY_ID": "replay",
+    "HEADER_SEQ": "replay",
+    "ReplayId": "replay",
+    "ORDER_COLUMN": "rows",
+    "PARTITION_COLUMN": "rows",
+    "POSITION_COLUMN": "rows",
+    "loopback_session": "session",
+    "PartqDataSource": "sink",
+    "register": "sink",
+}
 
 __all__ = [
     "DEFAULT_SPEC_READER",
@@ -55,3 +83,9 @@ __all__ = [
     "prepare",
     "register",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'producer.spark' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"producer.spark.{_HOME[name]}"), name)

@@ -24,7 +24,7 @@ from producer.amqp import DEFAULT_AMQP_URL
 from producer.contract import StreamSpec
 from producer.errors import UsageError
 from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions
-from producer.spark.prepare import prepare
+from producer.spark.partitioning import prepare
 from producer.spark.publish import TaskReport, check_one_task_per_partition, publish_task
 from producer.spark.rows import RowLayout
 from producer.spark.sink import QUERY_ID_PROPERTY
@@ -93,11 +93,12 @@ class BatchWriter:
         reports = prepared.rdd.mapPartitionsWithIndex(publish).collect()
         rows = check_one_task_per_partition(reports, batch_id)
         log.info(
-            "stream %s batch %d: %d rows confirmed in %.2fs",
+            "stream %s batch %d: %d rows confirmed in %.2fs by %d tasks",
             self.spec.name,
             batch_id,
             rows,
             time.monotonic() - started,
+            len(reports),
         )
 
 

@@ -17,7 +17,9 @@ channel in that order, so each queue receives a key's rows in order.
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -58,6 +60,39 @@ def _in_order(
     return (message for _, message in keyed)
 
 
+class _Confirms:
+    """A task's publish futures, checked by the publishing thread as they complete.
+
+    Checking here rather than in done-callbacks keeps work off the producer's I/O
+    thread, which is what limits a task's rate; memory stays bounded by ``limit``.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._pending: deque[Future[Receipt]] = deque()
+        self._limit = limit
+        self.failed = 0
+        self.first_error: BaseException | None = None
+
+    def add(self, future: Future[Receipt]) -> None:
+        self._pending.append(future)
+        if len(self._pending) >= self._limit:
+            self._reap()
+
+    def check_all(self) -> None:
+        """Count every failure; after ``Producer.close`` every future is done."""
+        self._reap()
+        self.failed += len(self._pending)  # not done: not confirmed
+        self._pending.clear()
+
+    def _reap(self) -> None:
+        pending = self._pending
+        while pending and pending[0].done():
+            error = pending.popleft().exception()
+            if error is not None:
+                self.failed += 1
+                self.first_error = self.first_error or error
+
+
 def publish_task(
     rows: Iterable[Sequence[Any]],
     *,
@@ -72,47 +107,49 @@ def publish_task(
     """Publish ``rows``; return once all are confirmed, raise if any is not."""
     started = time.monotonic()
     messages = _in_order(rows, layout, presorted)
-    failures: list[BaseException] = []
-
-    def note(future: Future[Receipt]) -> None:
-        error = future.exception()
-        if error is not None:
-            failures.append(error)  # list.append is atomic; called on the SDK's I/O thread
-
+    first = next(messages, None)
+    if first is None:  # nothing to publish: no connection needed
+        return TaskReport(task, 0, (), time.monotonic() - started)
+    confirms = _Confirms(2 * options.window)
     seqs: dict[int, int] = {}
     sent = 0
     producer = Producer(
         spec, amqp_url=options.amqp_url, window=options.window, name=f"partq-spark-task-{task}"
     )
     try:
-        for message in messages:
+        for message in itertools.chain((first,), messages):
             seq = seqs.get(message.partition, 0)
             seqs[message.partition] = seq + 1
             headers: dict[str, Any] = dict(message.headers) if message.headers else {}
             headers.update(replay_headers(query_id, batch_id, seq))
-            future = producer.publish(
-                message.key,
-                message.body,
-                headers=headers,
-                message_id=message_id(query_id, batch_id, message.partition, seq),
+            confirms.add(
+                producer.publish(
+                    message.key,
+                    message.body,
+                    headers=headers,
+                    message_id=message_id(query_id, batch_id, message.partition, seq),
+                )
             )
-            future.add_done_callback(note)
             sent += 1
-        try:
-            producer.flush(options.confirm_timeout)
-        except TimeoutError:
-            raise PublishFailed(
-                f"batch {batch_id}: the broker did not confirm every message within "
-                f"{options.confirm_timeout:.0f}s (option confirmTimeout); the task fails so "
-                f"that Spark retries it, and the batch is not committed"
-            ) from None
+            if confirms.failed:
+                break  # the task fails anyway: stop publishing
+        else:
+            try:
+                producer.flush(options.confirm_timeout)
+            except TimeoutError:
+                raise PublishFailed(
+                    f"batch {batch_id}: the broker did not confirm every message within "
+                    f"{options.confirm_timeout:.0f}s (option confirmTimeout); the task fails so "
+                    f"that Spark retries it, and the batch is not committed"
+                ) from None
     finally:
         producer.close(timeout=5)
-    if failures:
+    confirms.check_all()
+    if confirms.failed:
         raise PublishFailed(
-            f"batch {batch_id}: {len(failures)} of {sent} messages to stream {spec.name!r} were "
-            f"not confirmed (first: {failures[0]}); the task fails so that Spark retries it, "
-            f"and the batch is not committed"
+            f"batch {batch_id}: {confirms.failed} of {sent} messages to stream {spec.name!r} "
+            f"were not confirmed (first: {confirms.first_error}); the task fails so that Spark "
+            f"retries it, and the batch is not committed"
         )
     return TaskReport(task, sent, tuple(sorted(seqs)), time.monotonic() - started)
 

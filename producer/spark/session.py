@@ -38,6 +38,7 @@ def loopback_session(
         "spark.driver.host": LOOPBACK,
         "spark.driver.bindAddress": LOOPBACK,
         "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
+        "spark.ui.showConsoleProgress": "false",  # progress is logged per batch instead
         # The AMQP URL is a sink option; keep its password out of plans and logs.
         "spark.redaction.string.regex": r"(?i)amqps?://[^@/\s]*@",
         **(conf or {}),

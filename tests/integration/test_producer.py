@@ -159,6 +159,8 @@ def test_keyed_messages_land_in_their_partition_exactly_once(
             for key in keys:
                 body = f"{key}:{seq}".encode()
                 futures.append((key, seq, producer.publish(key, body)))
+        # (a publish handed over cannot be taken back: its future refuses to cancel)
+        assert futures[0][2].cancel() is False
         producer.flush(timeout=60)
     # Then every future confirmed with the partition partition_for names
     sent_ids: set[str] = set()
@@ -424,7 +426,7 @@ def test_connection_loss_loses_nothing_confirmed(
     publisher.start()
     try:
         deadline = time.monotonic() + 20
-        while sum(f.done() for _, _, f in list(sent)) < 1000:
+        while sum(f.done() for _, _, f in list(sent)) < 500:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         # When the broker closes the producer's connection under it
@@ -432,7 +434,7 @@ def test_connection_loss_loses_nothing_confirmed(
         closed_at = len(sent)
         # And publishing goes on until a few thousand more are confirmed
         deadline = time.monotonic() + 30
-        while sum(f.done() for _, _, f in sent[closed_at:]) < 2000:
+        while sum(f.done() for _, _, f in sent[closed_at:]) < 1000:
             assert time.monotonic() < deadline, "no confirms after the connection was closed"
             time.sleep(0.05)
     finally:

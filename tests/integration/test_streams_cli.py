@@ -82,6 +82,12 @@ def describe(partq: Run, stream: str) -> dict[str, object]:
     return json.loads(result.stdout)  # type: ignore[no-any-return]
 
 
+def queued(registry: Registry, rabbitmq: str, stream: str) -> int:
+    """Messages in the stream's queues, asked in-process (quicker than a subprocess)."""
+    queues = admin.describe(registry, rabbitmq, stream).queues
+    return sum(q.messages or 0 for q in queues)
+
+
 # -- stream create / describe / list / delete ----------------------------------------------
 
 
@@ -121,7 +127,7 @@ def test_create_with_another_partition_count_exits_2(partq: Run, created: Stream
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("name", ["Bad_Name", "_x", "a" * 101, "a/b"])
+@pytest.mark.parametrize("name", ["Bad_Name", "a" * 101])
 def test_invalid_stream_name_exits_2(partq: Run, name: str) -> None:
     # Given an invalid stream name
     # When a stream is created with it
@@ -152,14 +158,16 @@ def test_etcd_down_exits_1(partq: Run) -> None:
     assert_one_line_error(result, "cannot reach etcd", "is it running")
 
 
-def test_delete_needs_yes_then_removes_the_stream(partq: Run, created: StreamSpec) -> None:
+def test_delete_needs_yes_then_removes_the_stream(
+    partq: Run, created: StreamSpec, registry: Registry
+) -> None:
     # Given a created stream
     # When it is deleted without --yes
     refused = partq("stream", "delete", created.name)
     # Then nothing happens and partq exits 2
     assert refused.returncode == 2
     assert "--yes" in refused.stderr
-    assert describe(partq, created.name)["partitions"] == 8
+    assert registry.read_spec(created.name) == created
     # When it is deleted with --yes
     deleted = partq("stream", "delete", created.name, "--yes")
     # Then it is gone
@@ -190,7 +198,7 @@ def test_produce_from_file_prints_summary_and_fills_the_queues(
 
 
 def test_produce_with_an_invalid_line_exits_nonzero(
-    partq: Run, created: StreamSpec, tmp_path: Path
+    partq: Run, created: StreamSpec, tmp_path: Path, registry: Registry, rabbitmq: str
 ) -> None:
     # Given a file whose second line is not JSON and fourth has no body
     source = write_lines(
@@ -205,21 +213,19 @@ def test_produce_with_an_invalid_line_exits_nonzero(
     assert "partq: skipped line 4: expected an object" in result.stderr
     assert "Traceback" not in result.stderr
     assert result.returncode == 1
-    queues = describe(partq, created.name)["queues"]
-    assert isinstance(queues, list)
-    assert sum(q["messages"] for q in queues) == 2
+    assert queued(registry, rabbitmq, created.name) == 2
 
 
-def test_produce_refuses_a_wrong_partition_count(partq: Run, created: StreamSpec) -> None:
+def test_produce_refuses_a_wrong_partition_count(
+    partq: Run, created: StreamSpec, registry: Registry, rabbitmq: str
+) -> None:
     # Given a stream of 8 partitions
     # When a message is produced expecting 4
     result = partq("produce", created.name, "-k", "k", "-b", "b", "--partitions", "4")
     # Then partq exits 2 naming both counts, and nothing was sent
     assert result.returncode == 2
     assert_one_line_error(result, "8 partitions", "4 were configured")
-    queues = describe(partq, created.name)["queues"]
-    assert isinstance(queues, list)
-    assert sum(q["messages"] for q in queues) == 0
+    assert queued(registry, rabbitmq, created.name) == 0
 
 
 # -- secrets -----------------------------------------------------------------------------------

@@ -10,13 +10,21 @@ sink cannot promise per-key order by itself. ``prepare`` adds
   shifted left 33 bits plus the row's index within that task, so sorting by it
   restores source order after the shuffle mixed tasks' rows;
 
-and repartitions by ``_partq_partition``, so all rows of a partition land in
-one task. Then rows are put in order within each partition: by the order
-column when one is given, ties and the rest by source position. Spark
-refuses to sort a *streaming* DataFrame (even ``sortWithinPartitions``), so
-for a stream ``prepare`` only records the order column as ``_partq_order`` and
-the sink sorts each task's rows itself; a static DataFrame (as in
-``foreachBatch``) is sorted by Spark, which can spill to disk.
+and moves each row to task ``partition % n`` of ``n = min(tasks, P)``
+(``repartitionById``, Spark ≥ 4.1), so all rows of a partition land in one task
+and every task gets the same number of partitions. Hash-repartitioning the
+small integers 0 … P-1 instead spread 8 partitions over 4 tasks as 0/1/3/4 in a
+benchmark, adaptive execution then coalesced a static DataFrame into a single
+task, and range-repartitioning reads the source twice per batch to sample it
+(which also doubles the batch's ``numInputRows``). On Spark 4.0 ``prepare``
+falls back to hash-repartitioning.
+
+Then rows are put in order within each partition: by the order column when
+one is given, ties and the rest by source position. Spark refuses to sort a
+*streaming* DataFrame (even ``sortWithinPartitions``), so for a stream
+``prepare`` only records the order column as ``_partq_order`` and the sink
+sorts each task's rows itself; a static DataFrame (as in ``foreachBatch``) is
+sorted by Spark, which can spill to disk.
 
 Only Python UDFs are used (no ``mapInArrow``/pandas UDFs, which need pandas,
 and no ``monotonically_increasing_id``, which Spark refuses on streams).
@@ -106,7 +114,8 @@ def prepare(
     """``df`` with partq's partition and source position, one task per partition, ordered.
 
     ``num_tasks`` is how many Spark tasks publish (default
-    ``spark.sql.shuffle.partitions``); each gets every row of some partitions.
+    ``spark.sql.shuffle.partitions``, at most P); each gets every row of some
+    partitions.
     Do not repartition the result: the sink refuses a batch whose partition
     was published by two tasks.
     """
@@ -131,10 +140,12 @@ def prepare(
     prepared = prepared.withColumn(POSITION_COLUMN, _position_column())
     if df.isStreaming and order_column is not None:
         prepared = prepared.withColumn(ORDER_COLUMN, F.col(order_column))
-    if num_tasks is not None:
-        prepared = prepared.repartition(num_tasks, PARTITION_COLUMN)
+    tasks = num_tasks or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 200)
+    tasks = min(tasks, partitions)
+    if hasattr(prepared, "repartitionById"):  # Spark >= 4.1: partition p -> task p % tasks
+        prepared = prepared.repartitionById(tasks, PARTITION_COLUMN)
     else:
-        prepared = prepared.repartition(PARTITION_COLUMN)
+        prepared = prepared.repartition(tasks, PARTITION_COLUMN)
     if df.isStreaming:
         return prepared
     order = [PARTITION_COLUMN, *([order_column] if order_column else []), POSITION_COLUMN]
