@@ -1,3 +1,4 @@
+# ruff: noqa: E501, RUF001  (Markdown tables and the units in them)
 """Consumer-group benchmarks (issue 3): handoff gap, failover, throughput, ordering.
 
     .venv/bin/python -m benchmarks.groups [--quick] [--only handoff,failover,throughput,retry,restart]
@@ -13,13 +14,14 @@ started from the same installation. Consumers and coordinators run as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
+import math
 import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,7 +31,7 @@ import urllib.request
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +142,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     s = sorted(values)
-    i = min(len(s) - 1, max(0, int(round(q / 100 * (len(s) - 1) + 0.4999))))
+    i = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1) + 0.4999)))
     return s[i]
 
 
@@ -172,7 +174,7 @@ class Bench:
     def drop(self, spec: StreamSpec, amqp: str = AMQP) -> None:
         try:
             delete(self.registry, amqp, spec.name)
-        except Exception as e:  # noqa: BLE001 - best effort cleanup
+        except Exception as e:
             log(f"could not delete {spec.name}: {e}")
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -181,7 +183,9 @@ class Bench:
         self.procs.append(p)
         return p
 
-    def coordinator(self, spec: StreamSpec, amqp: str = AMQP, settle: float = 1.0) -> subprocess.Popen[bytes]:
+    def coordinator(
+        self, spec: StreamSpec, amqp: str = AMQP, settle: float = 1.0
+    ) -> subprocess.Popen[bytes]:
         return self.spawn(
             f"coord-{spec.name}",
             [PARTQ, "coordinator", spec.name, "--settle", str(settle), "--http-port", "0"],
@@ -231,7 +235,7 @@ class Bench:
         while time.monotonic() < deadline:
             try:
                 s = group.snapshot()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 time.sleep(0.2)
                 continue
             counts = Counter(s.assignment.values())
@@ -277,7 +281,7 @@ class Load(threading.Thread):
                         n += 1
                     time.sleep(0.005)
                 prod.flush(120)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             self.error = e
             log(f"load producer failed: {e!r}")
 
@@ -289,7 +293,9 @@ class Load(threading.Thread):
             if fut.done() and fut.exception() is None:
                 ok.add((key, seq))
         if len(ok) != len(self.futures):
-            log(f"load: {len(self.futures) - len(ok)} of {len(self.futures)} publishes not confirmed")
+            log(
+                f"load: {len(self.futures) - len(ok)} of {len(self.futures)} publishes not confirmed"
+            )
         return ok
 
 
@@ -361,7 +367,7 @@ def failover(b: Bench, queue_type: str, ttl: int, rate: float, dwell: float) -> 
     while time.monotonic() < deadline and "claimed" not in marks:
         try:
             s = b.snapshot(spec)
-        except Exception:  # noqa: BLE001
+        except Exception:
             time.sleep(0.05)
             continue
         now = time.time()
@@ -424,7 +430,7 @@ def run_partq(b: Bench, spec: StreamSpec, n: int, prefetch: int) -> dict[str, fl
     while time.monotonic() < deadline:
         try:
             got = metric_handled(port)
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:
             got = 0
         now = time.time()
         if got > 0 and t_first is None:
@@ -481,7 +487,11 @@ def throughput(b: Bench, n: int, size: int) -> list[dict[str, Any]]:
             for impl in ("raw", "partq"):
                 spec = b.stream(f"tp-{impl}", 8, queue_type)
                 row[f"{impl}_publish_rate"] = prefill(spec, n, size)
-                res = run_partq(b, spec, n, prefetch) if impl == "partq" else run_raw(spec, n, prefetch)
+                res = (
+                    run_partq(b, spec, n, prefetch)
+                    if impl == "partq"
+                    else run_raw(spec, n, prefetch)
+                )
                 row[impl] = res
                 log(f"throughput {queue_type} prefetch={prefetch} {impl}: {res['rate']:.0f} msg/s")
                 b.drop(spec)
@@ -509,7 +519,12 @@ def retry(b: Bench, queue_type: str, rate: float, seconds: float) -> dict[str, A
     b.stop([c1, coord])
     stats = order_stats(read_records(paths), confirmed)
     b.drop(spec)
-    return {"queue_type": queue_type, "published": len(confirmed), "drained": drained, "order": stats}
+    return {
+        "queue_type": queue_type,
+        "published": len(confirmed),
+        "drained": drained,
+        "order": stats,
+    }
 
 
 # -- 4b. broker restart on a private RabbitMQ node --------------------------------------
@@ -558,7 +573,7 @@ class PrivateRabbit:
             try:
                 pika.BlockingConnection(pika.URLParameters(self.url)).close()
                 return time.monotonic() - t
-            except Exception:  # noqa: BLE001
+            except Exception:
                 time.sleep(0.3)
         raise RuntimeError("private RabbitMQ did not accept connections")
 
@@ -581,13 +596,13 @@ class PrivateRabbit:
         out = subprocess.run(["ss", "-ltnpH", f"sport = :{self.epmd}"], capture_output=True,
                              text=True, check=False).stdout  # fmt: skip
         for pid in {int(m) for m in re.findall(r"pid=(\d+)", out)}:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
 
 
-def broker_restart(b: Bench, rabbit: PrivateRabbit, queue_type: str, rate: float, dwell: float) -> dict[str, Any]:
+def broker_restart(
+    b: Bench, rabbit: PrivateRabbit, queue_type: str, rate: float, dwell: float
+) -> dict[str, Any]:
     spec = b.stream("restart", 12, queue_type, amqp=rabbit.url)
     recdir = b.dir / spec.name
     recdir.mkdir()
@@ -618,7 +633,7 @@ def broker_restart(b: Bench, rabbit: PrivateRabbit, queue_type: str, rate: float
 
 
 def fmt_ms(x: float) -> str:
-    return "n/a" if x != x else f"{x * 1000:.0f} ms"
+    return "n/a" if math.isnan(x) else f"{x * 1000:.0f} ms"
 
 
 def render(res: dict[str, Any], meta: dict[str, Any]) -> str:
@@ -653,9 +668,12 @@ def render(res: dict[str, Any], meta: dict[str, Any]) -> str:
               "two members handled one partition at once.)", ""]  # fmt: skip
     if "failover" in res:
         L += ["### Failover after `kill -9` of one of 2 consumers (P = 12)", ""]
-        L += ["Failover = kill instant → survivor's first handling of each orphaned partition. "
-              "Member gone = the victim's member key disappeared (lease expiry); assigned / "
-              "claimed = the leader reassigned all orphans / the survivor claimed them all.", ""]
+        L += [
+            "Failover = kill instant → survivor's first handling of each orphaned partition. "
+            "Member gone = the victim's member key disappeared (lease expiry); assigned / "
+            "claimed = the leader reassigned all orphans / the survivor claimed them all.",
+            "",
+        ]
         L += ["| queue type | TTL | runs | orphaned partitions | failover p50 | max | member gone | assigned | claimed | failover − TTL (p50) |",
               "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
@@ -675,7 +693,7 @@ def render(res: dict[str, Any], meta: dict[str, Any]) -> str:
                      f"{mark('assigned')} | {mark('claimed')} | {pct(fo, 50) - ttl:+.2f} s |")  # fmt: skip
         L.append("")
     if "throughput" in res:
-        L += [f"### Consumer throughput: partq (no-op handler) vs raw pika, same run", ""]
+        L += ["### Consumer throughput: partq (no-op handler) vs raw pika, same run", ""]
         L += [f"{meta['n']:,} × {meta['size']} B persistent messages pre-filled with the SDK into a "
               f"fresh P = 8 stream for each measurement; one consumer process; rate = messages / "
               f"(last handled − first handled). Raw pika: `BlockingConnection`, one channel per "
@@ -734,8 +752,14 @@ def write_section(path: Path, text: str) -> None:
     if start is None:
         new = old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
     else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        new = "\n".join(lines[:start] + text.rstrip("\n").splitlines() + [""] + lines[end:]).rstrip("\n") + "\n"
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
+        )
+        # a hand-written "### Notes" subsection (interpretation) survives a re-run
+        notes = next((i for i in range(start, end) if lines[i].startswith("### Notes")), end)
+        kept = lines[notes:end]
+        body = text.rstrip("\n").splitlines() + (["", *kept] if kept else []) + [""]
+        new = "\n".join(lines[:start] + body + lines[end:]).rstrip("\n") + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(new)
 
@@ -743,8 +767,10 @@ def write_section(path: Path, text: str) -> None:
 def versions() -> dict[str, str]:
     def run(cmd: list[str]) -> str:
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout.strip()
-        except Exception:  # noqa: BLE001
+            return subprocess.run(
+                cmd, capture_output=True, text=True, timeout=60, check=False
+            ).stdout.strip()
+        except Exception:
             return "?"
 
     etcd = run(["etcd", "--version"]).splitlines()
@@ -759,7 +785,9 @@ def versions() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.groups", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.groups", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and messages")
     ap.add_argument("--only", default="handoff,failover,throughput,retry,restart")
     ap.add_argument("--no-write", action="store_true", help="print the section, don't edit docs")
@@ -822,13 +850,15 @@ def main(argv: list[str] | None = None) -> int:
                 res["restart"] = []
                 try:
                     rabbit = PrivateRabbit(workdir / "rabbit")
-                    log(f"private RabbitMQ {rabbit.node} on {rabbit.port} started in {rabbit.start():.1f}s")
+                    log(
+                        f"private RabbitMQ {rabbit.node} on {rabbit.port} started in {rabbit.start():.1f}s"
+                    )
                     for qt in ("quorum", "classic"):
                         r = broker_restart(b, rabbit, qt, args.rate, dwell)
                         log(f"restart {qt}: {r}")
                         res["restart"].append(r)
                         checkpoint()
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     res["restart_error"] = f"{type(e).__name__}: {e}"
                     log(f"broker restart not measured: {e!r}")
                     checkpoint()
@@ -840,7 +870,9 @@ def main(argv: list[str] | None = None) -> int:
             if rabbit is not None:
                 rabbit.stop()
                 rabbit.stop_epmd()
-    (workdir / "results.json").write_text(json.dumps({"meta": meta, "results": res}, indent=1, default=str))
+    (workdir / "results.json").write_text(
+        json.dumps({"meta": meta, "results": res}, indent=1, default=str)
+    )
     text = render(res, meta)
     print(text)
     if not args.no_write:

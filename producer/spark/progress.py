@@ -61,7 +61,9 @@ class ProgressListener(StreamingQueryListener):
         progress = event.progress
         if progress.name != self.query_name:
             return
-        rows = progress.numInputRows
+        # What the sink wrote (a query may filter or explode rows); -1 if it cannot tell.
+        written = progress.sink.numOutputRows
+        rows = written if written >= 0 else progress.numInputRows
         seconds = progress.batchDuration / 1000
         metrics.ROWS_PUBLISHED.labels(self.stream).inc(rows)
         metrics.BATCH_SECONDS.labels(self.stream).observe(seconds)

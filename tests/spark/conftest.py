@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,11 @@ SPARK_CONF = {
 }
 
 
+# Short test runs: C1-only JIT and the serial collector start Spark's JVM about twice as
+# fast on a small, busy machine (for long-running jobs the defaults are better).
+FAST_JVM = {"JDK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+
+
 def _unavailable(what: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"{what} is required in CI", pytrace=False)
@@ -50,7 +56,16 @@ def spark() -> Iterator[SparkSession]:
         _unavailable("a Java runtime for Spark")
     from producer.spark import loopback_session
 
-    session = loopback_session("partq-tests", master="local[2]", conf=SPARK_CONF)
+    saved = {name: os.environ.get(name) for name in FAST_JVM}
+    os.environ.update(FAST_JVM)  # read once, when the JVM starts
+    try:
+        session = loopback_session("partq-tests", master="local[2]", conf=SPARK_CONF)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
@@ -109,15 +124,21 @@ def read_all(amqp_url: str, spec: StreamSpec) -> dict[int, list[Delivered]]:
 
 
 def write_json_rows(directory: Path, rows: Sequence[dict[str, Any]], files: int) -> None:
-    """``rows`` as JSON lines in ``files`` files, row i in file i % files (keys span files)."""
+    """``rows`` as JSON lines in ``files`` files of consecutive rows, oldest first.
+
+    The file source takes files in modification-time order, and per-key order
+    across micro-batches is the order in which files arrive; so file n holds the
+    n-th slice of ``rows`` and is n seconds newer than the first.
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    chunks: list[list[str]] = [[] for _ in range(files)]
-    for i, row in enumerate(rows):
-        chunks[i % files].append(json.dumps(row))
-    for n, lines in enumerate(chunks):
+    size = -(-len(rows) // files)
+    started = time.time() - files
+    for n in range(files):
+        lines = [json.dumps(row) for row in rows[n * size : (n + 1) * size]]
         staging = directory / f".part-{n:03d}.json.tmp"
         staging.write_text("\n".join(lines) + "\n")
-        staging.rename(directory / f"part-{n:03d}.json")  # appear whole to the file source
+        os.utime(staging, (started + n, started + n))
+        staging.rename(directory / f"part-{n:03d}.json")  # appears whole to the file source
 
 
 def keyed_rows(count: int, keys: int, pad: int = 0) -> list[dict[str, Any]]:
@@ -126,6 +147,14 @@ def keyed_rows(count: int, keys: int, pad: int = 0) -> list[dict[str, Any]]:
         {"key": f"user-{i % keys}", "order": i, "n": i // keys, "pad": "x" * pad}
         for i in range(count)
     ]
+
+
+def committed_batches(checkpoint: Path) -> list[int]:
+    """Batch ids Spark recorded as committed in ``checkpoint`` (files ``commits/<id>``)."""
+    commits = checkpoint / "commits"
+    if not commits.exists():
+        return []
+    return sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit())
 
 
 ROW_SCHEMA = "key STRING, order BIGINT, n BIGINT, pad STRING"

@@ -17,12 +17,14 @@ from producer.spark import (
     HEADER_SEQ,
     ReplayId,
     SinkOptions,
+    failure_reason,
     foreach_batch_writer,
     prepare,
 )
 from tests.spark.conftest import (
     ROW_SCHEMA,
     Delivered,
+    committed_batches,
     keyed_rows,
     queue_depths,
     read_all,
@@ -38,19 +40,21 @@ FILES = 8
 
 def _source(spark: SparkSession, directory: Path) -> DataFrame:
     return (
-        spark.readStream.schema(ROW_SCHEMA).option("maxFilesPerTrigger", FILES // 2).json(str(directory))
+        spark.readStream.schema(ROW_SCHEMA)
+        .option("maxFilesPerTrigger", FILES // 2)
+        .json(str(directory))
     )
 
 
 def _check_every_row_once_in_order(
-    spec: StreamSpec, queues: dict[int, list[Delivered]], query_id: str
+    spec: StreamSpec, queues: dict[int, list[Delivered]], query_id: str, rows: int = ROWS
 ) -> None:
     delivered = [m for partition in sorted(queues) for m in queues[partition]]
     # Each row exactly once.
     orders = Counter(m.row["order"] for m in delivered)
-    assert sorted(orders) == list(range(ROWS)), "rows missing"
+    assert sorted(orders) == list(range(rows)), "rows missing"
     assert max(orders.values()) == 1, "rows duplicated although nothing failed"
-    assert len({m.message_id for m in delivered}) == ROWS
+    assert len({m.message_id for m in delivered}) == rows
     seqs: dict[tuple[int, int], list[int]] = defaultdict(list)
     for partition, messages in queues.items():
         last_order: dict[str | bytes, int] = {}
@@ -102,14 +106,15 @@ def test_sink_publishes_every_row_to_its_partition_in_key_order(
     assert query.exception() is None
     # Then every row is in the queue partition_for names, once, in per-key order
     _check_every_row_once_in_order(spark_stream, read_all(settings.amqp, spark_stream), query.id)
-    assert sorted(p.name for p in (tmp_path / "chk" / "commits").iterdir()) == ["0", "1"]
+    assert committed_batches(tmp_path / "chk") == [0, 1]
 
 
 def test_foreach_batch_writer_keeps_the_same_contract(
     spark: SparkSession, spark_stream: StreamSpec, settings: Settings, tmp_path: Path
 ) -> None:
-    # Given the same rows
-    write_json_rows(tmp_path / "in", keyed_rows(ROWS, KEYS), FILES)
+    # Given rows like those above (fewer: the same code publishes them)
+    rows = 8_000
+    write_json_rows(tmp_path / "in", keyed_rows(rows, KEYS), FILES)
     # When foreachBatch publishes them
     writer = foreach_batch_writer(
         spark_stream.name,
@@ -128,7 +133,8 @@ def test_foreach_batch_writer_keeps_the_same_contract(
     assert query.awaitTermination(180), "the query did not finish"
     assert query.exception() is None
     # Then the contract holds as for the format
-    _check_every_row_once_in_order(spark_stream, read_all(settings.amqp, spark_stream), query.id)
+    queues = read_all(settings.amqp, spark_stream)
+    _check_every_row_once_in_order(spark_stream, queues, query.id, rows)
 
 
 def _failing_query(
@@ -154,11 +160,6 @@ def _failing_query(
     return str(failure.value), checkpoint
 
 
-def _committed(checkpoint: Path) -> list[str]:
-    commits = checkpoint / "commits"
-    return sorted(p.name for p in commits.iterdir()) if commits.exists() else []
-
-
 def test_a_spec_mismatch_fails_the_query_before_anything_is_published(
     spark: SparkSession, spark_stream: StreamSpec, settings: Settings, tmp_path: Path
 ) -> None:
@@ -173,10 +174,10 @@ def test_a_spec_mismatch_fails_the_query_before_anything_is_published(
         partitions=3,
     )
     # Then it fails, saying so, and nothing was published or committed
-    assert "SpecMismatch" in error
-    assert "has 8 partitions in etcd, but option partitions=3" in error
+    assert failure_reason(error).startswith("SpecMismatch: stream "), error
+    assert "has 8 partitions in etcd, but option partitions=3" in failure_reason(error)
     assert queue_depths(settings.amqp, spark_stream) == [0] * spark_stream.partitions
-    assert _committed(checkpoint) == []
+    assert committed_batches(checkpoint) == []
 
 
 def test_an_unreachable_broker_fails_the_query_and_commits_nothing(
@@ -191,7 +192,48 @@ def test_an_unreachable_broker_fails_the_query_and_commits_nothing(
         spark, spark_stream, tmp_path, etcdEndpoints=settings.etcd_endpoints, amqpUrl=closed
     )
     # Then it fails with partq's error naming the broker (password hidden), nothing committed
-    assert "BrokerUnavailable: cannot reach RabbitMQ at amqp://guest:***@127.0.0.1" in error
+    reason = failure_reason(error)
+    assert reason.startswith(
+        "BrokerUnavailable: cannot reach RabbitMQ at amqp://guest:***@127.0.0.1"
+    )
     assert "guest:guest" not in error
-    assert _committed(checkpoint) == []
+    assert committed_batches(checkpoint) == []
     assert queue_depths(settings.amqp, spark_stream) == [0] * spark_stream.partitions
+
+
+def test_without_an_order_column_rows_keep_source_order_across_input_splits(
+    spark: SparkSession, spark_stream: StreamSpec, settings: Settings, tmp_path: Path
+) -> None:
+    # Given one file that Spark reads as about ten splits (map tasks) of one micro-batch
+    rows = keyed_rows(5_000, 50)
+    write_json_rows(tmp_path / "in", rows, 1)
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "32k")
+    try:
+        source = spark.readStream.schema(ROW_SCHEMA).json(str(tmp_path / "in"))
+        # When it is published without an order column
+        query = (
+            prepare(source, spark_stream, "key")
+            .writeStream.format("partq")
+            .options(
+                **SinkOptions(
+                    spark_stream.name, "key", amqp_url=settings.amqp, spec=spark_stream.to_json()
+                ).to_options()
+            )
+            .option("checkpointLocation", str(tmp_path / "chk"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120), "the query did not finish"
+        assert query.exception() is None
+        splits = query.lastProgress["sources"][0]
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    # Then each key's rows are in file order in their queue
+    queues = read_all(settings.amqp, spark_stream)
+    assert sum(len(q) for q in queues.values()) == len(rows), splits
+    for messages in queues.values():
+        last: dict[str, int] = {}
+        for m in messages:
+            key, order = m.headers["partq-key"], m.row["order"]
+            assert order > last.get(key, -1), f"{key} out of source order"
+            last[key] = order

@@ -1,0 +1,110 @@
+"""The pure parts of producer.spark: option parsing, replay ids, failure text, the surface."""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import pytest
+
+import producer.spark
+from producer.contract import StreamSpec
+from producer.errors import SpecMismatch, UsageError
+from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions, resolve_spec_reader
+from producer.spark.progress import failure_reason
+from producer.spark.replay import ReplayId, message_id
+
+pytestmark = pytest.mark.spark
+
+
+def test_the_public_surface_is_exactly_what_all_names() -> None:
+    assert sorted(producer.spark.__all__) == sorted(producer.spark._HOME)
+    for name in producer.spark.__all__:
+        value = getattr(producer.spark, name)
+        assert not isinstance(value, types.ModuleType), f"{name} is shadowed by a module"
+    with pytest.raises(AttributeError):
+        producer.spark.nothing_here  # noqa: B018
+
+
+def test_options_round_trip_through_spark_style_options() -> None:
+    # Given options as a user writes them, names in any case
+    given = {"STREAM": "orders", "keycolumn": "user_id", "Window": "50", "partitions": "8"}
+    # When parsed and turned back into options
+    options = SinkOptions.from_options(given)
+    # Then nothing is lost and the defaults are the documented ones
+    assert (options.stream, options.key_column, options.window, options.partitions) == (
+        "orders",
+        "user_id",
+        50,
+        8,
+    )
+    assert options.spec_reader == DEFAULT_SPEC_READER
+    assert SinkOptions.from_options(options.to_options()) == options
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"keyColumn": "k"}, "option stream is required"),
+        ({"stream": "orders"}, "option keyColumn is required"),
+        (
+            {"stream": "orders", "keyColumn": "k", "window": "many"},
+            "option window must be a number",
+        ),
+        ({"stream": "orders", "keyColumn": "k", "window": "0"}, "window must be at least 1"),
+        ({"stream": "Orders!", "keyColumn": "k"}, "invalid stream name"),
+        ({"stream": "orders", "keyColumn": "k", "queryId": "a:b"}, "queryId"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_option(given: dict[str, str], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        SinkOptions.from_options(given)
+
+
+def test_the_amqp_password_stays_out_of_repr() -> None:
+    options = SinkOptions("orders", "k", amqp_url="amqp://u:secret@host:5672/%2F")
+    assert "secret" not in repr(options)
+    assert "u:***@host" in repr(options)
+
+
+def test_a_pinned_spec_is_checked_against_the_stream_and_partitions() -> None:
+    spec = StreamSpec("orders", 8).to_json()
+    assert SinkOptions("orders", "k", spec=spec).read_spec() == StreamSpec("orders", 8)
+    with pytest.raises(SpecMismatch, match="has 8 partitions in etcd, but option partitions=4"):
+        SinkOptions("orders", "k", spec=spec, partitions=4).read_spec()
+    with pytest.raises(UsageError, match="describes stream 'orders', not 'payments'"):
+        SinkOptions("payments", "k", spec=spec).read_spec()
+
+
+def test_the_spec_reader_is_resolved_by_name() -> None:
+    reader = resolve_spec_reader(DEFAULT_SPEC_READER)
+    assert reader is importlib.import_module("coordinator.streams").read_spec_from_endpoints
+    with pytest.raises(UsageError, match="cannot import nowhere"):
+        resolve_spec_reader("nowhere.at_all:read")
+    with pytest.raises(UsageError, match="has no function missing"):
+        resolve_spec_reader("coordinator.streams:missing")
+    with pytest.raises(UsageError, match="must look like"):
+        resolve_spec_reader("coordinator.streams")
+
+
+def test_replay_ids_are_deterministic_and_parse_back() -> None:
+    replay = ReplayId("9f1c", batch_id=12, partition=3, seq=41)
+    assert replay.message_id == message_id("9f1c", 12, 3, 41) == "9f1c:12:3:41"
+    assert ReplayId.parse(replay.message_id) == replay
+    assert replay.headers() == {"partq-query-id": "9f1c", "partq-batch-id": 12, "partq-seq": 41}
+    with pytest.raises(ValueError, match="not a partq Spark message id"):
+        ReplayId.parse("a-uuid-from-the-sdk")
+
+
+def test_the_partq_error_is_found_in_a_spark_failure() -> None:
+    text = (
+        "[STREAM_FAILED] Query [id = 1] terminated with exception: Job aborted.\n"
+        "Traceback (most recent call last):\n"
+        '  File "publish.py", line 80, in publish_task\n'
+        "producer.errors.BrokerUnavailable: cannot reach RabbitMQ at amqp://g:***@h:1/: is it "
+        "running?\n\tat org.apache.spark.api.python.BasePythonRunner"
+    )
+    assert failure_reason(text) == (
+        "BrokerUnavailable: cannot reach RabbitMQ at amqp://g:***@h:1/: is it running?"
+    )
+    assert failure_reason("java.lang.OutOfMemoryError\n\tat x") == "java.lang.OutOfMemoryError"
