@@ -9,6 +9,7 @@ from typing import Any
 
 from producer.contract import HEADER_PUBLISHED_MS, decode_key
 from producer.errors import UsageError
+from producer.spark.replay import HEADER_BATCH_ID, HEADER_QUERY_ID, HEADER_SEQ, ReplayId
 
 __all__ = ["Handler", "Message", "load_handler"]
 
@@ -32,6 +33,20 @@ class Message:
     redelivered: bool = False
     attempt: int = 1
     published_ms: int | None = None
+
+    @property
+    def replay(self) -> ReplayId | None:
+        """For a Spark-published message, its (query, batch, partition, seq); else None.
+
+        A replayed micro-batch repeats the same ids: drop ``message_id``s you have
+        handled to get effectively-once.
+        """
+        h = self.headers
+        if HEADER_QUERY_ID not in h or HEADER_BATCH_ID not in h or HEADER_SEQ not in h:
+            return None
+        query = h[HEADER_QUERY_ID]
+        query_id = query.decode() if isinstance(query, bytes) else str(query)
+        return ReplayId(query_id, int(h[HEADER_BATCH_ID]), self.partition, int(h[HEADER_SEQ]))
 
 
 Handler = Callable[[Message], object]
