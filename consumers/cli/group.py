@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -18,7 +20,25 @@ from coordinator.service import CoordinatorConfig, StreamCoordinator, export_que
 from coordinator.status import render_html, snapshot_status
 
 pass_context = click.make_pass_decorator(Context)
+F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("partq.cli")
+
+
+def http_options(default_port: int) -> Callable[[F], F]:
+    """``--http-host`` and ``--http-port`` for a daemon's /metrics, /livez, /readyz."""
+
+    def decorate(command: F) -> F:
+        command = click.option(
+            "--http-port", type=int, default=default_port, show_default=True,
+            help="0: pick a free port.",
+        )(command)  # fmt: skip
+        return click.option(
+            "--http-host", default="127.0.0.1", show_default=True, envvar="PARTQ_HTTP_HOST",
+            help="Address for /metrics, /livez, /readyz (0.0.0.0 in containers) "
+            "[PARTQ_HTTP_HOST].",
+        )(command)  # fmt: skip
+
+    return decorate
 
 
 @click.command()
@@ -39,14 +59,7 @@ log = logging.getLogger("partq.cli")
 )
 @click.option("--drain-timeout", type=float, default=20.0, show_default=True)
 @click.option("--partitions", type=int, help="Expected partition count; refused if etcd differs.")
-@click.option(
-    "--http-host",
-    default="127.0.0.1",
-    show_default=True,
-    envvar="PARTQ_HTTP_HOST",
-    help="Address for /metrics, /livez, /readyz (0.0.0.0 in containers) [PARTQ_HTTP_HOST].",
-)
-@click.option("--http-port", type=int, default=9401, show_default=True, help="0: pick a free port.")
+@http_options(default_port=9401)
 @pass_context
 def consume(
     ctx: Context,
@@ -95,14 +108,7 @@ def consume(
 @click.option("--max-moves", type=click.IntRange(min=1), help="Partitions in motion at most.")
 @click.option("--manual", is_flag=True, help="Move nothing until `partq rebalance`.")
 @click.option("--ttl", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option(
-    "--http-host",
-    default="127.0.0.1",
-    show_default=True,
-    envvar="PARTQ_HTTP_HOST",
-    help="Address for /metrics, /livez, /readyz (0.0.0.0 in containers) [PARTQ_HTTP_HOST].",
-)
-@click.option("--http-port", type=int, default=9400, show_default=True, help="0: pick a free port.")
+@http_options(default_port=9400)
 @pass_context
 def coordinator(
     ctx: Context,
