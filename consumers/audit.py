@@ -1,64 +1,166 @@
-"""Check a record of handled messages against partq's invariants (pure; used by the demo).
+"""Pure checks of the invariants (ARCHITECTURE.md) over handler records and group snapshots.
 
-A record is one dict per handling: member, partition, key, body (``"<seq>"``),
-start, end. ``published`` maps key → the sequence numbers published for it.
+Used by ``partq demo`` and the invariant tests. Records are the dicts
+``consumers.examples.record_handler`` writes. Every check returns a list of
+violations (empty: the invariant holds), so a failing test shows what broke.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Audit", "audit"]
+__all__ = [
+    "balance_problems",
+    "handoff_gaps",
+    "load",
+    "lost",
+    "min_moves",
+    "moves",
+    "order_violations",
+    "overlaps",
+    "percentile",
+]
+
+Record = Mapping[str, Any]
+Window = tuple[float, float]
 
 
-@dataclass(frozen=True)
-class Audit:
-    handled: int
-    unique: int
-    lost: list[tuple[str, int]] = field(default_factory=list)
-    duplicates: int = 0
-    order_violations: list[tuple[str, int, int]] = field(default_factory=list)
-    overlaps: list[tuple[int, str, str]] = field(default_factory=list)
-    gaps: list[float] = field(default_factory=list)  # per owner change of a partition, seconds
-
-    @property
-    def ok(self) -> bool:
-        return not (self.lost or self.order_violations or self.overlaps)
+def load(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def audit(records: Iterable[Mapping[str, Any]], published: Mapping[str, list[int]]) -> Audit:
-    rows = sorted(records, key=lambda r: r["start"])
-    seen: set[tuple[str, int]] = set()
-    last: dict[str, int] = {}
-    violations: list[tuple[str, int, int]] = []
-    duplicates = 0
-    for r in rows:
-        key, seq = r["key"], int(r["body"])
-        if (key, seq) in seen:
-            duplicates += 1
+def lost(published: Iterable[tuple[str, int]], records: Iterable[Record]) -> list[tuple[str, int]]:
+    """Published (key, seq) pairs that no handler handled."""
+    handled = {(r["key"], r["seq"]) for r in records}
+    return sorted(set(published) - handled)
+
+
+def _subtract(interval: Window, windows: Sequence[Window]) -> list[Window]:
+    """The parts of ``interval`` outside every window (a frozen process does not run)."""
+    parts = [interval]
+    for w0, w1 in windows:
+        out: list[Window] = []
+        for a, b in parts:
+            if b <= w0 or a >= w1:
+                out.append((a, b))
+                continue
+            if a < w0:
+                out.append((a, w0))
+            if b > w1:
+                out.append((w1, b))
+        parts = out
+    return parts
+
+
+def overlaps(
+    records: Iterable[Record], frozen: Mapping[int, Sequence[Window]] | None = None
+) -> list[str]:
+    """Moments when two processes handled one partition at once (``frozen``: pid → windows)."""
+    frozen = frozen or {}
+    by_partition: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
+    for r in records:
+        for a, b in _subtract((r["start"], r["end"]), frozen.get(r["pid"], ())):
+            by_partition[r["partition"]].append((a, b, r["pid"]))
+    problems = []
+    for partition, intervals in sorted(by_partition.items()):
+        intervals.sort()
+        ends: dict[int, float] = {}  # pid -> latest end so far
+        for a, b, pid in intervals:
+            for other, end in ends.items():
+                if other != pid and end > a:
+                    problems.append(
+                        f"partition {partition}: pid {pid} started at {a:.6f} while pid {other} "
+                        f"was handling until {end:.6f} ({(end - a) * 1000:.3f} ms overlap)"
+                    )
+            ends[pid] = max(ends.get(pid, b), b)
+    return problems
+
+
+def order_violations(records: Iterable[Record]) -> list[str]:
+    """Per key, first handlings (exact repeats of (key, seq) removed) must be in seq order."""
+    first: dict[tuple[str, int], float] = {}
+    for r in records:
+        k = (r["key"], r["seq"])
+        first[k] = min(first.get(k, r["start"]), r["start"])
+    by_key: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for (key, seq), start in first.items():
+        by_key[key].append((start, seq))
+    problems = []
+    for key, handled in sorted(by_key.items()):
+        handled.sort()
+        for (_, before), (at, after) in itertools.pairwise(handled):
+            if after < before:
+                problems.append(f"key {key}: seq {after} first handled at {at:.6f} after {before}")
+    return problems
+
+
+def balance_problems(
+    partitions: int,
+    members: Iterable[str],
+    assignment: Mapping[int, str],
+    claims: Mapping[int, str] | None = None,
+) -> list[str]:
+    """Every partition owned by a live member, counts ⌊P/N⌋/⌈P/N⌉, claims held by the owners."""
+    live = sorted(set(members))
+    if not live:
+        return ["no live members"]
+    problems = []
+    counts = dict.fromkeys(live, 0)
+    for p in range(partitions):
+        owner = assignment.get(p)
+        if owner not in counts:
+            problems.append(f"partition {p}: owner {owner!r} is not a live member")
             continue
-        seen.add((key, seq))
-        if key in last and seq < last[key]:
-            violations.append((key, last[key], seq))
-        last[key] = max(seq, last.get(key, seq))
-    lost = sorted((k, s) for k, seqs in published.items() for s in seqs if (k, s) not in seen)
-    by_partition: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
-    for r in rows:
-        by_partition[int(r["partition"])].append(r)
-    overlaps: list[tuple[int, str, str]] = []
-    gaps: list[float] = []
-    for partition, handled in sorted(by_partition.items()):
-        latest_end: dict[str, float] = {}
-        previous = None
-        for r in handled:
-            for member, end in latest_end.items():
-                if member != r["member"] and end > r["start"]:
-                    overlaps.append((partition, member, r["member"]))
-            if previous is not None and previous["member"] != r["member"]:
-                gaps.append(r["start"] - previous["end"])
-            latest_end[r["member"]] = max(latest_end.get(r["member"], 0.0), r["end"])
-            previous = r
-    return Audit(len(rows), len(seen), lost, duplicates, violations, overlaps, gaps)
+        counts[owner] += 1
+        if claims is not None and claims.get(p) != owner:
+            problems.append(f"partition {p}: claimed by {claims.get(p)!r}, assigned to {owner}")
+    low, high = partitions // len(live), math.ceil(partitions / len(live))
+    for member, count in counts.items():
+        if not low <= count <= high:
+            problems.append(f"{member} owns {count} partitions, not {low}..{high}")
+    return problems
+
+
+def moves(before: Mapping[int, str], after: Mapping[int, str]) -> int:
+    return sum(1 for p in set(before) | set(after) if before.get(p) != after.get(p))
+
+
+def min_moves(partitions: int, before: Mapping[int, str], members: Iterable[str]) -> int:
+    """The fewest owner changes from ``before`` to any balanced assignment over ``members``."""
+    live = sorted(set(members))
+    n = len(live)
+    low, extra = divmod(partitions, n)
+    held = sorted(
+        (sum(1 for p in range(partitions) if before.get(p) == m) for m in live), reverse=True
+    )
+    kept = sum(min(c, low + (1 if i < extra else 0)) for i, c in enumerate(held))
+    return partitions - kept
+
+
+def handoff_gaps(records: Iterable[Record]) -> list[float]:
+    """Per partition, seconds from one process's last handling to the next process's first."""
+    by_partition: dict[int, list[Record]] = defaultdict(list)
+    for r in records:
+        by_partition[r["partition"]].append(r)
+    gaps = []
+    for rs in by_partition.values():
+        rs.sort(key=lambda r: r["start"])
+        for prev, nxt in itertools.pairwise(rs):
+            if nxt["pid"] != prev["pid"]:
+                gaps.append(nxt["start"] - prev["end"])
+    return gaps
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
+
 from consumers.message import Message
 
 
@@ -15,20 +19,44 @@ def noop_handler(message: Message) -> None:
     """Ack without doing anything (for throughput measurements)."""
 
 
-def record_handler(message: Message) -> None:
-    """Append one JSON line per message to ``$PARTQ_RECORD`` (used by ``partq demo``)."""
-    import json
-    import os
-    import time
+def _seq(body: bytes) -> int | None:
+    """The sequence number in a body: ``{"seq": n, ...}`` or a bare ``n``."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(value, dict):
+        value = value.get("seq")
+    return value if isinstance(value, int) else None
 
-    started = time.time()
-    time.sleep(float(os.environ.get("PARTQ_RECORD_SLEEP", "0.001")))
-    line = json.dumps({
-        "member": os.environ.get("PARTQ_MEMBER_ID", ""), "partition": message.partition,
-        "key": message.key if isinstance(message.key, str) else repr(message.key),
-        "body": message.body.decode(errors="replace"), "id": message.message_id,
-        "redelivered": message.redelivered, "start": started, "end": time.time(),
-    })  # fmt: skip
+
+def record_handler(message: Message) -> None:
+    """Append one JSON line per handling to ``$PARTQ_RECORD`` (for ``partq demo`` and tests).
+
+    ``$PARTQ_RECORD_SLEEP`` (seconds, default 0.002) stands for the handler's work; the
+    line carries member, partition, key, seq, message id, redelivered, attempt, pid, start
+    and end, as :mod:`consumers.audit` reads them. One ``os.write`` per line with
+    ``O_APPEND``, so processes writing one file do not interleave lines.
+    """
+    start = time.time()
+    time.sleep(float(os.environ.get("PARTQ_RECORD_SLEEP", "0.002")))
+    end = time.time()
+    key = message.key.decode() if isinstance(message.key, bytes) else message.key
+    line = json.dumps(
+        {
+            "member": os.environ.get("PARTQ_MEMBER_ID", ""),
+            "partition": message.partition,
+            "key": key,
+            "seq": _seq(message.body),
+            "message_id": message.message_id,
+            "redelivered": message.redelivered,
+            "attempt": message.attempt,
+            "pid": os.getpid(),
+            "start": start,
+            "end": end,
+        },
+        sort_keys=True,
+    )
     fd = os.open(os.environ["PARTQ_RECORD"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (line + "\n").encode())

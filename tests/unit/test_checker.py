@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.groups import checker
+from consumers import audit as checker
 
 
 def rec(pid: int, partition: int, key: str, seq: int, start: float, end: float) -> dict[str, Any]:

@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from consumers import audit as checker
 from coordinator.group import Group, GroupState
 from producer import Producer, StreamSpec
-
-from . import checker
 
 __all__ = ["Fleet", "Proc", "SequenceProducer", "balanced", "wait_until"]
 
@@ -98,7 +97,7 @@ class Fleet:
         env = dict(os.environ)
         env.update({
             "PARTQ_ETCD_ENDPOINTS": self.etcd, "PARTQ_AMQP_URL": self.amqp,
-            "PYTHONPATH": str(ROOT), "PARTQ_TEST_RECORD": str(self.record),
+            "PYTHONPATH": str(ROOT), "PARTQ_RECORD": str(self.record),
         })  # fmt: skip
         env.update(extra)
         return env
@@ -119,7 +118,7 @@ class Fleet:
             "--member-id", member, "--ttl", str(ttl), "--http-port", "0",
             "--drain-timeout", "15", *extra,
         ]  # fmt: skip
-        return self._start(member, args, self._env(PARTQ_TEST_MEMBER=member))
+        return self._start(member, args, self._env(PARTQ_MEMBER_ID=member))
 
     def coordinator(self, name: str = "coordinator", *, ttl: int = 2, settle: float = 0.3) -> Proc:
         args = [

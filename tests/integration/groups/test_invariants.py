@@ -19,6 +19,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from consumers import audit as checker
 from coordinator import admin
 from coordinator.group import Group
 from coordinator.local import LocalEtcd
@@ -26,7 +27,6 @@ from coordinator.settings import Settings
 from coordinator.streams import Registry
 from producer import Producer, StreamSpec
 
-from . import checker
 from .harness import Fleet, SequenceProducer, balanced, wait_until
 
 pytestmark = [pytest.mark.integration]
