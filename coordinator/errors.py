@@ -6,9 +6,9 @@
     ├── UsageError
     │   └── MemberIdTaken            a live consumer already uses this member id
     └── EtcdUnavailable              etcd cannot be reached, refused us, or timed out
-        └── LeaseLost                our lease expired or was revoked
     NotLeader                        (PartqError) a fenced write found another leader
 
+A lost lease is not an error: ``Session.lost`` is set (and ``on_lost`` called).
 etcd3/grpc errors are translated by :func:`coordinator.etcd.etcd_errors`.
 """
 
@@ -16,14 +16,10 @@ from __future__ import annotations
 
 from producer.errors import PartqError, UsageError
 
-__all__ = ["EtcdUnavailable", "LeaseLost", "MemberIdTaken", "NotLeader"]
+__all__ = ["EtcdUnavailable", "MemberIdTaken", "NotLeader"]
 
 
 class EtcdUnavailable(PartqError):
-    pass
-
-
-class LeaseLost(EtcdUnavailable):
     pass
 
 

@@ -13,9 +13,9 @@ callbacks get the error (or ``None``) and partq resyncs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import etcd3
 import etcd3.exceptions
@@ -26,7 +26,7 @@ from coordinator.errors import EtcdUnavailable
 from coordinator.settings import Settings
 from producer.errors import UsageError
 
-__all__ = ["connect", "etcd_errors", "lease_is", "translated"]
+__all__ = ["connect", "etcd_errors", "lease_is"]
 
 
 def _patch_watch_termination() -> None:
@@ -39,9 +39,6 @@ def _patch_watch_termination() -> None:
 
 
 _patch_watch_termination()
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 @contextmanager
@@ -57,11 +54,6 @@ def etcd_errors(where: str) -> Iterator[None]:
             f"cannot reach etcd at {where}: is it running? (set PARTQ_ETCD_ENDPOINTS or "
             f"--etcd-endpoints) ({detail})"
         ) from None
-
-
-def translated(where: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    with etcd_errors(where):
-        return fn(*args, **kwargs)
 
 
 def _detail(error: BaseException) -> str:

@@ -66,15 +66,6 @@ def request(stream: str, name: str) -> str:
     return f"{requests(stream)}{name}"
 
 
-def last_segment(key: str | bytes) -> str:
-    text = key.decode() if isinstance(key, bytes) else key
-    return text.rsplit("/", 1)[1]
-
-
-def partition_of(key: str | bytes) -> int:
-    return int(last_segment(key))
-
-
 def stream_of_spec(key: str | bytes) -> str | None:
     """The stream name in a spec key, or None for any other key."""
     text = key.decode() if isinstance(key, bytes) else key

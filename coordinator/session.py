@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from coordinator.errors import EtcdUnavailable, LeaseLost
+from coordinator.errors import EtcdUnavailable
 from coordinator.etcd import etcd_errors
 
 __all__ = ["Session"]
@@ -50,7 +50,6 @@ class Session:
             self.lease = client.lease(ttl)
         self.id: int = self.lease.id
         self.last_tick = time.monotonic()
-        self.last_ok = self.last_tick
         self._thread = threading.Thread(
             target=self._refresh, name=f"lease-{self.id:x}", daemon=True
         )
@@ -70,8 +69,6 @@ class Session:
                 remaining = None
             with self._ticked:
                 self.last_tick = started
-                if remaining is not None and remaining > 0:
-                    self.last_ok = started
                 self._ticked.notify_all()
             if remaining is not None and remaining <= 0:
                 log.warning("lease %x is gone (expired or revoked)", self.id)
@@ -98,10 +95,6 @@ class Session:
                     break
                 self._ticked.wait(left)
         return not self.lost.is_set() and self.fresh()
-
-    def check(self) -> None:
-        if self.lost.is_set():
-            raise LeaseLost(f"lease {self.id:x} expired or was revoked")
 
     def close(self, *, revoke: bool = True) -> None:
         """Stop refreshing; revoke so that our keys vanish now instead of after a TTL."""
