@@ -4,30 +4,30 @@ Only the I/O thread touches pika objects and the per-partition state; other
 threads call the public methods, which hop onto the I/O loop with
 ``add_callback_threadsafe``. Callbacks into the daemon are queued events.
 
-A planned drain never gives a message back to the broker, because a message
-returned to a RabbitMQ 3.10 quorum queue goes to the back and breaks per-key
-order. Measured here (see docs/benchmarks.md), two things return messages:
-
-- deliveries still in flight to the channel when ``basic.cancel`` is processed
-  (the broker requeues them), and
-- closing the channel right after the last acks (some settles are not yet
-  applied by the quorum queue, and the close returns those messages).
+A planned drain never gives a message back to the broker if it can help it,
+and when it cannot, the queue's own settings keep the order
+(docs/architecture.md, "Returns"): a delivery that is in flight while
+``basic.cancel`` is applied is returned by the broker's channel. A classic
+queue requeues it in place; a quorum queue *with a delivery limit* (partq
+declares every quorum partition queue with one, ``QUORUM_DELIVERY_LIMIT``)
+puts it on its returns list, served before anything else; only a quorum queue
+without a limit (a stream created by partq < 0.2, see
+``upgrade_policy_command``) puts it at the back, behind newer messages of its key.
 
 So ``cancel(p)``: (1) holds the partition's acks, so the broker gets no new
-credit; (2) sends ``basic.cancel`` only once nothing arrived for ``_QUIET``
-seconds: with acks held the broker stops once the prefetch window is full
-(or the partition is idle, or we wait behind another single active
-consumer). Neither "the window is full by our count" nor "no ready message"
-is enough: a quorum queue applies acks sent just before the hold a little
-later and grants credit for them, and with producers running every new
-message is dispatched at once; either way a delivery is in flight.
-After ``_MAX_HOLD`` seconds it cancels regardless (logged), so a slow trickle
-cannot stall a handoff. (3) After CancelOk, a round trip (``basic.qos``) lets
-any delivery the broker queued before it arrive; then the END mark follows
-them to the worker. The worker handles and acks everything; ``finish(p)``
-sends the held acks, makes a round trip so they reach the broker, and reports
-the partition drained. The channel is *parked*, not closed, and reused if the
-partition comes back; channels close with the connection.
+credit; (2) sends ``basic.cancel`` as soon as the broker provably has no credit
+left: our own count of unacked deliveries equals the prefetch (see
+``_window_full``); nothing can then be in flight. A partition that is idle or
+slower than the prefetch never fills its window: it is cancelled once no
+delivery arrived for ``_QUIET`` seconds, confirmed by a round trip, or after
+``_MAX_HOLD`` seconds of a trickle (logged). (3) After CancelOk, a round trip
+(``basic.qos``) lets any delivery the broker sent before it arrive; then the
+END mark follows them to the worker. The worker handles and acks everything;
+``finish(p)`` sends the held acks, makes a round trip so they reach the broker,
+and reports the partition drained. The channel is *parked*, not closed (a
+close right after the last acks could return messages whose settles the
+quorum queue has not applied yet), and reused if the partition comes back;
+channels close with the connection.
 """
 
 from __future__ import annotations
@@ -78,7 +78,6 @@ class _Subscription:
     acks_sent: int = 0
     holding: bool = False
     held: list[int] = field(default_factory=list)
-    quiet: bool = False
     held_since: float = 0.0
     cancel_sent: bool = False
     consuming: bool = False
@@ -245,6 +244,8 @@ class Broker(threading.Thread):
         def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
             method = method_frame.method
             sub.received += 1
+            if sub.holding and not sub.cancel_sent and self._window_full(sub):
+                self._cancel(partition, sub)  # before handing it on: nothing else can come
             self._deliver(
                 partition,
                 Delivery(
@@ -285,43 +286,52 @@ class Broker(threading.Thread):
             return
         sub.holding = True
         sub.held_since = time.monotonic()
+        if self._window_full(sub):
+            self._cancel(partition, sub)
+            return
         assert self._connection is not None
         ioloop = self._connection.ioloop
 
         def check(seen: int) -> None:
+            """``seen`` deliveries had arrived _QUIET seconds ago: has one arrived since?"""
             if sub.cancel_sent or not sub.channel.is_open:
                 return
-            if sub.received == seen:
-                # A stalled process also sees no deliveries: a round trip makes sure that
-                # whatever the broker sent before it has been read.
-                sub.channel.basic_qos(
-                    prefetch_count=self.prefetch, callback=lambda _f: confirm(seen)
-                )
-            else:
-                confirm(seen)
+            if sub.received != seen and time.monotonic() - sub.held_since < _MAX_HOLD:
+                ioloop.call_later(_QUIET, lambda seen=sub.received: check(seen))
+                return
+            # Quiet (or held too long): a round trip makes sure whatever the broker sent
+            # before it has been read, also by a process that was stalled.
+            sub.channel.basic_qos(prefetch_count=self.prefetch, callback=lambda _f: confirm(seen))
 
         def confirm(seen: int) -> None:
-            if sub.cancel_sent:
+            if sub.cancel_sent or not sub.channel.is_open:
                 return
             waited = time.monotonic() - sub.held_since
-            if sub.received == seen or waited >= _MAX_HOLD:
-                if sub.received != seen:
-                    log.warning(
-                        "partition %d: cancelling after %.1fs while deliveries still arrive; "
-                        "one in flight now would be requeued", partition, waited,
-                    )  # fmt: skip
-                sub.quiet = True
-                self._cancel_when_quiet(partition, sub)
-            else:
-                ioloop.call_later(_QUIET, lambda: check(sub.received))
+            if sub.received != seen and waited < _MAX_HOLD:
+                ioloop.call_later(_QUIET, lambda seen=sub.received: check(seen))
+                return
+            if sub.received != seen:
+                log.warning(
+                    "partition %d: cancelling after %.1fs while deliveries still arrive; one "
+                    "in flight is returned to the head of the queue", partition, waited,
+                )  # fmt: skip
+            self._cancel(partition, sub)
 
-        ioloop.call_later(_QUIET, lambda: check(sub.received))
+        ioloop.call_later(_QUIET, lambda seen=sub.received: check(seen))
 
-    def _cancel_when_quiet(self, partition: int, sub: _Subscription) -> None:
-        """Cancel once no delivery can be in flight (see the module docstring)."""
+    def _window_full(self, sub: _Subscription) -> bool:
+        """True when the broker provably has no credit left for this consumer.
+
+        ``received - acks_sent`` never exceeds what the broker counts as unacked (acks can
+        lag, deliveries can be in flight), and the broker never lets that exceed the
+        prefetch: when ours equals it, nothing is in flight and, with acks held, nothing
+        more can be sent. A cancel then returns nothing to the queue.
+        """
+        return sub.received - sub.acks_sent >= self.prefetch
+
+    def _cancel(self, partition: int, sub: _Subscription) -> None:
+        """``basic.cancel``, a round trip for deliveries sent before it, then END to the worker."""
         if sub.cancel_sent or not sub.channel.is_open:
-            return
-        if not sub.quiet:
             return
         sub.cancel_sent = True
         channel = sub.channel

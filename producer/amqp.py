@@ -6,6 +6,8 @@ pika's errors are translated here into :mod:`producer.errors`.
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -21,8 +23,10 @@ from pika.adapters.blocking_connection import BlockingChannel
 from producer.contract import (
     HEADER_PARTITION,
     HEADER_PUBLISHED_MS,
+    QUORUM_DELIVERY_LIMIT,
     StreamSpec,
     encode_key,
+    queue_pattern,
 )
 from producer.errors import BrokerUnavailable, UsageError
 
@@ -31,13 +35,16 @@ __all__ = [
     "QueueStats",
     "blocking_connection",
     "connection_parameters",
+    "dead_letter_arguments",
     "declare_stream",
     "delete_stream",
     "message_properties",
     "queue_stats",
     "redact_url",
+    "upgrade_policy_command",
 ]
 
+log = logging.getLogger("partq.amqp")
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 
@@ -101,7 +108,41 @@ def blocking_connection(
 
 
 def _queue_arguments(spec: StreamSpec) -> dict[str, Any]:
-    return {"x-single-active-consumer": True, "x-queue-type": spec.queue_type}
+    arguments: dict[str, Any] = {"x-single-active-consumer": True, "x-queue-type": spec.queue_type}
+    if spec.queue_type == "quorum":  # see QUORUM_DELIVERY_LIMIT: returns to the head, never dropped
+        arguments.update(dead_letter_arguments(spec))
+        arguments["x-delivery-limit"] = QUORUM_DELIVERY_LIMIT
+    return arguments
+
+
+def dead_letter_arguments(spec: StreamSpec) -> dict[str, Any]:
+    return {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": spec.dead_letter_queue}
+
+
+def upgrade_policy_command(spec: StreamSpec) -> str:
+    """The ``rabbitmqctl`` command that gives a stream created before partq 0.2 its delivery limit.
+
+    Queue arguments cannot change after a queue exists; a policy can add the limit and the
+    dead-lettering (``--apply-to queues``, which RabbitMQ 3.10 needs for quorum queues).
+    """
+    definition = json.dumps(
+        {
+            "delivery-limit": QUORUM_DELIVERY_LIMIT,
+            "dead-letter-exchange": "",
+            "dead-letter-routing-key": spec.dead_letter_queue,
+        },
+        separators=(",", ":"),
+    )
+    return (
+        f"rabbitmqctl set_policy --apply-to queues --priority 10 partq-{spec.name} "
+        f"'{queue_pattern(spec.name)}' '{definition}'"
+    )
+
+
+def _lacks_delivery_limit(error: pika.exceptions.ChannelClosedByBroker) -> bool:
+    """A PRECONDITION_FAILED from a queue an older partq declared without the limit."""
+    text = error.reply_text
+    return "inequivalent arg" in text and ("x-delivery-limit" in text or "x-dead-letter" in text)
 
 
 def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> None:
@@ -111,16 +152,28 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
     """
     channel = connection.channel()
     channel.exchange_declare(spec.exchange, exchange_type="direct", durable=True)
+    legacy: list[str] = []
     for partition in range(spec.partitions):
         queue = spec.queue(partition)
         try:
             channel.queue_declare(queue, durable=True, arguments=_queue_arguments(spec))
         except pika.exceptions.ChannelClosedByBroker as e:
-            raise UsageError(
-                f"queue {queue} already exists with other settings ({e.reply_text}): "
-                f"delete it or use another stream name"
-            ) from None
+            if not _lacks_delivery_limit(e):
+                raise UsageError(
+                    f"queue {queue} already exists with other settings ({e.reply_text}): "
+                    f"delete it or use another stream name"
+                ) from None
+            legacy.append(queue)  # an older partq's queue: it stays, the policy upgrades it
+            channel = connection.channel()
+            channel.queue_declare(queue, passive=True)
         channel.queue_bind(queue, spec.exchange, routing_key=str(partition))
+    if legacy:
+        log.warning(
+            "%d queues of stream %s have no delivery limit (created by an older partq): a "
+            "quorum queue then returns messages to its back, which can reorder a key during "
+            "a handoff. Upgrade them with: %s",
+            len(legacy), spec.name, upgrade_policy_command(spec),
+        )  # fmt: skip
     channel.queue_declare(
         spec.dead_letter_queue, durable=True, arguments={"x-queue-type": spec.queue_type}
     )

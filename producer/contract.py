@@ -25,6 +25,7 @@ __all__ = [
     "HEADER_PARTITION",
     "HEADER_PUBLISHED_MS",
     "MAX_PARTITIONS",
+    "QUORUM_DELIVERY_LIMIT",
     "QueueType",
     "StreamSpec",
     "dead_letter_queue",
@@ -48,6 +49,15 @@ HEADER_KEY = "partq-key"
 HEADER_KEY_B64 = "partq-key-b64"
 HEADER_PARTITION = "partq-partition"
 HEADER_PUBLISHED_MS = "partq-published-ms"
+
+# Quorum partition queues carry an explicit delivery limit, far above partq's own retries
+# (which count handler attempts in the consumer, not broker deliveries), and dead-letter to
+# the stream's DLQ when it is reached. Two reasons (docs/architecture.md, "Returns"):
+# with a limit, RabbitMQ 3.x puts a returned delivery at the *head* of the queue (without
+# one, at the back: a reorder); and RabbitMQ 4.0+ defaults the limit to 20 and then
+# *drops* the message unless it is dead-lettered. Never -1 (unlimited): that brings the
+# back-of-queue return back.
+QUORUM_DELIVERY_LIMIT = 1000
 
 
 def partition_for(key: str | bytes, partitions: int) -> int:
