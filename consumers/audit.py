@@ -1,4 +1,4 @@
-"""Pure checks of the invariants (ARCHITECTURE.md) over handler records and group snapshots.
+"""Pure checks of the invariants (docs/architecture.md) over handler records and group snapshots.
 
 Used by ``partq demo`` and the invariant tests. Records are the dicts
 ``consumers.examples.record_handler`` writes. Every check returns a list of

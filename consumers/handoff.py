@@ -1,6 +1,6 @@
 """One partition's handoff state machine, pure: ``step(state, event) -> (state, commands)``.
 
-revoke → drain → release → grant, as in ARCHITECTURE.md::
+revoke → drain → release → grant, as in docs/architecture.md::
 
     IDLE ──assigned──▶ CLAIMING ──claimed──▶ SUBSCRIBING ──subscribed──▶ ACTIVE
       ▲    (claim held by another: WAITING until it is deleted)              │

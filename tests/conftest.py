@@ -20,7 +20,7 @@ from coordinator.local import LocalEtcd
 from coordinator.settings import Settings
 from coordinator.streams import Registry
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+DATA = Path(__file__).resolve().parent / "data"
 AMQP_URL = os.environ.get("PARTQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
 
@@ -80,9 +80,9 @@ class _ContainerEtcd:
 
 @pytest.fixture(scope="session")
 def partition_vectors() -> dict[str, Any]:
-    path = SHARED / "vectors" / "partition-vectors.json"
+    path = DATA / "partition-vectors.json"
     if not path.is_file():
-        pytest.fail(f"golden vectors missing: {path} (tests load them from ../shared)")
+        pytest.fail(f"golden vectors missing: {path} (they are part of the repository)")
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 

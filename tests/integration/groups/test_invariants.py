@@ -1,4 +1,4 @@
-"""The invariants of ARCHITECTURE.md on real etcd and RabbitMQ, consumers as OS processes.
+"""The invariants of docs/architecture.md on real etcd and RabbitMQ, consumers as OS processes.
 
 Each test starts its own stream (P = 12, quorum queues), coordinator and
 consumers (``partq consume`` with ``recorder.record`` as handler), produces keyed
@@ -90,7 +90,7 @@ def assert_invariants(
 
     ``order=False`` only where a consumer stops without draining (kill -9, SIGSTOP, a lost
     lease): the broker then requeues what it had delivered, and a quorum queue puts those
-    messages at its back, behind newer ones of the same key (see ARCHITECTURE.md, Handoff).
+    messages at its back, behind newer ones of the same key (see docs/architecture.md, Returns).
     Such tests print the violations they saw instead.
     """
     assert checker.lost(published, records) == []
