@@ -1,14 +1,64 @@
-"""``/livez``, ``/readyz`` and ``/metrics`` on one port (and an optional page at ``/``)."""
+"""``/livez``, ``/readyz`` and ``/metrics`` on one port (and an optional page at ``/``).
+
+A failure behind an endpoint is an answer, never a traceback: a :class:`PartqError`
+(etcd or RabbitMQ unreachable…) from ``ready`` or ``page`` is a 503 whose body is one
+line with the reason; anything else a 500 with one line. Each is logged at warning once
+when the endpoint starts failing (and at info when it works again), not per request.
+A failure while preparing ``/metrics`` (``before_metrics``) is logged the same way and
+the metrics are served anyway: they are this process's own.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from producer.errors import PartqError
+
 __all__ = ["serve"]
+
+log = logging.getLogger("partq.http")
+_PLAIN = "text/plain; charset=utf-8"
+
+
+class _Failures:
+    """Per endpoint, the reason it currently fails; logs transitions only."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failing: dict[str, str] = {}
+
+    def failed(self, path: str, reason: str, error: BaseException) -> None:
+        with self._lock:
+            first = path not in self._failing
+            self._failing[path] = reason
+        if first:
+            unexpected = not isinstance(error, PartqError)
+            log.warning("GET %s failing: %s", path, reason, exc_info=unexpected)
+
+    def ok(self, path: str) -> None:
+        with self._lock:
+            was = self._failing.pop(path, None)
+        if was is not None:
+            log.info("GET %s works again", path)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error) if isinstance(error, PartqError) else f"{type(error).__name__}: {error}"
+    return " ".join(text.split()) or type(error).__name__
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-answer is not worth a traceback on stderr."""
+        log.debug("HTTP client %s: connection error", client_address, exc_info=True)
 
 
 def serve(
@@ -20,37 +70,61 @@ def serve(
     page: Callable[[], str] | None = None,
     before_metrics: Callable[[], None] | None = None,
 ) -> ThreadingHTTPServer:
-    """Serve in a daemon thread; returns the server (``server.server_port``, ``shutdown()``)."""
+    """Serve in a daemon thread; returns the server (``server.server_port``, ``shutdown()``).
+
+    Binding happens here: ``OSError`` (port in use…) is raised to the caller.
+    """
+    failures = _Failures()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            try:
+                code, body, ctype = self._answer(path)
+            except Exception as e:
+                reason = _one_line(e)
+                failures.failed(path, reason, e)
+                code = 503 if isinstance(e, PartqError) else 500
+                prefix = "unavailable" if code == 503 else "internal error"
+                self._send(code, f"{prefix}: {reason}\n".encode(), refresh=path == "/")
+                return
+            failures.ok(path)
+            self._send(code, body, ctype)
+
+        def _answer(self, path: str) -> tuple[int, bytes, str]:
             if path == "/metrics":
                 if before_metrics is not None:
-                    before_metrics()
-                self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
-            elif path == "/livez":
+                    try:
+                        before_metrics()
+                    except Exception as e:
+                        failures.failed("/metrics (before)", _one_line(e), e)
+                    else:
+                        failures.ok("/metrics (before)")
+                return 200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+            if path == "/livez":
                 ok = live()
-                self._send(200 if ok else 503, b"ok\n" if ok else b"dead\n")
-            elif path == "/readyz":
+                return (200, b"ok\n", _PLAIN) if ok else (503, b"dead\n", _PLAIN)
+            if path == "/readyz":
                 ok = ready()
-                self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
-            elif path == "/" and page is not None:
-                self._send(200, page().encode(), "text/html; charset=utf-8")
-            else:
-                self._send(404, b"not found\n")
+                return (200, b"ready\n", _PLAIN) if ok else (503, b"not ready\n", _PLAIN)
+            if path == "/" and page is not None:
+                return 200, page().encode(), "text/html; charset=utf-8"
+            return 404, b"not found\n", _PLAIN
 
-        def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+        def _send(
+            self, code: int, body: bytes, ctype: str = _PLAIN, *, refresh: bool = False
+        ) -> None:
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
+            if refresh:  # the status page's error keeps reloading, like the page itself
+                self.send_header("Refresh", "2")
             self.end_headers()
             self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    server = _Server((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server

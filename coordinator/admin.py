@@ -1,44 +1,161 @@
-"""Stream administration: create (spec in etcd + topology in RabbitMQ), describe, list."""
+"""Stream administration: create (spec in etcd + topology in RabbitMQ), adopt, describe, list.
+
+A stream's partition count has two witnesses: the spec in etcd and the partition queues
+in RabbitMQ. ``create`` asks both, so a spec lost with etcd's data is not silently
+re-created with another count (the queues beyond it would keep their messages unread,
+and keys would hash elsewhere); ``adopt`` restores a lost spec from the queues.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pika
+
+from coordinator import keys
 from coordinator.streams import Registry
 from producer.amqp import (
     QueueStats,
+    beyond_spec_message,
     blocking_connection,
     declare_stream,
     delete_stream,
+    detect_queue_type,
     queue_stats,
+    scan_partition_queues,
 )
-from producer.contract import StreamSpec
-from producer.errors import StreamNotFound
+from producer.contract import MAX_PARTITIONS, QueueType, StreamSpec, queue_name
+from producer.errors import SpecMismatch, StreamNotFound, UsageError
 
-__all__ = ["Description", "create_stream", "delete", "describe"]
+__all__ = [
+    "Description",
+    "adopt_stream",
+    "beyond_line",
+    "create_stream",
+    "delete",
+    "describe",
+]
+
+
+def _stored(registry: Registry, stream: str) -> StreamSpec | None:
+    try:
+        return registry.read_spec(stream)
+    except StreamNotFound:
+        return None
 
 
 def create_stream(registry: Registry, amqp_url: str, spec: StreamSpec) -> bool:
     """Store the spec (create-if-absent) and declare its queues. True if newly created.
 
-    A stored spec that differs is refused before anything is declared.
+    Refused before anything is stored or declared: a stored spec that differs; partition
+    queues beyond ``spec.partitions`` in RabbitMQ; partition queues with no spec in etcd
+    (use :func:`adopt_stream`).
     """
-    try:
-        stored: StreamSpec | None = registry.read_spec(spec.name)
-    except StreamNotFound:
-        stored = None
+    stored = _stored(registry, spec.name)
     if stored is not None and stored != spec:
         registry.create(spec)  # raises SpecMismatch naming both values
     with blocking_connection(amqp_url) as connection:
+        _check_queues(connection, spec, stored)
         created = registry.create(spec)
         declare_stream(connection, spec)
     return created
+
+
+def _check_queues(
+    connection: pika.BlockingConnection, spec: StreamSpec, stored: StreamSpec | None
+) -> None:
+    """Refuse ``spec`` when RabbitMQ's queues of the stream disagree with it.
+
+    With the spec stored (equal to ``spec``): one passive declare of ``p(P)`` (a queue
+    beyond). Without: ``p00000``, ``p(P-1)`` and ``p(P)``, and any of them existing is
+    refused, counted, with ``--adopt`` as the way back.
+    """
+    name, partitions = spec.name, spec.partitions
+    beyond = scan_partition_queues(connection, name, partitions)
+    if stored is not None:
+        if beyond:
+            raise SpecMismatch(beyond_spec_message(spec, beyond))
+        return
+    found = scan_partition_queues(connection, name, 0)
+    if not found and partitions > 1:
+        found = scan_partition_queues(connection, name, partitions - 1, partitions)
+    found += [q for q in beyond if q.partition >= len(found)]
+    if not found:
+        return
+    count = found[-1].partition + 1
+    messages = sum(q.messages or 0 for q in found)
+    raise SpecMismatch(
+        f"stream {name!r} has no spec in etcd, but RabbitMQ has {count} partition queues "
+        f"({found[0].queue}…{found[-1].queue}, {messages} messages) and {partitions} "
+        f"partitions were asked: if etcd lost the spec, restore it from the queues with "
+        f"`partq stream create {name} --adopt`; if the queues and their messages are not "
+        f"wanted, delete them first"
+    )
+
+
+def adopt_stream(
+    registry: Registry,
+    amqp_url: str,
+    stream: str,
+    *,
+    partitions: int | None = None,
+    queue_type: QueueType | None = None,
+) -> tuple[StreamSpec, bool]:
+    """Restore ``stream``'s spec from its queues in RabbitMQ; (spec, True if newly stored).
+
+    The count is that of the queues ``p00000``, ``p00001``, … up to the first missing (at
+    most ``MAX_PARTITIONS``); the queue type is detected (:func:`detect_queue_type`) or
+    ``queue_type``. ``partitions`` or ``queue_type`` given and disagreeing with the queues,
+    or a stored spec that differs, is refused. The exchange, bindings and dead-letter queue
+    are declared again (idempotent).
+    """
+    stored = _stored(registry, stream)
+    with blocking_connection(amqp_url) as connection:
+        found = scan_partition_queues(connection, stream, 0, MAX_PARTITIONS)
+        if not found:
+            raise StreamNotFound(
+                f"nothing to adopt: queue {queue_name(stream, 0)} does not exist in RabbitMQ; "
+                f"create the stream with `partq stream create {stream} --partitions N`"
+            )
+        count = len(found)
+        messages = sum(q.messages or 0 for q in found)
+        if partitions is not None and partitions != count:
+            raise SpecMismatch(
+                f"stream {stream!r}: RabbitMQ has {count} partition queues "
+                f"({found[0].queue}…{found[-1].queue}, {messages} messages), not {partitions}: "
+                f"adopt with --partitions {count}, or without --partitions"
+            )
+        detected = detect_queue_type(connection, stream)
+        if queue_type is not None and detected is not None and queue_type != detected:
+            raise SpecMismatch(
+                f"stream {stream!r}: queue {found[0].queue} is a {detected} queue, "
+                f"not {queue_type}: adopt with --queue-type {detected}, or without --queue-type"
+            )
+        chosen = queue_type or detected
+        if chosen is None:
+            raise UsageError(
+                f"cannot tell the queue type of {found[0].queue} (its arguments are not "
+                f"partq's): give --queue-type quorum or --queue-type classic"
+            )
+        spec = StreamSpec(stream, count, chosen)
+        if stored is not None and stored != spec:
+            raise SpecMismatch(
+                f"stream {stream!r} has {stored.partitions} partitions ({stored.queue_type}) "
+                f"in etcd, but RabbitMQ has {count} partition queues ({chosen}, {messages} "
+                f"messages): if the queues are right, stop the stream's producers, consumers "
+                f"and coordinators (they hold the old count), delete the stale spec with "
+                f"`etcdctl del {keys.spec(stream)}` and adopt again"
+            )
+        created = registry.create(spec)
+        declare_stream(connection, spec)
+    return spec, created
 
 
 @dataclass(frozen=True)
 class Description:
     spec: StreamSpec
     queues: list[QueueStats]
+    beyond: list[QueueStats]  # partition queues that exist past spec.partitions
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -47,22 +164,31 @@ class Description:
             "queue_type": self.spec.queue_type,
             "exchange": self.spec.exchange,
             "dead_letter_queue": self.spec.dead_letter_queue,
-            "queues": [
-                {
-                    "partition": q.partition,
-                    "queue": q.queue,
-                    "messages": q.messages,
-                    "consumers": q.consumers,
-                }
-                for q in self.queues
-            ],
+            "queues": [_queue_dict(q) for q in self.queues],
+            "beyond_spec": [_queue_dict(q) for q in self.beyond],
         }
+
+
+def _queue_dict(q: QueueStats) -> dict[str, object]:
+    return {
+        "partition": q.partition,
+        "queue": q.queue,
+        "messages": q.messages,
+        "consumers": q.consumers,
+    }
+
+
+def beyond_line(queue: str, partitions: int, messages: int | None) -> str:
+    """How describe, status and the status page name a queue beyond the spec's count."""
+    return f"queue {queue} exists beyond the stream's {partitions} partitions: {messages} messages"
 
 
 def describe(registry: Registry, amqp_url: str, stream: str) -> Description:
     spec = registry.read_spec(stream)
     with blocking_connection(amqp_url) as connection:
-        return Description(spec, queue_stats(connection, spec))
+        stats = queue_stats(connection, spec, beyond=True)
+    within = [q for q in stats if q.partition < spec.partitions]
+    return Description(spec, within, [q for q in stats if q.partition >= spec.partitions])
 
 
 def delete(registry: Registry, amqp_url: str, stream: str) -> None:

@@ -31,11 +31,10 @@ from coordinator.group import Claim, Group, GroupState, Member, WatchEvent
 from coordinator.session import Session
 from coordinator.streams import Registry
 from producer import logs
-from producer.amqp import blocking_connection, queue_stats
 from producer.contract import StreamSpec
-from producer.errors import BrokerUnavailable, StreamNotFound
+from producer.errors import StreamNotFound
 
-__all__ = ["CoordinatorConfig", "StreamCoordinator", "export_queue_depth", "plan"]
+__all__ = ["CoordinatorConfig", "StreamCoordinator", "plan"]
 
 log = logging.getLogger("partq.coordinator")
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
@@ -345,20 +344,3 @@ class StreamCoordinator(threading.Thread):
                 metrics.ASSIGNMENT_INFO.labels(self.stream, str(p), owner, self.spec.queue(p)).set(
                     1
                 )
-
-
-def export_queue_depth(amqp_url: str, coordinators: list[StreamCoordinator]) -> None:
-    """Set ``partq_queue_messages`` for the streams this process leads (called per scrape)."""
-    leading = [c.spec for c in coordinators if c.leading.is_set() and c.spec is not None]
-    if not leading:
-        return
-    try:
-        with blocking_connection(amqp_url, name="partq-coordinator-depth") as connection:
-            for spec in leading:
-                for q in queue_stats(connection, spec):
-                    if q.messages is not None:
-                        metrics.QUEUE_MESSAGES.labels(spec.name, str(q.partition), q.queue).set(
-                            q.messages
-                        )
-    except BrokerUnavailable as e:
-        log.warning("queue depth not exported: %s", e)

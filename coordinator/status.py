@@ -4,28 +4,45 @@ from __future__ import annotations
 
 import html
 import time
+from collections.abc import Callable
 from typing import Any
 
+from coordinator.admin import beyond_line
 from coordinator.group import Group
 from coordinator.service import in_motion
 from coordinator.streams import Registry
-from producer.amqp import blocking_connection, queue_stats
+from producer.amqp import QueueStats, blocking_connection, queue_stats
+from producer.contract import StreamSpec
 from producer.errors import BrokerUnavailable
 
-__all__ = ["render_html", "snapshot_status"]
+__all__ = ["beyond_lines", "render_html", "snapshot_status"]
 
 
-def snapshot_status(registry: Registry, amqp_url: str, stream: str) -> dict[str, Any]:
+def snapshot_status(
+    registry: Registry,
+    amqp_url: str,
+    stream: str,
+    *,
+    depths: Callable[[StreamSpec], list[QueueStats]] | None = None,
+) -> dict[str, Any]:
+    """The report; queue stats from ``depths`` (a daemon's cached source, whose errors
+    propagate) or else from one short-lived connection (depths left out if it fails)."""
     spec = registry.read_spec(stream)
     state = Group(registry.client, registry.where, stream).snapshot()
     leader = None
     if state.leaders:
         leader = state.leaders[0][1].rsplit("/", 1)[1]
-    try:
-        with blocking_connection(amqp_url, name="partq-status") as connection:
-            stats = {q.partition: q for q in queue_stats(connection, spec)}
-    except BrokerUnavailable:
-        stats = {}
+    found: list[QueueStats] = []
+    if depths is not None:
+        found = depths(spec)
+    else:
+        try:
+            with blocking_connection(amqp_url, name="partq-status") as connection:
+                found = queue_stats(connection, spec, beyond=True)
+        except BrokerUnavailable:
+            pass
+    stats = {q.partition: q for q in found if q.partition < spec.partitions}
+    beyond = [q for q in found if q.partition >= spec.partitions]
     live = set(state.members)
     owned = {p: o for p, o in state.assignment.items() if o in live}
     moving = sorted(in_motion(owned, state.claims))
@@ -69,7 +86,24 @@ def snapshot_status(registry: Registry, amqp_url: str, stream: str) -> dict[str,
         "unassigned": [p for p in range(spec.partitions) if p not in owned],
         "in_motion": moving,
         "rows": rows,
+        "beyond_spec": [
+            {
+                "partition": q.partition,
+                "queue": q.queue,
+                "messages": q.messages,
+                "consumers": q.consumers,
+            }
+            for q in beyond
+        ],
     }
+
+
+def beyond_lines(report: dict[str, Any]) -> list[str]:
+    """One line per partition queue that exists beyond the stream's count."""
+    return [
+        beyond_line(q["queue"], report["partitions"], q["messages"])
+        for q in report.get("beyond_spec", [])
+    ]
 
 
 def render_html(reports: list[dict[str, Any]], refresh_seconds: int = 2) -> str:
@@ -90,6 +124,7 @@ def render_html(reports: list[dict[str, Any]], refresh_seconds: int = 2) -> str:
             f"partitions, {e(r['queue_type'])} queues; leader: {e(str(r['leader'] or '-'))}; "
             f"unassigned: {len(r['unassigned'])}; moving: {len(r['in_motion'])}</p>"
         )
+        parts.extend(f"<p class='beyond'>{e(line)}</p>" for line in beyond_lines(r))
         parts.append(
             "<h3>Members</h3><table><tr><th>member</th><th>weight</th><th>owns</th>"
             "<th>age (s)</th><th>host</th><th>pid</th></tr>"

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -23,29 +25,67 @@ from pika.adapters.blocking_connection import BlockingChannel
 from producer.contract import (
     HEADER_PARTITION,
     HEADER_PUBLISHED_MS,
+    MAX_PARTITIONS,
+    QUEUE_TYPES,
     QUORUM_DELIVERY_LIMIT,
+    QueueType,
     StreamSpec,
     encode_key,
+    queue_name,
     queue_pattern,
 )
-from producer.errors import BrokerUnavailable, UsageError
+from producer.errors import BrokerUnavailable, SpecMismatch, UsageError
 
 __all__ = [
     "DEFAULT_AMQP_URL",
     "QueueStats",
+    "beyond_spec_message",
     "blocking_connection",
+    "check_partition_queues",
+    "connect_blocking",
     "connection_parameters",
     "dead_letter_arguments",
     "declare_stream",
     "delete_stream",
+    "detect_queue_type",
     "message_properties",
     "queue_stats",
     "redact_url",
+    "scan_partition_queues",
     "upgrade_policy_command",
 ]
 
 log = logging.getLogger("partq.amqp")
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+
+class _Probing(threading.local):
+    active = False
+
+
+_probing = _Probing()
+
+
+class _ProbeFilter(logging.Filter):
+    """Drops pika's warning about a channel the broker closed while this thread probes
+    queues: a 404 (queue missing) or 406 (other arguments) is then the answer, not news."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.msg if isinstance(record.msg, str) else ""
+        return not (_probing.active and message.startswith("Received remote Channel.Close"))
+
+
+logging.getLogger("pika.channel").addFilter(_ProbeFilter())
+
+
+@contextmanager
+def _probe() -> Iterator[None]:
+    outer = _probing.active
+    _probing.active = True
+    try:
+        yield
+    finally:
+        _probing.active = outer
 
 
 def redact_url(url: str) -> str:
@@ -88,17 +128,22 @@ def unavailable(url: str, error: BaseException) -> BrokerUnavailable:
     return BrokerUnavailable(f"cannot reach RabbitMQ at {redact_url(url)}: {hint} ({detail})")
 
 
-@contextmanager
-def blocking_connection(
-    url: str, *, name: str = "partq-admin"
-) -> Iterator[pika.BlockingConnection]:
+def connect_blocking(url: str, *, name: str = "partq-admin") -> pika.BlockingConnection:
+    """A ``BlockingConnection`` (one attempt, 5 s socket timeout); the caller closes it."""
     params = connection_parameters(url, name=name)
     params.connection_attempts = 1
     params.socket_timeout = 5
     try:
-        connection = pika.BlockingConnection(params)
+        return pika.BlockingConnection(params)
     except pika.exceptions.AMQPError as e:
         raise unavailable(url, e) from None
+
+
+@contextmanager
+def blocking_connection(
+    url: str, *, name: str = "partq-admin"
+) -> Iterator[pika.BlockingConnection]:
+    connection = connect_blocking(url, name=name)
     try:
         yield connection
     finally:
@@ -197,8 +242,14 @@ class QueueStats:
     consumers: int | None
 
 
-def queue_stats(connection: pika.BlockingConnection, spec: StreamSpec) -> list[QueueStats]:
-    """Depth and consumer count of every partition queue (passive declares, no plugin needed)."""
+def queue_stats(
+    connection: pika.BlockingConnection, spec: StreamSpec, *, beyond: bool = False
+) -> list[QueueStats]:
+    """Depth and consumer count of every partition queue (passive declares, no plugin needed).
+
+    With ``beyond``, also the queues ``p(P)``, ``p(P+1)``, … that exist past the spec's
+    count (see :func:`scan_partition_queues`), with ``partition >= spec.partitions``.
+    """
     stats: list[QueueStats] = []
     channel: BlockingChannel | None = None
     for partition in range(spec.partitions):
@@ -206,7 +257,8 @@ def queue_stats(connection: pika.BlockingConnection, spec: StreamSpec) -> list[Q
         if channel is None or not channel.is_open:
             channel = connection.channel()
         try:
-            ok = channel.queue_declare(queue, passive=True)
+            with _probe():
+                ok = channel.queue_declare(queue, passive=True)
         except pika.exceptions.ChannelClosedByBroker:
             stats.append(QueueStats(partition, queue, None, None))
             continue
@@ -215,7 +267,93 @@ def queue_stats(connection: pika.BlockingConnection, spec: StreamSpec) -> list[Q
         )
     if channel is not None and channel.is_open:
         channel.close()
+    if beyond:
+        stats.extend(scan_partition_queues(connection, spec.name, spec.partitions))
     return stats
+
+
+def scan_partition_queues(
+    connection: pika.BlockingConnection, stream: str, start: int = 0, stop: int = MAX_PARTITIONS
+) -> list[QueueStats]:
+    """The partition queues of ``stream`` that exist from ``p(start)`` on, one passive declare
+    each, up to the first that is missing (or ``p(stop - 1)``): partq declares them
+    contiguously, so ``start=0`` counts a stream's queues and ``start=P`` finds those
+    beyond a spec of ``P`` partitions (usually none: one declare)."""
+    found: list[QueueStats] = []
+    channel = connection.channel()
+    for partition in range(start, min(stop, MAX_PARTITIONS)):
+        queue = queue_name(stream, partition)
+        try:
+            with _probe():
+                ok = channel.queue_declare(queue, passive=True)
+        except pika.exceptions.ChannelClosedByBroker:
+            return found  # the 404 closed the channel
+        found.append(
+            QueueStats(partition, queue, ok.method.message_count, ok.method.consumer_count)
+        )
+    channel.close()
+    return found
+
+
+def beyond_spec_message(spec: StreamSpec, beyond: list[QueueStats]) -> str:
+    """Why a spec of P partitions is refused when queues ``p(P)``… exist (one line)."""
+    count = beyond[-1].partition + 1
+    messages = sum(q.messages or 0 for q in beyond)
+    return (
+        f"stream {spec.name!r} has {spec.partitions} partitions in etcd, but RabbitMQ has "
+        f"{count} partition queues: {beyond[0].queue}…{beyond[-1].queue} hold {messages} "
+        f"messages that no one reads or writes with {spec.partitions} partitions, and keys "
+        f"would hash to other partitions than before (was the spec lost and the stream "
+        f"re-created with fewer partitions?): restore the spec from the queues with "
+        f"`partq stream create {spec.name} --adopt`"
+    )
+
+
+def check_partition_queues(url: str, spec: StreamSpec, *, name: str = "partq-check") -> None:
+    """Refuse (:class:`SpecMismatch`) a spec that RabbitMQ has queues beyond.
+
+    One passive declare of ``p(P)``, on a short-lived connection: run once when a
+    producer starts, so a stale partition count never publishes.
+    """
+    if spec.partitions >= MAX_PARTITIONS:
+        return
+    with blocking_connection(url, name=name) as connection:
+        beyond = scan_partition_queues(connection, spec.name, spec.partitions)
+    if beyond:
+        raise SpecMismatch(beyond_spec_message(spec, beyond))
+
+
+_CURRENT_TYPE = re.compile(r"inequivalent arg 'x-queue-type'.*but current is '(\w+)'")
+
+
+def detect_queue_type(connection: pika.BlockingConnection, stream: str) -> QueueType | None:
+    """The queue type of ``stream``'s existing queue ``p00000``, or None if it cannot be told.
+
+    A passive declare does not return a queue's arguments, so this redeclares the queue with
+    the arguments partq gives each type: the declare that RabbitMQ accepts (as a no-op: the
+    arguments are equal) names the type, and a refusal about ``x-queue-type`` names the
+    current one. Nothing changes on the broker. Call it only for a queue that exists (a
+    redeclare of a missing queue would create it).
+    """
+    queue = queue_name(stream, 0)
+    for queue_type in QUEUE_TYPES:
+        spec = StreamSpec(stream, 1, queue_type)
+        candidates = [_queue_arguments(spec)]
+        if queue_type == "quorum":  # as partq before the delivery limit declared it
+            candidates.append({"x-single-active-consumer": True, "x-queue-type": "quorum"})
+        for arguments in candidates:
+            channel = connection.channel()
+            try:
+                with _probe():
+                    channel.queue_declare(queue, durable=True, arguments=arguments)
+            except pika.exceptions.ChannelClosedByBroker as e:
+                match = _CURRENT_TYPE.search(e.reply_text)
+                if match and match.group(1) in QUEUE_TYPES:
+                    return match.group(1)  # type: ignore[return-value]
+                continue
+            channel.close()
+            return queue_type
+    return None
 
 
 def message_properties(

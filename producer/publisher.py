@@ -33,7 +33,13 @@ from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
 from producer import metrics
-from producer.amqp import DEFAULT_AMQP_URL, connection_parameters, message_properties, unavailable
+from producer.amqp import (
+    DEFAULT_AMQP_URL,
+    check_partition_queues,
+    connection_parameters,
+    message_properties,
+    unavailable,
+)
 from producer.contract import StreamSpec, validate_stream_name
 from producer.errors import (
     BrokerUnavailable,
@@ -116,6 +122,7 @@ class Producer:
         spec.check_partitions(partitions)
         if window < 1:
             raise UsageError(f"window must be at least 1, got {window}")
+        check_partition_queues(amqp_url, spec, name=f"{name}-check")  # no queues beyond P
         self.spec = spec
         self._url = amqp_url
         self._params = connection_parameters(amqp_url, name=name)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
+from http.server import ThreadingHTTPServer
 from typing import Any, TypeVar
 
 import click
@@ -16,8 +19,10 @@ from consumers.http import serve
 from consumers.message import load_handler
 from consumers.signals import on_stop_signals
 from coordinator.group import Group
-from coordinator.service import CoordinatorConfig, StreamCoordinator, export_queue_depth, plan
-from coordinator.status import render_html, snapshot_status
+from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
+from coordinator.service import CoordinatorConfig, StreamCoordinator, plan
+from coordinator.status import beyond_lines, render_html, snapshot_status
+from producer.errors import UsageError
 
 pass_context = click.make_pass_decorator(Context)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -29,8 +34,8 @@ def http_options(default_port: int) -> Callable[[F], F]:
 
     def decorate(command: F) -> F:
         command = click.option(
-            "--http-port", type=int, default=default_port, show_default=True,
-            help="0: pick a free port.",
+            "--http-port", type=click.IntRange(0, 65535), default=default_port,
+            show_default=True, help="0: pick a free port (the chosen one is logged).",
         )(command)  # fmt: skip
         return click.option(
             "--http-host", default="127.0.0.1", show_default=True, envvar="PARTQ_HTTP_HOST",
@@ -39,6 +44,28 @@ def http_options(default_port: int) -> Callable[[F], F]:
         )(command)  # fmt: skip
 
     return decorate
+
+
+def serve_http(host: str, port: int, **endpoints: Any) -> ThreadingHTTPServer:
+    """:func:`consumers.http.serve`, with a bind failure as one line naming the flag to change
+    (a :class:`UsageError`: exit code 2)."""
+    try:
+        return serve(host, port, **endpoints)
+    except OSError as e:
+        raise UsageError(bind_error(host, port, e)) from None
+
+
+def bind_error(host: str, port: int, error: OSError) -> str:
+    where = f"{host}:{port}"
+    other_port = "choose another port with --http-port, or --http-port 0 for any free port"
+    if error.errno == errno.EADDRINUSE:
+        return f"{where} is already in use (another partq daemon on this host?): {other_port}"
+    if error.errno == errno.EACCES:
+        return f"cannot listen on {where}: permission denied: {other_port}"
+    reason = error.strerror or str(error)
+    if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {where}: {reason}: check --http-host"
+    return f"cannot listen on {where}: {reason}: check --http-host and --http-port"
 
 
 @click.command()
@@ -82,7 +109,9 @@ def consume(
         max_attempts=max_attempts, drain_timeout=drain_timeout, partitions=partitions,
     )  # fmt: skip
     consumer = Consumer(ctx.registry(), function, config, amqp_url=ctx.settings.amqp)
-    server = serve(http_host, http_port, live=consumer.alive.is_set, ready=consumer.ready.is_set)
+    server = serve_http(
+        http_host, http_port, live=consumer.alive.is_set, ready=consumer.ready.is_set
+    )
     log.info(
         "member %s serving /livez /readyz /metrics on %s:%d",
         consumer.member,
@@ -130,17 +159,32 @@ def coordinator(
     )
     threads = [StreamCoordinator(registry, s, config) for s in streams]
     stop = threading.Event()
+    # One AMQP connection for every scrape and page load, refreshed at most every 2 s;
+    # etcd asked for /readyz at most as often. Failures: 503 with one line (consumers.http).
+    depths = QueueDepths(ctx.settings.amqp, name="partq-coordinator-depth")
+    exporter = DepthExporter(depths)
+    etcd = EtcdHealth(registry)
 
     def page() -> str:
-        return render_html([snapshot_status(registry, ctx.settings.amqp, s) for s in streams])
+        reports = [
+            snapshot_status(registry, ctx.settings.amqp, s, depths=depths.stats) for s in streams
+        ]
+        return render_html(reports)
 
-    server = serve(
+    def ready() -> bool:
+        etcd.check()  # raises with the reason: 503
+        return not stop.is_set()
+
+    def export_depths() -> None:
+        exporter.export(t.spec for t in threads if t.leading.is_set() and t.spec is not None)
+
+    server = serve_http(
         http_host,
         http_port,
         live=lambda: all(t.is_alive() for t in threads),
-        ready=lambda: not stop.is_set(),
+        ready=ready,
         page=page,
-        before_metrics=lambda: export_queue_depth(ctx.settings.amqp, threads),
+        before_metrics=export_depths,
     )
     log.info(
         "coordinating %s; status page on http://%s:%d/",
@@ -159,6 +203,7 @@ def coordinator(
     for thread in threads:
         thread.join(timeout=10)
     server.shutdown()
+    depths.close()
 
 
 @click.command()
@@ -179,6 +224,8 @@ def status(ctx: Context, stream: str, as_json: bool) -> None:
             f"  {m['id']:<30} weight {m['weight']}  age {m['age_s']:.0f}s  "
             f"owns {m['owns']}  host {m['host']} pid {m['pid']}"
         )
+    for line in beyond_lines(report):
+        click.echo(line)
     click.echo(f"unassigned: {report['unassigned'] or '-'}")
     click.echo(f"moves in progress: {report['in_motion'] or '-'}")
     click.echo(

@@ -20,15 +20,45 @@ def stream() -> None:
 
 @stream.command()
 @click.argument("name")
-@click.option("--partitions", "-p", type=int, required=True, help="Fixed number of partitions.")
-@click.option("--queue-type", type=click.Choice(QUEUE_TYPES), default="quorum", show_default=True)
+@click.option(
+    "--partitions", "-p", type=int, help="Fixed number of partitions (required without --adopt)."
+)
+@click.option(
+    "--queue-type",
+    type=click.Choice(QUEUE_TYPES),
+    help="Queue type [default: quorum; with --adopt: detected from the queues].",
+)
+@click.option(
+    "--adopt",
+    is_flag=True,
+    help="Restore a lost spec from the stream's queues in RabbitMQ: their count "
+    "(p00000, p00001, ... up to the first missing) and their queue type.",
+)
 @pass_context
-def create(ctx: Context, name: str, partitions: int, queue_type: str) -> None:
-    """Create stream NAME: its spec in etcd and its queues in RabbitMQ. Idempotent."""
-    spec = StreamSpec(name, partitions, queue_type)  # type: ignore[arg-type]
+def create(
+    ctx: Context, name: str, partitions: int | None, queue_type: str | None, adopt: bool
+) -> None:
+    """Create stream NAME: its spec in etcd and its queues in RabbitMQ. Idempotent.
+
+    Refused when RabbitMQ already has partition queues of NAME that disagree: queues
+    beyond the count, or queues with no spec in etcd (then use --adopt).
+    """
+    if adopt:
+        spec, created = admin.adopt_stream(
+            ctx.registry(), ctx.settings.amqp, name,
+            partitions=partitions, queue_type=queue_type,  # type: ignore[arg-type]
+        )  # fmt: skip
+        verb = "adopted:" if created else "exists, unchanged:"
+        click.echo(f"stream {name} {verb} {spec.partitions} partitions, {spec.queue_type} queues")
+        return
+    if partitions is None:
+        raise click.UsageError(
+            "give --partitions N (or --adopt to restore the spec from existing queues)"
+        )
+    spec = StreamSpec(name, partitions, queue_type or "quorum")  # type: ignore[arg-type]
     created = admin.create_stream(ctx.registry(), ctx.settings.amqp, spec)
     verb = "created" if created else "exists, unchanged:"
-    click.echo(f"stream {name} {verb} {partitions} partitions, {queue_type} queues")
+    click.echo(f"stream {name} {verb} {partitions} partitions, {spec.queue_type} queues")
 
 
 @stream.command()
@@ -48,6 +78,8 @@ def describe(ctx: Context, name: str, as_json: bool) -> None:
         messages = "missing" if q.messages is None else str(q.messages)
         consumers = "-" if q.consumers is None else str(q.consumers)
         click.echo(f"{q.partition:>9}  {q.queue:<40} {messages:>9} {consumers:>9}")
+    for q in description.beyond:
+        click.echo(admin.beyond_line(q.queue, spec.partitions, q.messages))
 
 
 @stream.command(name="list")
