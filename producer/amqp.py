@@ -49,6 +49,7 @@ __all__ = [
     "delete_stream",
     "detect_queue_type",
     "message_properties",
+    "queue_arguments",
     "queue_stats",
     "redact_url",
     "scan_partition_queues",
@@ -152,7 +153,8 @@ def blocking_connection(
                 connection.close()
 
 
-def _queue_arguments(spec: StreamSpec) -> dict[str, Any]:
+def queue_arguments(spec: StreamSpec) -> dict[str, Any]:
+    """The arguments of every partition queue of ``spec`` (a redeclare with them is a no-op)."""
     arguments: dict[str, Any] = {"x-single-active-consumer": True, "x-queue-type": spec.queue_type}
     if spec.queue_type == "quorum":  # see QUORUM_DELIVERY_LIMIT: returns to the head, never dropped
         arguments.update(dead_letter_arguments(spec))
@@ -201,7 +203,7 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
     for partition in range(spec.partitions):
         queue = spec.queue(partition)
         try:
-            channel.queue_declare(queue, durable=True, arguments=_queue_arguments(spec))
+            channel.queue_declare(queue, durable=True, arguments=queue_arguments(spec))
         except pika.exceptions.ChannelClosedByBroker as e:
             if not _lacks_delivery_limit(e):
                 raise UsageError(
@@ -338,7 +340,7 @@ def detect_queue_type(connection: pika.BlockingConnection, stream: str) -> Queue
     queue = queue_name(stream, 0)
     for queue_type in QUEUE_TYPES:
         spec = StreamSpec(stream, 1, queue_type)
-        candidates = [_queue_arguments(spec)]
+        candidates = [queue_arguments(spec)]
         if queue_type == "quorum":  # as partq before the delivery limit declared it
             candidates.append({"x-single-active-consumer": True, "x-queue-type": "quorum"})
         for arguments in candidates:
