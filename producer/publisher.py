@@ -11,23 +11,38 @@ same ``message_id``; a message whose confirm was lost in flight may therefore
 arrive twice (at-least-once; deduplicate by ``message_id``). If no connection
 can be made within ``reconnect_timeout`` every pending future fails with
 :class:`ConnectionLost`. A future never succeeds without the broker's confirm.
+
+No message can poison the producer. ``publish`` encodes the message's properties
+in the caller's thread, once (pika then sends those bytes as they are), so what
+AMQP cannot carry (an int beyond 64 bits, a set, a ``message_id`` over 255 bytes,
+a key too long for one frame) raises :class:`UsageError` there. A message the
+broker refuses (a body above its ``max_message_size``) fails its own future
+with :class:`PublishFailed` and is not sent again; the others are republished
+in order. Should the I/O thread ever fail, every pending and later publish fails
+with :class:`ProducerClosed` naming the cause.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import re
+import sys
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
 from types import TracebackType
 from typing import Any, Protocol
 
 import pika
+import pika.data
 import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
@@ -54,6 +69,16 @@ from producer.errors import (
 __all__ = ["Producer", "Receipt", "SpecSource"]
 
 log = logging.getLogger("partq.producer")
+
+# A header frame is 7 bytes of frame header, then class, weight and body size (12 bytes),
+# then the encoded properties, then the frame-end byte: the properties get frame_max - 20.
+_HEADER_FRAME_OVERHEAD = 20
+_SHORT_STRING_MAX = 255
+# How RabbitMQ refuses a body above max_message_size (it closes the channel, 406) and a
+# frame above frame_max (it closes the connection, 501; the numbers are payload sizes).
+_BODY_TOO_LARGE = re.compile(r"message size (\d+) is larger than (?:configured )?max size (\d+)")
+_FRAME_TOO_LARGE = re.compile(r"frame_too_large,\s*(\d+),\s*(\d+)")
+_HEADER_PAYLOAD_PREFIX = 12  # class, weight and body size, ahead of the properties
 
 
 class SpecSource(Protocol):
@@ -86,6 +111,7 @@ class _Pending:
     body: bytes
     properties: pika.BasicProperties
     future: Future[Receipt]
+    properties_size: int  # encoded
     published_at: float = 0.0
     returned: bool = field(default=False)
 
@@ -144,6 +170,12 @@ class Producer:
         self._ready = threading.Event()
         self._first_error: BaseException | None = None
         self._connected_once = False
+        self._crashed: BaseException | None = None  # what ended the I/O thread, if it failed
+        # Encoded properties larger than this do not fit one header frame (the negotiated
+        # frame_max replaces the requested one on connect); bodies larger than _max_body
+        # are refused by the broker (it tells its max_message_size when it refuses one).
+        self._max_properties = self._params.frame_max - _HEADER_FRAME_OVERHEAD
+        self._max_body = sys.maxsize
         self._labels = (spec.name,)
         self._id_prefix = uuid.uuid4().hex[:16]
         self._ids = itertools.count()
@@ -174,8 +206,14 @@ class Producer:
         """Queue one message; the future resolves when the broker confirms it.
 
         Blocks while ``window`` messages are unconfirmed. Raises ``TypeError`` for
-        a key that is not ``str``/``bytes`` and :class:`ProducerClosed` after close.
-        The future cannot be cancelled: the message may already be on the wire.
+        a key that is not ``str``/``bytes``, :class:`UsageError` for a message AMQP
+        cannot carry (a header value other than str, bytes, bool, a 64-bit int,
+        ``Decimal``, ``datetime``, None or a dict/list of those; a ``message_id`` or
+        header name over 255 bytes; a key and headers too large for one frame) and
+        :class:`ProducerClosed` after close. The future fails with
+        :class:`PublishFailed` if the broker refuses the message (e.g. a body above
+        its ``max_message_size``). It cannot be cancelled: the message may already
+        be on the wire.
         """
         partition = self.spec.partition_for(key)
         if isinstance(body, str):
@@ -187,13 +225,19 @@ class Producer:
             # drops the GIL and then waits for the busy I/O thread to hand it back.
             message_id = f"{self._id_prefix}{next(self._ids):016x}"
         properties = message_properties(key, partition, message_id=message_id, headers=headers)
+        size = len(_encode_properties(properties, self._max_properties))
+        body = bytes(body)
         future = _PublishFuture()
-        pending = _Pending(partition, bytes(body), properties, future)
+        if len(body) > self._max_body:  # the broker refused one this large: do not send it
+            metrics.FAILED.labels(*self._labels, "refused").inc()
+            future.set_exception(_body_refused(len(body), self._max_body))
+            return future
+        pending = _Pending(partition, body, properties, future, size)
         with self._lock:  # one lock per message: the window is counted under it too
             while self._outstanding >= self._window and not self._closing:
                 self._space.wait()
             if self._closing:
-                raise ProducerClosed("the producer is closed: create a new one")
+                raise self._closed_error()
             self._outbox.append(pending)
             self._outstanding += 1
             self._m_in_flight.inc()
@@ -259,6 +303,7 @@ class Producer:
                     MessageNacked: "nacked",
                     MessageUnroutable: "unroutable",
                     ConnectionLost: "connection",
+                    PublishFailed: "refused",
                 }
                 reason = reasons.get(type(error), "closed")
                 metrics.FAILED.labels(*self._labels, reason).inc()
@@ -279,6 +324,56 @@ class Producer:
             self._outbox.clear()
         self._resolve([(pending, error) for pending in doomed])
 
+    def _refuse(
+        self, refused: Callable[[_Pending], bool], error: Callable[[_Pending], PublishFailed]
+    ) -> None:
+        """Fail the messages the broker will never take, so that no reconnect sends them again.
+
+        The others stay where they are: unconfirmed ones are republished in order.
+        """
+        with self._lock:
+            tags = [tag for tag, pending in self._unconfirmed.items() if refused(pending)]
+            doomed = [self._unconfirmed.pop(tag) for tag in tags]
+            if any(refused(pending) for pending in self._outbox):
+                kept = [pending for pending in self._outbox if not refused(pending)]
+                doomed += [pending for pending in self._outbox if refused(pending)]
+                self._outbox.clear()
+                self._outbox.extend(kept)
+        outcomes: list[tuple[_Pending, PublishFailed | ProducerClosed | None]] = [
+            (pending, error(pending)) for pending in doomed
+        ]
+        if outcomes:
+            log.warning("%d message(s) failed: %s", len(outcomes), outcomes[0][1])
+        self._resolve(outcomes)
+
+    def _closed_error(self) -> ProducerClosed:
+        crashed = self._crashed
+        if crashed is None:
+            return ProducerClosed("the producer is closed: create a new one")
+        error = ProducerClosed(
+            f"the producer's I/O thread failed ({crashed!r}), so the producer is closed and "
+            f"the message was not confirmed: create a new producer"
+        )
+        error.__cause__ = crashed
+        return error
+
+    def _crash(self, error: BaseException) -> None:
+        """The I/O thread failed: fail every pending publish and refuse later ones, now."""
+        with self._lock:
+            if self._crashed is not None:
+                return
+            self._crashed = error
+            self._closing = True
+            self._connection = None
+            self._channel = None
+            self._space.notify_all()  # publishers blocked on a full window: ProducerClosed
+        log.error("the producer's I/O thread failed: %r", error, exc_info=error)
+        closed = self._closed_error()
+        if not self._ready.is_set():  # __init__ is still waiting for the first connection
+            self._first_error = closed
+            self._ready.set()
+        self._fail_all(closed)
+
     # -- the I/O thread --------------------------------------------------------------------
 
     def _wake(self) -> None:
@@ -294,6 +389,12 @@ class Producer:
                 self._wake_scheduled = False
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # a bug here or in pika: nobody may wait on a dead thread
+            self._crash(e)
+
+    def _loop(self) -> None:
         lost_since: float | None = None
         backoff = 0.1
         while True:
@@ -336,8 +437,23 @@ class Producer:
         )
         try:
             connection.ioloop.start()
+        except BaseException as e:
+            self._crash(e)  # first, so that no publisher waits for the cleanup
+            self._abandon(connection)
+            raise
         finally:
             connection.ioloop.close()  # its wake-up socket pair would leak otherwise
+
+    @staticmethod
+    def _abandon(connection: SelectConnection) -> None:
+        """After the loop failed: close the connection politely, in at most two seconds."""
+        with contextlib.suppress(Exception):
+            if connection.is_closed:
+                return
+            connection.ioloop.call_later(2.0, connection.ioloop.stop)
+            if not connection.is_closing:
+                connection.close()  # _on_connection_closed stops the loop once it is closed
+            connection.ioloop.start()
 
     def _on_open_error(self, connection: SelectConnection, error: BaseException) -> None:
         if not self._ready.is_set():
@@ -351,6 +467,14 @@ class Producer:
         connection.channel(on_open_callback=self._on_channel_open)
 
     def _on_connection_closed(self, connection: SelectConnection, reason: BaseException) -> None:
+        if isinstance(reason, pika.exceptions.ConnectionClosedByBroker):
+            found = _FRAME_TOO_LARGE.search(str(reason.reply_text))
+            if found is not None:  # a header frame above frame_max: reconnecting cannot help
+                limit = int(found.group(2)) - _HEADER_PAYLOAD_PREFIX
+                self._refuse(
+                    lambda pending: pending.properties_size > limit,
+                    lambda pending: _frame_refused(pending.properties_size, limit),
+                )
         if not self._closing:
             log.warning("lost the RabbitMQ connection: %s; reconnecting", reason)
         connection.ioloop.stop()
@@ -359,6 +483,7 @@ class Producer:
         channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_return_callback(self._on_return)
         channel.confirm_delivery(self._on_confirm)
+        self._max_properties = channel.connection.params.frame_max - _HEADER_FRAME_OVERHEAD
         with self._lock:
             self._connection = channel.connection
             self._channel = channel
@@ -369,17 +494,31 @@ class Producer:
         self._drain()
 
     def _on_channel_closed(self, channel: Channel, reason: BaseException) -> None:
-        if isinstance(reason, pika.exceptions.ChannelClosedByBroker) and reason.reply_code == 404:
-            # The exchange is gone: republishing cannot help.
-            self._fail_all(
-                ConnectionLost(
-                    f"exchange {self.spec.exchange} does not exist ({reason.reply_text}): "
-                    f"create the stream with `partq stream create {self.spec.name}`"
-                )
-            )
+        if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+            self._on_refusal(reason.reply_code, str(reason.reply_text))
         connection = channel.connection
         if connection.is_open:
             connection.close()
+
+    def _on_refusal(self, code: int, text: str) -> None:
+        """The broker closed the channel: fail what republishing cannot help."""
+        too_large = _BODY_TOO_LARGE.search(text)
+        if code == 404:  # the exchange is gone
+            self._fail_all(
+                ConnectionLost(
+                    f"exchange {self.spec.exchange} does not exist ({text}): "
+                    f"create the stream with `partq stream create {self.spec.name}`"
+                )
+            )
+        elif too_large is not None:
+            # A body above the broker's max_message_size: that message alone fails (the
+            # others are republished), and later ones as large fail in publish(), unsent.
+            limit = int(too_large.group(2))
+            self._max_body = limit
+            self._refuse(
+                lambda pending: len(pending.body) > limit,
+                lambda pending: _body_refused(len(pending.body), limit),
+            )
 
     def _drain(self) -> None:
         with self._lock:
@@ -454,3 +593,134 @@ class Producer:
         self._resolve(outcomes)  # all at once: one lock and one window release per confirm
         if self._closing:
             self._drain()
+
+
+# -- what AMQP can carry (the caller's thread; the slow paths only run for a bad message) ----
+
+
+def _encode_properties(properties: Any, limit: int) -> bytes:
+    """``properties`` encoded as pika sends them, once: pika then sends these bytes as they are.
+
+    Raises :class:`UsageError` for what pika cannot encode, or for more than ``limit`` bytes
+    (what one header frame carries): in the I/O thread the first would end the thread and
+    the second would make the broker close the connection, again at every republish.
+    """
+    try:
+        encoded = b"".join(properties.encode())
+    except Exception as e:  # struct.error, pika's own, AssertionError, UnicodeEncodeError …
+        raise UsageError(f"cannot publish this message: {_unencodable(properties, e)}") from None
+    if len(encoded) > limit:
+        raise UsageError(
+            f"cannot publish this message: its key (sent as a header), headers and message_id "
+            f"take {len(encoded)} bytes encoded, more than the {limit} that fit one AMQP frame "
+            f"with this connection's frame_max of {limit + _HEADER_FRAME_OVERHEAD}: use a shorter "
+            f"key (e.g. a hash of a long id) or carry large values in the body"
+        )
+    # pika's header frame calls encode() and inserts into the list it gets: a new one each time
+    properties.encode = [encoded].copy
+    return encoded
+
+
+def _body_refused(size: int, limit: int) -> PublishFailed:
+    return PublishFailed(
+        f"the broker refused the message: its body of {size} bytes is above the broker's "
+        f"max_message_size of {limit} bytes: split it, or raise max_message_size in "
+        f"rabbitmq.conf"
+    )
+
+
+def _frame_refused(size: int, limit: int) -> PublishFailed:
+    return PublishFailed(
+        f"the broker refused the message: its key (sent as a header), headers and message_id "
+        f"take {size} bytes encoded, more than the {limit} that fit one AMQP frame with the "
+        f"broker's frame_max of {limit + _HEADER_FRAME_OVERHEAD} (frame too large): use a "
+        f"shorter key or carry large values in the body"
+    )
+
+
+def _unencodable(properties: Any, error: Exception) -> str:
+    """Why pika could not encode ``properties``: which field, what is wrong, what to do."""
+    message_id = properties.message_id
+    problem = _short_string_problem(f"message_id {_short(message_id)}", message_id)
+    if problem is None and properties.headers is not None:
+        problem = _table_problem(properties.headers, "")
+    return problem or f"pika cannot encode its properties ({type(error).__name__}: {error})"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}…"
+
+
+def _short_string_problem(what: str, value: Any) -> str | None:
+    """What is wrong with ``value`` (described as ``what``) as an AMQP short string, if anything."""
+    if value is None:
+        return None
+    if not isinstance(value, str | bytes):
+        return f"{what} must be a str, not {type(value).__name__}"
+    try:
+        size = len(value.encode("utf-8")) if isinstance(value, str) else len(value)
+    except UnicodeEncodeError:
+        return f"{what} is not valid UTF-8 text (it holds a lone surrogate)"
+    if size > _SHORT_STRING_MAX:
+        return (
+            f"{what} is {size} bytes in UTF-8, more than the {_SHORT_STRING_MAX} an AMQP "
+            f"short string holds: make it shorter"
+        )
+    return None
+
+
+def _table_problem(table: Mapping[Any, Any], path: str) -> str | None:
+    for name, value in table.items():
+        what = f"header {path} has key {_short(name)}" if path else f"header key {_short(name)}"
+        problem = _short_string_problem(what, name)
+        if problem is None:
+            problem = _value_problem(value, f"{path}[{name!r}]" if path else repr(name))
+        if problem is not None:
+            return problem
+    return None
+
+
+def _value_problem(value: Any, path: str) -> str | None:
+    if isinstance(value, dict):
+        return _table_problem(value, path)
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            problem = _value_problem(item, f"{path}[{index}]")
+            if problem is not None:
+                return problem
+        return None
+    try:
+        pika.data.encode_value([], value)
+        return None
+    except Exception:
+        pass
+    what = f"header {path}"
+    kind = type(value).__name__
+    if isinstance(value, str):
+        return f"{what} is not valid UTF-8 text (it holds a lone surrogate): fix it, or send bytes"
+    if isinstance(value, int):
+        return (
+            f"{what} is {value}, outside AMQP's signed 64-bit integers "
+            f"(-2**63 … 2**63-1): send it as a str"
+        )
+    if isinstance(value, float):
+        return f"{what} is a float ({value!r}), which pika cannot send: send a str or a Decimal"
+    if isinstance(value, Decimal):
+        return (
+            f"{what} is Decimal({str(value)!r}), which an AMQP decimal cannot hold (a finite "
+            f"signed 32-bit integer scaled by at most 255 decimal places): send it as a str"
+        )
+    if isinstance(value, datetime):
+        return (
+            f"{what} is {value.isoformat()}: AMQP timestamps are whole seconds from 1970 on "
+            f"(unsigned 64-bit): send it as a str"
+        )
+    if isinstance(value, tuple | set | frozenset):
+        return f"{what} is a {kind}: an AMQP array is a list: send list(...)"
+    if isinstance(value, bytearray | memoryview):
+        return f"{what} is a {kind}: send bytes(...)"
+    return (
+        f"{what} is a {kind}, which an AMQP header cannot carry: use str, bytes, bool, int, "
+        f"Decimal, datetime, None, or a dict or list of those"
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import gc
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -35,10 +36,14 @@ from producer import (
     BrokerUnavailable,
     MessageUnroutable,
     Producer,
+    ProducerClosed,
+    PublishFailed,
     Receipt,
     SpecMismatch,
     StreamNotFound,
     StreamSpec,
+    UsageError,
+    amqp,
     partition_for,
 )
 from producer.contract import HEADER_PARTITION, QueueType, decode_key
@@ -179,9 +184,9 @@ def test_keyed_messages_land_in_their_partition_exactly_once(
         assert d.queue == spec.queue(partition)
         assert d.partition_header == partition
         assert d.delivery_mode == 2
-        key, seq = d.body.decode().rsplit(":", 1)
+        key, sent_seq = d.body.decode().rsplit(":", 1)
         assert key == d.key
-        seqs_by_key[key].append(int(seq))
+        seqs_by_key[key].append(int(sent_seq))
     assert len(seqs_by_key) == 2000
     assert all(seqs == [0, 1, 2, 3, 4] for seqs in seqs_by_key.values())
     # And the keys are spread over every partition
@@ -215,7 +220,7 @@ def test_create_stream_is_idempotent_and_leaves_queues_unchanged(
             channel.queue_declare(
                 spec.queue(p),
                 durable=True,
-                arguments={"x-single-active-consumer": True, "x-queue-type": "quorum"},
+                arguments=amqp.queue_arguments(spec),
             )
     finally:
         connection.close()
@@ -393,6 +398,7 @@ def publish_counts(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     def counting(self: Channel, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         properties = kwargs.get("properties", args[3] if len(args) > 3 else None)
+        assert properties is not None
         counts[properties.message_id] += 1
         return result
 
@@ -568,3 +574,247 @@ def test_close_releases_every_socket(make_stream: MakeStream, rabbitmq: str) -> 
     unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert unclosed == []
     assert left_open == 0
+
+
+# -- poison: what the encoder or the broker cannot take fails that message alone ----------
+
+
+def settle(futures: list[Future[Receipt]], timeout: float) -> None:
+    """Fail, rather than hang, unless every future resolves within ``timeout``."""
+    _done, not_done = wait(futures, timeout=timeout)
+    assert not not_done, f"{len(not_done)} of {len(futures)} futures unresolved after {timeout}s"
+
+
+def close_within(producer: Producer, seconds: float) -> None:
+    started = time.monotonic()
+    producer.close()
+    took = time.monotonic() - started
+    assert took < seconds, f"close() took {took:.1f}s"
+
+
+def keyed_around(
+    producer: Producer, poison: Callable[[], Future[Receipt]]
+) -> tuple[list[Future[Receipt]], Future[Receipt] | UsageError]:
+    """Five keyed messages, then ``poison()``, then five more on the same keys."""
+    good = [producer.publish(f"k{i}", f"before:{i}") for i in range(5)]
+    outcome: Future[Receipt] | UsageError
+    try:
+        outcome = poison()
+    except UsageError as e:
+        outcome = e
+    good += [producer.publish(f"k{i}", f"after:{i}") for i in range(5)]
+    return good, outcome
+
+
+def assert_the_others_arrived_in_order(
+    rabbitmq: str, spec: StreamSpec, publish_counts: collections.Counter[str]
+) -> None:
+    """Each good message of :func:`keyed_around` arrived, in order per key; a second copy
+    only of one that was republished (its confirm lost with the connection)."""
+    delivered = drain(rabbitmq, spec)
+    bodies: dict[str | bytes | None, list[bytes]] = collections.defaultdict(list)
+    seen: set[str] = set()
+    for d in delivered:
+        if d.message_id in seen:
+            assert publish_counts[d.message_id] > 1, f"{d.body!r} arrived twice, sent once"
+            continue
+        seen.add(d.message_id)
+        bodies[d.key].append(d.body)
+    assert bodies == {f"k{i}": [f"before:{i}".encode(), f"after:{i}".encode()] for i in range(5)}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"headers": {"n": 2**63}}, ["header 'n'", "64-bit", "str"]),
+        ({"headers": {"tags": {"a", "b"}}}, ["header 'tags'", "set"]),
+        ({"headers": {"outer": {"inner": [1, 2**64]}}}, ["header 'outer'['inner'][1]", "64-bit"]),
+        ({"message_id": "m" * 256}, ["message_id", "256 bytes", "255"]),
+    ],
+    ids=["int-2**63", "set", "nested-int-2**64", "message-id-256-bytes"],
+)
+def test_unencodable_message_fails_its_publish_and_the_others_confirm(
+    make_stream: MakeStream,
+    rabbitmq: str,
+    publish_counts: collections.Counter[str],
+    kwargs: dict[str, Any],
+    expected: list[str],
+) -> None:
+    # Given a producer
+    spec = make_stream(P, "classic")
+    producer = Producer(spec, amqp_url=rabbitmq)
+    try:
+        # When a message pika cannot encode is published between ten good ones
+        good, outcome = keyed_around(producer, lambda: producer.publish("k0", b"bad", **kwargs))
+        # Then the good ones all confirm (no dead I/O thread, no reconnect loop)
+        settle(good, timeout=15)
+        assert [f.exception() for f in good] == [None] * 10
+        # And that publish call itself was refused at once, saying what is wrong
+        assert isinstance(outcome, UsageError), f"accepted: {outcome!r}"
+        for part in expected:
+            assert part in str(outcome)
+        # And close() returns promptly
+        close_within(producer, 5)
+    finally:
+        producer.close(timeout=2)
+    # And each good message went out once, and arrived in order per key
+    assert sorted(publish_counts.values()) == [1] * 10
+    assert_the_others_arrived_in_order(rabbitmq, spec, publish_counts)
+
+
+def test_key_too_large_for_a_frame_fails_its_publish_and_the_others_confirm(
+    make_stream: MakeStream, rabbitmq: str, publish_counts: collections.Counter[str]
+) -> None:
+    # Given a producer on a connection with the default frame_max of 128 kB
+    spec = make_stream(P, "classic")
+    producer = Producer(spec, amqp_url=rabbitmq)
+    try:
+        # When a message with a 140 kB key (its headers cannot fit one frame) is published
+        good, outcome = keyed_around(producer, lambda: producer.publish("k" * 140_000, b"big key"))
+        # Then the others all confirm
+        settle(good, timeout=15)
+        assert [f.exception() for f in good] == [None] * 10
+        # And that publish call was refused at once, naming the frame limit and the fix
+        assert isinstance(outcome, UsageError), f"accepted: {outcome!r}"
+        assert "frame_max" in str(outcome)
+        assert "shorter key" in str(outcome)
+        close_within(producer, 5)
+    finally:
+        producer.close(timeout=2)
+    assert sorted(publish_counts.values()) == [1] * 10
+    assert_the_others_arrived_in_order(rabbitmq, spec, publish_counts)
+
+
+def test_frame_the_broker_refuses_fails_that_future_alone(
+    make_stream: MakeStream, rabbitmq: str, publish_counts: collections.Counter[str]
+) -> None:
+    # Given a producer whose own frame-size check is switched off (white box), so that
+    # the broker is the one to refuse an oversized header frame: it closes the connection
+    spec = make_stream(P, "classic")
+    producer = Producer(spec, amqp_url=rabbitmq)
+    producer._max_properties = 1 << 30
+    try:
+        # When a message with a 140 kB key is published between ten good ones
+        good, outcome = keyed_around(
+            producer, lambda: producer.publish("k0" * 70_000, b"big key", message_id="big")
+        )
+        assert isinstance(outcome, Future)
+        # Then that future alone fails, naming the cause
+        error = outcome.exception(timeout=15)
+        assert isinstance(error, PublishFailed)
+        assert "frame_max" in str(error)
+        # And the producer reconnected and republished the others, which all confirm
+        settle(good, timeout=15)
+        assert [f.exception() for f in good] == [None] * 10
+        close_within(producer, 5)
+    finally:
+        producer.close(timeout=2)
+    # And the refused message was sent once, never republished
+    assert publish_counts["big"] == 1
+    assert max(publish_counts.values()) <= 2
+    assert_the_others_arrived_in_order(rabbitmq, spec, publish_counts)
+
+
+def broker_max_message_size() -> int:
+    out = subprocess.run(
+        ["rabbitmqctl", "eval", "application:get_env(rabbit, max_message_size)."],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    found = re.search(r"\{ok,(\d+)\}", out)
+    return int(found.group(1)) if found else 134_217_728  # RabbitMQ 3.8+'s default, 128 MiB
+
+
+def test_body_above_max_message_size_fails_that_future_alone(
+    make_stream: MakeStream, rabbitmq: str, publish_counts: collections.Counter[str]
+) -> None:
+    # Given a producer, and a body one byte above the broker's max_message_size
+    # (128 MiB by default: the broker reads all of it, then closes the channel)
+    spec = make_stream(P, "classic")
+    limit = broker_max_message_size()
+    assert limit <= 256 * 1024 * 1024, f"max_message_size {limit} is too large to test here"
+    huge = bytes(limit + 1)
+    producer = Producer(spec, amqp_url=rabbitmq)
+    try:
+        # When it is published between ten good ones
+        good, outcome = keyed_around(
+            producer, lambda: producer.publish("k0", huge, message_id="huge-1")
+        )
+        assert isinstance(outcome, Future)
+        # Then that future alone fails, naming max_message_size and both sizes
+        error = outcome.exception(timeout=30)
+        assert isinstance(error, PublishFailed)
+        assert "max_message_size" in str(error)
+        assert str(limit + 1) in str(error)
+        assert str(limit) in str(error)
+        # And the others all confirm
+        settle(good, timeout=30)
+        assert [f.exception() for f in good] == [None] * 10
+        # And a second body above the limit now fails at once, without being sent
+        second = producer.publish("k0", huge, message_id="huge-2")
+        assert second.done()
+        assert isinstance(second.exception(timeout=0), PublishFailed)
+        close_within(producer, 5)
+    finally:
+        producer.close(timeout=2)
+    assert publish_counts["huge-1"] == 1
+    assert publish_counts["huge-2"] == 0
+    assert_the_others_arrived_in_order(rabbitmq, spec, publish_counts)
+
+
+def test_io_thread_death_fails_every_publish_and_close_returns(
+    make_stream: MakeStream, rabbitmq: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a producer with a window of 4 that has confirmed a message
+    spec = make_stream(P, "classic")
+    name = f"partq-test-{uuid.uuid4().hex[:12]}"
+    producer = Producer(spec, amqp_url=rabbitmq, window=4, name=name)
+    try:
+        producer.publish("k", b"first").result(timeout=10)
+        # And pika's publish then fails inside the I/O thread (held until the window is full)
+        boom = RuntimeError("boom: pika failed inside the I/O thread")
+        release = threading.Event()
+
+        def explode(*args: Any, **kwargs: Any) -> None:
+            release.wait(10)
+            raise boom
+
+        monkeypatch.setattr(Channel, "basic_publish", explode)
+        # When four messages fill the window, a fifth publisher blocks on it, and pika fails
+        pending = [producer.publish(f"k{i}", b"doomed") for i in range(4)]
+        blocked: list[BaseException] = []
+
+        def publish_on_a_full_window() -> None:
+            try:
+                producer.publish("late", b"late")
+            except BaseException as e:
+                blocked.append(e)
+
+        publisher = threading.Thread(target=publish_on_a_full_window, daemon=True)
+        publisher.start()
+        time.sleep(0.2)
+        release.set()
+        # Then every pending future fails at once with the cause
+        for future in pending:
+            error = future.exception(timeout=5)
+            assert isinstance(error, ProducerClosed)
+            assert "boom" in str(error)
+            assert error.__cause__ is boom
+        # And the blocked publisher and any later publish are refused with the cause
+        publisher.join(5)
+        assert not publisher.is_alive(), "a publisher stayed blocked on the window"
+        assert len(blocked) == 1
+        assert isinstance(blocked[0], ProducerClosed)
+        with pytest.raises(ProducerClosed, match="boom"):
+            producer.publish("later", b"later")
+        # And close() returns promptly, and the broker sees the connection closed
+        close_within(producer, 5)
+        deadline = time.monotonic() + 10
+        while connection_pids(name):
+            assert time.monotonic() < deadline, "the dead producer's connection stayed open"
+            time.sleep(0.2)
+    finally:
+        release.set()
+        producer.close(timeout=2)
