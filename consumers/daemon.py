@@ -4,6 +4,28 @@ One controller thread owns all state. etcd watch events, broker callbacks,
 worker reports and signals reach it through one queue; it steps each
 partition's pure state machine (``consumers.handoff``) and carries out the
 commands: claim/release in etcd, subscribe/cancel at the broker.
+
+A consumer never dies silently. :meth:`Consumer.run` returns an exit code
+(``partq consume`` exits with it):
+
+- 0 (:data:`EXIT_OK`): stopped on request, every partition drained.
+- 1 (:data:`EXIT_DRAIN_TIMEOUT`): stopped, but the drain deadline passed.
+- 3 (:data:`EXIT_HANDLER_TIMEOUT`): a handler ran past ``handler_timeout``. Its
+  message was dead-lettered (``HandlerTimeout``); the member left the group.
+- 4 (:data:`EXIT_WORKER_FAILED`): a partition worker failed (traceback logged,
+  ``partq_consumer_worker_failures_total{reason="crash"}``); the member left the group.
+- 5 (:data:`EXIT_STREAM_CHANGED`): the stream was deleted and recreated with another
+  partition count; partitions are fixed, so this member cannot go on.
+
+On 3 and 4, ``/readyz`` turns false at once; the other partitions are drained
+and released as on a stop, the failed one is abandoned (its unacked deliveries
+return to the queue when the connection closes, before the lease is revoked):
+the partition moves to another member and the supervisor restarts this one.
+
+A stream deleted while the consumer runs: ``/readyz`` turns false, a log line
+says so, every partition stops (the queues are gone) and the member waits,
+without a lease, for the stream to be created again; then it rejoins (or exits
+with 5 if the partition count changed).
 """
 
 from __future__ import annotations
@@ -22,7 +44,7 @@ from consumers import metrics
 from consumers.broker import Broker, Delivery
 from consumers.handoff import Command, Event, Holder, Phase, State, step
 from consumers.message import Handler
-from consumers.worker import DeadLetters, Worker
+from consumers.worker import HANDLER_TIMEOUT, DeadLetters, Worker
 from coordinator.errors import EtcdUnavailable
 from coordinator.group import Claim, Group, WatchEvent
 from coordinator.session import Session
@@ -30,10 +52,29 @@ from coordinator.streams import Registry
 from producer import logs
 from producer.amqp import DEFAULT_AMQP_URL
 from producer.contract import StreamSpec
+from producer.errors import StreamNotFound
 
-__all__ = ["Consumer", "ConsumerConfig"]
+__all__ = [
+    "EXIT_DRAIN_TIMEOUT",
+    "EXIT_HANDLER_TIMEOUT",
+    "EXIT_OK",
+    "EXIT_STREAM_CHANGED",
+    "EXIT_WORKER_FAILED",
+    "Consumer",
+    "ConsumerConfig",
+]
 
 log = logging.getLogger("partq.consumer")
+
+EXIT_OK = 0
+EXIT_DRAIN_TIMEOUT = 1
+EXIT_HANDLER_TIMEOUT = 3
+EXIT_WORKER_FAILED = 4
+EXIT_STREAM_CHANGED = 5
+# A handler may run this long per message by default: far longer than any per-message
+# work should take, and well below RabbitMQ's consumer_timeout (30 min by default), past
+# which the broker itself would close the channel and return the partition's messages.
+DEFAULT_HANDLER_TIMEOUT = 300.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +90,9 @@ class ConsumerConfig:
     drain_timeout: float = 20.0
     partitions: int | None = None  # expected partition count; refused if etcd differs
     version: str = "0.1.0"
+    # Seconds a handler may run per message (None or 0: no limit). Past it the message is
+    # dead-lettered and the member exits with EXIT_HANDLER_TIMEOUT (see the module docstring).
+    handler_timeout: float | None = DEFAULT_HANDLER_TIMEOUT
 
     def __post_init__(self) -> None:
         if self.weight < 1:
@@ -57,6 +101,8 @@ class ConsumerConfig:
             raise ValueError(f"prefetch must be at least 1, got {self.prefetch}")
         if self.max_attempts < 1:
             raise ValueError(f"max attempts must be at least 1, got {self.max_attempts}")
+        if self.handler_timeout is not None and not self.handler_timeout >= 0:
+            raise ValueError(f"handler timeout must be 0 or more, got {self.handler_timeout}")
 
     @property
     def member(self) -> str:
@@ -90,10 +136,17 @@ class Consumer:
         # partition -> etcd revision of our latest own claim write: older watch events are stale
         self.claim_revisions: dict[int, int] = {}
         self.workers: dict[int, Worker] = {}
+        # Workers stopped but maybe still in their handler: the partition's next worker
+        # waits for them (one handler per partition in this process, also after a fence).
+        self.retired: dict[int, Worker] = {}
         self.freed_at: dict[int, float] = {}
         self.session: Session | None = None
         self.watch_id: int | None = None
         self.stopping = False
+        self.deleted = False  # the stream is gone; waiting for it to be created again
+        self.exit_code: int | None = None  # set by a failure: run() returns it
+        self.abandoned: set[int] = set()  # partitions whose worker failed: not drained
+        self._deadline: float | None = None
         self.ready = threading.Event()
         self.alive = threading.Event()
         self._resync_backoff = 0.2
@@ -121,7 +174,10 @@ class Consumer:
         return sorted(p for p, s in self.states.items() if s.phase is Phase.ACTIVE)
 
     def run(self) -> int:
-        """Consume until :meth:`stop`; 0 after a clean drain, 1 if the drain deadline passed."""
+        """Consume until :meth:`stop` or a failure; the exit code (the module docstring).
+
+        0 after a clean drain, 1 if the drain deadline passed, 3/4/5 after a failure.
+        """
         with logs.bind(stream=self.spec.name, member=self.member):
             return self._run()
 
@@ -129,22 +185,23 @@ class Consumer:
         self.alive.set()
         self.broker.start()
         self._join()
-        deadline: float | None = None
         try:
             while True:
+                deadline = self._deadline
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
                     event = self.events.get(timeout=timeout)
                 except queue.Empty:
                     log.error("drain deadline of %ss passed; exiting", self.config.drain_timeout)
-                    return 1
-                if event[0] == "stop" and not self.stopping:
-                    deadline = time.monotonic() + self.config.drain_timeout
+                    return EXIT_DRAIN_TIMEOUT if self.exit_code is None else self.exit_code
+                if event[0] == "stop":
                     self._begin_stop()
                 else:
                     self._on(event)
-                if self.stopping and all(s.phase is Phase.IDLE for s in self.states.values()):
-                    return 0
+                if self.stopping and all(
+                    s.phase is Phase.IDLE or p in self.abandoned for p, s in self.states.items()
+                ):
+                    return EXIT_OK if self.exit_code is None else self.exit_code
         finally:
             self._shutdown()
 
@@ -158,7 +215,10 @@ class Consumer:
     def _on(self, event: tuple[Any, ...]) -> None:
         kind = event[0]
         if kind == "watch":
-            self._apply(event[1])
+            if event[1].kind == "spec":
+                self._on_spec(event[1])
+            elif not self.deleted:  # a recreated stream is read afresh (_resync)
+                self._apply(event[1])
         elif kind == "watch-error":
             if not self.stopping:
                 log.warning("etcd watch failed: %s; consuming on, resyncing", event[1])
@@ -166,11 +226,15 @@ class Consumer:
         elif kind == "resync":
             self._resync()
         elif kind == "lease-lost":
-            self._fence()
+            if not self.deleted:  # deleted: the session was closed on purpose
+                self._fence()
         elif kind == "part":
             self._feed(event[1], event[2])
         elif kind == "retry-release":
-            self._run_command(event[1], Command.RELEASE)
+            if not self.deleted:  # deleted: the claim went with the stream
+                self._run_command(event[1], Command.RELEASE)
+        elif kind == "worker-failed":
+            self._worker_failed(event[1], event[2])
         elif kind == "broker":
             if event[1]:
                 self._resubscribe()
@@ -241,8 +305,10 @@ class Consumer:
 
     def _run_command(self, partition: int, command: Command) -> None:
         session = self.session
+        if partition in self.abandoned and command in (Command.SUBSCRIBE, Command.CANCEL):
+            return  # its worker failed: nothing is handled or drained there any more
         if command is Command.SUBSCRIBE:
-            old = self.workers.get(partition)
+            old = self.workers.get(partition) or self.retired.pop(partition, None)
             if old is not None:
                 old.stop()
             worker = Worker(
@@ -251,6 +317,8 @@ class Consumer:
                 dead_letters=self.dead_letters, max_attempts=self.config.max_attempts,
                 retry_backoff=self.config.retry_backoff, previous=old,
                 freed_at=self.freed_at.pop(partition, None),
+                handler_timeout=self.config.handler_timeout,
+                on_failure=lambda p, reason: self.events.put(("worker-failed", p, reason)),
             )  # fmt: skip
             self.workers[partition] = worker
             worker.start()
@@ -275,6 +343,7 @@ class Consumer:
             released = self.workers.pop(partition, None)
             if released is not None:
                 released.stop()
+                self.retired[partition] = released
             assert session is not None
             try:
                 revision = self.group.release(partition, session)
@@ -327,11 +396,18 @@ class Consumer:
                     ("watch-error", e) if isinstance(e, Exception) else ("watch", e)
                 ),
             )
+            exists = self._read_spec() is not None  # a deletion the watch may not have seen
         except EtcdUnavailable as e:
             log.warning("cannot read the group from etcd: %s; consuming on", e)
             self._schedule("resync")
             return
         self._resync_backoff = 0.2
+        if not exists:
+            self._stream_deleted()
+            return
+        if self.deleted:
+            self._stream_recreated()
+            return
         self.assignment = dict(state.assignment)
         self.claims = dict(state.claims)
         self.claim_revisions = {}  # the watch starts after the snapshot: nothing older arrives
@@ -343,20 +419,101 @@ class Consumer:
         """Our lease is gone: others may own our partitions now. Stop at once, then rejoin."""
         log.warning("lease lost: stopping every partition and rejoining")
         self.ready.clear()
-        self.broker.close_all()
-        for worker in self.workers.values():
-            worker.stop()
-        self.workers.clear()
-        self.states = {p: State() for p in range(self.spec.partitions)}
-        metrics.PARTITIONS_OWNED.labels(*self._labels).set(0)
+        self._drop_partitions()
         if self.session is not None:
             self.session.close(revoke=False)
         if not self.stopping:
             self._join()
 
+    def _drop_partitions(self) -> None:
+        """Stop every partition now, without a drain: the broker requeues what was unacked."""
+        self.broker.close_all()
+        for partition, worker in self.workers.items():
+            worker.stop()
+            self.retired[partition] = worker
+        self.workers.clear()
+        self.states = {p: State() for p in range(self.spec.partitions)}
+        metrics.PARTITIONS_OWNED.labels(*self._labels).set(0)
+
+    # -- failures and a deleted stream -----------------------------------------------------
+
+    def _worker_failed(self, partition: int, reason: str) -> None:
+        """A worker stopped for good (it logged why): abandon its partition, leave, exit."""
+        self.abandoned.add(partition)
+        if reason == HANDLER_TIMEOUT:
+            self._fail(EXIT_HANDLER_TIMEOUT, f"partition {partition}: a handler timed out")
+        else:
+            self._fail(EXIT_WORKER_FAILED, f"partition {partition}: its worker failed")
+
+    def _fail(self, code: int, why: str) -> None:
+        """Not ready from now on; leave the group as on a stop; :meth:`run` returns ``code``."""
+        if self.exit_code is None:
+            self.exit_code = code
+        log.error("%s: leaving the group, then exiting with code %d", why, self.exit_code)
+        self.ready.clear()
+        self._begin_stop()
+
+    def _read_spec(self) -> StreamSpec | None:
+        """The stream's spec in etcd now, None if it is gone; raises EtcdUnavailable."""
+        try:
+            return self.registry.read_spec(self.spec.name)
+        except StreamNotFound:
+            return None
+
+    def _on_spec(self, change: WatchEvent) -> None:
+        if change.value is None:
+            self._stream_deleted()
+        elif self.deleted:
+            self._stream_recreated()
+
+    def _stream_deleted(self) -> None:
+        """The stream's keys and queues are gone: stop everything, wait for it to come back."""
+        if self.deleted:
+            return
+        self.deleted = True
+        self.ready.clear()
+        log.warning(
+            "stream %s was deleted: stopped consuming; waiting for it to be recreated "
+            "(not ready until then)", self.spec.name,
+        )  # fmt: skip
+        self._drop_partitions()
+        self.assignment.clear()
+        self.claims.clear()
+        self.claim_revisions.clear()
+        if self.session is not None:  # our member key and claims went with the stream
+            self.session.close(revoke=True)
+            self.session = None
+
+    def _stream_recreated(self) -> None:
+        try:
+            spec = self._read_spec()
+        except EtcdUnavailable as e:
+            log.warning("cannot read the recreated stream's spec: %s; retrying", e)
+            self._schedule("resync")
+            return
+        if spec is None or not self.deleted or self.stopping:
+            return  # deleted again meanwhile, or going away anyway
+        if spec.partitions != self.spec.partitions:
+            self._fail(
+                EXIT_STREAM_CHANGED,
+                f"stream {spec.name} was recreated with {spec.partitions} partitions, not "
+                f"{self.spec.partitions}: partitions are fixed, restart this member",
+            )
+            return
+        log.info("stream %s was recreated: rejoining its group", spec.name)
+        self.deleted = False
+        self._join()
+
     def _begin_stop(self) -> None:
-        log.info("stopping: leaving the group and draining %d partitions", len(self.owned()))
+        if self.stopping:
+            return
+        draining = [p for p in self.owned() if p not in self.abandoned]
+        log.info(
+            "stopping: leaving the group and draining %d partitions%s", len(draining),
+            f" (abandoning {sorted(self.abandoned)})" if self.abandoned else "",
+        )  # fmt: skip
         self.stopping = True
+        self._deadline = time.monotonic() + self.config.drain_timeout
         self.ready.clear()
         if self.session is not None:
             try:
@@ -373,7 +530,8 @@ class Consumer:
                 self.broker.subscribe(partition)
 
     def _update_ready(self) -> None:
-        if not self.stopping and self.broker.connected.is_set() and self.session is not None:
+        healthy = not self.stopping and not self.deleted and self.exit_code is None
+        if healthy and self.broker.connected.is_set() and self.session is not None:
             self.ready.set()
         else:
             self.ready.clear()

@@ -2,25 +2,55 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import importlib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from producer.contract import HEADER_PUBLISHED_MS, decode_key
-from producer.errors import UsageError
+from producer.contract import HEADER_KEY, HEADER_KEY_B64, HEADER_PARTITION, HEADER_PUBLISHED_MS
+from producer.errors import PartqError, UsageError
 from producer.spark.replay import HEADER_BATCH_ID, HEADER_QUERY_ID, HEADER_SEQ, ReplayId
 
-__all__ = ["Handler", "Message", "load_handler"]
+__all__ = ["Handler", "MalformedHeaders", "Message", "load_handler", "message_from"]
+
+HEADER_DELIVERY_COUNT = "x-delivery-count"  # set by quorum queues on redelivered messages
+
+
+class MalformedHeaders(PartqError, ValueError):
+    """A ``partq-*`` header of a delivery cannot be parsed.
+
+    The consumer never hands such a message to the handler: it dead-letters it at
+    once (``x-partq-error-type: MalformedHeaders``, ``x-partq-error`` naming the
+    header and its value), acks it and goes on with the partition.
+    """
+
+    def __init__(self, header: str, value: object, expected: str) -> None:
+        self.header = header
+        self.value = value
+        super().__init__(f"header {header}: {_show(value)} is not {expected}")
 
 
 @dataclass(frozen=True, slots=True)
 class Message:
     """One delivery. The handler acks it by returning; raising retries it (up to a bound).
 
-    ``attempt`` counts deliveries of this message to a handler, starting at 1
-    (quorum queues' ``x-delivery-count`` is included). Spark-published messages
-    carry ``partq-query-id``/``partq-batch-id``/``partq-seq`` headers and a
+    ``attempt`` counts this consumer's handler attempts for this delivery, 1 to
+    ``--max-attempts``: the retry bound counts these. A handler that raises
+    anything (also ``SystemExit`` and ``KeyboardInterrupt``) spends one attempt;
+    after the last the message goes to the stream's dead-letter queue.
+
+    ``delivery_count`` is the broker's ``x-delivery-count`` (quorum queues only; 0
+    when absent), informational: both a redelivery after a consumer crashed and a
+    delivery returned during a planned handoff count there. The quorum queues'
+    own delivery limit (far above partq's retries) dead-letters a message that
+    keeps crashing its consumers.
+
+    ``key`` and ``published_ms`` are None for a message without partq headers (a
+    foreign publisher's); such messages are handled like any other. Spark-published
+    messages carry ``partq-query-id``/``partq-batch-id``/``partq-seq`` headers and a
     deterministic ``message_id``: deduplicate replays on it.
     """
 
@@ -33,6 +63,10 @@ class Message:
     redelivered: bool = False
     attempt: int = 1
     published_ms: int | None = None
+    delivery_count: int = 0
+    # The partition its publisher computed (``partq-partition``); differs from
+    # ``partition`` only for a message published into the wrong queue.
+    published_partition: int | None = None
 
     @property
     def replay(self) -> ReplayId | None:
@@ -61,20 +95,90 @@ def message_from(
     redelivered: bool,
     attempt: int,
 ) -> Message:
+    """The handler's view of one delivery; raises :class:`MalformedHeaders`.
+
+    Every ``partq-*`` header present must parse: ``partq-key`` a UTF-8 string,
+    ``partq-key-b64`` strict base64, ``partq-partition``, ``partq-published-ms``,
+    ``partq-batch-id`` and ``partq-seq`` non-negative integers (a decimal string
+    is accepted), ``partq-query-id`` a string. Absent headers are fine.
+    """
     headers = dict(headers or {})
-    delivered_before = int(headers.get("x-delivery-count", 0) or 0)
-    published = headers.get(HEADER_PUBLISHED_MS)
+    _text(headers, HEADER_QUERY_ID)
+    _integer(headers, HEADER_BATCH_ID)
+    _integer(headers, HEADER_SEQ)
     return Message(
         stream=stream,
         partition=partition,
-        key=decode_key(headers),
+        key=_key(headers),
         body=body,
         message_id=message_id,
         headers=headers,
         redelivered=redelivered,
-        attempt=delivered_before + attempt,
-        published_ms=int(published) if published is not None else None,
+        attempt=attempt,
+        published_ms=_integer(headers, HEADER_PUBLISHED_MS),
+        delivery_count=_delivery_count(headers),
+        published_partition=_integer(headers, HEADER_PARTITION),
     )
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _key(headers: Mapping[str, Any]) -> str | bytes | None:
+    """As :func:`producer.contract.decode_key`, but strict: a bad value raises."""
+    if HEADER_KEY in headers:
+        return _text(headers, HEADER_KEY)
+    if HEADER_KEY_B64 in headers:
+        value = headers[HEADER_KEY_B64]
+        try:
+            text = value.decode("ascii") if isinstance(value, bytes) else value
+            if not isinstance(text, str):
+                raise TypeError
+            return base64.b64decode(text, validate=True)
+        except (TypeError, ValueError, binascii.Error):
+            raise MalformedHeaders(HEADER_KEY_B64, value, "base64") from None
+    return None
+
+
+def _text(headers: Mapping[str, Any], name: str) -> str | None:
+    if name not in headers:
+        return None
+    value = headers[name]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):  # pika gives a long string that is not UTF-8 as bytes
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    raise MalformedHeaders(name, value, "a UTF-8 string")
+
+
+def _integer(headers: Mapping[str, Any], name: str) -> int | None:
+    if name not in headers:
+        return None
+    value = headers[name]
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and math.isfinite(value) and value == int(value):
+        number = int(value)
+    elif isinstance(value, str | bytes):
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        number = int(text) if text.isascii() and text.isdecimal() else None
+    if number is None or number < 0:
+        raise MalformedHeaders(name, value, "a non-negative integer")
+    return number
+
+
+def _delivery_count(headers: Mapping[str, Any]) -> int:
+    """The broker's count; a value that is no count (a foreign header on a classic queue) is 0."""
+    value = headers.get(HEADER_DELIVERY_COUNT, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def load_handler(spec: str) -> Handler:

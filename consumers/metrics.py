@@ -10,9 +10,11 @@ __all__ = [
     "HANDLER_SECONDS",
     "HANDOFFS",
     "HANDOFF_GAP_SECONDS",
+    "HEADER_PROBLEMS",
     "LEASE_RENEWAL_FAILURES",
     "PARTITIONS_OWNED",
     "REDELIVERIES",
+    "WORKER_FAILURES",
 ]
 
 HANDLED = Counter(
@@ -47,9 +49,22 @@ REDELIVERIES = Counter(
 )
 DEAD_LETTERED = Counter(
     "partq_consumer_dead_lettered",
-    "Messages sent to the dead-letter queue after the retry bound",
+    "Messages sent to the dead-letter queue (retries exhausted, malformed headers, timeout)",
     ["stream", "member"],
 )
 LEASE_RENEWAL_FAILURES = Counter(
     "partq_consumer_lease_renewal_failures", "Failed lease keepalives", ["stream", "member"]
+)
+HEADER_PROBLEMS = Counter(
+    "partq_consumer_header_problems",
+    "Deliveries whose partq headers are malformed (dead-lettered unhandled) or name another "
+    "partition (handled), by problem (malformed, wrong_partition)",
+    ["stream", "member", "problem"],
+)
+WORKER_FAILURES = Counter(
+    "partq_consumer_worker_failures",
+    "Partition workers that stopped for good, by reason (crash: an unexpected error; "
+    "handler_timeout: a handler ran past --handler-timeout). Each makes the member leave "
+    "the group and exit non-zero",
+    ["stream", "member", "reason"],
 )

@@ -1,7 +1,39 @@
-"""A partition's worker thread: handles its deliveries in order, retries, dead-letters, acks."""
+"""A partition's worker thread: handles its deliveries in order, retries, dead-letters, acks.
+
+What happens to a delivery (every outcome is logged and counted):
+
+- **Handled**: the handler returned; the delivery is acked.
+- **Handler raised** anything, ``SystemExit`` and ``KeyboardInterrupt`` included:
+  a failed attempt. Retried with backoff up to ``max_attempts`` handler attempts,
+  then published to the stream's dead-letter queue (``x-partq-error-type``,
+  ``x-partq-error``, ``x-partq-attempts``) and acked; the partition goes on.
+- **Malformed partq headers** (:class:`~consumers.message.MalformedHeaders`): never
+  handed to the handler; dead-lettered at once with ``x-partq-error-type:
+  MalformedHeaders`` and ``x-partq-attempts: 0``, acked, counted
+  (``partq_consumer_header_problems_total{problem="malformed"}``); the partition
+  goes on. A message without partq headers (a foreign publisher's) is handled
+  with ``key`` and ``published_ms`` None.
+- **Wrong partition**: a ``partq-partition`` header naming another partition than
+  the queue it came from is logged and counted
+  (``problem="wrong_partition"``), and the message is handled.
+- **Handler timeout** (``handler_timeout`` seconds; a watchdog thread per worker
+  notices, within a quarter of the timeout or 1 s): a thread cannot be stopped,
+  and the next message of the partition must not start while this one runs, so
+  the message is dead-lettered (``x-partq-error-type: HandlerTimeout``) and acked
+  (a poison message cannot crash-loop the group), the worker never handles
+  another message (if the handler ever returns, its result is dropped) and
+  reports ``handler_timeout``: the daemon leaves the group and exits non-zero.
+- **The worker itself fails** (any unexpected error outside the handler): the
+  traceback is logged, ``partq_consumer_worker_failures_total{reason="crash"}``
+  counted, and the daemon told (``on_failure``): it turns ``/readyz`` false,
+  leaves the group and exits non-zero. The partition's unacked deliveries go
+  back to the queue when the connection closes.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import logging
 import queue
 import threading
@@ -15,20 +47,28 @@ import pika.exceptions
 
 from consumers import metrics
 from consumers.broker import END, Broker, Delivery
-from consumers.message import Handler, message_from
+from consumers.message import Handler, MalformedHeaders, Message, message_from
 from coordinator.session import Session
 from producer import logs
 from producer.amqp import blocking_connection
 from producer.contract import StreamSpec
+from producer.errors import PartqError
 
-__all__ = ["DeadLetters", "Worker"]
+__all__ = ["CRASH", "HANDLER_TIMEOUT", "DeadLetters", "HandlerTimeout", "Worker"]
 
 log = logging.getLogger("partq.consumer.worker")
 STOP = object()
+CRASH = "crash"  # worker failure reasons (the label of partq_consumer_worker_failures_total)
+HANDLER_TIMEOUT = "handler_timeout"
+_DEAD_LETTER_PATIENCE = 30.0  # seconds a timed-out message's dead-lettering is retried
+
+
+class HandlerTimeout(PartqError):
+    """The handler did not return within the handler timeout (the dead letter's error type)."""
 
 
 class DeadLetters:
-    """Publishes a message that exhausted its retries to the stream's dead-letter queue."""
+    """Publishes a message to the stream's dead-letter queue, with the reason in headers."""
 
     def __init__(self, url: str, spec: StreamSpec, member: str) -> None:
         self.url = url
@@ -37,7 +77,10 @@ class DeadLetters:
         self._lock = threading.Lock()
 
     def publish(self, delivery: Delivery, error: BaseException, attempts: int) -> None:
-        """Publish with a confirm; raises on failure (the caller then does not ack)."""
+        """Publish with a confirm; raises on failure (the caller then does not ack).
+
+        ``attempts``: the handler attempts made (0: it never ran, malformed headers).
+        """
         props = delivery.properties
         headers = dict(props.headers or {})
         headers.update({
@@ -60,6 +103,25 @@ class DeadLetters:
             )
 
 
+class _TimedOut(Exception):
+    pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Running:
+    """The handler call under way, as the watchdog sees it."""
+
+    delivery: Delivery
+    message: Message
+    started: float
+
+
+class _Outcome(enum.Enum):
+    ACK = "ack"
+    KEEP = "keep"  # stopped before the end: not acked, the broker redelivers it
+    TIMED_OUT = "timed-out"  # the watchdog dead-lettered and acked it: stop here
+
+
 class Worker(threading.Thread):
     def __init__(
         self,
@@ -75,8 +137,12 @@ class Worker(threading.Thread):
         retry_backoff: float,
         previous: Worker | None,
         freed_at: float | None,
+        handler_timeout: float | None = None,
+        on_failure: Callable[[int, str], None] | None = None,
         on_first_delivery: Callable[[int], None] | None = None,
     ) -> None:
+        """``handler_timeout``: seconds (None or 0: none). ``on_failure(partition, reason)``:
+        the worker stopped for good, ``reason`` :data:`CRASH` or :data:`HANDLER_TIMEOUT`."""
         super().__init__(name=f"partition-{partition}", daemon=True)
         self.spec = spec
         self.partition = partition
@@ -89,9 +155,16 @@ class Worker(threading.Thread):
         self.retry_backoff = retry_backoff
         self.previous = previous
         self.freed_at = freed_at
+        self.handler_timeout = handler_timeout or None
+        self.on_failure = on_failure
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.stopped = threading.Event()
+        self.failure: str | None = None  # why the worker stopped for good, if it did
         self._labels = (spec.name, member)
+        self._lock = threading.Lock()  # guards _running and _timed_out (worker, watchdog)
+        self._running: _Running | None = None
+        self._timed_out = False
+        self._finished = threading.Event()
 
     def stop(self) -> None:
         """Stop without handling what is queued (the broker requeues it)."""
@@ -100,7 +173,29 @@ class Worker(threading.Thread):
 
     def run(self) -> None:
         with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
-            self._run()
+            if self.handler_timeout is not None:
+                threading.Thread(
+                    target=self._watch, name=f"watchdog-{self.partition}", daemon=True
+                ).start()
+            try:
+                self._run()
+            except BaseException as error:  # never die silently: log, count, tell the daemon
+                log.error(
+                    "partition %d: the worker failed; this member leaves the group and exits",
+                    self.partition, exc_info=error,
+                )  # fmt: skip
+                self._fail(CRASH)
+            finally:
+                self._finished.set()
+
+    def _fail(self, reason: str) -> None:
+        self.failure = reason
+        metrics.WORKER_FAILURES.labels(*self._labels, reason).inc()
+        if self.on_failure is not None:
+            try:
+                self.on_failure(self.partition, reason)
+            except Exception:
+                log.exception("partition %d: reporting the worker failure failed", self.partition)
 
     def _run(self) -> None:
         if self.previous is not None:
@@ -123,43 +218,125 @@ class Worker(threading.Thread):
                     max(0.0, time.time() - self.freed_at)
                 )
             first = False
-            if self._handle(delivery):
+            outcome = self._handle(delivery)
+            if outcome is _Outcome.ACK:
                 self.broker.ack(self.partition, delivery.channel, delivery.delivery_tag)
+            elif outcome is _Outcome.TIMED_OUT:
+                return  # the watchdog gave up on the handler: nothing more of this partition
 
-    def _handle(self, delivery: Delivery) -> bool:
-        """Run the handler with bounded retries; True when the delivery may be acked."""
+    def _handle(self, delivery: Delivery) -> _Outcome:
+        """Run the handler with bounded retries."""
         props = delivery.properties
         if delivery.redelivered:
             metrics.REDELIVERIES.labels(*self._labels).inc()
-        attempt = 1
-        while True:
+        try:
             message = message_from(
                 self.spec.name, self.partition, delivery.body, props.message_id,
-                props.headers, delivery.redelivered, attempt,
+                props.headers, delivery.redelivered, 1,
             )  # fmt: skip
+        except MalformedHeaders as error:
+            metrics.HEADER_PROBLEMS.labels(*self._labels, "malformed").inc()
+            log.error(
+                "partition %d: message %s has malformed partq headers (%s): dead-lettering it "
+                "unhandled", self.partition, props.message_id, error,
+            )  # fmt: skip
+            return self._dead_letter(delivery, error, 0)
+        wrong = message.published_partition
+        if wrong is not None and wrong != self.partition:
+            metrics.HEADER_PROBLEMS.labels(*self._labels, "wrong_partition").inc()
+            log.warning(
+                "partition %d: message %s (key %r) says partition %d: it was published into "
+                "the wrong queue, so its key's order is not guaranteed; handling it",
+                self.partition, props.message_id, message.key, wrong,
+            )  # fmt: skip
+        attempt = 1
+        while True:
             started = time.monotonic()
             try:
-                self.handler(message)
-            except Exception as error:
-                metrics.HANDLER_SECONDS.labels(*self._labels).observe(time.monotonic() - started)
-                if attempt >= self.max_attempts:
-                    return self._dead_letter(delivery, error, attempt)
-                metrics.HANDLED.labels(*self._labels, "retry").inc()
-                log.warning(
-                    "partition %d: handler failed (attempt %d/%d): %r",
-                    self.partition, attempt, self.max_attempts, error,
-                )  # fmt: skip
-                if self.stopped.wait(min(self.retry_backoff * 2 ** (attempt - 1), 5.0)):
-                    return False
-                attempt += 1
-                continue
+                failure = self._call(delivery, message)
+            except _TimedOut:
+                return _Outcome.TIMED_OUT
             metrics.HANDLER_SECONDS.labels(*self._labels).observe(time.monotonic() - started)
-            metrics.HANDLED.labels(*self._labels, "ok").inc()
-            return True
+            if failure is None:
+                metrics.HANDLED.labels(*self._labels, "ok").inc()
+                return _Outcome.ACK
+            if attempt >= self.max_attempts:
+                return self._dead_letter(delivery, failure, attempt)
+            metrics.HANDLED.labels(*self._labels, "retry").inc()
+            log.warning(
+                "partition %d: handler failed (attempt %d/%d): %r",
+                self.partition, attempt, self.max_attempts, failure,
+            )  # fmt: skip
+            if self.stopped.wait(min(self.retry_backoff * 2 ** (attempt - 1), 5.0)):
+                return _Outcome.KEEP
+            attempt += 1
+            message = dataclasses.replace(message, attempt=attempt)
 
-    def _dead_letter(self, delivery: Delivery, error: BaseException, attempts: int) -> bool:
+    def _call(self, delivery: Delivery, message: Message) -> BaseException | None:
+        """What the handler raised, or None; :class:`_TimedOut` if the watchdog gave up on it."""
+        with self._lock:
+            self._running = _Running(delivery, message, time.monotonic())
+        try:
+            self.handler(message)
+            failure: BaseException | None = None
+        except BaseException as error:  # SystemExit, KeyboardInterrupt too: a failed attempt
+            failure = error
+        with self._lock:
+            self._running = None
+            if self._timed_out:
+                raise _TimedOut
+        return failure
+
+    def _watch(self) -> None:
+        """The watchdog: gives up on a handler call that runs past the handler timeout."""
+        timeout = self.handler_timeout
+        assert timeout is not None
+        with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
+            while not self._finished.wait(min(1.0, timeout / 4)):
+                with self._lock:
+                    running = self._running
+                    if running is None or time.monotonic() - running.started < timeout:
+                        continue
+                    self._timed_out = True  # the worker never acks or handles anything again
+                try:
+                    self._expire(running, timeout)
+                except BaseException:
+                    log.exception("partition %d: giving up on the handler failed", self.partition)
+                finally:
+                    self._fail(HANDLER_TIMEOUT)
+                return
+
+    def _expire(self, running: _Running, timeout: float) -> None:
+        """On the watchdog's thread: dead-letter and ack the message."""
+        delivery, message = running.delivery, running.message
+        metrics.HANDLER_SECONDS.labels(*self._labels).observe(time.monotonic() - running.started)
+        log.error(
+            "partition %d: the handler timed out after %gs on message %s (attempt %d): "
+            "dead-lettering it; a running handler cannot be stopped, so this member leaves "
+            "the group and exits for a restart", self.partition, timeout, message.message_id,
+            message.attempt,
+        )  # fmt: skip
+        error = HandlerTimeout(
+            f"the handler did not return within {timeout:g}s (partition {self.partition}, "
+            f"message {message.message_id}, attempt {message.attempt})"
+        )
+        if self._dead_letter(delivery, error, message.attempt, _DEAD_LETTER_PATIENCE) is (
+            _Outcome.ACK
+        ):
+            self.broker.ack(self.partition, delivery.channel, delivery.delivery_tag)
+        else:
+            log.error(
+                "partition %d: message %s could not be dead-lettered; it returns to the queue",
+                self.partition, message.message_id,
+            )  # fmt: skip
+
+    def _dead_letter(
+        self, delivery: Delivery, error: BaseException, attempts: int, patience: float | None = None
+    ) -> _Outcome:
+        """ACK once the dead letter is confirmed; KEEP if stopped (or ``patience`` ran out)."""
         backoff = 0.2
-        while not self.stopped.is_set():
+        deadline = None if patience is None else time.monotonic() + patience
+        while not self.stopped.is_set() and (deadline is None or time.monotonic() < deadline):
             try:
                 self.dead_letters.publish(delivery, error, attempts)
             except Exception as e:  # broker trouble: keep the message, try again
@@ -170,8 +347,8 @@ class Worker(threading.Thread):
             metrics.HANDLED.labels(*self._labels, "dead_lettered").inc()
             metrics.DEAD_LETTERED.labels(*self._labels).inc()
             log.error(
-                "partition %d: message %s dead-lettered after %d attempts: %r",
+                "partition %d: message %s dead-lettered after %d handler attempts: %r",
                 self.partition, delivery.properties.message_id, attempts, error,
             )  # fmt: skip
-            return True
-        return False
+            return _Outcome.ACK
+        return _Outcome.KEEP

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from consumers.message import message_from
+import pytest
+
+from consumers.message import MalformedHeaders, message_from
 from producer.contract import encode_key
 from producer.spark.replay import ReplayId
 
@@ -18,7 +20,58 @@ def test_spark_replays_are_identifiable_from_the_message() -> None:
     assert message.key == "user-1"
 
 
-def test_other_messages_have_no_replay_and_attempts_count_broker_deliveries() -> None:
+def test_attempts_count_handler_attempts_and_the_broker_count_is_apart() -> None:
+    # Given a delivery the broker delivered twice before (a crash, or a handoff's return)
     message = message_from("orders", 0, b"x", "id", {"x-delivery-count": 2}, True, 1)
+    # Then those deliveries do not spend the handler's attempts: they are reported apart
     assert message.replay is None
-    assert message.attempt == 3
+    assert message.attempt == 1
+    assert message.delivery_count == 2
+    assert message_from("orders", 0, b"x", "id", {}, False, 3).delivery_count == 0
+
+
+def test_a_message_without_partq_headers_is_a_message() -> None:
+    # A foreign publisher's message: no key, no timestamp, still handled
+    message = message_from("orders", 2, b"x", None, None, False, 1)
+    assert (message.key, message.published_ms, message.published_partition) == (None, None, None)
+
+
+def test_partq_headers_are_parsed() -> None:
+    headers = {
+        **encode_key(b"\x00\xff"), "partq-published-ms": 1_700_000_000_000,
+        "partq-partition": 4, "x-delivery-count": 1,
+    }  # fmt: skip
+    message = message_from("orders", 3, b"x", "id", headers, True, 2)
+    assert message.key == b"\x00\xff"
+    assert message.published_ms == 1_700_000_000_000
+    assert message.published_partition == 4  # not 3: the worker logs and counts it
+    assert (message.attempt, message.delivery_count) == (2, 1)
+    # decimal strings (another language's producer) are accepted
+    text = message_from("o", 0, b"", None, {"partq-published-ms": "17"}, False, 1)
+    assert text.published_ms == 17
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("partq-published-ms", "yesterday"),
+        ("partq-published-ms", -5),
+        ("partq-published-ms", True),
+        ("partq-published-ms", 1.5),
+        ("partq-partition", "three"),
+        ("partq-key-b64", "not*base64!"),
+        ("partq-key-b64", "abc"),  # bad padding
+        ("partq-key-b64", 7),
+        ("partq-key", b"\xff\xfe"),  # not UTF-8
+        ("partq-key", 42),
+        ("partq-seq", "x"),
+        ("partq-batch-id", None),
+    ],
+)
+def test_a_malformed_partq_header_is_refused_naming_header_and_value(
+    header: str, value: object
+) -> None:
+    with pytest.raises(MalformedHeaders) as raised:
+        message_from("orders", 0, b"x", "id", {header: value}, False, 1)
+    assert raised.value.header == header
+    assert header in str(raised.value) and repr(value) in str(raised.value)

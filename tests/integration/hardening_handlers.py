@@ -1,0 +1,33 @@
+"""Handlers that misbehave, for tests/integration/test_consumer_hardening.py's consumers.
+
+``misbehave`` records (like ``consumers.examples.record_handler``) every message
+it handles, except bodies that ask it to misbehave: ``sys-exit`` calls
+``sys.exit(7)``, ``interrupt`` raises ``KeyboardInterrupt``, ``hang`` blocks
+forever, ``hang-hard`` first starts a non-daemon thread that never ends (which
+keeps a plain interpreter exit waiting forever) and then blocks forever. A
+misbehaving attempt is never recorded.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from consumers.examples import record_handler
+from consumers.message import Message
+
+__all__ = ["misbehave"]
+
+_FOREVER = threading.Event()
+
+
+def misbehave(message: Message) -> None:
+    if b"sys-exit" in message.body:
+        sys.exit(7)
+    if b"interrupt" in message.body:
+        raise KeyboardInterrupt
+    if b"hang-hard" in message.body:
+        threading.Thread(target=_FOREVER.wait, name="never-ends", daemon=False).start()
+    if b"hang" in message.body:
+        _FOREVER.wait()
+    record_handler(message)

@@ -1,0 +1,246 @@
+"""A partition worker with fakes around it: what happens to bad messages and bad handlers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+import pika
+import pytest
+from prometheus_client import REGISTRY
+
+from consumers.broker import END, Delivery
+from consumers.message import Message
+from consumers.worker import CRASH, HANDLER_TIMEOUT, Worker
+from producer.contract import StreamSpec
+
+SPEC = StreamSpec("orders", 4)
+PARTITION = 2
+
+
+class Channel:
+    is_open = True
+
+
+class Broker:
+    def __init__(self) -> None:
+        self.acked: list[int] = []
+        self.finished = threading.Event()
+
+    def ack(self, partition: int, channel: Any, tag: int) -> None:
+        assert partition == PARTITION
+        self.acked.append(tag)
+
+    def finish(self, partition: int, channel: Any) -> None:
+        self.finished.set()
+
+
+class Session:
+    ttl = 5
+
+    def fresh(self) -> bool:
+        return True
+
+    def wait_fresh(self, timeout: float) -> bool:
+        return True
+
+
+class DeadLetters:
+    def __init__(self) -> None:
+        self.published: list[tuple[str | None, BaseException, int]] = []
+
+    def publish(self, delivery: Delivery, error: BaseException, attempts: int) -> None:
+        self.published.append((delivery.properties.message_id, error, attempts))
+
+
+class Run:
+    """One worker on partition 2 with a recording handler wrapped around ``behaviour``."""
+
+    def __init__(self, behaviour: Any = None, **options: Any) -> None:
+        self.member = f"m-{uuid.uuid4().hex[:8]}"
+        self.broker = Broker()
+        self.dead = DeadLetters()
+        self.seen: list[tuple[str | None, int, int]] = []  # (message id, attempt, count)
+        self.handled: list[str | None] = []
+        self.failures: list[tuple[int, str]] = []
+        self.failed = threading.Event()
+        self.channel = Channel()
+        self.tag = 0
+
+        def handler(message: Message) -> None:
+            self.seen.append((message.message_id, message.attempt, message.delivery_count))
+            if behaviour is not None:
+                behaviour(message)
+            self.handled.append(message.message_id)
+
+        def on_failure(partition: int, reason: str) -> None:
+            self.failures.append((partition, reason))
+            self.failed.set()
+
+        self.worker = Worker(
+            spec=SPEC, partition=PARTITION, member=self.member, handler=handler,
+            broker=self.broker, session=Session(), dead_letters=self.dead,  # type: ignore[arg-type]
+            max_attempts=options.pop("max_attempts", 3), retry_backoff=0.001, previous=None,
+            freed_at=None, on_failure=on_failure, **options,
+        )  # fmt: skip
+        self.worker.start()
+
+    def deliver(self, message_id: str, headers: dict[str, Any] | None = None) -> int:
+        self.tag += 1
+        if headers is None:
+            headers = {"partq-key": "k", "partq-partition": PARTITION, "partq-published-ms": 1}
+        props = pika.BasicProperties(message_id=message_id, headers=headers)
+        self.worker.inbox.put(
+            Delivery(PARTITION, self.channel, self.tag, False, props, message_id.encode())  # type: ignore[arg-type]
+        )
+        return self.tag
+
+    def end(self, timeout: float = 5.0) -> None:
+        """Send END and wait for the worker to finish the partition."""
+        self.worker.inbox.put((END, self.channel))
+        assert self.broker.finished.wait(timeout)
+        self.worker.join(timeout)
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = REGISTRY.get_sample_value(
+            name, {"stream": SPEC.name, "member": self.member, **labels}
+        )
+        return value or 0.0
+
+
+def test_messages_are_handled_in_order_and_acked() -> None:
+    run = Run()
+    tags = [run.deliver(f"m{i}") for i in range(5)]
+    run.end()
+    assert run.handled == [f"m{i}" for i in range(5)]
+    assert run.broker.acked == tags
+    assert not run.failures
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"partq-key": "k", "partq-published-ms": "yesterday"}, {"partq-key-b64": "not*base64!"}],
+)
+def test_malformed_headers_are_dead_lettered_unhandled_and_the_partition_goes_on(
+    headers: dict[str, Any],
+) -> None:
+    run = Run()
+    run.deliver("before")
+    bad = run.deliver("bad", headers)
+    run.deliver("after")
+    run.end()
+    assert run.handled == ["before", "after"]
+    [(message_id, error, attempts)] = run.dead.published
+    assert (message_id, type(error).__name__, attempts) == ("bad", "MalformedHeaders", 0)
+    assert bad in run.broker.acked and len(run.broker.acked) == 3
+    assert run.metric("partq_consumer_header_problems_total", problem="malformed") == 1
+    assert run.metric("partq_consumer_dead_lettered_total") == 1
+
+
+def test_a_foreign_message_without_partq_headers_is_handled() -> None:
+    run = Run()
+    run.deliver("foreign", {})
+    run.end()
+    assert run.handled == ["foreign"]
+
+
+def test_a_message_naming_another_partition_is_handled_logged_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run = Run()
+    run.deliver("stray", {"partq-key": "k", "partq-partition": PARTITION + 1})
+    run.end()
+    assert run.handled == ["stray"]
+    assert run.metric("partq_consumer_header_problems_total", problem="wrong_partition") == 1
+    assert "wrong queue" in caplog.text
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0], ids=["inline", "handler-thread"])
+@pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt(), ValueError("bad")])
+def test_a_handler_raising_anything_spends_an_attempt_then_is_dead_lettered(
+    error: BaseException, timeout: float | None
+) -> None:
+    def behaviour(message: Message) -> None:
+        if message.message_id == "poison":
+            raise error
+
+    run = Run(behaviour, handler_timeout=timeout)
+    run.deliver("poison", {"partq-key": "k", "x-delivery-count": 7})
+    run.deliver("next")
+    run.end()
+    # attempts count this process's handler attempts, not the broker's deliveries
+    assert run.seen == [("poison", 1, 7), ("poison", 2, 7), ("poison", 3, 7), ("next", 1, 0)]
+    assert run.handled == ["next"]
+    [(message_id, dead_error, attempts)] = run.dead.published
+    assert (message_id, dead_error, attempts) == ("poison", error, 3)
+    assert run.broker.acked == [1, 2]
+    assert not run.failures
+
+
+def test_a_hung_handler_is_dead_lettered_then_the_worker_stops_for_good(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = threading.Event()
+
+    def behaviour(message: Message) -> None:
+        if message.message_id == "hang":
+            release.wait(30)
+
+    run = Run(behaviour, handler_timeout=0.4)
+    try:
+        run.deliver("first")
+        hung = run.deliver("hang")
+        run.deliver("after")
+        began = time.monotonic()
+        assert run.failed.wait(5)
+        assert 0.4 <= time.monotonic() - began < 2  # noticed within a quarter of the timeout
+        # the message is dead-lettered and acked, the worker reports, nothing more is handled
+        assert run.failures == [(PARTITION, HANDLER_TIMEOUT)]
+        [(message_id, error, attempts)] = run.dead.published
+        assert (message_id, type(error).__name__, attempts) == ("hang", "HandlerTimeout", 1)
+        assert run.broker.acked == [1, hung]
+        assert run.metric("partq_consumer_worker_failures_total", reason=HANDLER_TIMEOUT) == 1
+        assert "timed out after 0.4s on message hang" in caplog.text
+    finally:
+        release.set()
+    # When the handler returns after all, its result is dropped and the worker ends
+    run.worker.join(5)
+    assert not run.worker.is_alive()
+    assert run.seen == [("first", 1, 0), ("hang", 1, 0)]
+    assert run.handled == ["first", "hang"]  # it did finish, late
+    assert run.broker.acked == [1, hung]  # but nothing was acked twice, "after" never ran
+
+
+def test_a_handler_within_its_timeout_is_not_disturbed() -> None:
+    def behaviour(message: Message) -> None:
+        time.sleep(0.05)
+
+    run = Run(behaviour, handler_timeout=0.2)
+    tags = [run.deliver(f"m{i}") for i in range(8)]  # 0.4 s in all: longer than the timeout
+    run.end()
+    assert run.handled == [f"m{i}" for i in range(8)]
+    assert run.broker.acked == tags
+    assert not run.failures
+
+
+def test_a_worker_that_fails_outside_the_handler_reports_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="partq.consumer.worker")
+    run = Run()
+
+    def broken_ack(partition: int, channel: Any, tag: int) -> None:
+        raise RuntimeError("the ack failed")
+
+    run.broker.ack = broken_ack  # type: ignore[method-assign]
+    run.deliver("m0")
+    assert run.failed.wait(5)
+    run.worker.join(5)
+    assert not run.worker.is_alive()
+    assert run.failures == [(PARTITION, CRASH)]
+    assert run.worker.failure == CRASH
+    assert run.metric("partq_consumer_worker_failures_total", reason=CRASH) == 1
+    assert "the worker failed" in caplog.text and "RuntimeError: the ack failed" in caplog.text
