@@ -46,7 +46,7 @@ from consumers.handoff import Command, Event, Holder, Phase, State, step
 from consumers.message import Handler
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters, Worker
 from coordinator.errors import EtcdUnavailable
-from coordinator.group import Claim, Group, WatchEvent
+from coordinator.group import Assignment, Claim, Group, WatchEvent, validate_member_id
 from coordinator.session import Session
 from coordinator.streams import Registry
 from producer import logs
@@ -95,6 +95,8 @@ class ConsumerConfig:
     handler_timeout: float | None = DEFAULT_HANDLER_TIMEOUT
 
     def __post_init__(self) -> None:
+        if self.member_id is not None:  # InvalidMemberId: a usage error, exit code 2
+            validate_member_id(self.member_id)
         if self.weight < 1:
             raise ValueError(f"weight must be at least 1, got {self.weight}")
         if self.prefetch < 1:
@@ -241,21 +243,22 @@ class Consumer:
             self._update_ready()
 
     def _apply(self, change: WatchEvent) -> None:
+        """Mirror one decoded change; a malformed value (``value`` None) is an absent key."""
         if change.kind == "assignment":
-            partition = int(change.name)
-            if change.value is None:
-                self.assignment.pop(partition, None)
+            partition = change.partition
+            if isinstance(change.value, Assignment):
+                self.assignment[partition] = change.value.owner
             else:
-                self.assignment[partition] = change.value["owner"]
+                self.assignment.pop(partition, None)
             self._sync(partition)
         elif change.kind == "claim":
-            partition = int(change.name)
+            partition = change.partition
             if change.revision <= self.claim_revisions.get(partition, 0):
                 return  # older than our own claim/release, which the mirror already has
-            if change.value is None:
-                self.claims.pop(partition, None)
+            if isinstance(change.value, Claim):
+                self.claims[partition] = change.value
             else:
-                self.claims[partition] = Claim(change.value["member"], change.lease)
+                self.claims.pop(partition, None)
             self._sync(partition)
 
     def _holder(self, partition: int) -> Holder:

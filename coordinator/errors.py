@@ -4,7 +4,9 @@
 
     PartqError                       (producer.errors)
     ├── UsageError
-    │   └── MemberIdTaken            a live consumer already uses this member id
+    │   ├── MemberIdTaken            a live consumer already uses this member id
+    │   └── InvalidMemberId          not in coordinator.codec's member id character set
+    ├── MalformedValue               (producer.errors) a value in etcd partq did not write
     └── EtcdUnavailable              etcd cannot be reached, refused us, or timed out
     NotLeader                        (PartqError) a fenced write found another leader
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from producer.errors import PartqError, UsageError
 
-__all__ = ["EtcdUnavailable", "MemberIdTaken", "NotLeader"]
+__all__ = ["EtcdUnavailable", "InvalidMemberId", "MemberIdTaken", "NotLeader"]
 
 
 class EtcdUnavailable(PartqError):
@@ -24,6 +26,10 @@ class EtcdUnavailable(PartqError):
 
 
 class MemberIdTaken(UsageError):
+    pass
+
+
+class InvalidMemberId(UsageError):
     pass
 
 

@@ -1,16 +1,21 @@
 """The consumer-group client API on etcd: membership, assignment, claims, and a watch.
 
 Consumers use this module (never key strings); the coordinator uses it too.
-Values are small versioned JSON documents (``{"v": 1, ...}``).
+Values go through :mod:`coordinator.codec`, decoded once here into typed frozen
+values. A value partq did not write (not JSON, or the wrong shape) is treated as
+absent: it is logged at warning once per key and revision, counted in
+``partq_etcd_malformed_values_total{stream,kind}`` and listed in
+:attr:`GroupState.malformed` (``partq status`` shows it); nothing raises.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,36 +23,52 @@ from typing import Any
 
 import etcd3.exceptions
 
-from coordinator import keys
+from coordinator import codec, keys, metrics
+from coordinator.codec import (
+    Assignment,
+    Candidate,
+    Claim,
+    Drain,
+    Member,
+    Move,
+    Rebalance,
+    Request,
+    Value,
+    validate_member_id,
+)
 from coordinator.errors import EtcdUnavailable, MemberIdTaken
 from coordinator.etcd import etcd_errors, lease_is
 from coordinator.session import Session
+from producer.contract import StreamSpec
+from producer.errors import MalformedValue
 
-__all__ = ["Claim", "Group", "GroupState", "Member", "WatchEvent"]
+__all__ = [
+    "Assignment",
+    "Candidate",
+    "Claim",
+    "Drain",
+    "Group",
+    "GroupState",
+    "Malformed",
+    "Member",
+    "Move",
+    "Rebalance",
+    "Request",
+    "WatchEvent",
+    "validate_member_id",
+]
 
 log = logging.getLogger("partq.group")
 
 
-def _doc(**fields: Any) -> str:
-    return json.dumps({"v": 1, **fields}, sort_keys=True)
-
-
 @dataclass(frozen=True, slots=True)
-class Member:
-    id: str
-    weight: int = 1
-    lease: int = 0
-    host: str = ""
-    pid: int = 0
-    version: str = ""
-    started: float = 0.0
+class Malformed:
+    """A key whose value partq did not write: ignored, and shown by ``partq status``."""
 
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    member: str
-    lease: int
-    at: float = 0.0
+    key: str
+    kind: str
+    error: str
+    revision: int
 
 
 @dataclass(frozen=True)
@@ -59,18 +80,30 @@ class GroupState:
     assignment: dict[int, str] = field(default_factory=dict)
     claims: dict[int, Claim] = field(default_factory=dict)
     leaders: list[tuple[int, str]] = field(default_factory=list)  # (create revision, key)
-    requests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    requests: dict[str, Request] = field(default_factory=dict)
+    malformed: dict[str, Malformed] = field(default_factory=dict)  # key -> why
+    spec: StreamSpec | None = None  # None: deleted, or malformed
 
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
-    """A change under the stream: ``kind`` is member/assignment/claim/leader/request/spec."""
+    """A change under the stream: ``kind`` is member/assignment/claim/leader/request/spec.
+
+    ``value`` is the decoded value, or None when the key was deleted or its new value is
+    malformed (then ``malformed`` says why): either way, the key is absent now.
+    """
 
     kind: str
     name: str
-    value: dict[str, Any] | None  # None: deleted
+    value: Value | None  # None: deleted, or malformed
     lease: int = 0
     revision: int = 0
+    malformed: str | None = None
+
+    @property
+    def partition(self) -> int:
+        """The partition of an assignment or claim event (its name was checked on decoding)."""
+        return int(self.name)
 
 
 def _kind(stream: str, key: str) -> tuple[str, str] | None:
@@ -88,13 +121,57 @@ def _kind(stream: str, key: str) -> tuple[str, str] | None:
     return None
 
 
-class Group:
-    """One stream's group keys."""
+class _Reported:
+    """(key, mod revision) pairs already logged and counted in this process (bounded)."""
 
-    def __init__(self, client: Any, where: str, stream: str) -> None:
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[tuple[str, int]] = set()
+
+    def first(self, key: str, revision: int) -> bool:
+        with self._lock:
+            if (key, revision) in self._seen:
+                return False
+            if len(self._seen) >= self.LIMIT:
+                self._seen.clear()
+            self._seen.add((key, revision))
+            return True
+
+
+_reported = _Reported()
+
+
+class Group:
+    """One stream's group keys.
+
+    ``report``: log and count malformed values (the daemons); ``partq status`` and the
+    status page only list them.
+    """
+
+    def __init__(self, client: Any, where: str, stream: str, *, report: bool = True) -> None:
         self.client = client
         self.where = where
         self.stream = stream
+        self.report = report
+
+    # -- decoding ----------------------------------------------------------------------
+
+    def _decode(
+        self, kind: str, name: str, key: str, raw: bytes, lease: int, revision: int
+    ) -> Value | Malformed:
+        try:
+            return codec.decode(kind, self.stream, name, raw, lease)
+        except MalformedValue as e:
+            bad = Malformed(key, kind, str(e), revision)
+            if self.report and _reported.first(key, revision):
+                log.warning(
+                    "malformed value at %s (revision %d): %s; ignoring it (treated as absent)",
+                    key, revision, bad.error,
+                )  # fmt: skip
+                metrics.MALFORMED_VALUES.labels(self.stream, kind).inc()
+            return bad
 
     # -- reading -----------------------------------------------------------------------
 
@@ -102,24 +179,30 @@ class Group:
         with etcd_errors(self.where):
             response = self.client.get_prefix_response(keys.stream_prefix(self.stream))
         state = GroupState(revision=response.header.revision)
+        spec: StreamSpec | None = None
         for kv in response.kvs:
-            found = _kind(self.stream, kv.key.decode())
+            key = kv.key.decode("utf-8", errors="replace")
+            found = _kind(self.stream, key)
             if found is None:
                 continue
             kind, name = found
-            value = json.loads(kv.value) if kind != "leader" else {}
-            if kind == "member":
-                state.members[name] = _member(name, value, kv.lease)
-            elif kind == "assignment":
-                state.assignment[int(name)] = value["owner"]
-            elif kind == "claim":
-                state.claims[int(name)] = Claim(value["member"], kv.lease, value.get("at", 0.0))
-            elif kind == "leader":
-                state.leaders.append((kv.create_revision, kv.key.decode()))
-            elif kind == "request":
+            value = self._decode(kind, name, key, kv.value, kv.lease, kv.mod_revision)
+            if isinstance(value, Malformed):
+                state.malformed[key] = value
+            elif isinstance(value, Member):
+                state.members[name] = value
+            elif isinstance(value, Assignment):
+                state.assignment[int(name)] = value.owner
+            elif isinstance(value, Claim):
+                state.claims[int(name)] = value
+            elif isinstance(value, Candidate):
+                state.leaders.append((kv.create_revision, key))
+            elif isinstance(value, Rebalance | Move | Drain):
                 state.requests[name] = value
+            elif isinstance(value, StreamSpec):
+                spec = value
         state.leaders.sort()
-        return state
+        return dataclasses.replace(state, spec=spec)
 
     def watch(self, revision: int, callback: Callable[[WatchEvent | Exception], None]) -> int:
         """Call ``callback`` for every change after ``revision`` (or with an error)."""
@@ -129,16 +212,21 @@ class Group:
                 callback(EtcdUnavailable(f"watch on {self.stream} ended: {response}"))
                 return
             for event in response.events:
-                key = event.key.decode()
+                key = event.key.decode("utf-8", errors="replace")
                 found = _kind(self.stream, key)
                 if found is None:
                     continue
                 kind, name = found
-                deleted = type(event).__name__ == "DeleteEvent"
-                value = None if deleted else (json.loads(event.value) if event.value else {})
-                callback(
-                    WatchEvent(kind, name, value, getattr(event, "lease", 0), event.mod_revision)
-                )
+                lease = getattr(event, "lease", 0)
+                value: Value | Malformed | None = None
+                if type(event).__name__ != "DeleteEvent":
+                    value = self._decode(kind, name, key, event.value, lease, event.mod_revision)
+                if not codec.valid_name(kind, name):
+                    continue  # a key partq never uses (reported if put): no event about it
+                if isinstance(value, Malformed):
+                    callback(WatchEvent(kind, name, None, lease, event.mod_revision, value.error))
+                else:
+                    callback(WatchEvent(kind, name, value, lease, event.mod_revision))
 
         with etcd_errors(self.where):
             watch_id: int = self.client.add_watch_prefix_callback(
@@ -158,9 +246,11 @@ class Group:
     def join(self, session: Session, member_id: str, weight: int = 1, version: str = "") -> None:
         """Register ``member_id`` on ``session``'s lease; refused if another live one has it.
 
-        A key left by a crashed instance of the same member (a restarted pod) is
-        waited out once, for at most its lease's remaining TTL.
+        The id must pass :func:`validate_member_id` (:class:`InvalidMemberId` otherwise). A
+        key left by a crashed instance of the same member (a restarted pod) is waited out
+        once, for at most its lease's remaining TTL.
         """
+        validate_member_id(member_id)
         existing = self._try_join(session, member_id, weight, version)
         if existing is None:
             return
@@ -185,10 +275,23 @@ class Group:
         if weight < 1:
             raise ValueError(f"weight must be at least 1, got {weight}")
         key = keys.member(self.stream, member_id)
-        value = _doc(
-            id=member_id, weight=weight, host=socket.gethostname(), pid=os.getpid(),
-            version=version, started=time.time(),
+        value = codec.encode_member(
+            Member(
+                id=member_id, weight=weight, host=socket.gethostname(), pid=os.getpid(),
+                version=version, started=time.time(),
+            )
         )  # fmt: skip
+        ok, existing = self._put_if_absent(key, value, session, "member")
+        if ok or existing is None or existing.lease_id == session.id:
+            return None
+        return int(existing.lease_id)
+
+    def _put_if_absent(self, key: str, value: str, session: Session, kind: str) -> tuple[Any, Any]:
+        """Put ``value`` on our lease if ``key`` is absent, or if it holds a malformed value
+        (partq never writes one: it is nobody's claim or membership).
+
+        (the put's response if done else None, the metadata of the value found or None).
+        """
         t = self.client.transactions
         with etcd_errors(self.where):
             ok, responses = self.client.transaction(
@@ -197,11 +300,24 @@ class Group:
                 failure=[t.get(key)],
             )
         if ok:
-            return None
-        existing = responses[0][0][1] if responses and responses[0] else None
-        if existing is None or existing.lease_id == session.id:
-            return None
-        return int(existing.lease_id)
+            return responses[0], None
+        if not responses or not responses[0]:
+            return None, None
+        raw, existing = responses[0][0]
+        name = key.rsplit("/", 1)[1]
+        try:
+            codec.decode(kind, self.stream, name, raw, existing.lease_id)
+        except MalformedValue as e:
+            with etcd_errors(self.where):
+                ok, responses = self.client.transaction(
+                    compare=[t.mod(key) == existing.mod_revision],
+                    success=[t.put(key, value, lease=session.lease)],
+                    failure=[],
+                )
+            if ok:
+                log.warning("replaced the malformed value at %s (%s)", key, e)
+                return responses[0], None
+        return None, existing
 
     def leave(self, member_id: str, session: Session) -> None:
         key = keys.member(self.stream, member_id)
@@ -218,19 +334,14 @@ class Group:
 
         Returns the claim's mod revision if it is ours now (truthy), else 0. A
         caller mirroring the claims from the watch ignores events up to that
-        revision: they are older than what it knows.
+        revision: they are older than what it knows. A malformed value at the claim
+        key is nobody's claim: it is replaced.
         """
         key = keys.claim(self.stream, partition)
-        t = self.client.transactions
-        with etcd_errors(self.where):
-            ok, responses = self.client.transaction(
-                compare=[t.version(key) == 0],
-                success=[t.put(key, _doc(member=member_id, at=time.time()), lease=session.lease)],
-                failure=[t.get(key)],
-            )
-        if ok:
-            return int(responses[0].response_put.header.revision)
-        existing = responses[0][0][1] if responses and responses[0] else None
+        value = codec.encode_claim(member_id, time.time())
+        put, existing = self._put_if_absent(key, value, session, "claim")
+        if put is not None:
+            return int(put.response_put.header.revision)
         if existing is not None and existing.lease_id == session.id:
             return int(existing.mod_revision)
         return 0
@@ -247,22 +358,12 @@ class Group:
 
     # -- operator requests (manual mode) --------------------------------------------------
 
-    def request(self, name: str, **fields: Any) -> None:
+    def request(self, request: Request) -> None:
+        """Store an operator request for the leader (member ids are validated first)."""
+        name, value = codec.encode_request(dataclasses.replace(request, at=time.time()))
         with etcd_errors(self.where):
-            self.client.put(keys.request(self.stream, name), _doc(**fields, at=time.time()))
+            self.client.put(keys.request(self.stream, name), value)
 
     def clear_request(self, name: str) -> None:
         with etcd_errors(self.where):
             self.client.delete(keys.request(self.stream, name))
-
-
-def _member(name: str, value: dict[str, Any], lease: int) -> Member:
-    return Member(
-        id=name,
-        weight=int(value.get("weight", 1)),
-        lease=lease,
-        host=str(value.get("host", "")),
-        pid=int(value.get("pid", 0)),
-        version=str(value.get("version", "")),
-        started=float(value.get("started", 0.0)),
-    )

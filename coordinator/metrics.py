@@ -1,4 +1,7 @@
-"""The coordinator's Prometheus metrics: every name the coordinator exports is here."""
+"""The coordinator's Prometheus metrics: every name the coordinator exports is here.
+
+Consumers count ``partq_etcd_malformed_values`` too (their :class:`coordinator.group.Group`).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +10,10 @@ from prometheus_client import Counter, Gauge, Histogram
 __all__ = [
     "ASSIGNMENT_INFO",
     "ETCD_SECONDS",
+    "FAILURES",
     "IMBALANCE",
     "IS_LEADER",
+    "MALFORMED_VALUES",
     "MEMBERS",
     "PARTITIONS_IN_MOTION",
     "PARTITIONS_MOVED",
@@ -49,6 +54,18 @@ ETCD_SECONDS = Histogram(
     "Latency of etcd requests made by partq",
     ["operation"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+MALFORMED_VALUES = Counter(
+    "partq_etcd_malformed_values",
+    "Values under a stream's etcd keys that partq did not write (not JSON, or the wrong "
+    "shape), by kind of key: ignored as if absent; counted once per key and revision",
+    ["stream", "kind"],
+)
+FAILURES = Counter(
+    "partq_coordinator_failures",
+    "Unexpected errors that ended a coordinator's campaign for a stream, by exception type "
+    "(it campaigns again after a backoff)",
+    ["stream", "error"],
 )
 ASSIGNMENT_INFO = Gauge(
     "partq_assignment_info",

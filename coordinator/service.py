@@ -12,32 +12,50 @@ the member set to stay unchanged for ``settle`` seconds; then step toward
 :func:`coordinator.assignor.assign`'s target moving at most ``max_moves``
 partitions at once (a partition is *in motion* until its new owner claims it).
 In ``manual`` mode only operator requests (rebalance, move, drain) move anything.
+
+Values come decoded from :class:`coordinator.group.Group`; a malformed one is an
+absent key (so a garbled assignment is rewritten, a garbled request ignored). A
+stream deleted, or whose spec is malformed, makes the coordinator not ready
+(:meth:`StreamCoordinator.check`) until it is back; then it campaigns again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from coordinator import keys, metrics
+from coordinator import codec, keys, metrics
 from coordinator.assignor import assign, limit_moves
 from coordinator.errors import EtcdUnavailable, NotLeader
 from coordinator.etcd import etcd_errors
-from coordinator.group import Claim, Group, GroupState, Member, WatchEvent
+from coordinator.group import (
+    Assignment,
+    Candidate,
+    Claim,
+    Drain,
+    Group,
+    GroupState,
+    Member,
+    Move,
+    Rebalance,
+    Request,
+    WatchEvent,
+)
 from coordinator.session import Session
 from coordinator.streams import Registry
 from producer import logs
 from producer.contract import StreamSpec
-from producer.errors import StreamNotFound
+from producer.errors import MalformedValue, PartqError, StreamNotFound, UsageError
 
 __all__ = ["CoordinatorConfig", "StreamCoordinator", "plan"]
 
 log = logging.getLogger("partq.coordinator")
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
+_BACKOFF, _MAX_BACKOFF = 0.2, 5.0
 
 
 @dataclass(frozen=True)
@@ -57,7 +75,7 @@ class _Mirror:
     assignment: dict[int, str] = field(default_factory=dict)
     claims: dict[int, Claim] = field(default_factory=dict)
     leaders: dict[str, int] = field(default_factory=dict)  # candidate key -> create revision
-    requests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    requests: dict[str, Request] = field(default_factory=dict)
 
     @classmethod
     def of(cls, state: GroupState) -> _Mirror:
@@ -70,13 +88,15 @@ class _Mirror:
         )
 
 
-def drained(requests: dict[str, dict[str, Any]]) -> set[str]:
-    return {r["member"] for name, r in requests.items() if name.startswith("drain-")}
+def drained(requests: dict[str, Request]) -> set[str]:
+    """Members an operator asked to drain."""
+    return {r.member for r in requests.values() if isinstance(r, Drain)}
 
 
 def in_motion(assignment: dict[int, str], claims: dict[int, Claim]) -> set[int]:
     """Partitions whose assigned owner does not hold the claim yet."""
-    return {p for p, owner in assignment.items() if claims.get(p, Claim("", 0)).member != owner}
+    held = {p: c.member for p, c in claims.items()}
+    return {p for p, owner in assignment.items() if held.get(p) != owner}
 
 
 def plan(
@@ -100,7 +120,23 @@ def plan(
     return limit_moves(current, target, budget)
 
 
+class _Missing(Exception):
+    """The stream's spec is gone or unreadable: not ready until it is back."""
+
+
 class StreamCoordinator(threading.Thread):
+    """Campaigns for, and while leading coordinates, one stream, until :meth:`stop`.
+
+    Each campaign is one session, one candidate key, one snapshot and one watch. A
+    campaign ends on an error and the next one starts after a backoff (0.2 s doubling
+    to 5 s, reset once a campaign got going): etcd away, deposed, or a changed spec
+    (logged at warning); the stream missing (deleted, or its spec malformed: logged
+    once, :meth:`check` fails until it is back); anything unexpected (logged with its
+    traceback, counted in ``partq_coordinator_failures_total``). Only an error in that
+    retry loop itself ends the thread: :attr:`failure` holds it, and ``partq
+    coordinator`` exits 1.
+    """
+
     def __init__(self, registry: Registry, stream: str, config: CoordinatorConfig) -> None:
         super().__init__(name=f"coordinator-{stream}", daemon=True)
         self.registry = registry
@@ -111,10 +147,15 @@ class StreamCoordinator(threading.Thread):
         self.stopping = threading.Event()
         self.leading = threading.Event()
         self.spec: StreamSpec | None = None
+        self.missing: str | None = None  # why the stream is missing, while it is
+        self.failure: BaseException | None = None  # what ended the thread, if anything did
         self._fence: tuple[str, int] | None = None
         self._mirror = _Mirror()
         self._settle_at: float | None = None
         self._assigned_once = False
+        self._going = False  # this campaign reached its event loop
+        self._last_error: str | None = None
+        self._exported: set[tuple[str, str, str, str]] = set()  # our partq_assignment_info
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -122,26 +163,65 @@ class StreamCoordinator(threading.Thread):
         self.stopping.set()
         self.events.put("stop")
 
+    def check(self) -> None:
+        """Raise (a :class:`PartqError` saying why) unless this stream can be coordinated."""
+        if self.failure is not None:
+            raise PartqError(f"the coordinator of {self.stream} died: {self.failure!r}")
+        if self.missing is not None:
+            raise StreamNotFound(f"stream {self.stream} is missing: {self.missing}")
+
     def run(self) -> None:
         with logs.bind(stream=self.stream):
-            self._run()
+            try:
+                self._run()
+            except BaseException as e:  # partq coordinator exits 1 on it
+                self.failure = e
+                log.critical("%s: the coordinator thread died: %r", self.stream, e, exc_info=True)
+            finally:
+                self._step_down()
 
     def _run(self) -> None:
-        backoff = 0.2
+        backoff = _BACKOFF
         while not self.stopping.is_set():
+            self._going = False
             try:
                 self._campaign()
-                backoff = 0.2
-            except (EtcdUnavailable, NotLeader, StreamNotFound) as e:
-                # deposed, etcd away, or the stream deleted under us: campaign again later
-                log.warning("%s: %s; retrying in %.1fs", self.stream, e, backoff)
-                self._step_down()
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
-        self._step_down()
+            except (EtcdUnavailable, NotLeader) as e:  # etcd away, or deposed
+                log.warning("%s: %s; campaigning again in %.1fs", self.stream, e, backoff)
+            except _Missing as e:
+                if self.missing != str(e):
+                    log.warning(
+                        "%s: the stream is missing (deleted, or its spec is unreadable): %s; "
+                        "not ready, waiting for it", self.stream, e,
+                    )  # fmt: skip
+                self.missing = str(e)
+            except Exception as e:
+                metrics.FAILURES.labels(self.stream, type(e).__name__).inc()
+                error = f"{type(e).__name__}: {e}"
+                if error != self._last_error:
+                    log.error(
+                        "%s: unexpected error; campaigning again in %.1fs", self.stream, backoff,
+                        exc_info=True,
+                    )  # fmt: skip
+                else:
+                    log.warning("%s: again %s; retrying in %.1fs", self.stream, error, backoff)
+                self._last_error = error
+            self._step_down()
+            if self._going:
+                backoff = _BACKOFF
+            if self.stopping.wait(backoff):
+                break
+            backoff = min(backoff * 2, _MAX_BACKOFF)
 
     def _campaign(self) -> None:
-        self.spec = self.registry.read_spec(self.stream)
+        try:
+            self.spec = self.registry.read_spec(self.stream)
+        except (StreamNotFound, MalformedValue, UsageError) as e:
+            raise _Missing(str(e)) from None
+        if self.missing is not None:
+            log.info("%s: the stream is back; campaigning", self.stream)
+            self.missing = None
+        self._drain_events()  # what the previous campaign's watch left is stale
         session = Session(
             self.registry.client, self.registry.where, self.config.ttl,
             on_lost=lambda: self.events.put("lease-lost"),
@@ -150,12 +230,20 @@ class StreamCoordinator(threading.Thread):
         watch_id = None
         try:
             with etcd_errors(self.registry.where):
-                self.registry.client.put(candidate, "", lease=session.lease)
+                self.registry.client.put(candidate, codec.encode_candidate(), lease=session.lease)
             state = self.group.snapshot()
+            if state.spec is None:  # deleted (or garbled) since we read it
+                raise _Missing(f"stream {self.stream!r} was deleted")
+            if state.spec != self.spec:
+                raise NotLeader(f"{self.stream}: its spec changed to {state.spec}")
             self._mirror = _Mirror.of(state)
+            if candidate not in self._mirror.leaders:
+                raise NotLeader(f"{self.stream}: our candidate key {candidate} is gone")
             self._fence = (candidate, self._mirror.leaders[candidate])
             watch_id = self.group.watch(state.revision, self.events.put)
             self._settle_at = time.monotonic() + self.config.settle
+            self._going = True
+            self._last_error = None
             self._loop()
         finally:
             self._step_down()
@@ -163,12 +251,17 @@ class StreamCoordinator(threading.Thread):
                 self.group.cancel_watch(watch_id)
             session.close(revoke=True)
 
+    def _drain_events(self) -> None:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.events.get_nowait()  # a "stop" among them: self.stopping is set
+
     def _step_down(self) -> None:
         if self.leading.is_set():
             log.info("%s: no longer leading", self.stream)
         self.leading.clear()
         metrics.IS_LEADER.labels(self.stream).set(0)
-        metrics.ASSIGNMENT_INFO.clear()
+        self._export_assignment(set())
 
     # -- the event loop ------------------------------------------------------------------
 
@@ -193,38 +286,44 @@ class StreamCoordinator(threading.Thread):
             self._export()
 
     def _apply(self, event: WatchEvent) -> None:
+        """Mirror one change; a malformed value (``event.value`` None) is an absent key."""
         m = self._mirror
+        value = event.value
         if event.kind == "member":
-            if event.value is None:
-                m.members.pop(event.name, None)
+            if isinstance(value, Member):
+                m.members[event.name] = value
             else:
-                v = event.value
-                m.members[event.name] = Member(
-                    event.name, int(v.get("weight", 1)), event.lease, str(v.get("host", "")),
-                    int(v.get("pid", 0)), str(v.get("version", "")), float(v.get("started", 0)),
-                )  # fmt: skip
+                m.members.pop(event.name, None)
             self._settle_at = time.monotonic() + self.config.settle
         elif event.kind == "assignment":
-            if event.value is None:
-                m.assignment.pop(int(event.name), None)
+            if isinstance(value, Assignment):
+                m.assignment[event.partition] = value.owner
             else:
-                m.assignment[int(event.name)] = event.value["owner"]
+                m.assignment.pop(event.partition, None)
         elif event.kind == "claim":
-            if event.value is None:
-                m.claims.pop(int(event.name), None)
+            if isinstance(value, Claim):
+                m.claims[event.partition] = value
             else:
-                m.claims[int(event.name)] = Claim(event.value["member"], event.lease)
+                m.claims.pop(event.partition, None)
         elif event.kind == "leader":
             key = keys.leader_prefix(self.stream) + event.name
-            if event.value is None:
-                m.leaders.pop(key, None)
-            else:
+            if isinstance(value, Candidate):
                 m.leaders.setdefault(key, event.revision)
-        elif event.kind == "request":
-            if event.value is None:
-                m.requests.pop(event.name, None)
             else:
-                m.requests[event.name] = event.value
+                m.leaders.pop(key, None)
+                if self._fence is not None and key == self._fence[0]:
+                    raise NotLeader(f"{self.stream}: our candidate key {key} is gone")
+        elif event.kind == "request":
+            if isinstance(value, Rebalance | Move | Drain):
+                m.requests[event.name] = value
+            else:
+                m.requests.pop(event.name, None)
+        elif event.kind == "spec":
+            if not isinstance(value, StreamSpec):
+                why = f"its spec is malformed: {event.malformed}" if event.malformed else ""
+                raise _Missing(why or f"stream {self.stream!r} was deleted")
+            if value != self.spec:
+                raise NotLeader(f"{self.stream}: its spec changed to {value}")
 
     def _update_leadership(self) -> None:
         assert self._fence is not None
@@ -265,13 +364,13 @@ class StreamCoordinator(threading.Thread):
         self._write(step, reason)
         self._assigned_once = True
 
-    def _handle_request(self, name: str, request: dict[str, Any]) -> None:
+    def _handle_request(self, name: str, request: Request) -> None:
         m = self._mirror
-        if name == "rebalance":
+        if isinstance(request, Rebalance):
             self._reconcile("manual")
             self.group.clear_request(name)
-        elif name.startswith("move-"):
-            partition, to = int(request["partition"]), str(request["to"])
+        elif isinstance(request, Move):
+            partition, to = request.partition, request.to
             if to in m.members and self.spec and 0 <= partition < self.spec.partitions:
                 self._write({**m.assignment, partition: to}, "move")
             else:
@@ -279,8 +378,8 @@ class StreamCoordinator(threading.Thread):
                     "%s: ignoring move of %s to unknown member %s", self.stream, partition, to
                 )
             self.group.clear_request(name)
-        elif name.startswith("drain-"):
-            member = str(request["member"])
+        elif isinstance(request, Drain):
+            member = request.member
             if member not in m.members:
                 self.group.clear_request(name)  # it left: the drain is done
             elif any(owner == member for owner in m.assignment.values()):
@@ -299,7 +398,7 @@ class StreamCoordinator(threading.Thread):
         for start in range(0, len(changed), _TXN_OPS):
             chunk = changed[start : start + _TXN_OPS]
             puts = [
-                t.put(keys.assignment(self.stream, p), f'{{"owner": "{target[p]}", "v": 1}}')
+                t.put(keys.assignment(self.stream, p), codec.encode_assignment(target[p]))
                 for p in chunk
             ]
             began = time.monotonic()
@@ -323,11 +422,12 @@ class StreamCoordinator(threading.Thread):
     def _export(self) -> None:
         if self.spec is None:
             return
+        spec = self.spec
         m = self._mirror
         live = {k for k in m.members}
-        owned = {p: o for p, o in m.assignment.items() if o in live}
+        owned = {p: o for p, o in m.assignment.items() if o in live and p < spec.partitions}
         metrics.MEMBERS.labels(self.stream).set(len(m.members))
-        metrics.PARTITIONS_UNASSIGNED.labels(self.stream).set(self.spec.partitions - len(owned))
+        metrics.PARTITIONS_UNASSIGNED.labels(self.stream).set(spec.partitions - len(owned))
         metrics.PARTITIONS_IN_MOTION.labels(self.stream).set(len(in_motion(owned, m.claims)))
         weights = {k: v.weight for k, v in m.members.items()}
         total = sum(weights.values())
@@ -336,11 +436,18 @@ class StreamCoordinator(threading.Thread):
         for owner in owned.values():
             counts[owner] += 1
         for member, weight in weights.items():
-            worst = max(worst, abs(counts[member] - self.spec.partitions * weight / total))
+            worst = max(worst, abs(counts[member] - spec.partitions * weight / total))
         metrics.IMBALANCE.labels(self.stream).set(worst)
         if self.leading.is_set():
-            metrics.ASSIGNMENT_INFO.clear()
-            for p, owner in sorted(owned.items()):
-                metrics.ASSIGNMENT_INFO.labels(self.stream, str(p), owner, self.spec.queue(p)).set(
-                    1
-                )
+            self._export_assignment(
+                {(self.stream, str(p), owner, spec.queue(p)) for p, owner in owned.items()}
+            )
+
+    def _export_assignment(self, series: set[tuple[str, str, str, str]]) -> None:
+        """Make this stream's ``partq_assignment_info`` series exactly ``series`` (other
+        streams' series, of other coordinators in this process, are left alone)."""
+        for labels in self._exported - series:
+            metrics.ASSIGNMENT_INFO.remove(*labels)
+        for labels in series - self._exported:
+            metrics.ASSIGNMENT_INFO.labels(*labels).set(1)
+        self._exported = series

@@ -1,4 +1,7 @@
-"""A stream's status: leader, members, assignment, claims, queue depth; as data and as HTML."""
+"""A stream's status: leader, members, assignment, claims, queue depth; as data and as HTML.
+
+Keys whose values partq did not write are listed under ``malformed`` (and ignored).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from producer.amqp import QueueStats, blocking_connection, queue_stats
 from producer.contract import StreamSpec
 from producer.errors import BrokerUnavailable
 
-__all__ = ["beyond_lines", "render_html", "snapshot_status"]
+__all__ = ["beyond_lines", "malformed_lines", "render_html", "snapshot_status"]
 
 
 def snapshot_status(
@@ -28,7 +31,7 @@ def snapshot_status(
     """The report; queue stats from ``depths`` (a daemon's cached source, whose errors
     propagate) or else from one short-lived connection (depths left out if it fails)."""
     spec = registry.read_spec(stream)
-    state = Group(registry.client, registry.where, stream).snapshot()
+    state = Group(registry.client, registry.where, stream, report=False).snapshot()
     leader = None
     if state.leaders:
         leader = state.leaders[0][1].rsplit("/", 1)[1]
@@ -81,6 +84,10 @@ def snapshot_status(
         "queue_type": spec.queue_type,
         "leader": leader,
         "members": members,
+        "malformed": [
+            {"key": m.key, "kind": m.kind, "error": m.error, "revision": m.revision}
+            for m in sorted(state.malformed.values(), key=lambda m: m.key)
+        ],
         "assignment": {str(p): o for p, o in sorted(owned.items())},
         "claims": {str(p): c.member for p, c in sorted(state.claims.items())},
         "unassigned": [p for p in range(spec.partitions) if p not in owned],
@@ -148,5 +155,26 @@ def render_html(reports: list[dict[str, Any]], refresh_seconds: int = 2) -> str:
                 f"<td>{'-' if row['consumers'] is None else row['consumers']}</td></tr>"
             )
         parts.append("</table>")
+        if r.get("malformed"):
+            parts.append(
+                f"<h3>Malformed keys ({len(r['malformed'])}): ignored as absent</h3>"
+                "<table class='malformed'><tr><th>key</th><th>kind</th><th>error</th></tr>"
+            )
+            for m in r["malformed"]:
+                parts.append(
+                    f"<tr><td>{e(m['key'])}</td><td>{e(m['kind'])}</td>"
+                    f"<td>{e(m['error'])}</td></tr>"
+                )
+            parts.append("</table>")
     parts.append("</body></html>")
     return "".join(parts)
+
+
+def malformed_lines(report: dict[str, Any]) -> list[str]:
+    """``partq status``'s section on the keys whose values partq did not write."""
+    bad = report.get("malformed", [])
+    if not bad:
+        return []
+    lines = [f"malformed keys ({len(bad)}): ignored as absent; fix or delete them"]
+    lines += [f"  {m['key']}  ({m['kind']}, revision {m['revision']}): {m['error']}" for m in bad]
+    return lines

@@ -41,7 +41,7 @@ class Registry:
             )
         if created:
             return True
-        stored = StreamSpec.from_json(responses[0][0][0])
+        stored = StreamSpec.from_json(responses[0][0][0], key)
         if stored.partitions != spec.partitions:
             raise SpecMismatch(
                 f"stream {spec.name!r} already exists with {stored.partitions} partitions, "
@@ -64,13 +64,13 @@ class Registry:
                 f"stream {stream!r} does not exist in etcd at {self.where}: create it with "
                 f"`partq stream create {stream} --partitions N`"
             )
-        return StreamSpec.from_json(value)
+        return StreamSpec.from_json(value, keys.spec(stream))  # MalformedValue naming the key
 
     def list_specs(self) -> list[StreamSpec]:
         with etcd_errors(self.where):
             items = list(self.client.get_prefix(keys.STREAMS))
         specs = [
-            StreamSpec.from_json(value)
+            StreamSpec.from_json(value, meta.key.decode(errors="replace"))
             for value, meta in items
             if keys.stream_of_spec(meta.key) is not None
         ]

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import mmh3
 
-from producer.errors import InvalidStreamName, SpecMismatch, UsageError
+from producer.errors import InvalidStreamName, MalformedValue, SpecMismatch, UsageError
 
 __all__ = [
     "HEADER_KEY",
@@ -178,18 +178,32 @@ class StreamSpec:
         )
 
     @classmethod
-    def from_json(cls, raw: str | bytes) -> StreamSpec:
-        doc = json.loads(raw)
-        if doc.get("v") != 1:
+    def from_json(cls, raw: str | bytes, key: str = "") -> StreamSpec:
+        """The spec in ``raw``; :class:`MalformedValue` naming ``key`` if it is not one."""
+        where = f" at {key}" if key else ""
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:  # not UTF-8, or not JSON
+            raise MalformedValue(f"malformed stream spec{where}: not JSON ({e})") from None
+        if not isinstance(doc, dict):
+            raise MalformedValue(f"malformed stream spec{where}: not a JSON object")
+        version = doc.get("v")
+        if type(version) is not int or version != 1:
             raise UsageError(
-                f"stream spec version {doc.get('v')!r} is not understood by this partq: upgrade it"
+                f"stream spec{where} version {version!r} is not understood by this partq: "
+                f"upgrade it"
             )
-        return cls(
-            name=doc["name"],
-            partitions=doc["partitions"],
-            queue_type=doc["queue_type"],
-            version=doc["v"],
-        )
+        try:
+            return cls(
+                name=doc["name"],
+                partitions=doc["partitions"],
+                queue_type=doc["queue_type"],
+                version=version,
+            )
+        except KeyError as e:
+            raise MalformedValue(f"malformed stream spec{where}: no {e.args[0]!r}") from None
+        except UsageError as e:
+            raise MalformedValue(f"malformed stream spec{where}: {e}") from None
 
     def check_partitions(self, configured: int | None) -> None:
         """Refuse to run when a configured partition count disagrees with this spec."""

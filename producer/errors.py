@@ -7,6 +7,7 @@
     │   ├── InvalidStreamName
     │   └── SpecMismatch           configured partitions disagree with the stored spec
     ├── StreamNotFound             no spec in etcd: create the stream first
+    ├── MalformedValue             a value in etcd is not what partq writes (also a ValueError)
     ├── BrokerUnavailable          RabbitMQ cannot be reached or refused us
     ├── PublishFailed              a message was not confirmed (its future fails with this)
     │   ├── MessageNacked
@@ -25,6 +26,7 @@ __all__ = [
     "BrokerUnavailable",
     "ConnectionLost",
     "InvalidStreamName",
+    "MalformedValue",
     "MessageNacked",
     "MessageUnroutable",
     "PartqError",
@@ -54,6 +56,10 @@ class SpecMismatch(UsageError):
 
 class StreamNotFound(PartqError):
     pass
+
+
+class MalformedValue(PartqError, ValueError):
+    """A value stored in etcd is not one partq writes (not JSON, or the wrong shape)."""
 
 
 class BrokerUnavailable(PartqError):

@@ -26,10 +26,10 @@ from consumers.daemon import (
 from consumers.http import serve
 from consumers.message import load_handler
 from consumers.signals import on_stop_signals
-from coordinator.group import Group
+from coordinator.group import Drain, Group, Move, Rebalance, validate_member_id
 from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
 from coordinator.service import CoordinatorConfig, StreamCoordinator, plan
-from coordinator.status import beyond_lines, render_html, snapshot_status
+from coordinator.status import beyond_lines, malformed_lines, render_html, snapshot_status
 from producer.errors import UsageError
 
 pass_context = click.make_pass_decorator(Context)
@@ -79,7 +79,12 @@ def bind_error(host: str, port: int, error: OSError) -> str:
 @click.command()
 @click.argument("stream")
 @click.option("--handler", required=True, help="The handler, as pkg.module:function.")
-@click.option("--member-id", envvar="PARTQ_MEMBER_ID", help="Stable member id (e.g. pod name).")
+@click.option(
+    "--member-id",
+    envvar="PARTQ_MEMBER_ID",
+    help="Stable member id (e.g. pod name): ASCII letters, digits, _ . : @ -, starting with a "
+    "letter or digit, at most 253 characters [PARTQ_MEMBER_ID].",
+)
 @click.option("--weight", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--prefetch", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option(
@@ -225,6 +230,8 @@ def coordinator(
 
     def ready() -> bool:
         etcd.check()  # raises with the reason: 503
+        for thread in threads:
+            thread.check()  # a stream missing (deleted, or its spec malformed): 503, saying so
         return not stop.is_set()
 
     def export_depths() -> None:
@@ -250,12 +257,17 @@ def coordinator(
     while not stop.wait(1.0):
         if not all(t.is_alive() for t in threads):
             break
+    dead = [t for t in threads if not t.is_alive()]  # before we stop them: they died
     for thread in threads:
         thread.stop()
     for thread in threads:
         thread.join(timeout=10)
     server.shutdown()
     depths.close()
+    dead += [t for t in threads if t.failure is not None and t not in dead]
+    if dead:  # the traceback is logged by the thread; never exit 0 after a thread death
+        log.error("coordinator of %s died; exiting 1", ", ".join(t.stream for t in dead))
+        raise click.exceptions.Exit(1)
 
 
 @click.command()
@@ -288,6 +300,8 @@ def status(ctx: Context, stream: str, as_json: bool) -> None:
             f"{row['partition']:>9}  {row['owner'] or '-':<30} {row['claim'] or '-':<30} "
             f"{_num(row['messages']):>8} {_num(row['consumers']):>9}"
         )
+    for line in malformed_lines(report):
+        click.echo(line)
 
 
 def _num(value: int | None) -> str:
@@ -303,9 +317,9 @@ def rebalance(ctx: Context, stream: str, dry_run: bool, max_moves: int | None) -
     """Ask the leader to rebalance STREAM now (needed in --manual mode)."""
     registry = ctx.registry()
     spec = registry.read_spec(stream)
-    group = Group(registry.client, registry.where, stream)
+    group = Group(registry.client, registry.where, stream, report=False)
     state = group.snapshot()
-    excluded = {r["member"] for n, r in state.requests.items() if n.startswith("drain-")}
+    excluded = {r.member for r in state.requests.values() if isinstance(r, Drain)}
     target = plan(spec, state.members, state.assignment, state.claims, excluded, max_moves)
     changes = [
         (p, state.assignment.get(p), o)
@@ -316,7 +330,7 @@ def rebalance(ctx: Context, stream: str, dry_run: bool, max_moves: int | None) -
         click.echo(f"partition {partition}: {old or '(unassigned)'} -> {new}")
     click.echo(f"{len(changes)} partitions would change owner")
     if not dry_run:
-        group.request("rebalance")
+        group.request(Rebalance())
         click.echo("rebalance requested; the leading coordinator carries it out")
 
 
@@ -327,18 +341,19 @@ def rebalance(ctx: Context, stream: str, dry_run: bool, max_moves: int | None) -
 @pass_context
 def move(ctx: Context, stream: str, partition: int, member: str) -> None:
     """Move one partition of STREAM to MEMBER."""
+    validate_member_id(member)
     registry = ctx.registry()
     spec = registry.read_spec(stream)
     if not 0 <= partition < spec.partitions:
         raise click.BadParameter(
             f"{stream} has partitions 0..{spec.partitions - 1}", param_hint="--partition"
         )
-    group = Group(registry.client, registry.where, stream)
+    group = Group(registry.client, registry.where, stream, report=False)
     if member not in group.snapshot().members:
         raise click.BadParameter(
             f"{member!r} is not a live member of {stream} (see partq status)", param_hint="--to"
         )
-    group.request(f"move-{partition}", partition=partition, to=member)
+    group.request(Move(partition, member))
     click.echo(f"move of partition {partition} to {member} requested")
 
 
@@ -348,13 +363,14 @@ def move(ctx: Context, stream: str, partition: int, member: str) -> None:
 @pass_context
 def drain(ctx: Context, stream: str, member: str) -> None:
     """Move every partition of STREAM away from MEMBER (until it leaves)."""
+    validate_member_id(member)
     registry = ctx.registry()
     registry.read_spec(stream)
-    group = Group(registry.client, registry.where, stream)
+    group = Group(registry.client, registry.where, stream, report=False)
     state = group.snapshot()
     if member not in state.members:
         raise click.BadParameter(f"{member!r} is not a live member of {stream}")
-    group.request(f"drain-{member}", member=member)
+    group.request(Drain(member))
     owned = sorted(p for p, o in state.assignment.items() if o == member)
     click.echo(f"drain of {member} requested ({len(owned)} partitions to move)")
 

@@ -1,0 +1,403 @@
+"""Every value partq stores in etcd: encoded with :func:`json.dumps`, decoded with checks.
+
+:mod:`coordinator.keys` names the keys; this module is the only one that writes or
+reads their values. Encoders refuse what decoders would refuse, so partq never
+writes a value it cannot read back; decoders check the JSON, the version ``v``, the
+type of every field and the key's own name, and raise
+:class:`~producer.errors.MalformedValue` with the reason, never a ``KeyError`` or
+``JSONDecodeError`` from deep inside a daemon. :class:`coordinator.group.Group`
+decodes every value it reads once, here, and treats a malformed one as absent.
+
+====================================  ===============================================  ==========
+key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)                 decoded as
+====================================  ===============================================  ==========
+``members/<member id>``               ``{"v": 1, "id", "weight" (≥ 1), "host", "pid",  Member
+                                      "version", "started"}``, on the member's lease
+``assignment/<partition:05d>``        ``{"v": 1, "owner": <member id>}``               Assignment
+``claims/<partition:05d>``            ``{"v": 1, "member": <member id>, "at"}``,       Claim
+                                      on the claimer's lease
+``leader/<lease id:016x>``            empty, on the candidate's lease                  Candidate
+``requests/rebalance``                ``{"v": 1, "at"}``                               Rebalance
+``requests/move-<partition>``         ``{"v": 1, "partition", "to": <member id>,       Move
+                                      "at"}``
+``requests/drain-<member id>``        ``{"v": 1, "member": <member id>, "at"}``        Drain
+``spec``                              :meth:`StreamSpec.to_json`                       StreamSpec
+====================================  ===============================================  ==========
+
+``at`` and ``started`` are Unix times (seconds, a finite JSON number); other fields
+partq does not know are ignored (a later 1.x may add some), a missing one is an error.
+
+**Member ids** match :data:`MEMBER_ID_PATTERN`: an ASCII letter or digit, then up to
+252 letters, digits, ``_ . : @ -`` (253 in all, the longest DNS name). That admits
+host names, Kubernetes pod names and the default ``<host>-<pid>-<hex>``; it refuses
+quotes, backslashes, slashes (an id is one etcd key segment), whitespace and control
+characters. :func:`validate_member_id` checks it where an id comes in (joining, the
+``move``/``drain`` commands) and every decoder checks it again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from coordinator.errors import InvalidMemberId
+from producer.contract import MAX_PARTITIONS, StreamSpec
+from producer.errors import MalformedValue, UsageError
+
+__all__ = [
+    "KINDS",
+    "MEMBER_ID_PATTERN",
+    "VERSION",
+    "Assignment",
+    "Candidate",
+    "Claim",
+    "Drain",
+    "Kind",
+    "Member",
+    "Move",
+    "Rebalance",
+    "Request",
+    "Value",
+    "check_name",
+    "decode",
+    "encode_assignment",
+    "encode_candidate",
+    "encode_claim",
+    "encode_member",
+    "encode_request",
+    "valid_name",
+    "validate_member_id",
+]
+
+VERSION: Final = 1
+MEMBER_ID_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,252}"
+_MEMBER_ID = re.compile(MEMBER_ID_PATTERN)
+_PARTITION = re.compile(r"[0-9]{5}")
+_LEASE = re.compile(r"[0-9a-f]{16}")
+_MOVE = re.compile(r"move-(0|[1-9][0-9]{0,4})")
+
+Kind = Literal["member", "assignment", "claim", "leader", "request", "spec"]
+KINDS: Final[tuple[Kind, ...]] = ("member", "assignment", "claim", "leader", "request", "spec")
+
+
+# -- the values ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A consumer in the group; ``lease`` is the member key's lease (not in the value)."""
+
+    id: str
+    weight: int = 1
+    lease: int = 0
+    host: str = ""
+    pid: int = 0
+    version: str = ""
+    started: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The leader's choice of owner for one partition."""
+
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A member consuming a partition; ``lease`` is the claim key's lease (not in the value)."""
+
+    member: str
+    lease: int
+    at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A coordinator standing for leader of the stream (the lowest create revision leads)."""
+
+    lease: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rebalance:
+    """Operator request: rebalance now (``partq rebalance``)."""
+
+    at: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return "rebalance"
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Operator request: give ``partition`` to member ``to`` (``partq move``)."""
+
+    partition: int
+    to: str
+    at: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"move-{self.partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Operator request: move every partition away from ``member`` (``partq drain``)."""
+
+    member: str
+    at: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"drain-{self.member}"
+
+
+Request = Rebalance | Move | Drain
+Value = Member | Assignment | Claim | Candidate | Request | StreamSpec
+
+
+# -- member ids ------------------------------------------------------------------------------
+
+
+def validate_member_id(member_id: object) -> str:
+    """``member_id`` if it is a valid member id, else :class:`InvalidMemberId` (a usage error)."""
+    if not isinstance(member_id, str) or not _MEMBER_ID.fullmatch(member_id):
+        raise InvalidMemberId(
+            f"invalid member id {member_id!r}: use ASCII letters, digits, '_', '.', ':', '@' "
+            f"and '-', starting with a letter or digit, at most 253 characters "
+            f"(pattern {MEMBER_ID_PATTERN})"
+        )
+    return member_id
+
+
+# -- encoding ----------------------------------------------------------------------------------
+
+
+def _dumps(**fields: Any) -> str:
+    return json.dumps({"v": VERSION, **fields}, sort_keys=True, allow_nan=False)
+
+
+def _time(value: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _count(value: int, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what} must be a whole number of at least {minimum}, got {value!r}")
+    return value
+
+
+def _text(value: str, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, got {value!r}")
+    return value
+
+
+def encode_member(member: Member) -> str:
+    """A member key's value (``member.lease`` is the key's lease, not part of it)."""
+    return _dumps(
+        id=validate_member_id(member.id),
+        weight=_count(member.weight, "weight", 1),
+        host=_text(member.host, "host"),
+        pid=_count(member.pid, "pid", 0),
+        version=_text(member.version, "version"),
+        started=_time(member.started, "started"),
+    )
+
+
+def encode_assignment(owner: str) -> str:
+    return _dumps(owner=validate_member_id(owner))
+
+
+def encode_candidate() -> str:
+    """A leader candidate key's value: empty (the key's name and lease are what count)."""
+    return ""
+
+
+def encode_claim(member: str, at: float) -> str:
+    return _dumps(member=validate_member_id(member), at=_time(at, "at"))
+
+
+def encode_request(request: Request) -> tuple[str, str]:
+    """(the request key's name, its value)."""
+    at = _time(request.at, "at")
+    if isinstance(request, Rebalance):
+        return request.name, _dumps(at=at)
+    if isinstance(request, Move):
+        partition = _count(request.partition, "partition", 0)
+        if partition >= MAX_PARTITIONS:
+            raise ValueError(f"partition must be below {MAX_PARTITIONS}, got {partition}")
+        return request.name, _dumps(partition=partition, to=validate_member_id(request.to), at=at)
+    return request.name, _dumps(member=validate_member_id(request.member), at=at)
+
+
+# -- decoding ----------------------------------------------------------------------------------
+
+
+def decode(kind: str, stream: str, name: str, raw: bytes | str, lease: int = 0) -> Value:
+    """The value of ``stream``'s key of ``kind`` called ``name`` (the part after the kind's
+    prefix), stored as ``raw`` on ``lease``; :class:`MalformedValue` if partq did not write it.
+    """
+    check_name(kind, name)
+    if kind == "member":
+        return _member(name, raw, lease)
+    if kind == "assignment":
+        return Assignment(_id(_object(raw), "owner"))
+    if kind == "claim":
+        doc = _object(raw)
+        return Claim(_id(doc, "member"), lease, _number(doc, "at"))
+    if kind == "leader":
+        if raw not in (b"", ""):
+            raise MalformedValue("a leader candidate's value is empty")
+        return Candidate(int(name, 16))
+    if kind == "request":
+        return _request(name, raw)
+    return _spec(stream, raw)
+
+
+def check_name(kind: str, name: str) -> None:
+    """:class:`MalformedValue` unless ``name`` is one partq gives a key of ``kind``."""
+    if kind == "member":
+        _name_id(name)
+    elif kind in ("assignment", "claim"):
+        _partition(name)
+    elif kind == "leader":
+        if not _LEASE.fullmatch(name):
+            raise MalformedValue(f"a leader candidate is named by its lease in hex, not {name!r}")
+    elif kind == "request":
+        if name.startswith("move-"):
+            if not _MOVE.fullmatch(name):
+                raise MalformedValue(f"a move request is named move-<partition>, not {name!r}")
+        elif name.startswith("drain-"):
+            _name_id(name[len("drain-") :])
+        elif name != "rebalance":
+            raise MalformedValue(
+                f"no request is called {name!r} (rebalance, move-<p>, drain-<member>)"
+            )
+    elif kind != "spec":
+        raise ValueError(f"unknown kind of key {kind!r}")
+
+
+def valid_name(kind: str, name: str) -> bool:
+    """Whether ``name`` is one partq gives a key of ``kind`` (see :func:`check_name`)."""
+    try:
+        check_name(kind, name)
+    except MalformedValue:
+        return False
+    return True
+
+
+def _object(raw: bytes | str) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw, parse_constant=_constant)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
+        raise MalformedValue(f"not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise MalformedValue(f"not a JSON object but {type(doc).__name__}")
+    if "v" not in doc:
+        raise MalformedValue('no version "v"')
+    version = doc["v"]
+    if type(version) is not int or version != VERSION:
+        raise MalformedValue(f"version {version!r} is not understood by this partq ({VERSION})")
+    return doc
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number partq writes")
+
+
+def _field(doc: dict[str, Any], field: str) -> Any:
+    if field not in doc:
+        raise MalformedValue(f"no {field!r}")
+    return doc[field]
+
+
+def _str(doc: dict[str, Any], field: str) -> str:
+    value = _field(doc, field)
+    if not isinstance(value, str):
+        raise MalformedValue(f"{field!r} is not a string: {value!r}")
+    return value
+
+
+def _int(doc: dict[str, Any], field: str, minimum: int) -> int:
+    value = _field(doc, field)
+    if type(value) is not int or value < minimum:
+        raise MalformedValue(f"{field!r} is not a whole number of at least {minimum}: {value!r}")
+    return value
+
+
+def _number(doc: dict[str, Any], field: str) -> float:
+    value = _field(doc, field)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise MalformedValue(f"{field!r} is not a number: {value!r}")
+    return float(value)
+
+
+def _id(doc: dict[str, Any], field: str) -> str:
+    value = _str(doc, field)
+    try:
+        return validate_member_id(value)
+    except InvalidMemberId:
+        raise MalformedValue(f"{field!r} is not a valid member id: {value!r}") from None
+
+
+def _name_id(name: str) -> str:
+    try:
+        return validate_member_id(name)
+    except InvalidMemberId:
+        raise MalformedValue(f"the key names an invalid member id {name!r}") from None
+
+
+def _partition(name: str) -> int:
+    if not _PARTITION.fullmatch(name) or int(name) >= MAX_PARTITIONS:
+        raise MalformedValue(f"the key names no partition: {name!r} (5 digits below 65536)")
+    return int(name)
+
+
+def _member(member_id: str, raw: bytes | str, lease: int) -> Member:
+    doc = _object(raw)
+    if _str(doc, "id") != member_id:
+        raise MalformedValue(f"'id' {doc['id']!r} is not the key's member id {member_id!r}")
+    return Member(
+        id=member_id,
+        weight=_int(doc, "weight", 1),
+        lease=lease,
+        host=_str(doc, "host"),
+        pid=_int(doc, "pid", 0),
+        version=_str(doc, "version"),
+        started=_number(doc, "started"),
+    )
+
+
+def _request(name: str, raw: bytes | str) -> Request:
+    """A request whose ``name`` passed :func:`check_name`."""
+    doc = _object(raw)
+    if name.startswith("move-"):
+        partition = _int(doc, "partition", 0)
+        if name != f"move-{partition}":
+            raise MalformedValue(f"'partition' {partition} is not the key's ({name!r})")
+        return Move(partition, _id(doc, "to"), _number(doc, "at"))
+    if name.startswith("drain-"):
+        member_id = name[len("drain-") :]
+        if _id(doc, "member") != member_id:
+            raise MalformedValue(f"'member' {doc['member']!r} is not the key's {member_id!r}")
+        return Drain(member_id, _number(doc, "at"))
+    return Rebalance(_number(doc, "at"))
+
+
+def _spec(stream: str, raw: bytes | str) -> StreamSpec:
+    try:
+        spec = StreamSpec.from_json(raw)
+    except UsageError as e:  # a version this partq does not understand
+        raise MalformedValue(str(e)) from None
+    if spec.name != stream:
+        raise MalformedValue(f"the spec of stream {spec.name!r} is not {stream!r}'s")
+    return spec
