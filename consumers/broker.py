@@ -111,6 +111,9 @@ class Broker(threading.Thread):
         self._connection: SelectConnection | None = None
         self._subs: dict[int, _Subscription] = {}
         self._opening: set[int] = set()
+        # partition -> (retry not before, last delay): its queue was NOT_FOUND
+        self._missing: dict[int, tuple[float, float]] = {}
+        self._deferred: dict[int, object] = {}  # partition -> its pending deferred subscribe
         self._last_drain = 0.0
         self._stopping = False
         self.connected = threading.Event()
@@ -152,6 +155,7 @@ class Broker(threading.Thread):
         """
 
         def do() -> None:
+            self._deferred.clear()
             subs, self._subs = self._subs, {}
             for _partition, sub in sorted(subs.items()):
                 if sub.channel.is_open:
@@ -196,9 +200,10 @@ class Broker(threading.Thread):
             self.connected.clear()
             self._on_connection(False)
             lost = sorted(p for p, sub in self._subs.items() if sub.consuming or sub.holding)
-            lost = sorted({*lost, *self._opening})
+            lost = sorted({*lost, *self._opening, *self._deferred})
             self._subs.clear()
             self._opening.clear()
+            self._deferred.clear()
             for partition in lost:
                 self._on_channel_lost(partition)
             if self._stopping:
@@ -223,6 +228,18 @@ class Broker(threading.Thread):
 
     def _subscribe(self, partition: int) -> None:
         assert self._connection is not None
+        wait = self._missing.get(partition, (0.0, 0.0))[0] - time.monotonic()
+        if wait > 0:  # its queue was missing a moment ago: do not spin on NOT_FOUND
+            token = object()
+            self._deferred[partition] = token
+
+            def later() -> None:
+                if self._deferred.get(partition) is token:  # not revoked meanwhile
+                    del self._deferred[partition]
+                    self._subscribe(partition)
+
+            self._connection.ioloop.call_later(wait, later)
+            return
         parked = self._subs.get(partition)
         if partition in self._opening or (parked is not None and parked.consuming):
             return  # already (being) subscribed on this connection
@@ -240,6 +257,9 @@ class Broker(threading.Thread):
             channel.add_on_close_callback(
                 lambda ch, reason: self._channel_closed(partition, ch, reason)
             )
+            # The broker cancels a consumer by itself when its queue is deleted: no END
+            # would ever follow, so the partition is reported lost (its channel closed).
+            channel.add_on_cancel_callback(lambda _frame: self._cancelled(partition, channel))
 
         def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
             method = method_frame.method
@@ -264,7 +284,7 @@ class Broker(threading.Thread):
             sub.tag = channel.basic_consume(
                 self.spec.queue(partition),
                 lambda *_: None,  # unused: on_delivery above receives every delivery
-                callback=lambda _f: self._on_subscribed(partition),
+                callback=lambda _f: self._subscribed(partition),
             )
 
         channel.basic_qos(prefetch_count=self.prefetch, callback=on_qos)
@@ -280,6 +300,7 @@ class Broker(threading.Thread):
         sub.acks_sent += 1
 
     def _revoke(self, partition: int) -> None:
+        self._deferred.pop(partition, None)
         sub = self._subs.get(partition)
         if sub is None or not sub.channel.is_open or not sub.consuming:
             self._on_channel_lost(partition)
@@ -365,7 +386,19 @@ class Broker(threading.Thread):
 
         channel.basic_qos(prefetch_count=self.prefetch, callback=acked)  # the acks went first
 
+    def _subscribed(self, partition: int) -> None:
+        self._missing.pop(partition, None)
+        self._on_subscribed(partition)
+
+    def _cancelled(self, partition: int, channel: Channel) -> None:
+        log.warning("partition %d: RabbitMQ cancelled the consumer (queue deleted?)", partition)
+        if channel.is_open:
+            channel.close()  # -> _channel_closed -> on_channel_lost
+
     def _channel_closed(self, partition: int, channel: Channel, reason: BaseException) -> None:
+        if getattr(reason, "reply_code", None) == 404:  # NOT_FOUND: the queue does not exist
+            delay = min(max(self._missing.get(partition, (0.0, 0.1))[1] * 2, 0.2), 5.0)
+            self._missing[partition] = (time.monotonic() + delay, delay)
         sub = self._subs.get(partition)
         if sub is None or sub.channel is not channel:
             return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 
 import pika
@@ -152,3 +153,44 @@ def test_drain_while_producers_keep_publishing_keeps_order(spec: StreamSpec, rab
     assert seqs == list(range(len(handled), len(handled) + len(seqs)))
     assert len(handled) + len(seqs) == len(published)
     assert not any(flag for _, flag in rest)
+
+
+def test_a_queue_deleted_under_a_consumer_reports_the_partition_lost(
+    spec: StreamSpec, rabbitmq: str
+) -> None:
+    # Given a consumer subscribed to a partition
+    events: queue.Queue[tuple[str, int]] = queue.Queue()
+    broker = Broker(
+        rabbitmq, spec, prefetch=10, heartbeat=5, name="deleted-queue",
+        deliver=lambda p, item: None,
+        on_subscribed=lambda p: events.put(("subscribed", p)),
+        on_drained=lambda p: events.put(("drained", p)),
+        on_channel_lost=lambda p: events.put(("lost", p)),
+        on_connection=lambda up: None,
+    )  # fmt: skip
+    broker.start()
+    try:
+        assert broker.connected.wait(10)
+        broker.subscribe(0)
+        assert events.get(timeout=10) == ("subscribed", 0)
+        # When its queue is deleted (RabbitMQ cancels the consumer by itself)
+        with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+            connection.channel().queue_delete(spec.queue(0))
+        # Then the partition is reported lost instead of waiting for an END that never comes
+        assert events.get(timeout=10) == ("lost", 0)
+        # And subscribing again while the queue is missing backs off instead of spinning
+        broker.subscribe(0)
+        losses = 0
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            try:
+                kind, _ = events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if kind == "lost":
+                losses += 1
+                broker.subscribe(0)  # as the daemon does on a lost channel
+        assert 1 <= losses <= 6, losses  # 0.2 + 0.4 + 0.8 + 1.6 s: at most a handful in 3 s
+    finally:
+        broker.stop()
+        broker.join(10)
