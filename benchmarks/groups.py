@@ -39,11 +39,11 @@ import pika
 
 from coordinator.admin import create_stream, delete
 from coordinator.group import Group
-from coordinator.local import LocalEtcd, free_port
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel.local import LocalEtcd, free_port
+from kernel.settings import Settings
 from producer.contract import StreamSpec
 from producer.publisher import Producer
+from producer.registry import Registry
 
 REPO = Path(__file__).resolve().parent.parent
 PARTQ = str(Path(sys.executable).parent / "partq")

@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python -m benchmarks.publish --messages 100000 --size 200``
 
-Starts a private etcd (``coordinator.local.LocalEtcd``) and uses the machine's
+Starts a private etcd (``kernel.local.LocalEtcd``) and uses the machine's
 RabbitMQ. For each queue type, on a fresh stream of P partitions per run, it
 times, from the first publish to the last confirm:
 
@@ -15,7 +15,7 @@ times, from the first publish to the last confirm:
 
 Every loop does the same per-message work as the SDK: hash the key with
 ``partition_for``, persistent properties with key/partition headers, a fresh
-``message_id`` and a timestamp (``producer.amqp.message_properties``), and a
+``message_id`` and a timestamp (``producer.topology.message_properties``), and a
 ``mandatory`` publish. Each measurement is repeated ``--repeats`` times,
 interleaved (sdk, pipelined, wait-each, sdk, …) so drifting load hits all
 alike; the table shows the median. Not a test: it asserts only that every
@@ -41,12 +41,13 @@ from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
 from coordinator import admin
-from coordinator.local import LocalEtcd
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
+from kernel.local import LocalEtcd
+from kernel.settings import Settings
 from producer import Producer, StreamSpec, partition_for
-from producer.amqp import DEFAULT_AMQP_URL, blocking_connection, message_properties
 from producer.contract import QueueType
+from producer.registry import Registry
+from producer.topology import message_properties
 
 METHODS = ("sdk", "pipelined", "wait-each")
 TIMES = "\N{MULTIPLICATION SIGN}"

@@ -47,11 +47,11 @@ from pyspark.sql import DataFrame, SparkSession
 
 from benchmarks.publish import Workload, cpu_model, publish_pipelined, queue_depth, rabbitmq_version
 from coordinator import admin
-from coordinator.local import LocalEtcd
-from coordinator.settings import Settings
-from coordinator.streams import Registry
-from producer.amqp import DEFAULT_AMQP_URL, blocking_connection, message_properties
+from kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
+from kernel.local import LocalEtcd
+from kernel.settings import Settings
 from producer.contract import StreamSpec
+from producer.registry import Registry
 from producer.spark import (
     PARTITION_COLUMN,
     SinkOptions,
@@ -59,6 +59,7 @@ from producer.spark import (
     loopback_session,
     prepare,
 )
+from producer.topology import message_properties
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 SECTION = "## Spark sink throughput (issue 4)"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from consumers.daemon import Consumer, ConsumerConfig
 from consumers.message import Handler, Message, load_handler
 from consumers.signals import on_stop_signals
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel.settings import Settings
+from producer.registry import Registry
 
 __all__ = ["Consumer", "ConsumerConfig", "Handler", "Message", "load_handler", "run"]
 

@@ -44,7 +44,7 @@ import pika
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
-from producer.amqp import connection_parameters
+from kernel.amqp import connection_parameters
 from producer.contract import StreamSpec
 
 __all__ = ["END", "Broker", "Delivery"]

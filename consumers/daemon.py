@@ -45,14 +45,13 @@ from consumers.broker import Broker, Delivery
 from consumers.handoff import Command, Event, Holder, Phase, State, step
 from consumers.message import Handler
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters, Worker
-from coordinator.errors import EtcdUnavailable
 from coordinator.group import Assignment, Claim, Group, WatchEvent, validate_member_id
 from coordinator.session import Session
-from coordinator.streams import Registry
-from producer import logs
-from producer.amqp import DEFAULT_AMQP_URL
+from kernel import logs
+from kernel.amqp import DEFAULT_AMQP_URL
+from kernel.errors import EtcdUnavailable, StreamNotFound
 from producer.contract import StreamSpec
-from producer.errors import StreamNotFound
+from producer.registry import Registry
 
 __all__ = [
     "EXIT_DRAIN_TIMEOUT",

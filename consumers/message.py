@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernel.errors import PartqError, UsageError
 from producer.contract import HEADER_KEY, HEADER_KEY_B64, HEADER_PARTITION, HEADER_PUBLISHED_MS
-from producer.errors import PartqError, UsageError
 from producer.spark.replay import HEADER_BATCH_ID, HEADER_QUERY_ID, HEADER_SEQ, ReplayId
 
 __all__ = ["Handler", "MalformedHeaders", "Message", "load_handler", "message_from"]

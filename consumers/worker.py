@@ -49,10 +49,10 @@ from consumers import metrics
 from consumers.broker import END, Broker, Delivery
 from consumers.message import Handler, MalformedHeaders, Message, message_from
 from coordinator.session import Session
-from producer import logs
-from producer.amqp import blocking_connection
+from kernel import logs
+from kernel.amqp import blocking_connection
+from kernel.errors import PartqError
 from producer.contract import StreamSpec
-from producer.errors import PartqError
 
 __all__ = ["CRASH", "HANDLER_TIMEOUT", "DeadLetters", "HandlerTimeout", "Worker"]
 

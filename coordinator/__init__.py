@@ -1,7 +1,7 @@
 """partq's coordinator: the etcd layer, the assignor, leader election and the service."""
 
-from coordinator.errors import EtcdUnavailable, MemberIdTaken, NotLeader
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel.errors import EtcdUnavailable, MemberIdTaken, NotLeader
+from kernel.settings import Settings
+from producer.registry import Registry
 
 __all__ = ["EtcdUnavailable", "MemberIdTaken", "NotLeader", "Registry", "Settings"]

@@ -12,20 +12,20 @@ from dataclasses import dataclass
 
 import pika
 
-from coordinator import keys
-from coordinator.streams import Registry
-from producer.amqp import (
+from kernel import keys
+from kernel.amqp import blocking_connection
+from kernel.errors import SpecMismatch, StreamNotFound, UsageError
+from producer.contract import MAX_PARTITIONS, QueueType, StreamSpec, queue_name
+from producer.registry import Registry
+from producer.topology import (
     QueueStats,
     beyond_spec_message,
-    blocking_connection,
     declare_stream,
     delete_stream,
     detect_queue_type,
     queue_stats,
     scan_partition_queues,
 )
-from producer.contract import MAX_PARTITIONS, QueueType, StreamSpec, queue_name
-from producer.errors import SpecMismatch, StreamNotFound, UsageError
 
 __all__ = [
     "Description",

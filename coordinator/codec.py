@@ -1,10 +1,10 @@
 """Every value partq stores in etcd: encoded with :func:`json.dumps`, decoded with checks.
 
-:mod:`coordinator.keys` names the keys; this module is the only one that writes or
+:mod:`kernel.keys` names the keys; this module is the only one that writes or
 reads their values. Encoders refuse what decoders would refuse, so partq never
 writes a value it cannot read back; decoders check the JSON, the version ``v``, the
 type of every field and the key's own name, and raise
-:class:`~producer.errors.MalformedValue` with the reason, never a ``KeyError`` or
+:class:`~kernel.errors.MalformedValue` with the reason, never a ``KeyError`` or
 ``JSONDecodeError`` from deep inside a daemon. :class:`coordinator.group.Group`
 decodes every value it reads once, here, and treats a malformed one as absent.
 
@@ -43,9 +43,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from coordinator.errors import InvalidMemberId
+from kernel.errors import InvalidMemberId, MalformedValue, UsageError
 from producer.contract import MAX_PARTITIONS, StreamSpec
-from producer.errors import MalformedValue, UsageError
 
 __all__ = [
     "KINDS",

@@ -23,7 +23,7 @@ from typing import Any
 
 import etcd3.exceptions
 
-from coordinator import codec, keys, metrics
+from coordinator import codec, metrics
 from coordinator.codec import (
     Assignment,
     Candidate,
@@ -36,11 +36,11 @@ from coordinator.codec import (
     Value,
     validate_member_id,
 )
-from coordinator.errors import EtcdUnavailable, MemberIdTaken
-from coordinator.etcd import etcd_errors, lease_is
 from coordinator.session import Session
+from kernel import keys
+from kernel.errors import EtcdUnavailable, MalformedValue, MemberIdTaken
+from kernel.etcd import etcd_errors, lease_is
 from producer.contract import StreamSpec
-from producer.errors import MalformedValue
 
 __all__ = [
     "Assignment",

@@ -20,11 +20,12 @@ import pika
 import pika.exceptions
 
 from coordinator import metrics
-from coordinator.etcd import etcd_errors
-from coordinator.streams import Registry
-from producer.amqp import QueueStats, connect_blocking, queue_stats, unavailable
+from kernel.amqp import connect_blocking, unavailable
+from kernel.errors import BrokerUnavailable, PartqError
+from kernel.etcd import etcd_errors
 from producer.contract import StreamSpec
-from producer.errors import BrokerUnavailable, PartqError
+from producer.registry import Registry
+from producer.topology import QueueStats, queue_stats
 
 __all__ = ["DEFAULT_MAX_AGE", "DepthExporter", "EtcdHealth", "QueueDepths"]
 

@@ -28,10 +28,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from coordinator import codec, keys, metrics
+from coordinator import codec, metrics
 from coordinator.assignor import assign, limit_moves
-from coordinator.errors import EtcdUnavailable, NotLeader
-from coordinator.etcd import etcd_errors
 from coordinator.group import (
     Assignment,
     Candidate,
@@ -46,10 +44,18 @@ from coordinator.group import (
     WatchEvent,
 )
 from coordinator.session import Session
-from coordinator.streams import Registry
-from producer import logs
+from kernel import keys, logs
+from kernel.errors import (
+    EtcdUnavailable,
+    MalformedValue,
+    NotLeader,
+    PartqError,
+    StreamNotFound,
+    UsageError,
+)
+from kernel.etcd import etcd_errors
 from producer.contract import StreamSpec
-from producer.errors import MalformedValue, PartqError, StreamNotFound, UsageError
+from producer.registry import Registry
 
 __all__ = ["CoordinatorConfig", "StreamCoordinator", "plan"]
 

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from coordinator.errors import EtcdUnavailable
-from coordinator.etcd import etcd_errors
+from kernel.errors import EtcdUnavailable
+from kernel.etcd import etcd_errors
 
 __all__ = ["Session"]
 

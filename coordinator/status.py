@@ -13,10 +13,11 @@ from typing import Any
 from coordinator.admin import beyond_line
 from coordinator.group import Group
 from coordinator.service import in_motion
-from coordinator.streams import Registry
-from producer.amqp import QueueStats, blocking_connection, queue_stats
+from kernel.amqp import blocking_connection
+from kernel.errors import BrokerUnavailable
 from producer.contract import StreamSpec
-from producer.errors import BrokerUnavailable
+from producer.registry import Registry
+from producer.topology import QueueStats, queue_stats
 
 __all__ = ["beyond_lines", "malformed_lines", "render_html", "snapshot_status"]
 

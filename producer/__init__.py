@@ -3,17 +3,8 @@
 This package imports neither ``coordinator`` nor ``consumers``.
 """
 
-from producer.amqp import DEFAULT_AMQP_URL, redact_url
-from producer.contract import (
-    StreamSpec,
-    dead_letter_queue,
-    exchange_name,
-    partition_for,
-    queue_name,
-    queue_pattern,
-    validate_stream_name,
-)
-from producer.errors import (
+from kernel.amqp import DEFAULT_AMQP_URL, redact_url
+from kernel.errors import (
     BrokerUnavailable,
     ConnectionLost,
     InvalidStreamName,
@@ -25,6 +16,15 @@ from producer.errors import (
     SpecMismatch,
     StreamNotFound,
     UsageError,
+)
+from producer.contract import (
+    StreamSpec,
+    dead_letter_queue,
+    exchange_name,
+    partition_for,
+    queue_name,
+    queue_pattern,
+    validate_stream_name,
 )
 from producer.publisher import Producer, Receipt, SpecSource
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import mmh3
 
-from producer.errors import InvalidStreamName, MalformedValue, SpecMismatch, UsageError
+from kernel.errors import InvalidStreamName, MalformedValue, SpecMismatch, UsageError
 
 __all__ = [
     "HEADER_KEY",

@@ -47,16 +47,8 @@ import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
-from producer import metrics
-from producer.amqp import (
-    DEFAULT_AMQP_URL,
-    check_partition_queues,
-    connection_parameters,
-    message_properties,
-    unavailable,
-)
-from producer.contract import StreamSpec, validate_stream_name
-from producer.errors import (
+from kernel.amqp import connection_parameters, unavailable
+from kernel.errors import (
     BrokerUnavailable,
     ConnectionLost,
     MessageNacked,
@@ -65,6 +57,11 @@ from producer.errors import (
     PublishFailed,
     UsageError,
 )
+from kernel.settings import Settings
+from producer import metrics
+from producer.contract import StreamSpec, validate_stream_name
+from producer.registry import read_spec_from_settings
+from producer.topology import check_partition_queues, message_properties
 
 __all__ = ["Producer", "Receipt", "SpecSource"]
 
@@ -82,7 +79,7 @@ _HEADER_PAYLOAD_PREFIX = 12  # class, weight and body size, ahead of the propert
 
 
 class SpecSource(Protocol):
-    """Anything that can read a stream's spec (``coordinator.Registry`` does, from etcd)."""
+    """Anything that can read a stream's spec (``producer.registry.Registry`` does, from etcd)."""
 
     def read_spec(self, stream: str) -> StreamSpec: ...
 
@@ -119,15 +116,19 @@ class _Pending:
 class Producer:
     """Publish keyed messages to a partq stream.
 
-    >>> with Producer("orders", etcd=registry) as producer:          # doctest: +SKIP
+    >>> with Producer("orders") as producer:          # doctest: +SKIP
     ...     producer.publish("user-1", b"hello").result()
+
+    Without ``amqp_url`` or ``etcd`` it finds RabbitMQ and etcd the way the ``partq``
+    command does: ``PARTQ_*`` environment variables, then the TOML file named by
+    ``PARTQ_CONFIG``, then the defaults (both on 127.0.0.1).
     """
 
     def __init__(
         self,
         stream: str | StreamSpec,
         *,
-        amqp_url: str = DEFAULT_AMQP_URL,
+        amqp_url: str | None = None,
         etcd: SpecSource | None = None,
         partitions: int | None = None,
         window: int = 1000,
@@ -135,16 +136,21 @@ class Producer:
         reconnect_timeout: float = 30.0,
         name: str = "partq-producer",
     ) -> None:
+        settings = None
+        if amqp_url is None or (etcd is None and not isinstance(stream, StreamSpec)):
+            settings = Settings.load()  # as the CLI: PARTQ_* environment > PARTQ_CONFIG file
         if isinstance(stream, StreamSpec):
             spec = stream
         else:
             validate_stream_name(stream)
             if etcd is None:
-                raise UsageError(
-                    f"Producer({stream!r}) needs etcd= (e.g. coordinator.Registry) to read the "
-                    f"stream's spec, or pass a StreamSpec"
-                )
-            spec = etcd.read_spec(stream)
+                assert settings is not None
+                spec = read_spec_from_settings(stream, settings)
+            else:
+                spec = etcd.read_spec(stream)
+        if amqp_url is None:
+            assert settings is not None
+            amqp_url = settings.amqp
         spec.check_partitions(partitions)
         if window < 1:
             raise UsageError(f"window must be at least 1, got {window}")

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.local import LocalEtcd
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel.local import LocalEtcd
+from kernel.settings import Settings
+from producer.registry import Registry
 
 DATA = Path(__file__).resolve().parent / "data"
 AMQP_URL = os.environ.get("PARTQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")

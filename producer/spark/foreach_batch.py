@@ -20,9 +20,9 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from producer.amqp import DEFAULT_AMQP_URL
+from kernel.amqp import DEFAULT_AMQP_URL
+from kernel.errors import UsageError
 from producer.contract import StreamSpec
-from producer.errors import UsageError
 from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions
 from producer.spark.partitioning import prepare
 from producer.spark.publish import TaskReport, check_one_task_per_partition, publish_task

@@ -4,13 +4,11 @@ Spark hands a data source its options as a case-insensitive ``str → str``
 mapping; :meth:`SinkOptions.from_options` turns that into a frozen value and
 fails with a message naming the option when one is wrong.
 
-**Why the spec reader is a name.** ``producer`` must not import ``coordinator``
-(imports run producer ← coordinator ← consumers), yet the spec lives in etcd,
-behind the coordinator's client. So the sink takes the reader as a
-``"module:function"`` string (option ``specReader``, default
-:data:`DEFAULT_SPEC_READER`) and resolves it with :mod:`importlib` at run
-time: dependency inversion. Any ``(stream, endpoints) -> StreamSpec`` works,
-which is also how tests or other registries plug in.
+**The spec reader.** The default (:data:`DEFAULT_SPEC_READER`,
+``producer.registry.read_spec_from_endpoints``) reads the spec from etcd. Option
+``specReader`` names any other ``"module:function"`` taking ``(stream,
+endpoints)`` and returning a ``StreamSpec`` (a test double, another registry); it
+is resolved with :mod:`importlib` in whichever Spark process needs it.
 
 **When the spec is read.** Spark calls the data source's ``streamWriter()``
 in a driver-side Python worker when it plans each micro-batch and again
@@ -26,13 +24,14 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from producer.amqp import DEFAULT_AMQP_URL, redact_url
+from kernel.amqp import DEFAULT_AMQP_URL, redact_url
+from kernel.errors import SpecMismatch, UsageError
+from kernel.settings import Settings
 from producer.contract import StreamSpec, validate_stream_name
-from producer.errors import SpecMismatch, UsageError
 
 __all__ = ["DEFAULT_SPEC_READER", "SinkOptions", "SpecReader", "read_spec", "resolve_spec_reader"]
 
-DEFAULT_SPEC_READER = "coordinator.streams:read_spec_from_endpoints"
+DEFAULT_SPEC_READER = "producer.registry:read_spec_from_endpoints"
 
 SpecReader = Callable[[str, str], StreamSpec]
 
@@ -119,7 +118,7 @@ class SinkOptions:
             headers_column=text("headers_column"),
             order_column=text("order_column"),
             etcd_endpoints=text("etcd_endpoints") or "",
-            amqp_url=text("amqp_url") or DEFAULT_AMQP_URL,
+            amqp_url=text("amqp_url") or Settings.load().amqp,
             partitions=None if partitions is None else int(partitions),
             window=1000 if window is None else int(window),
             spec_reader=text("spec_reader") or DEFAULT_SPEC_READER,

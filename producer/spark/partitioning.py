@@ -39,8 +39,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType
 
+from kernel.errors import UsageError
 from producer.contract import StreamSpec, partition_for
-from producer.errors import UsageError
 from producer.spark.rows import ORDER_COLUMN, PARTITION_COLUMN, POSITION_COLUMN
 
 __all__ = ["prepare"]

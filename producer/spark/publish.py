@@ -28,8 +28,8 @@ from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
+from kernel.errors import PublishFailed, UsageError
 from producer.contract import StreamSpec
-from producer.errors import PublishFailed, UsageError
 from producer.publisher import Producer, Receipt
 from producer.spark.options import SinkOptions
 from producer.spark.replay import message_id, replay_headers

@@ -28,8 +28,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from kernel.errors import SpecMismatch, UsageError
 from producer.contract import partition_for
-from producer.errors import SpecMismatch, UsageError
 from producer.spark.options import SinkOptions
 
 __all__ = [

@@ -38,8 +38,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from kernel.errors import UsageError
 from producer.contract import StreamSpec
-from producer.errors import UsageError
 from producer.spark.options import SinkOptions
 from producer.spark.publish import TaskReport, check_one_task_per_partition, publish_task
 from producer.spark.rows import RowLayout

@@ -25,15 +25,16 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from coordinator import admin, keys
+from coordinator import admin
 from coordinator.group import Group
-from coordinator.local import free_port
 from coordinator.service import CoordinatorConfig, StreamCoordinator
 from coordinator.session import Session
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel import keys
+from kernel.errors import MalformedValue, StreamNotFound
+from kernel.local import free_port
+from kernel.settings import Settings
 from producer import StreamSpec
-from producer.errors import MalformedValue, StreamNotFound
+from producer.registry import Registry
 
 from .groups.harness import PARTQ, ROOT, Proc, wait_until
 
@@ -324,7 +325,7 @@ def test_the_coordinator_is_not_ready_while_its_stream_is_missing(
         wait_until(lambda: daemons.get("coordinator", "/readyz")[0] == 503, WAIT, what="not ready")
         assert coordinator.alive()
         wait_until(lambda: "missing" in coordinator.log.read_text(), WAIT, what="a log line")
-        # (the status page answers 503 with the reason: consumers.http)
+        # (the status page answers 503 with the reason: cli.http)
         status, page = daemons.get("coordinator", "/")
         assert status == 503, page
         assert ("does not exist" if how == "deleted" else keys.spec(stream)) in page, page
@@ -367,7 +368,7 @@ DYING = textwrap.dedent(
         raise RuntimeError("injected death of the coordinator thread")
 
     StreamCoordinator._run = _run
-    from consumers.cli import main
+    from cli import main
     sys.exit(main(sys.argv[1:]))
     """
 )

@@ -12,9 +12,9 @@ import pytest
 
 from consumers.broker import END, Broker, Delivery
 from coordinator.admin import create_stream, delete
-from coordinator.streams import Registry
 from producer.contract import StreamSpec
 from producer.publisher import Producer
+from producer.registry import Registry
 
 pytestmark = [pytest.mark.integration]
 

@@ -35,9 +35,9 @@ from consumers.message import Message
 from coordinator import admin
 from coordinator.group import Group
 from coordinator.service import CoordinatorConfig, StreamCoordinator
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel.settings import Settings
 from producer import Producer, StreamSpec
+from producer.registry import Registry
 
 from .groups.harness import Fleet, Proc, balanced, wait_until
 

@@ -16,9 +16,9 @@ from coordinator.admin import create_stream, delete
 from coordinator.group import Group
 from coordinator.service import CoordinatorConfig, StreamCoordinator
 from coordinator.session import Session
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel.settings import Settings
 from producer.contract import StreamSpec
+from producer.registry import Registry
 
 pytestmark = [pytest.mark.integration]
 P = 8
@@ -146,7 +146,7 @@ def partq(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         "PARTQ_AMQP_URL": settings.amqp,
     }
     return subprocess.run(
-        [sys.executable, "-m", "consumers.cli", *args],
+        [sys.executable, "-m", "cli", *args],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from coordinator import keys
-from coordinator.errors import EtcdUnavailable, MemberIdTaken, NotLeader
-from coordinator.etcd import connect
 from coordinator.group import Group, WatchEvent
-from coordinator.local import LocalEtcd
 from coordinator.service import CoordinatorConfig, StreamCoordinator
 from coordinator.session import Session
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel import keys
+from kernel.errors import EtcdUnavailable, MemberIdTaken, NotLeader
+from kernel.etcd import connect
+from kernel.local import LocalEtcd
+from kernel.settings import Settings
 from producer.contract import StreamSpec
+from producer.registry import Registry
 
 pytestmark = [pytest.mark.integration]
 

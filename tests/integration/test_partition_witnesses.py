@@ -20,11 +20,12 @@ import pika
 import pika.exceptions
 import pytest
 
-from coordinator.local import LocalEtcd
-from coordinator.streams import Registry
+from kernel.amqp import blocking_connection
+from kernel.local import LocalEtcd
 from producer import Producer, SpecMismatch, StreamNotFound, StreamSpec
-from producer.amqp import blocking_connection, delete_stream
 from producer.contract import QueueType
+from producer.registry import Registry
+from producer.topology import delete_stream
 
 pytestmark = [pytest.mark.integration]
 

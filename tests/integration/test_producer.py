@@ -28,10 +28,9 @@ from pika.channel import Channel
 from prometheus_client import REGISTRY
 
 from coordinator import admin
-from coordinator.errors import EtcdUnavailable
-from coordinator.local import LocalEtcd, free_port
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel.errors import EtcdUnavailable
+from kernel.local import LocalEtcd, free_port
+from kernel.settings import Settings
 from producer import (
     BrokerUnavailable,
     MessageUnroutable,
@@ -47,6 +46,7 @@ from producer import (
     partition_for,
 )
 from producer.contract import HEADER_PARTITION, QueueType, decode_key
+from producer.registry import Registry
 
 pytestmark = [pytest.mark.integration]
 

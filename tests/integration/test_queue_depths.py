@@ -12,10 +12,11 @@ import pika
 import pytest
 
 from coordinator import probes
-from coordinator.local import free_port
 from coordinator.probes import QueueDepths
+from kernel.amqp import blocking_connection
+from kernel.local import free_port
 from producer import BrokerUnavailable, StreamSpec
-from producer.amqp import blocking_connection, declare_stream, delete_stream
+from producer.topology import declare_stream, delete_stream
 
 pytestmark = [pytest.mark.integration]
 

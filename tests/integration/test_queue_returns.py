@@ -20,8 +20,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from producer.amqp import declare_stream, delete_stream
 from producer.contract import QUORUM_DELIVERY_LIMIT, StreamSpec
+from producer.topology import declare_stream, delete_stream
 
 pytestmark = [pytest.mark.integration]
 

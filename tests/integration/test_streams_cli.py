@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from coordinator import admin
-from coordinator.local import LocalEtcd, free_port
-from coordinator.streams import Registry
+from kernel.local import LocalEtcd, free_port
 from producer import StreamNotFound, StreamSpec, partition_for
+from producer.registry import Registry
 
 pytestmark = [pytest.mark.integration]
 

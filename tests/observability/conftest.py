@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from coordinator import admin
-from coordinator.local import LocalEtcd
-from coordinator.streams import Registry
+from kernel.local import LocalEtcd
 from producer import StreamSpec
+from producer.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTQ = ROOT / ".venv" / "bin" / "partq"

@@ -24,11 +24,12 @@ from typing import Any
 import pytest
 
 from coordinator import admin
-from coordinator.local import LocalEtcd
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel.amqp import blocking_connection
+from kernel.local import LocalEtcd
+from kernel.settings import Settings
 from producer import StreamSpec
-from producer.amqp import blocking_connection, delete_stream
+from producer.registry import Registry
+from producer.topology import delete_stream
 
 from .conftest import HANDLER, PARTQ, ROOT, Launcher, Proc, free_port, http_get, wait_until
 
@@ -45,7 +46,7 @@ def connect(self, address):
             f.write(repr(address) + "\\n")
     return _connect(self, address)
 socket.socket.connect = connect
-from consumers.cli import main
+from cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from coordinator import admin
-from coordinator.streams import Registry
-from producer.amqp import blocking_connection
+from kernel.amqp import blocking_connection
 from producer.contract import StreamSpec
+from producer.registry import Registry
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -93,7 +93,7 @@ class Delivered:
 
 
 def queue_depths(amqp_url: str, spec: StreamSpec) -> list[int]:
-    from producer.amqp import queue_stats
+    from producer.topology import queue_stats
 
     with blocking_connection(amqp_url) as connection:
         return [s.messages or 0 for s in queue_stats(connection, spec)]

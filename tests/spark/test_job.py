@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.local import free_port
-from coordinator.settings import Settings
+from kernel.local import free_port
+from kernel.settings import Settings
 from producer.contract import StreamSpec
 from producer.spark import ReplayId
 from tests.spark.conftest import (

@@ -8,8 +8,8 @@ import types
 import pytest
 
 import producer.spark
+from kernel.errors import SpecMismatch, UsageError
 from producer.contract import StreamSpec
-from producer.errors import SpecMismatch, UsageError
 from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions, resolve_spec_reader
 from producer.spark.progress import failure_reason
 from producer.spark.replay import ReplayId, message_id
@@ -78,13 +78,13 @@ def test_a_pinned_spec_is_checked_against_the_stream_and_partitions() -> None:
 
 def test_the_spec_reader_is_resolved_by_name() -> None:
     reader = resolve_spec_reader(DEFAULT_SPEC_READER)
-    assert reader is importlib.import_module("coordinator.streams").read_spec_from_endpoints
+    assert reader is importlib.import_module("producer.registry").read_spec_from_endpoints
     with pytest.raises(UsageError, match="cannot import nowhere"):
         resolve_spec_reader("nowhere.at_all:read")
     with pytest.raises(UsageError, match="has no function missing"):
-        resolve_spec_reader("coordinator.streams:missing")
+        resolve_spec_reader("producer.registry:missing")
     with pytest.raises(UsageError, match="must look like"):
-        resolve_spec_reader("coordinator.streams")
+        resolve_spec_reader("producer.registry")
 
 
 def test_replay_ids_are_deterministic_and_parse_back() -> None:
@@ -101,7 +101,7 @@ def test_the_partq_error_is_found_in_a_spark_failure() -> None:
         "[STREAM_FAILED] Query [id = 1] terminated with exception: Job aborted.\n"
         "Traceback (most recent call last):\n"
         '  File "publish.py", line 80, in publish_task\n'
-        "producer.errors.BrokerUnavailable: cannot reach RabbitMQ at amqp://g:***@h:1/: is it "
+        "kernel.errors.BrokerUnavailable: cannot reach RabbitMQ at amqp://g:***@h:1/: is it "
         "running?\n\tat org.apache.spark.api.python.BasePythonRunner"
     )
     assert failure_reason(text) == (

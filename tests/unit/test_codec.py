@@ -34,9 +34,8 @@ from coordinator.codec import (
     encode_request,
     validate_member_id,
 )
-from coordinator.errors import InvalidMemberId
+from kernel.errors import InvalidMemberId, MalformedValue, UsageError
 from producer.contract import MAX_PARTITIONS, StreamSpec
-from producer.errors import MalformedValue, UsageError
 
 STREAM = "orders"
 

@@ -1,4 +1,4 @@
-"""consumers.http: a failure behind an endpoint is a one-line answer, never a traceback."""
+"""cli.http: a failure behind an endpoint is a one-line answer, never a traceback."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from consumers.http import serve
-from producer.errors import BrokerUnavailable
+from cli.http import serve
+from kernel.errors import BrokerUnavailable
 
 
 def get(url: str) -> tuple[int, str, dict[str, str]]:

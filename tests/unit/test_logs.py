@@ -1,4 +1,4 @@
-"""producer.logs: JSON lines off a terminal, text on one, bound context, no passwords."""
+"""kernel.logs: JSON lines off a terminal, text on one, bound context, no passwords."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from producer import logs
-from producer.amqp import redact_url
-from producer.errors import UsageError
+from kernel import logs
+from kernel.amqp import redact_url
+from kernel.errors import UsageError
 
 log = logging.getLogger("partq.test")
 

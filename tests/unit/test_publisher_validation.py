@@ -11,9 +11,9 @@ import pika
 import pytest
 
 from producer import UsageError
-from producer.amqp import message_properties
 from producer.contract import HEADER_KEY, HEADER_PARTITION
 from producer.publisher import _encode_properties
+from producer.topology import message_properties
 
 FRAME = 131_072 - 20  # what a header frame carries of properties with the default frame_max
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.settings import DEFAULT_ETCD_ENDPOINTS, Settings
+from kernel.amqp import DEFAULT_AMQP_URL
+from kernel.settings import DEFAULT_ETCD_ENDPOINTS, Settings
 from producer import UsageError
-from producer.amqp import DEFAULT_AMQP_URL
 
 PARTQ_VARS = (
     "PARTQ_ETCD_ENDPOINTS",

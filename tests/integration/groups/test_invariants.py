@@ -22,10 +22,10 @@ import pytest
 from consumers import audit as checker
 from coordinator import admin
 from coordinator.group import Group
-from coordinator.local import LocalEtcd
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel.local import LocalEtcd
+from kernel.settings import Settings
 from producer import Producer, StreamSpec
+from producer.registry import Registry
 
 from .harness import Fleet, SequenceProducer, balanced, wait_until
 

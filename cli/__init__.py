@@ -13,13 +13,16 @@ from pathlib import Path
 
 import click
 
-from consumers.cli.context import Context
-from consumers.cli.group import consume, coordinator, demo, drain, move, rebalance, status
-from consumers.cli.produce import produce
-from consumers.cli.spark_job import spark_job
-from consumers.cli.streams import stream
-from producer import logs
-from producer.errors import PartqError, UsageError
+from cli.consume import consume
+from cli.context import Context
+from cli.coordinate import coordinator
+from cli.demo import demo
+from cli.operate import drain, move, rebalance, status
+from cli.produce import produce
+from cli.spark import spark_job
+from cli.streams import stream
+from kernel import logs
+from kernel.errors import PartqError, UsageError
 
 __all__ = ["cli", "main"]
 

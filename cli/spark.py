@@ -9,7 +9,7 @@ and counted in the ``partq_spark_*`` metrics (``--metrics-port``).
 Also runnable with ``spark-submit`` (the master then comes from spark-submit)::
 
     PYSPARK_PYTHON=.venv/bin/python .venv/bin/spark-submit --master 'local[2]' \\
-        consumers/cli/spark_job.py --stream orders --source in/ --key-column user_id \\
+        cli/spark.py --stream orders --source in/ --key-column user_id \\
         --checkpoint chk/
 
 (connection settings from ``PARTQ_ETCD_ENDPOINTS`` / ``PARTQ_AMQP_URL``).
@@ -19,28 +19,21 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 import click
 
-from consumers.cli.context import Context
-from producer.errors import PartqError, UsageError
+from cli.context import Context, pass_context
+from kernel.errors import UsageError
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    pass
 
 __all__ = ["spark_job"]
 
 log = logging.getLogger("partq.spark")
-pass_context = click.make_pass_decorator(Context)
-
-RATE_KEYS = 1000  # distinct keys of the synthetic --rate source
 
 
 def _conf_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -51,52 +44,6 @@ def _conf_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--spark-conf")
         conf[key.strip()] = value
     return conf
-
-
-def _source(
-    spark: SparkSession,
-    *,
-    source: Path | None,
-    fmt: str,
-    schema: str | None,
-    rate: int | None,
-    max_files: int | None,
-) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    if rate is not None:
-        frame = spark.readStream.format("rate").option("rowsPerSecond", rate).load()
-        return frame.withColumn("key", F.format_string("key-%d", F.col("value") % RATE_KEYS))
-    assert source is not None
-    options = {"header": "true"} if fmt == "csv" else {}
-    if schema is None:
-        if not source.is_dir() or not any(p.is_file() for p in source.iterdir()):
-            raise UsageError(
-                f"{source} holds no files to infer the schema from: pass --schema, e.g. "
-                f"--schema 'user_id STRING, amount DOUBLE, ts TIMESTAMP'"
-            )
-        reader = (
-            spark.readStream.format(fmt)
-            .options(**options)
-            .schema(spark.read.format(fmt).options(**options).load(str(source)).schema)
-        )
-    else:
-        reader = spark.readStream.format(fmt).options(**options).schema(schema)
-    if max_files is not None:
-        reader = reader.option("maxFilesPerTrigger", max_files)
-    return reader.load(str(source))
-
-
-class _StopSignal:
-    """SIGTERM/SIGINT set an event; the main loop stops the query (py4j is not reentrant)."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.received: str | None = None
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signal.Signals(signum).name
-        self.event.set()
 
 
 @click.command("spark-job")
@@ -211,13 +158,8 @@ def spark_job(
         raise click.UsageError("--key-column is required with --source")
     conf = _conf_pairs(spark_conf)
     try:
-        from producer.spark import (
-            ProgressListener,
-            SinkOptions,
-            failure_reason,
-            loopback_session,
-            prepare,
-        )
+        from producer.spark import SinkOptions
+        from producer.spark.job import run_job
     except ImportError as e:
         raise UsageError(
             f"the Spark job needs the spark extra: pip install 'partq[spark]' ({e})"
@@ -248,58 +190,26 @@ def spark_job(
         start_http_server(metrics_port, addr=metrics_addr)
         log.info("metrics on http://%s:%d/metrics", metrics_addr, metrics_port)
 
-    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
-    spark = loopback_session(
-        f"partq-spark-job-{stream_name}",
-        master=master or (None if under_spark_submit else "local[2]"),
+    run_job(
+        spec,
+        options,
+        source=source,
+        fmt=fmt,
+        schema=schema,
+        rate=rate,
+        key_column=key_column,
+        order_column=order_column,
+        checkpoint=checkpoint,
+        once=once,
+        trigger_seconds=trigger_seconds,
+        max_files_per_trigger=max_files_per_trigger,
+        num_tasks=num_tasks,
+        master=master,
         conf=conf,
     )
-    spark.sparkContext.setLogLevel("WARN")
-    query_name = f"partq-{stream_name}"
-    spark.streams.addListener(ProgressListener(query_name, stream_name))
-    frame = _source(
-        spark, source=source, fmt=fmt, schema=schema, rate=rate, max_files=max_files_per_trigger
-    )
-    prepared = prepare(frame, spec, key_column, order_column, num_tasks=num_tasks)
-    writer = (
-        prepared.writeStream.format("partq")
-        .options(**options.to_options())
-        .option("checkpointLocation", str(checkpoint))
-        .queryName(query_name)
-    )
-    writer = (
-        writer.trigger(availableNow=True)
-        if once
-        else writer.trigger(processingTime=f"{trigger_seconds} seconds")
-    )
-    stop = _StopSignal()
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        query = writer.start()
-        log.info(
-            "stream %s: query %s publishing %s to %d partitions (checkpoint %s)",
-            stream_name,
-            query.id,
-            f"{rate} rows/s" if rate else f"{fmt} files from {source}",
-            spec.partitions,
-            checkpoint,
-        )
-        while not stop.event.wait(0.5) and query.isActive:
-            pass
-        if stop.received is not None:
-            log.info("stream %s: %s received, stopping the query", stream_name, stop.received)
-            query.stop()
-        error = query.exception()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        spark.stop()
-    if error is not None:
-        raise PartqError(f"the Spark query failed: {failure_reason(str(error))}")
-    log.info("stream %s: stopped", stream_name)
 
 
-if __name__ == "__main__":  # spark-submit consumers/cli/spark_job.py --stream … (see above)
+if __name__ == "__main__":  # spark-submit cli/spark.py --stream … (see above)
     # The whole CLI (not just this command) so errors and exit codes are partq's;
-    # imported by name because consumers.cli imports this module.
-    sys.exit(importlib.import_module("consumers.cli").main(["spark-job", *sys.argv[1:]]))
+    # imported by name because cli imports this module.
+    sys.exit(importlib.import_module("cli").main(["spark-job", *sys.argv[1:]]))

@@ -6,6 +6,7 @@ Built once by the entry point, frozen, validated when built; passwords are
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,8 +19,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from producer.amqp import DEFAULT_AMQP_URL, redact_url
-from producer.errors import UsageError
+from kernel.amqp import DEFAULT_AMQP_URL, redact_url
+from kernel.errors import UsageError
 
 __all__ = ["DEFAULT_ETCD_ENDPOINTS", "Endpoint", "Settings"]
 
@@ -66,8 +67,15 @@ class Settings(BaseSettings):
 
     @classmethod
     def load(cls, config_file: Path | None = None, **overrides: Any) -> Settings:
-        """Settings from ``overrides`` (CLI) > environment > ``config_file`` (TOML)."""
+        """Settings from ``overrides`` (CLI) > environment > ``config_file`` (TOML) > defaults.
+
+        Without ``config_file``, the file named by ``PARTQ_CONFIG`` (if set) is read, as
+        ``partq --config`` does: the SDK (``Producer("orders")``, ``consumers.run``, the
+        Spark sink) finds its servers the way the command does.
+        """
         given = {k: v for k, v in overrides.items() if v is not None}
+        if config_file is None and os.environ.get("PARTQ_CONFIG"):  # as `partq --config`
+            config_file = Path(os.environ["PARTQ_CONFIG"])
         if config_file is not None and not config_file.is_file():
             raise UsageError(f"config file {config_file} does not exist")
 

@@ -5,19 +5,25 @@
     PartqError
     ├── UsageError                 bad input or settings: fix the call (CLI exit code 2)
     │   ├── InvalidStreamName
-    │   └── SpecMismatch           configured partitions disagree with the stored spec
+    │   ├── SpecMismatch           configured partitions disagree with the stored spec
+    │   ├── MemberIdTaken          a live consumer already uses this member id
+    │   └── InvalidMemberId        not in coordinator.codec's member id character set
     ├── StreamNotFound             no spec in etcd: create the stream first
     ├── MalformedValue             a value in etcd is not what partq writes (also a ValueError)
     ├── BrokerUnavailable          RabbitMQ cannot be reached or refused us
+    ├── EtcdUnavailable            etcd cannot be reached, refused us, or timed out
+    ├── NotLeader                  a fenced write found another leader
     ├── PublishFailed              a message was not confirmed (its future fails with this)
     │   ├── MessageNacked
     │   ├── MessageUnroutable
     │   └── ConnectionLost
     └── ProducerClosed
 
-``coordinator.errors`` and ``consumers.errors`` extend this tree. Library errors
-(pika's, etcd3's, grpc's) are translated where they are raised, so callers only
-ever see these, each with a message that says what to do.
+A lost lease is not an error: ``Session.lost`` is set (and ``on_lost`` called).
+This is the one tree for every package. Library errors (pika's, etcd3's,
+grpc's) are translated where they are raised (:mod:`kernel.amqp`,
+:mod:`kernel.etcd`), so callers only ever see these, each with a message that
+says what to do.
 """
 
 from __future__ import annotations
@@ -25,10 +31,14 @@ from __future__ import annotations
 __all__ = [
     "BrokerUnavailable",
     "ConnectionLost",
+    "EtcdUnavailable",
+    "InvalidMemberId",
     "InvalidStreamName",
     "MalformedValue",
+    "MemberIdTaken",
     "MessageNacked",
     "MessageUnroutable",
+    "NotLeader",
     "PartqError",
     "ProducerClosed",
     "PublishFailed",
@@ -83,4 +93,20 @@ class ConnectionLost(PublishFailed):
 
 
 class ProducerClosed(PartqError):
+    pass
+
+
+class EtcdUnavailable(PartqError):
+    pass
+
+
+class MemberIdTaken(UsageError):
+    pass
+
+
+class InvalidMemberId(UsageError):
+    pass
+
+
+class NotLeader(PartqError):
     pass

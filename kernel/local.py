@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from producer.errors import PartqError
+from kernel.errors import PartqError
 
 __all__ = ["LocalEtcd", "free_port"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator import keys
-from coordinator.etcd import connect, etcd_errors
-from coordinator.settings import Settings
+from kernel import keys
+from kernel.errors import SpecMismatch, StreamNotFound
+from kernel.etcd import connect, etcd_errors
+from kernel.settings import Settings
 from producer.contract import StreamSpec, validate_stream_name
-from producer.errors import SpecMismatch, StreamNotFound
 
 __all__ = ["Registry", "read_spec_from_endpoints"]
 
@@ -85,15 +85,19 @@ class Registry:
         self.client.close()
 
 
-def read_spec_from_endpoints(stream: str, endpoints: str) -> StreamSpec:
-    """Read ``stream``'s spec from the etcd at ``endpoints`` with one short-lived connection.
-
-    The Spark sink resolves this by name (its ``specReader`` option), so ``producer``
-    never imports the coordinator. An empty ``endpoints`` means the usual settings
-    (``PARTQ_ETCD_ENDPOINTS`` or the default).
-    """
-    registry = Registry.connect(Settings.load(etcd_endpoints=endpoints or None))
+def read_spec_from_settings(stream: str, settings: Settings) -> StreamSpec:
+    """Read ``stream``'s spec from the etcd ``settings`` name, with one short-lived connection."""
+    registry = Registry.connect(settings)
     try:
         return registry.read_spec(stream)
     finally:
         registry.close()
+
+
+def read_spec_from_endpoints(stream: str, endpoints: str) -> StreamSpec:
+    """Read ``stream``'s spec from the etcd at ``endpoints`` (the Spark sink's default reader).
+
+    An empty ``endpoints`` means the usual settings (``PARTQ_ETCD_ENDPOINTS``, the
+    ``PARTQ_CONFIG`` file, or the default).
+    """
+    return read_spec_from_settings(stream, Settings.load(etcd_endpoints=endpoints or None))

@@ -22,16 +22,17 @@ from pathlib import Path
 
 import click
 
+from cli.context import Context, pass_context
 from consumers import audit
 from coordinator.admin import create_stream, delete
 from coordinator.group import Group
-from coordinator.local import LocalEtcd
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+from kernel.local import LocalEtcd
+from kernel.settings import Settings
 from producer.contract import StreamSpec
 from producer.publisher import Producer, Receipt
+from producer.registry import Registry
 
-__all__ = ["run_demo"]
+__all__ = ["demo", "run_demo"]
 
 
 def _wait(what: str, predicate: Callable[[], bool], timeout: float) -> None:
@@ -70,7 +71,7 @@ def run_demo(
             "PARTQ_AMQP_URL": amqp_url,
             "PARTQ_RECORD": str(record),
         }
-        exe = [sys.executable, "-m", "consumers.cli"]
+        exe = [sys.executable, "-m", "cli"]
 
         def start(name: str, *args: str) -> None:
             log = open(work / f"{name}.log", "wb")  # noqa: SIM115 - handed to the child
@@ -215,3 +216,13 @@ def run_demo(
     )
     echo(f"logs and record in {work}")
     return not (lost or disorder or overlaps or failures)
+
+
+@click.command()
+@click.option("--partitions", type=click.IntRange(1, 256), default=12, show_default=True)
+@click.option("--ttl", type=click.IntRange(min=1), default=3, show_default=True)
+@pass_context
+def demo(ctx: Context, partitions: int, ttl: int) -> None:
+    """End-to-end demo on a private etcd and the local RabbitMQ (about a minute)."""
+    ok = run_demo(ctx.settings.amqp, partitions=partitions, ttl=ttl)
+    raise click.exceptions.Exit(0 if ok else 1)

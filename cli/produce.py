@@ -12,10 +12,8 @@ from typing import IO, Any
 
 import click
 
-from consumers.cli.context import Context
+from cli.context import Context, pass_context
 from producer.publisher import Producer, Receipt
-
-pass_context = click.make_pass_decorator(Context)
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,9 @@ import json
 
 import click
 
-from consumers.cli.context import Context
+from cli.context import Context, pass_context
 from coordinator import admin
 from producer.contract import QUEUE_TYPES, StreamSpec
-
-pass_context = click.make_pass_decorator(Context)
 
 
 @click.group()

@@ -9,7 +9,7 @@ inside it, in that thread or asyncio task, carries those fields::
             log.info("draining")   # {"stream": "orders", "partition": 7, ...}
 
 Passwords in URLs never reach the output: callers format URLs with
-``producer.amqp.redact_url``, and the formatters redact any URL left in a
+``kernel.amqp.redact_url``, and the formatters redact any URL left in a
 message or traceback the same way.
 """
 
@@ -26,8 +26,8 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import IO, Final
 
-from producer.amqp import redact_url
-from producer.errors import UsageError
+from kernel.amqp import redact_url
+from kernel.errors import UsageError
 
 __all__ = ["CONTEXT_FIELDS", "QUIET_LIBRARIES", "bind", "bound", "configure"]
 

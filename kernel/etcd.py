@@ -22,9 +22,8 @@ import etcd3.exceptions
 import etcd3.transactions
 import grpc
 
-from coordinator.errors import EtcdUnavailable
-from coordinator.settings import Settings
-from producer.errors import UsageError
+from kernel.errors import EtcdUnavailable, UsageError
+from kernel.settings import Settings
 
 __all__ = ["connect", "etcd_errors", "lease_is"]
 

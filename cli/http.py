@@ -10,17 +10,22 @@ the metrics are served anyway: they are this process's own.
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
+import click
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from producer.errors import PartqError
+from kernel.errors import PartqError, UsageError
 
-__all__ = ["serve"]
+__all__ = ["bind_error", "http_options", "serve", "serve_http"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger("partq.http")
 _PLAIN = "text/plain; charset=utf-8"
@@ -128,3 +133,42 @@ def serve(
     server = _Server((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server
+
+
+def http_options(default_port: int) -> Callable[[F], F]:
+    """``--http-host`` and ``--http-port`` for a daemon's /metrics, /livez, /readyz."""
+
+    def decorate(command: F) -> F:
+        command = click.option(
+            "--http-port", type=click.IntRange(0, 65535), default=default_port,
+            show_default=True, help="0: pick a free port (the chosen one is logged).",
+        )(command)  # fmt: skip
+        return click.option(
+            "--http-host", default="127.0.0.1", show_default=True, envvar="PARTQ_HTTP_HOST",
+            help="Address for /metrics, /livez, /readyz (0.0.0.0 in containers) "
+            "[PARTQ_HTTP_HOST].",
+        )(command)  # fmt: skip
+
+    return decorate
+
+
+def serve_http(host: str, port: int, **endpoints: Any) -> ThreadingHTTPServer:
+    """:func:`cli.http.serve`, with a bind failure as one line naming the flag to change
+    (a :class:`UsageError`: exit code 2)."""
+    try:
+        return serve(host, port, **endpoints)
+    except OSError as e:
+        raise UsageError(bind_error(host, port, e)) from None
+
+
+def bind_error(host: str, port: int, error: OSError) -> str:
+    where = f"{host}:{port}"
+    other_port = "choose another port with --http-port, or --http-port 0 for any free port"
+    if error.errno == errno.EADDRINUSE:
+        return f"{where} is already in use (another partq daemon on this host?): {other_port}"
+    if error.errno == errno.EACCES:
+        return f"cannot listen on {where}: permission denied: {other_port}"
+    reason = error.strerror or str(error)
+    if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {where}: {reason}: check --http-host"
+    return f"cannot listen on {where}: {reason}: check --http-host and --http-port"

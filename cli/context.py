@@ -7,8 +7,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from coordinator.settings import Settings
-from coordinator.streams import Registry
+import click
+
+from kernel.settings import Settings
+from producer.registry import Registry
 
 
 @dataclass
@@ -26,3 +28,6 @@ class Context:
         if self._registry is None:
             self._registry = Registry.connect(self.settings)
         return self._registry
+
+
+pass_context = click.make_pass_decorator(Context)

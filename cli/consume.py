@@ -1,0 +1,129 @@
+"""``partq consume``: the consumer daemon."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import click
+
+from cli.context import Context, pass_context
+from cli.http import http_options, serve_http
+from consumers.daemon import (
+    DEFAULT_HANDLER_TIMEOUT,
+    EXIT_HANDLER_TIMEOUT,
+    EXIT_STREAM_CHANGED,
+    EXIT_WORKER_FAILED,
+    Consumer,
+    ConsumerConfig,
+)
+from consumers.message import load_handler
+from consumers.signals import on_stop_signals
+
+log = logging.getLogger("partq.cli")
+
+
+@click.command()
+@click.argument("stream")
+@click.option("--handler", required=True, help="The handler, as pkg.module:function.")
+@click.option(
+    "--member-id",
+    envvar="PARTQ_MEMBER_ID",
+    help="Stable member id (e.g. pod name): ASCII letters, digits, _ . : @ -, starting with a "
+    "letter or digit, at most 253 characters [PARTQ_MEMBER_ID].",
+)
+@click.option("--weight", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--prefetch", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--ttl", type=click.IntRange(min=1), default=5, show_default=True, help="Lease TTL in seconds."
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Handler attempts before a message goes to the dead-letter queue.",
+)
+@click.option("--drain-timeout", type=float, default=20.0, show_default=True)
+@click.option(
+    "--handler-timeout",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_HANDLER_TIMEOUT,
+    show_default=True,
+    help="Seconds a handler may take per message; past it the message is dead-lettered and "
+    "the consumer leaves the group and exits with code 3 (a running handler cannot be "
+    "stopped). 0: no limit.",
+)
+@click.option("--partitions", type=int, help="Expected partition count; refused if etcd differs.")
+@http_options(default_port=9401)
+@pass_context
+def consume(
+    ctx: Context,
+    stream: str,
+    handler: str,
+    member_id: str | None,
+    weight: int,
+    prefetch: int,
+    ttl: int,
+    max_attempts: int,
+    drain_timeout: float,
+    handler_timeout: float,
+    partitions: int | None,
+    http_host: str,
+    http_port: int,
+) -> None:
+    """Consume STREAM's assigned partitions with HANDLER until SIGTERM/SIGINT.
+
+    \b
+    Exit codes (every one after the start leaves the group first):
+      0  stopped by a signal, every partition drained
+      1  a runtime failure, or the drain took longer than --drain-timeout
+      2  a usage or validation error
+      3  a handler ran longer than --handler-timeout (its message is dead-lettered)
+      4  a partition worker failed (the traceback is logged)
+      5  the stream was deleted and recreated with another partition count
+    Restart the process on 3, 4 and 5 (a supervisor does): /readyz is false meanwhile.
+    """
+    function = load_handler(handler)
+    config = ConsumerConfig(
+        stream=stream, member_id=member_id, weight=weight, prefetch=prefetch, ttl=ttl,
+        max_attempts=max_attempts, drain_timeout=drain_timeout, partitions=partitions,
+        handler_timeout=handler_timeout or None,
+    )  # fmt: skip
+    consumer = Consumer(ctx.registry(), function, config, amqp_url=ctx.settings.amqp)
+    server = serve_http(
+        http_host, http_port, live=consumer.alive.is_set, ready=consumer.ready.is_set
+    )
+    log.info(
+        "member %s serving /livez /readyz /metrics on %s:%d",
+        consumer.member,
+        http_host,
+        server.server_port,
+    )
+    on_stop_signals(consumer.stop)
+    code = consumer.run()
+    server.shutdown()
+    if code in (EXIT_HANDLER_TIMEOUT, EXIT_WORKER_FAILED, EXIT_STREAM_CHANGED):
+        exit_within(code, EXIT_GRACE)
+    raise click.exceptions.Exit(code)
+
+
+EXIT_GRACE = 10.0  # seconds the interpreter may take to exit after a failure
+
+
+def exit_within(code: int, seconds: float) -> None:
+    """End the process with ``code`` if the normal exit has not happened after ``seconds``.
+
+    After a failure the group has been left already, but a hung handler thread
+    cannot be stopped: if it holds something the interpreter's exit waits for (a
+    non-daemon thread it started, a lock), only ``os._exit`` ends the process.
+    """
+
+    def force() -> None:
+        log.error("exit blocked for %ss (a hung handler?): exiting with %d now", seconds, code)
+        os._exit(code)
+
+    timer = threading.Timer(seconds, force)
+    timer.daemon = True
+    timer.start()

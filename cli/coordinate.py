@@ -1,0 +1,106 @@
+"""``partq coordinator``: the coordinator daemon for one or more streams."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import click
+
+from cli.context import Context, pass_context
+from cli.http import http_options, serve_http
+from consumers.signals import on_stop_signals
+from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
+from coordinator.service import CoordinatorConfig, StreamCoordinator
+from coordinator.status import render_html, snapshot_status
+
+log = logging.getLogger("partq.cli")
+
+
+@click.command()
+@click.argument("streams", nargs=-1, required=True)
+@click.option("--min-members", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--settle",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds the member set must stay unchanged before assigning.",
+)
+@click.option("--max-moves", type=click.IntRange(min=1), help="Partitions in motion at most.")
+@click.option("--manual", is_flag=True, help="Move nothing until `partq rebalance`.")
+@click.option("--ttl", type=click.IntRange(min=1), default=5, show_default=True)
+@http_options(default_port=9400)
+@pass_context
+def coordinator(
+    ctx: Context,
+    streams: tuple[str, ...],
+    min_members: int,
+    settle: float,
+    max_moves: int | None,
+    manual: bool,
+    ttl: int,
+    http_host: str,
+    http_port: int,
+) -> None:
+    """Run a coordinator for STREAMS (one leads per stream; run several for failover)."""
+    registry = ctx.registry()
+    for stream in streams:
+        registry.read_spec(stream)  # fail now, not in a thread, for a stream that does not exist
+    config = CoordinatorConfig(
+        min_members=min_members, settle=settle, max_moves=max_moves, manual=manual, ttl=ttl
+    )
+    threads = [StreamCoordinator(registry, s, config) for s in streams]
+    stop = threading.Event()
+    # One AMQP connection for every scrape and page load, refreshed at most every 2 s;
+    # etcd asked for /readyz at most as often. Failures: 503 with one line (cli.http).
+    depths = QueueDepths(ctx.settings.amqp, name="partq-coordinator-depth")
+    exporter = DepthExporter(depths)
+    etcd = EtcdHealth(registry)
+
+    def page() -> str:
+        reports = [
+            snapshot_status(registry, ctx.settings.amqp, s, depths=depths.stats) for s in streams
+        ]
+        return render_html(reports)
+
+    def ready() -> bool:
+        etcd.check()  # raises with the reason: 503
+        for thread in threads:
+            thread.check()  # a stream missing (deleted, or its spec malformed): 503, saying so
+        return not stop.is_set()
+
+    def export_depths() -> None:
+        exporter.export(t.spec for t in threads if t.leading.is_set() and t.spec is not None)
+
+    server = serve_http(
+        http_host,
+        http_port,
+        live=lambda: all(t.is_alive() for t in threads),
+        ready=ready,
+        page=page,
+        before_metrics=export_depths,
+    )
+    log.info(
+        "coordinating %s; status page on http://%s:%d/",
+        ", ".join(streams),
+        http_host,
+        server.server_port,
+    )
+    on_stop_signals(stop.set)
+    for thread in threads:
+        thread.start()
+    while not stop.wait(1.0):
+        if not all(t.is_alive() for t in threads):
+            break
+    dead = [t for t in threads if not t.is_alive()]  # before we stop them: they died
+    for thread in threads:
+        thread.stop()
+    for thread in threads:
+        thread.join(timeout=10)
+    server.shutdown()
+    depths.close()
+    dead += [t for t in threads if t.failure is not None and t not in dead]
+    if dead:  # the traceback is logged by the thread; never exit 0 after a thread death
+        log.error("coordinator of %s died; exiting 1", ", ".join(t.stream for t in dead))
+        raise click.exceptions.Exit(1)

@@ -1,0 +1,120 @@
+"""``partq status|rebalance|move|drain``: what an operator reads and asks for."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import click
+
+from cli.context import Context, pass_context
+from coordinator.group import Drain, Group, Move, Rebalance, validate_member_id
+from coordinator.service import plan
+from coordinator.status import beyond_lines, malformed_lines, snapshot_status
+
+log = logging.getLogger("partq.cli")
+
+
+@click.command()
+@click.argument("stream")
+@click.option("--json", "as_json", is_flag=True)
+@pass_context
+def status(ctx: Context, stream: str, as_json: bool) -> None:
+    """Leader, members, assignment, claims, queue depths and moves in progress of STREAM."""
+    report = snapshot_status(ctx.registry(), ctx.settings.amqp, stream)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    click.echo(f"stream {stream}: {report['partitions']} partitions, {report['queue_type']}")
+    click.echo(f"leader: {report['leader'] or '-'}")
+    click.echo(f"members ({len(report['members'])}):")
+    for m in report["members"]:
+        click.echo(
+            f"  {m['id']:<30} weight {m['weight']}  age {m['age_s']:.0f}s  "
+            f"owns {m['owns']}  host {m['host']} pid {m['pid']}"
+        )
+    for line in beyond_lines(report):
+        click.echo(line)
+    click.echo(f"unassigned: {report['unassigned'] or '-'}")
+    click.echo(f"moves in progress: {report['in_motion'] or '-'}")
+    click.echo(
+        f"{'partition':>9}  {'owner':<30} {'claimed by':<30} {'messages':>8} {'consumers':>9}"
+    )
+    for row in report["rows"]:
+        click.echo(
+            f"{row['partition']:>9}  {row['owner'] or '-':<30} {row['claim'] or '-':<30} "
+            f"{_num(row['messages']):>8} {_num(row['consumers']):>9}"
+        )
+    for line in malformed_lines(report):
+        click.echo(line)
+
+
+def _num(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+@click.command()
+@click.argument("stream")
+@click.option("--dry-run", is_flag=True, help="Print the planned moves; change nothing.")
+@click.option("--max-moves", type=click.IntRange(min=1))
+@pass_context
+def rebalance(ctx: Context, stream: str, dry_run: bool, max_moves: int | None) -> None:
+    """Ask the leader to rebalance STREAM now (needed in --manual mode)."""
+    registry = ctx.registry()
+    spec = registry.read_spec(stream)
+    group = Group(registry.client, registry.where, stream, report=False)
+    state = group.snapshot()
+    excluded = {r.member for r in state.requests.values() if isinstance(r, Drain)}
+    target = plan(spec, state.members, state.assignment, state.claims, excluded, max_moves)
+    changes = [
+        (p, state.assignment.get(p), o)
+        for p, o in sorted(target.items())
+        if state.assignment.get(p) != o
+    ]
+    for partition, old, new in changes:
+        click.echo(f"partition {partition}: {old or '(unassigned)'} -> {new}")
+    click.echo(f"{len(changes)} partitions would change owner")
+    if not dry_run:
+        group.request(Rebalance())
+        click.echo("rebalance requested; the leading coordinator carries it out")
+
+
+@click.command()
+@click.argument("stream")
+@click.option("--partition", "-p", type=int, required=True)
+@click.option("--to", "member", required=True, help="The member that should own it.")
+@pass_context
+def move(ctx: Context, stream: str, partition: int, member: str) -> None:
+    """Move one partition of STREAM to MEMBER."""
+    validate_member_id(member)
+    registry = ctx.registry()
+    spec = registry.read_spec(stream)
+    if not 0 <= partition < spec.partitions:
+        raise click.BadParameter(
+            f"{stream} has partitions 0..{spec.partitions - 1}", param_hint="--partition"
+        )
+    group = Group(registry.client, registry.where, stream, report=False)
+    if member not in group.snapshot().members:
+        raise click.BadParameter(
+            f"{member!r} is not a live member of {stream} (see partq status)", param_hint="--to"
+        )
+    group.request(Move(partition, member))
+    click.echo(f"move of partition {partition} to {member} requested")
+
+
+@click.command()
+@click.argument("stream")
+@click.argument("member")
+@pass_context
+def drain(ctx: Context, stream: str, member: str) -> None:
+    """Move every partition of STREAM away from MEMBER (until it leaves)."""
+    validate_member_id(member)
+    registry = ctx.registry()
+    registry.read_spec(stream)
+    group = Group(registry.client, registry.where, stream, report=False)
+    state = group.snapshot()
+    if member not in state.members:
+        raise click.BadParameter(f"{member!r} is not a live member of {stream}")
+    group.request(Drain(member))
+    owned = sorted(p for p, o in state.assignment.items() if o == member)
+    click.echo(f"drain of {member} requested ({len(owned)} partitions to move)")

@@ -1,5 +1,0 @@
-import sys
-
-from consumers.cli import main
-
-sys.exit(main())
