@@ -54,6 +54,20 @@ def test_flags_an_order_violation_but_allows_redelivered_repeats() -> None:
     assert checker.order_violations(repeated) == []
 
 
+def test_a_redelivery_after_newer_messages_is_counted_apart_from_real_violations() -> None:
+    # Given seq 1 delivered to a consumer that died unacked, redelivered after seq 2 and 3
+    late = {**rec(2, 0, "a", 1, 5, 6), "redelivered": True}
+    records = [rec(1, 0, "a", 0, 0, 1), rec(2, 0, "a", 2, 3, 4), rec(2, 0, "a", 3, 4, 5), late]
+    # Then it is a violation, explained by the redelivery, and counted as such
+    assert len(checker.order_violations(records)) == 1
+    assert checker.order_violations(records, except_redelivered=True) == []
+    assert checker.redelivered_out_of_order(records) == 1
+    # And a late message that was not a redelivery stays a violation either way
+    fresh = [*records[:3], rec(2, 0, "a", 1, 5, 6)]
+    assert len(checker.order_violations(fresh, except_redelivered=True)) == 1
+    assert checker.redelivered_out_of_order(fresh) == 0
+
+
 def test_balance() -> None:
     assignment = {0: "a", 1: "a", 2: "b", 3: "b"}
     claims = dict(assignment)
