@@ -9,7 +9,7 @@ import click
 
 from cli.context import Context, pass_context
 from coordinator.group import Drain, Group, Move, Rebalance, validate_member_id
-from coordinator.service import plan
+from coordinator.policy import plan
 from coordinator.status import beyond_lines, malformed_lines, snapshot_status
 
 log = logging.getLogger("partq.cli")
@@ -64,8 +64,7 @@ def rebalance(ctx: Context, stream: str, dry_run: bool, max_moves: int | None) -
     spec = registry.read_spec(stream)
     group = Group(registry.client, registry.where, stream, report=False)
     state = group.snapshot()
-    excluded = {r.member for r in state.requests.values() if isinstance(r, Drain)}
-    target = plan(spec, state.members, state.assignment, state.claims, excluded, max_moves)
+    target = plan(spec, state, max_moves)  # what the leader writes (draining members left out)
     changes = [
         (p, state.assignment.get(p), o)
         for p, o in sorted(target.items())

@@ -29,6 +29,7 @@ from coordinator.codec import (
     Candidate,
     Claim,
     Drain,
+    Kind,
     Member,
     Move,
     Rebalance,
@@ -93,12 +94,13 @@ class WatchEvent:
     malformed (then ``malformed`` says why): either way, the key is absent now.
     """
 
-    kind: str
+    kind: Kind
     name: str
     value: Value | None  # None: deleted, or malformed
     lease: int = 0
-    revision: int = 0
+    revision: int = 0  # the change's (the key's mod revision)
     malformed: str | None = None
+    created: int = 0  # the key's create revision (0 for a delete)
 
     @property
     def partition(self) -> int:
@@ -106,14 +108,15 @@ class WatchEvent:
         return int(self.name)
 
 
-def _kind(stream: str, key: str) -> tuple[str, str] | None:
-    for kind, prefix in (
+def _kind(stream: str, key: str) -> tuple[Kind, str] | None:
+    prefixes: tuple[tuple[Kind, str], ...] = (
         ("member", keys.members(stream)),
         ("assignment", keys.assignments(stream)),
         ("claim", keys.claims(stream)),
         ("leader", keys.leader_prefix(stream)),
         ("request", keys.requests(stream)),
-    ):
+    )
+    for kind, prefix in prefixes:
         if key.startswith(prefix):
             return kind, key[len(prefix) :]
     if key == keys.spec(stream):
@@ -223,10 +226,17 @@ class Group:
                     value = self._decode(kind, name, key, event.value, lease, event.mod_revision)
                 if not codec.valid_name(kind, name):
                     continue  # a key partq never uses (reported if put): no event about it
+                created = getattr(event, "create_revision", 0)
                 if isinstance(value, Malformed):
-                    callback(WatchEvent(kind, name, None, lease, event.mod_revision, value.error))
+                    callback(
+                        WatchEvent(
+                            kind, name, None, lease, event.mod_revision, value.error, created
+                        )
+                    )
                 else:
-                    callback(WatchEvent(kind, name, value, lease, event.mod_revision))
+                    callback(
+                        WatchEvent(kind, name, value, lease, event.mod_revision, None, created)
+                    )
 
         with etcd_errors(self.where):
             watch_id: int = self.client.add_watch_prefix_callback(

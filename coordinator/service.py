@@ -1,17 +1,14 @@
 """The coordinator service: one leader per stream keeps the assignment balanced.
 
-Per stream, a :class:`StreamCoordinator` thread keeps a session (lease), puts an
-election candidate key on it, and mirrors the stream's group keys from one
-snapshot plus one watch: no polling. The candidate with the lowest create
-revision leads. The leader writes the assignment, one key per changed
-partition, in transactions fenced on its candidate key's create revision: a
-deposed leader's key is gone, so its writes fail.
-
-Rebalance rules: wait for ``min_members`` before the first assignment and for
-the member set to stay unchanged for ``settle`` seconds; then step toward
-:func:`coordinator.assignor.assign`'s target moving at most ``max_moves``
-partitions at once (a partition is *in motion* until its new owner claims it).
-In ``manual`` mode only operator requests (rebalance, move, drain) move anything.
+The I/O shell around pure parts. Per stream, a :class:`StreamCoordinator` thread
+runs campaigns; each one is a session (lease), a candidate in the stream's
+election (:mod:`coordinator.election`), one snapshot and one watch of the group
+keys (no polling). Then it loops: an event (a watch event, the settle timer, the
+lease lost, a stop: :mod:`coordinator.events`) goes into the mirror
+(:class:`coordinator.mirror.GroupMirror`); whoever leads asks the rules
+(:mod:`coordinator.policy`) what to do and writes the assignment, one key per
+changed partition, in transactions fenced on its candidate key
+(:meth:`coordinator.election.Fence.compare`); metrics are exported last.
 
 Values come decoded from :class:`coordinator.group.Group`; a malformed one is an
 absent key (so a garbled assignment is rewritten, a garbled request ignored). A
@@ -26,25 +23,17 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from coordinator import codec, metrics
-from coordinator.assignor import assign, limit_moves
-from coordinator.group import (
-    Assignment,
-    Candidate,
-    Claim,
-    Drain,
-    Group,
-    GroupState,
-    Member,
-    Move,
-    Rebalance,
-    Request,
-    WatchEvent,
-)
+from coordinator import codec, metrics, policy
+from coordinator.election import Election
+from coordinator.events import LeaseLost, Settled, Stop, WatchFailed
+from coordinator.group import Group, WatchEvent
+from coordinator.mirror import GroupMirror
 from coordinator.session import Session
 from kernel import keys, logs
+from kernel.backoff import Backoff
 from kernel.errors import (
     EtcdUnavailable,
     MalformedValue,
@@ -57,11 +46,13 @@ from kernel.etcd import etcd_errors
 from producer.contract import StreamSpec
 from producer.registry import Registry
 
-__all__ = ["CoordinatorConfig", "StreamCoordinator", "plan"]
+__all__ = ["CoordinatorConfig", "Event", "StreamCoordinator"]
 
 log = logging.getLogger("partq.coordinator")
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
-_BACKOFF, _MAX_BACKOFF = 0.2, 5.0
+_BACKOFF = Backoff()  # between campaigns: 0.2 s doubling to 5 s, reset once one got going
+
+Event = WatchEvent | WatchFailed | LeaseLost | Settled | Stop
 
 
 @dataclass(frozen=True)
@@ -71,59 +62,6 @@ class CoordinatorConfig:
     max_moves: int | None = None
     manual: bool = False
     ttl: int = 5
-
-
-@dataclass
-class _Mirror:
-    """The leader's view of the stream's keys, kept current by the watch."""
-
-    members: dict[str, Member] = field(default_factory=dict)
-    assignment: dict[int, str] = field(default_factory=dict)
-    claims: dict[int, Claim] = field(default_factory=dict)
-    leaders: dict[str, int] = field(default_factory=dict)  # candidate key -> create revision
-    requests: dict[str, Request] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, state: GroupState) -> _Mirror:
-        return cls(
-            dict(state.members),
-            dict(state.assignment),
-            dict(state.claims),
-            {key: rev for rev, key in state.leaders},
-            dict(state.requests),
-        )
-
-
-def drained(requests: dict[str, Request]) -> set[str]:
-    """Members an operator asked to drain."""
-    return {r.member for r in requests.values() if isinstance(r, Drain)}
-
-
-def in_motion(assignment: dict[int, str], claims: dict[int, Claim]) -> set[int]:
-    """Partitions whose assigned owner does not hold the claim yet."""
-    held = {p: c.member for p, c in claims.items()}
-    return {p for p, owner in assignment.items() if held.get(p) != owner}
-
-
-def plan(
-    spec: StreamSpec,
-    members: dict[str, Member],
-    assignment: dict[int, str],
-    claims: dict[int, Claim],
-    excluded: set[str],
-    max_moves: int | None,
-) -> dict[int, str]:
-    """The next assignment step: pure, used by the leader and by ``partq rebalance --dry-run``."""
-    weights = {m.id: m.weight for m in members.values() if m.id not in excluded}
-    if not weights:
-        return {}
-    current = {p: o for p, o in assignment.items() if o in weights and p < spec.partitions}
-    target = assign(spec.partitions, weights, current)
-    budget = None
-    if max_moves is not None:
-        moving = {p for p in in_motion(current, claims) if claims.get(p) is not None}
-        budget = max(0, max_moves - len(moving))
-    return limit_moves(current, target, budget)
 
 
 class _Missing(Exception):
@@ -149,14 +87,14 @@ class StreamCoordinator(threading.Thread):
         self.stream = stream
         self.config = config
         self.group = Group(registry.client, registry.where, stream)
-        self.events: queue.Queue[WatchEvent | Exception | str] = queue.Queue()
+        self.election = Election(registry.client, registry.where, stream)
+        self.events: queue.Queue[Event] = queue.Queue()
         self.stopping = threading.Event()
         self.leading = threading.Event()
         self.spec: StreamSpec | None = None
         self.missing: str | None = None  # why the stream is missing, while it is
         self.failure: BaseException | None = None  # what ended the thread, if anything did
-        self._fence: tuple[str, int] | None = None
-        self._mirror = _Mirror()
+        self.mirror = GroupMirror()
         self._settle_at: float | None = None
         self._assigned_once = False
         self._going = False  # this campaign reached its event loop
@@ -167,7 +105,7 @@ class StreamCoordinator(threading.Thread):
 
     def stop(self) -> None:
         self.stopping.set()
-        self.events.put("stop")
+        self.events.put(Stop())
 
     def check(self) -> None:
         """Raise (a :class:`PartqError` saying why) unless this stream can be coordinated."""
@@ -187,37 +125,50 @@ class StreamCoordinator(threading.Thread):
                 self._step_down()
 
     def _run(self) -> None:
-        backoff = _BACKOFF
+        delays = _BACKOFF.delays()
         while not self.stopping.is_set():
             self._going = False
+            error: Exception | None = None
             try:
                 self._campaign()
-            except (EtcdUnavailable, NotLeader) as e:  # etcd away, or deposed
-                log.warning("%s: %s; campaigning again in %.1fs", self.stream, e, backoff)
-            except _Missing as e:
-                if self.missing != str(e):
-                    log.warning(
-                        "%s: the stream is missing (deleted, or its spec is unreadable): %s; "
-                        "not ready, waiting for it", self.stream, e,
-                    )  # fmt: skip
-                self.missing = str(e)
             except Exception as e:
-                metrics.FAILURES.labels(self.stream, type(e).__name__).inc()
-                error = f"{type(e).__name__}: {e}"
-                if error != self._last_error:
-                    log.error(
-                        "%s: unexpected error; campaigning again in %.1fs", self.stream, backoff,
-                        exc_info=True,
-                    )  # fmt: skip
-                else:
-                    log.warning("%s: again %s; retrying in %.1fs", self.stream, error, backoff)
-                self._last_error = error
+                error = e
             self._step_down()
             if self._going:
-                backoff = _BACKOFF
-            if self.stopping.wait(backoff):
+                delays.reset()
+            wait = delays.next()
+            if error is not None:
+                self._ended(error, wait)
+            if self.stopping.wait(wait):
                 break
-            backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _ended(self, error: Exception, wait: float) -> None:
+        """Log (and count) why a campaign ended; the next one starts in ``wait`` seconds."""
+        match error:
+            case EtcdUnavailable() | NotLeader():  # etcd away, or deposed
+                log.warning("%s: %s; campaigning again in %.1fs", self.stream, error, wait)
+            case _Missing():
+                if self.missing != str(error):
+                    log.warning(
+                        "%s: the stream is missing (deleted, or its spec is unreadable): %s; "
+                        "not ready, waiting for it",
+                        self.stream,
+                        error,
+                    )
+                self.missing = str(error)
+            case _:
+                metrics.FAILURES.labels(self.stream, type(error).__name__).inc()
+                text = f"{type(error).__name__}: {error}"
+                if text != self._last_error:
+                    log.error(
+                        "%s: unexpected error; campaigning again in %.1fs",
+                        self.stream,
+                        wait,
+                        exc_info=error,
+                    )
+                else:
+                    log.warning("%s: again %s; retrying in %.1fs", self.stream, text, wait)
+                self._last_error = text
 
     def _campaign(self) -> None:
         try:
@@ -229,24 +180,23 @@ class StreamCoordinator(threading.Thread):
             self.missing = None
         self._drain_events()  # what the previous campaign's watch left is stale
         session = Session(
-            self.registry.client, self.registry.where, self.config.ttl,
-            on_lost=lambda: self.events.put("lease-lost"),
-        )  # fmt: skip
-        candidate = keys.leader_candidate(self.stream, session.id)
+            self.registry.client,
+            self.registry.where,
+            self.config.ttl,
+            on_lost=lambda: self.events.put(LeaseLost()),
+        )
         watch_id = None
         try:
-            with etcd_errors(self.registry.where):
-                self.registry.client.put(candidate, codec.encode_candidate(), lease=session.lease)
+            fence = self.election.campaign(session)
             state = self.group.snapshot()
             if state.spec is None:  # deleted (or garbled) since we read it
                 raise _Missing(f"stream {self.stream!r} was deleted")
             if state.spec != self.spec:
                 raise NotLeader(f"{self.stream}: its spec changed to {state.spec}")
-            self._mirror = _Mirror.of(state)
-            if candidate not in self._mirror.leaders:
-                raise NotLeader(f"{self.stream}: our candidate key {candidate} is gone")
-            self._fence = (candidate, self._mirror.leaders[candidate])
-            watch_id = self.group.watch(state.revision, self.events.put)
+            self.mirror = GroupMirror.of(state)
+            if self.mirror.candidates.get(fence.name) != fence.revision:
+                raise NotLeader(f"{self.stream}: our candidate key {fence.key} is gone")
+            watch_id = self.group.watch(state.revision, self._watched)
             self._settle_at = time.monotonic() + self.config.settle
             self._going = True
             self._last_error = None
@@ -255,12 +205,15 @@ class StreamCoordinator(threading.Thread):
             self._step_down()
             if watch_id is not None:
                 self.group.cancel_watch(watch_id)
-            session.close(revoke=True)
+            session.close(revoke=True)  # our candidate key goes with the lease
+
+    def _watched(self, change: WatchEvent | Exception) -> None:
+        self.events.put(WatchFailed(change) if isinstance(change, Exception) else change)
 
     def _drain_events(self) -> None:
         with contextlib.suppress(queue.Empty):
             while True:
-                self.events.get_nowait()  # a "stop" among them: self.stopping is set
+                self.events.get_nowait()  # a Stop among them: self.stopping is set
 
     def _step_down(self) -> None:
         if self.leading.is_set():
@@ -271,136 +224,102 @@ class StreamCoordinator(threading.Thread):
 
     # -- the event loop ------------------------------------------------------------------
 
+    def _next(self) -> Event:
+        timeout = None
+        if self._settle_at is not None:
+            timeout = max(0.0, self._settle_at - time.monotonic())
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            return Settled()
+
     def _loop(self) -> None:
         while not self.stopping.is_set():
-            timeout = None
-            if self._settle_at is not None:
-                timeout = max(0.0, self._settle_at - time.monotonic())
-            try:
-                event = self.events.get(timeout=timeout)
-            except queue.Empty:
-                event = "settled"
-            if event == "stop":
-                return
-            if event == "lease-lost" or isinstance(event, Exception):
-                raise event if isinstance(event, EtcdUnavailable) else EtcdUnavailable(str(event))
-            if isinstance(event, WatchEvent):
-                self._apply(event)
+            event = self._next()
+            match event:
+                case Stop():
+                    return
+                case LeaseLost():
+                    raise EtcdUnavailable("our lease is lost")
+                case WatchFailed(error=EtcdUnavailable() as error):
+                    raise error
+                case WatchFailed(error=error):
+                    raise EtcdUnavailable(str(error))
+                case WatchEvent():
+                    self._apply(event)
+                case Settled():
+                    pass
             self._update_leadership()
             if self.leading.is_set():
                 self._lead(event)
             self._export()
 
     def _apply(self, event: WatchEvent) -> None:
-        """Mirror one change; a malformed value (``event.value`` None) is an absent key."""
-        m = self._mirror
-        value = event.value
-        if event.kind == "member":
-            if isinstance(value, Member):
-                m.members[event.name] = value
-            else:
-                m.members.pop(event.name, None)
-            self._settle_at = time.monotonic() + self.config.settle
-        elif event.kind == "assignment":
-            if isinstance(value, Assignment):
-                m.assignment[event.partition] = value.owner
-            else:
-                m.assignment.pop(event.partition, None)
-        elif event.kind == "claim":
-            if isinstance(value, Claim):
-                m.claims[event.partition] = value
-            else:
-                m.claims.pop(event.partition, None)
-        elif event.kind == "leader":
-            key = keys.leader_prefix(self.stream) + event.name
-            if isinstance(value, Candidate):
-                m.leaders.setdefault(key, event.revision)
-            else:
-                m.leaders.pop(key, None)
-                if self._fence is not None and key == self._fence[0]:
-                    raise NotLeader(f"{self.stream}: our candidate key {key} is gone")
-        elif event.kind == "request":
-            if isinstance(value, Rebalance | Move | Drain):
-                m.requests[event.name] = value
-            else:
-                m.requests.pop(event.name, None)
-        elif event.kind == "spec":
-            if not isinstance(value, StreamSpec):
-                why = f"its spec is malformed: {event.malformed}" if event.malformed else ""
+        """Mirror one change, and react to what is about the campaign itself."""
+        self.mirror.apply(event)
+        fence = self.election.fence
+        match event:
+            case WatchEvent(kind="member"):
+                self._settle_at = time.monotonic() + self.config.settle
+            case WatchEvent(kind="leader", value=None) if fence and event.name == fence.name:
+                raise NotLeader(f"{self.stream}: our candidate key {fence.key} is gone")
+            case WatchEvent(kind="spec", value=StreamSpec() as spec) if spec != self.spec:
+                raise NotLeader(f"{self.stream}: its spec changed to {spec}")
+            case WatchEvent(kind="spec", value=None, malformed=malformed):
+                why = f"its spec is malformed: {malformed}" if malformed else ""
                 raise _Missing(why or f"stream {self.stream!r} was deleted")
-            if value != self.spec:
-                raise NotLeader(f"{self.stream}: its spec changed to {value}")
 
     def _update_leadership(self) -> None:
-        assert self._fence is not None
-        first = min(self._mirror.leaders.items(), key=lambda kv: kv[1], default=None)
-        leading = first is not None and first[0] == self._fence[0]
+        leading = self.election.is_leader(self.mirror.candidates)
         if leading and not self.leading.is_set():
-            log.info("%s: leading (candidate %s)", self.stream, self._fence[0])
+            assert self.election.fence is not None
+            log.info("%s: leading (candidate %s)", self.stream, self.election.fence.key)
             self.leading.set()
             self._settle_at = time.monotonic() + self.config.settle
         elif not leading and self.leading.is_set():
             self._step_down()
         metrics.IS_LEADER.labels(self.stream).set(1 if leading else 0)
 
-    def _lead(self, event: WatchEvent | Exception | str) -> None:
-        m = self._mirror
-        for name, request in sorted(m.requests.items()):
-            self._handle_request(name, request)
-        if self.config.manual:
-            return
-        settled = self._settle_at is None or time.monotonic() >= self._settle_at
-        if not settled:
+    def _lead(self, event: Event) -> None:
+        """Carry out the operator requests, then (once settled) the automatic step."""
+        assert self.spec is not None
+        spec, config = self.spec, self.config
+        for name, request in sorted(self.mirror.requests.items()):
+            self._carry_out(policy.requested(request, spec, self.mirror, config.max_moves), name)
+        if config.manual or not policy.settled(self._settle_at, time.monotonic()):
             return
         self._settle_at = None
-        live = {k: v for k, v in m.members.items() if k not in drained(m.requests)}
-        if not m.assignment and len(live) < self.config.min_members:
-            return
-        reason = "startup" if not self._assigned_once else "membership"
-        if isinstance(event, WatchEvent) and event.kind == "claim":
-            reason = "step"
-        self._reconcile(reason)
-
-    def _reconcile(self, reason: str) -> None:
-        assert self.spec is not None
-        m = self._mirror
-        step = plan(
-            self.spec, m.members, m.assignment, m.claims, drained(m.requests), self.config.max_moves
+        step = policy.automatic(
+            spec,
+            self.mirror,
+            min_members=config.min_members,
+            max_moves=config.max_moves,
+            first=not self._assigned_once,
+            after_claim=isinstance(event, WatchEvent) and event.kind == "claim",
         )
-        self._write(step, reason)
-        self._assigned_once = True
+        if step is not None:
+            self._carry_out(step)
 
-    def _handle_request(self, name: str, request: Request) -> None:
-        m = self._mirror
-        if isinstance(request, Rebalance):
-            self._reconcile("manual")
-            self.group.clear_request(name)
-        elif isinstance(request, Move):
-            partition, to = request.partition, request.to
-            if to in m.members and self.spec and 0 <= partition < self.spec.partitions:
-                self._write({**m.assignment, partition: to}, "move")
-            else:
-                log.warning(
-                    "%s: ignoring move of %s to unknown member %s", self.stream, partition, to
-                )
-            self.group.clear_request(name)
-        elif isinstance(request, Drain):
-            member = request.member
-            if member not in m.members:
-                self.group.clear_request(name)  # it left: the drain is done
-            elif any(owner == member for owner in m.assignment.values()):
-                self._reconcile("drain")
+    def _carry_out(self, step: policy.Step, request: str | None = None) -> None:
+        if step.ignored:
+            log.warning("%s: %s", self.stream, step.ignored)
+        if step.target is not None:
+            self._write(step.target, step.reason)
+            if step.planned:
+                self._assigned_once = True
+        if step.clear and request is not None:
+            self.group.clear_request(request)
 
-    def _write(self, target: dict[int, str], reason: str) -> None:
+    def _write(self, target: Mapping[int, str], reason: str) -> None:
         """Write the partitions whose owner changes, fenced on our leadership."""
-        assert self._fence is not None
-        m = self._mirror
-        changed = sorted(p for p, owner in target.items() if m.assignment.get(p) != owner)
+        fence = self.election.fence
+        assert fence is not None
+        assignment = self.mirror.assignment
+        changed = sorted(p for p, owner in target.items() if assignment.get(p) != owner)
         if not changed:
             return
         client = self.registry.client
         t = client.transactions
-        candidate, revision = self._fence
         for start in range(0, len(changed), _TXN_OPS):
             chunk = changed[start : start + _TXN_OPS]
             puts = [
@@ -409,41 +328,31 @@ class StreamCoordinator(threading.Thread):
             ]
             began = time.monotonic()
             with etcd_errors(self.registry.where):
-                ok, _ = client.transaction(
-                    compare=[t.create(candidate) == revision], success=puts, failure=[]
-                )
+                ok, _ = client.transaction(compare=[fence.compare(t)], success=puts, failure=[])
             metrics.ETCD_SECONDS.labels("assign").observe(time.monotonic() - began)
             if not ok:
                 self._step_down()
                 raise NotLeader(f"{self.stream}: lost leadership while writing the assignment")
-            for p in chunk:
-                m.assignment[p] = target[p]
-        moved = sum(1 for p in changed if p in m.claims)
+            assignment.update((p, target[p]) for p in chunk)
+        moved = sum(1 for p in changed if p in self.mirror.claims)
         metrics.REBALANCES.labels(self.stream, reason).inc()
         metrics.PARTITIONS_MOVED.labels(self.stream).inc(moved)
         log.info(
             "%s: assignment %s: %d partitions changed owner", self.stream, reason, len(changed)
         )
 
+    # -- metrics ---------------------------------------------------------------------------
+
     def _export(self) -> None:
         if self.spec is None:
             return
-        spec = self.spec
-        m = self._mirror
-        live = {k for k in m.members}
-        owned = {p: o for p, o in m.assignment.items() if o in live and p < spec.partitions}
-        metrics.MEMBERS.labels(self.stream).set(len(m.members))
+        spec, mirror = self.spec, self.mirror
+        owned = policy.owned(spec, mirror)
+        metrics.MEMBERS.labels(self.stream).set(len(mirror.members))
         metrics.PARTITIONS_UNASSIGNED.labels(self.stream).set(spec.partitions - len(owned))
-        metrics.PARTITIONS_IN_MOTION.labels(self.stream).set(len(in_motion(owned, m.claims)))
-        weights = {k: v.weight for k, v in m.members.items()}
-        total = sum(weights.values())
-        worst = 0.0
-        counts = {k: 0 for k in weights}
-        for owner in owned.values():
-            counts[owner] += 1
-        for member, weight in weights.items():
-            worst = max(worst, abs(counts[member] - spec.partitions * weight / total))
-        metrics.IMBALANCE.labels(self.stream).set(worst)
+        in_motion = policy.in_motion(owned, mirror.claims)
+        metrics.PARTITIONS_IN_MOTION.labels(self.stream).set(len(in_motion))
+        metrics.IMBALANCE.labels(self.stream).set(policy.imbalance(spec, mirror.members, owned))
         if self.leading.is_set():
             self._export_assignment(
                 {(self.stream, str(p), owner, spec.queue(p)) for p, owner in owned.items()}

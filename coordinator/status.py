@@ -12,7 +12,7 @@ from typing import Any
 
 from coordinator.admin import beyond_line
 from coordinator.group import Group
-from coordinator.service import in_motion
+from coordinator.policy import in_motion
 from kernel.amqp import blocking_connection
 from kernel.errors import BrokerUnavailable
 from producer.contract import StreamSpec

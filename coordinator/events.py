@@ -1,0 +1,30 @@
+"""What the coordinator's and the consumer daemon's loops react to, besides watch events
+(:class:`coordinator.group.WatchEvent`): typed values, matched with ``match``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LeaseLost", "Settled", "Stop", "WatchFailed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop on request (``stop()``, a signal)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseLost:
+    """etcd says our session's lease is gone (expired or revoked): others may take over."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchFailed:
+    """The watch ended (etcd restarted or unreachable): what we mirror may be stale."""
+
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The coordinator's settle timer ran out with no other event."""

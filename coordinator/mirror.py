@@ -1,0 +1,90 @@
+"""One mirror of a stream's group keys, kept current by the watch: the coordinator's and
+the consumer daemon's view of members, assignment, claims, candidates and requests.
+
+Built from a snapshot (:meth:`GroupMirror.of` a :class:`coordinator.group.GroupState`),
+then :meth:`GroupMirror.apply` each :class:`coordinator.group.WatchEvent` after it. Values
+arrive decoded (:mod:`coordinator.codec`, once, in :class:`coordinator.group.Group`); a
+malformed one (``value`` None) is an absent key, like a deleted one.
+
+A client that writes a key mirrors its own write at once rather than wait for the echo
+(:meth:`GroupMirror.wrote_claim`); watch events about that key up to the write's
+revision are older than what the mirror knows, and are skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from coordinator.codec import Assignment, Candidate, Claim, Drain, Member, Move, Rebalance, Request
+from coordinator.group import GroupState, WatchEvent
+from producer.contract import StreamSpec
+
+__all__ = ["GroupMirror"]
+
+
+@dataclass
+class GroupMirror:
+    members: dict[str, Member] = field(default_factory=dict)
+    assignment: dict[int, str] = field(default_factory=dict)  # partition -> owner
+    claims: dict[int, Claim] = field(default_factory=dict)
+    candidates: dict[str, int] = field(default_factory=dict)  # name -> create revision
+    requests: dict[str, Request] = field(default_factory=dict)
+    spec: StreamSpec | None = None  # None: deleted, or malformed
+    # partition -> revision of our own latest claim write: older claim events are stale
+    claim_writes: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, state: GroupState) -> GroupMirror:
+        """The mirror of a snapshot; the watch from ``state.revision`` on keeps it current."""
+        return cls(
+            members=dict(state.members),
+            assignment=dict(state.assignment),
+            claims=dict(state.claims),
+            candidates={key.rsplit("/", 1)[1]: revision for revision, key in state.leaders},
+            requests=dict(state.requests),
+            spec=state.spec,
+        )
+
+    def apply(self, event: WatchEvent) -> set[int]:
+        """Mirror one change; the partitions whose assignment or claim it concerns."""
+        value = event.value
+        match event.kind:
+            case "member":
+                _put(self.members, event.name, value if isinstance(value, Member) else None)
+            case "assignment":
+                owner = value.owner if isinstance(value, Assignment) else None
+                _put(self.assignment, event.partition, owner)
+                return {event.partition}
+            case "claim":
+                if event.revision <= self.claim_writes.get(event.partition, 0):
+                    return set()  # older than our own claim or release
+                _put(self.claims, event.partition, value if isinstance(value, Claim) else None)
+                return {event.partition}
+            case "leader":
+                if isinstance(value, Candidate):
+                    self.candidates[event.name] = event.created
+                else:
+                    self.candidates.pop(event.name, None)
+            case "request":
+                request = value if isinstance(value, Rebalance | Move | Drain) else None
+                _put(self.requests, event.name, request)
+            case "spec":
+                self.spec = value if isinstance(value, StreamSpec) else None
+        return set()
+
+    def wrote_claim(self, partition: int, claim: Claim | None, revision: int) -> None:
+        """Mirror our own claim (or, None, our release) of ``partition``, done at ``revision``."""
+        _put(self.claims, partition, claim)
+        self.claim_writes[partition] = revision
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _put(mapping: dict[K, V], key: K, value: V | None) -> None:
+    if value is None:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = value

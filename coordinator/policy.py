@@ -1,0 +1,161 @@
+"""The leader's rules, pure: what to assign next, when, and what an operator request does.
+
+Functions of the decoded group state (:mod:`coordinator.codec` values, seen through
+:class:`View`: a :class:`coordinator.group.GroupState` snapshot or a
+:class:`coordinator.mirror.GroupMirror`); no I/O, no clock. The coordinator service
+(:mod:`coordinator.service`) carries out what they decide; ``partq rebalance
+--dry-run`` prints :func:`plan` of a snapshot, the same function the leader writes.
+
+- **Draining.** A member an operator asked to drain (``partq drain``) is left out of
+  every plan until it has left the group: :func:`draining`.
+- **In motion.** A partition is in motion while its assigned owner does not hold its
+  claim: :func:`in_motion`.
+- **Max moves.** With ``max_moves`` N, a plan moves at most N partitions away from a live
+  owner, counting those already in motion from one; partitions without a (live) owner
+  are assigned at once: :func:`plan`.
+- **Settle and min members.** Membership changes (and becoming leader) restart a settle
+  timer; the leader plans only once it has run out (:func:`settled`), and the first
+  assignment waits for ``min_members`` members that are not draining: :func:`automatic`.
+- **Operator requests** (:func:`requested`): ``rebalance`` plans one step and is cleared;
+  ``move-<p>`` gives p to a live member and is cleared (ignored, and cleared, if the
+  member is unknown or p is outside the stream); ``drain-<m>`` plans while m still owns
+  partitions and is cleared once m has left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from coordinator.assignor import assign, limit_moves
+from coordinator.codec import Claim, Drain, Member, Move, Rebalance, Request
+from producer.contract import StreamSpec
+
+__all__ = [
+    "Reason",
+    "Step",
+    "View",
+    "automatic",
+    "draining",
+    "imbalance",
+    "in_motion",
+    "owned",
+    "plan",
+    "requested",
+    "settled",
+]
+
+# The ``reason`` label of partq_coordinator_rebalances_total
+Reason = Literal["startup", "membership", "step", "manual", "move", "drain"]
+
+
+class View(Protocol):
+    """The group state the rules read (a snapshot or the leader's mirror)."""
+
+    @property
+    def members(self) -> Mapping[str, Member]: ...
+    @property
+    def assignment(self) -> Mapping[int, str]: ...
+    @property
+    def claims(self) -> Mapping[int, Claim]: ...
+    @property
+    def requests(self) -> Mapping[str, Request]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What the leader does: write ``target`` (the partitions whose owner it changes), then
+    delete the request if ``clear``. ``planned``: ``target`` is a :func:`plan`."""
+
+    reason: Reason
+    target: Mapping[int, str] | None = None  # None: write nothing
+    planned: bool = False
+    clear: bool = False
+    ignored: str | None = None  # why the request is ignored (logged)
+
+
+def draining(requests: Mapping[str, Request]) -> set[str]:
+    """Members an operator asked to drain: no plan gives them partitions."""
+    return {r.member for r in requests.values() if isinstance(r, Drain)}
+
+
+def in_motion(assignment: Mapping[int, str], claims: Mapping[int, Claim]) -> set[int]:
+    """Partitions whose assigned owner does not hold the claim yet."""
+    held = {p: c.member for p, c in claims.items()}
+    return {p for p, owner in assignment.items() if held.get(p) != owner}
+
+
+def plan(spec: StreamSpec, view: View, max_moves: int | None) -> dict[int, str]:
+    """The next assignment step (every partition of the stream, or {} without members)."""
+    excluded = draining(view.requests)
+    weights = {m.id: m.weight for m in view.members.values() if m.id not in excluded}
+    if not weights:
+        return {}
+    current = {p: o for p, o in view.assignment.items() if o in weights and p < spec.partitions}
+    target = assign(spec.partitions, weights, current)
+    budget = None
+    if max_moves is not None:
+        moving = {p for p in in_motion(current, view.claims) if view.claims.get(p) is not None}
+        budget = max(0, max_moves - len(moving))
+    return limit_moves(current, target, budget)
+
+
+def settled(settle_at: float | None, now: float) -> bool:
+    """Whether the settle timer (None: not running) has run out at ``now``."""
+    return settle_at is None or now >= settle_at
+
+
+def automatic(
+    spec: StreamSpec,
+    view: View,
+    *,
+    min_members: int,
+    max_moves: int | None,
+    first: bool,
+    after_claim: bool,
+) -> Step | None:
+    """Once settled, outside manual mode: the next plan step, or None while the first
+    assignment still waits for ``min_members``. ``first``: nothing was planned yet;
+    ``after_claim``: a claim changed (a new owner took a partition: the next max-moves step).
+    """
+    live = [m for m in view.members if m not in draining(view.requests)]
+    if not view.assignment and len(live) < min_members:
+        return None
+    reason: Reason = "step" if after_claim else "startup" if first else "membership"
+    return Step(reason, plan(spec, view, max_moves), planned=True)
+
+
+def requested(request: Request, spec: StreamSpec, view: View, max_moves: int | None) -> Step:
+    """What an operator request stored in etcd makes the leader do (the module docstring)."""
+    match request:
+        case Rebalance():
+            return Step("manual", plan(spec, view, max_moves), planned=True, clear=True)
+        case Move(partition=partition, to=to):
+            if to in view.members and 0 <= partition < spec.partitions:
+                return Step("move", {**view.assignment, partition: to}, clear=True)
+            why = f"ignoring move of {partition} to unknown member {to}"
+            return Step("move", clear=True, ignored=why)
+        case Drain(member=member):
+            if member not in view.members:
+                return Step("drain", clear=True)  # it left: the drain is done
+            if member in view.assignment.values():
+                return Step("drain", plan(spec, view, max_moves), planned=True)
+            return Step("drain")
+
+
+def owned(spec: StreamSpec, view: View) -> dict[int, str]:
+    """The assignment of the stream's partitions to live members."""
+    return {p: o for p, o in view.assignment.items() if o in view.members and p < spec.partitions}
+
+
+def imbalance(spec: StreamSpec, members: Mapping[str, Member], owned: Mapping[int, str]) -> float:
+    """The largest distance of a member's partition count from its weighted share."""
+    total = sum(m.weight for m in members.values())
+    counts = dict.fromkeys(members, 0)
+    for owner in owned.values():
+        counts[owner] += 1
+    worst = 0.0
+    for member_id, member in members.items():
+        worst = max(worst, abs(counts[member_id] - spec.partitions * member.weight / total))
+    return worst

@@ -1,0 +1,308 @@
+"""The coordinator service on a FakeEtcd: election, rebalancing, fencing, manual mode, bad values.
+
+Members are played by sessions on the fake (no consumer processes); each test runs real
+StreamCoordinator threads, with a short settle, against one in-memory etcd.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from coordinator.group import Drain, Group, Move, Rebalance
+from coordinator.service import CoordinatorConfig, StreamCoordinator
+from coordinator.session import Session
+from coordinator.testing import FakeEtcd
+from kernel import keys
+from kernel.errors import StreamNotFound
+from producer.contract import StreamSpec
+from producer.registry import Registry
+
+P = 8
+
+
+def eventually(what: str, check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+class Env:
+    """One fake etcd, one stream, members played by sessions, coordinators started on demand."""
+
+    def __init__(self) -> None:
+        self.fake = FakeEtcd()
+        self.registry = Registry(self.fake, "fake")
+        self.stream = f"s-{uuid.uuid4().hex[:8]}"
+        self.registry.create(StreamSpec(self.stream, P))
+        self.group = Group(self.fake, "fake", self.stream)
+        self.sessions: dict[str, Session] = {}
+        self.coordinators: list[StreamCoordinator] = []
+
+    def start(self, **config: Any) -> StreamCoordinator:
+        config = {"settle": 0.05, "ttl": 1, **config}
+        coordinator = StreamCoordinator(self.registry, self.stream, CoordinatorConfig(**config))
+        coordinator.start()
+        self.coordinators.append(coordinator)
+        return coordinator
+
+    def join(self, *members: str) -> None:
+        for member in members:
+            self.sessions[member] = Session(self.fake, "fake", ttl=5)
+            self.group.join(self.sessions[member], member)
+
+    def leave(self, member: str) -> None:
+        self.sessions.pop(member).close(revoke=True)
+
+    def claim_assigned(self) -> None:
+        """Each member claims what is assigned to it, as consumers do (after a release)."""
+        state = self.group.snapshot()
+        for partition, owner in sorted(state.assignment.items()):
+            claim = state.claims.get(partition)
+            if claim is not None and claim.member != owner and claim.member in self.sessions:
+                self.group.release(partition, self.sessions[claim.member])
+            if owner in self.sessions:
+                self.group.claim(partition, owner, self.sessions[owner])
+
+    def assignment(self) -> dict[int, str]:
+        return self.group.snapshot().assignment
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(self.assignment().values()))
+
+    def close(self) -> None:
+        for coordinator in self.coordinators:
+            coordinator.stop()
+        for coordinator in self.coordinators:
+            coordinator.join(5)
+            assert not coordinator.is_alive() and coordinator.failure is None
+        for session in self.sessions.values():
+            session.close()
+
+
+@pytest.fixture
+def env() -> Iterator[Env]:
+    made = Env()
+    yield made
+    made.close()
+
+
+def rebalances(stream: str, reason: str) -> float:
+    labels = {"stream": stream, "reason": reason}
+    return REGISTRY.get_sample_value("partq_coordinator_rebalances_total", labels) or 0.0
+
+
+# -- election ----------------------------------------------------------------------------------
+
+
+def test_one_of_two_coordinators_leads_and_the_other_takes_over(env: Env) -> None:
+    # Given two coordinators of one stream
+    first = env.start()
+    assert first.leading.wait(5)
+    second = env.start()
+    eventually("the second one's candidate", lambda: len(env.group.snapshot().leaders) == 2)
+    time.sleep(0.1)
+    assert not second.leading.is_set()
+    env.join("a")
+    eventually("an assignment", lambda: env.counts() == {"a": P})
+    # When the leader's lease expires (a crash, a partition from etcd)
+    fence = first.election.fence
+    assert fence is not None
+    env.fake.expire(env.fake.lease_of(fence.key))
+    # Then the other one leads, and carries on with the group
+    assert second.leading.wait(5)
+    env.join("b")
+    eventually("the rebalance by the new leader", lambda: env.counts() == {"a": 4, "b": 4})
+    # And the old one campaigns again, as a follower now
+    eventually("a new candidate", lambda: len(env.group.snapshot().leaders) == 2)
+    assert not first.leading.is_set()
+
+
+# -- rebalancing -------------------------------------------------------------------------------
+
+
+def test_waits_for_min_members_then_balances_and_follows_joins_and_leaves(env: Env) -> None:
+    # Given a coordinator that needs two members
+    assert env.start(min_members=2).leading.wait(5)
+    env.join("a")
+    time.sleep(0.3)  # several settle windows: it must still hold back
+    assert env.assignment() == {}
+    # When the second joins / Then everything is assigned, balanced
+    env.join("b")
+    eventually("balance", lambda: env.counts() == {"a": 4, "b": 4})
+    assert rebalances(env.stream, "startup") == 1
+    # When a third joins / Then each keeps what it can and the newcomer gets its share
+    before = env.assignment()
+    env.join("c")
+    eventually("balance of three", lambda: sorted(env.counts().values()) == [2, 3, 3])
+    after = env.assignment()
+    assert all(after[p] in (before[p], "c") for p in after)
+    assert rebalances(env.stream, "membership") == 1
+    # When one leaves / Then its partitions go to the others
+    env.leave("a")
+    eventually("balance without a", lambda: env.counts() == {"b": 4, "c": 4})
+
+
+def test_the_settle_window_waits_for_membership_to_stop_changing(env: Env) -> None:
+    assert env.start(settle=0.4).leading.wait(5)
+    env.join("a")
+    time.sleep(0.25)
+    env.join("b")  # restarts the window
+    time.sleep(0.25)
+    assert env.assignment() == {}
+    eventually("balance", lambda: env.counts() == {"a": 2 * P // 4, "b": 2 * P // 4})
+
+
+def test_max_moves_moves_one_step_per_claim(env: Env) -> None:
+    # Given a owning and consuming everything
+    assert env.start(max_moves=2).leading.wait(5)
+    env.join("a")
+    eventually("a owns all", lambda: env.counts() == {"a": P})
+    env.claim_assigned()
+    # When b joins / Then two partitions move, and no more until b claimed them
+    env.join("b")
+    eventually("the first step", lambda: env.counts() == {"a": 6, "b": 2})
+    time.sleep(0.2)
+    assert env.counts() == {"a": 6, "b": 2}
+    env.claim_assigned()
+    eventually("the second step", lambda: env.counts() == {"a": 4, "b": 4})
+
+
+# -- fencing -----------------------------------------------------------------------------------
+
+
+def test_a_deposed_leaders_write_is_refused_by_its_fence(env: Env) -> None:
+    # Given a leader (manual mode: it writes only on request) held inside its next step
+    leader = env.start(manual=True)
+    assert leader.leading.wait(5)
+    env.join("a")
+    held, release = threading.Event(), threading.Event()
+    lead = leader._lead
+
+    def holding(event: Any) -> None:
+        if leader.mirror.requests and not release.is_set():
+            held.set()
+            release.wait(5)
+        lead(event)
+
+    leader._lead = holding  # type: ignore[method-assign]
+    attempts: list[tuple[bool, str]] = []  # (written, the fence's key) of assignment writes
+    transaction = env.fake.transaction
+
+    def recording(compare: list[Any], success: Any = None, failure: Any = None) -> Any:
+        ok, responses = transaction(compare, success, failure)
+        if any(keys.assignments(env.stream) in str(op.key) for op in success or []):
+            attempts.append((ok, compare[0].key))
+        return ok, responses
+
+    env.fake.transaction = recording  # type: ignore[method-assign]
+    env.group.request(Rebalance())
+    assert held.wait(5)
+    # When it is deposed meanwhile (its lease expires) and it goes on
+    fence = leader.election.fence
+    assert fence is not None
+    env.fake.expire(env.fake.lease_of(fence.key))
+    release.set()
+    # Then its write is refused; it campaigns again and the next write is fenced anew
+    eventually("the assignment", lambda: env.counts() == {"a": P})
+    assert attempts[0] == (False, fence.key)
+    assert attempts[-1][0] and attempts[-1][1] != fence.key
+
+
+# -- manual mode and operator requests ---------------------------------------------------------
+
+
+def test_manual_mode_moves_only_on_operator_requests(env: Env) -> None:
+    # Given a manual coordinator and two members: nothing is assigned by itself
+    assert env.start(manual=True).leading.wait(5)
+    env.join("a", "b")
+    time.sleep(0.3)
+    assert env.assignment() == {}
+    # When an operator asks for a rebalance / Then it happens, and the request is cleared
+    env.group.request(Rebalance())
+    eventually("the rebalance", lambda: env.counts() == {"a": 4, "b": 4})
+    eventually("the request cleared", lambda: env.group.snapshot().requests == {})
+    env.claim_assigned()
+    # When one of a's partitions is moved to b
+    partition = min(p for p, o in env.assignment().items() if o == "a")
+    env.group.request(Move(partition, "b"))
+    eventually("the move", lambda: env.assignment()[partition] == "b")
+    # And a move to a member that is not there is ignored, and cleared
+    env.group.request(Move(0, "nobody"))
+    eventually("the requests cleared", lambda: env.group.snapshot().requests == {})
+    assert env.assignment()[0] != "nobody"
+    # When a is drained / Then everything goes to b, and the drain stays until a has left
+    env.group.request(Drain("a"))
+    eventually("the drain", lambda: env.counts() == {"b": P})
+    time.sleep(0.1)
+    assert "drain-a" in env.group.snapshot().requests
+    env.leave("a")
+    eventually("the drain cleared", lambda: env.group.snapshot().requests == {})
+
+
+# -- values partq did not write ----------------------------------------------------------------
+
+
+def test_malformed_values_are_ignored_and_a_garbled_assignment_is_rewritten(env: Env) -> None:
+    # Given a led, balanced stream
+    coordinator = env.start()
+    env.join("a", "b")
+    eventually("balance", lambda: env.counts() == {"a": 4, "b": 4})
+    before = env.assignment()
+    # When values partq never writes appear under the stream's keys
+    env.fake.put(keys.assignment(env.stream, 3), "{not json")
+    env.fake.put(keys.member(env.stream, "ghost"), '{"v": 1, "id": "ghost"}')  # incomplete
+    env.fake.put(keys.request(env.stream, "rebalance"), "[]")
+    env.fake.put(keys.leader_prefix(env.stream) + "not-a-lease", "")
+    # Then the garbled assignment is rewritten as it was, and the rest changes nothing
+    eventually("partition 3 rewritten", lambda: env.assignment() == before)
+    time.sleep(0.2)
+    assert env.assignment() == before and coordinator.leading.is_set()
+    assert coordinator.missing is None
+    # When the spec itself is garbled / Then the coordinator is not ready until it is back
+    env.fake.put(keys.spec(env.stream), "{")
+    eventually("not ready", lambda: coordinator.missing is not None)
+    with pytest.raises(StreamNotFound, match="missing"):
+        coordinator.check()
+    env.fake.put(keys.spec(env.stream), StreamSpec(env.stream, P).to_json())
+    eventually("ready and leading", lambda: coordinator.missing is None)
+    assert coordinator.leading.wait(5)
+    coordinator.check()
+
+
+# -- sessions and etcd -------------------------------------------------------------------------
+
+
+def test_a_lost_lease_or_an_etcd_outage_ends_the_campaign_and_it_campaigns_again(
+    env: Env,
+) -> None:
+    coordinator = env.start()
+    assert coordinator.leading.wait(5)
+    first = coordinator.election.fence
+    assert first is not None
+    # When etcd says the lease is gone / Then it steps down and stands again with a new one
+    env.fake.expire(env.fake.lease_of(first.key))
+    eventually("a new candidate", lambda: (coordinator.election.fence or first) != first)
+    assert coordinator.leading.wait(5)
+    # When etcd cannot be reached / Then it steps down
+    second = coordinator.election.fence
+    assert second is not None and second != first
+    env.fake.go_down()
+    eventually("stepped down", lambda: not coordinator.leading.is_set())
+    # And once etcd is back it leads again, when its old candidate's lease has expired
+    env.fake.come_up()
+    eventually("a third candidate", lambda: len(env.group.snapshot().leaders) == 2)
+    assert not coordinator.leading.wait(0.2)
+    env.fake.expire(env.fake.lease_of(second.key))
+    assert coordinator.leading.wait(5)
+    env.join("a")
+    eventually("an assignment", lambda: env.counts() == {"a": P})
