@@ -45,6 +45,7 @@ from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
 from kernel.amqp import connection_parameters
+from kernel.backoff import Backoff, Delays
 from producer.contract import StreamSpec
 
 __all__ = ["END", "Broker", "Delivery"]
@@ -52,7 +53,12 @@ __all__ = ["END", "Broker", "Delivery"]
 log = logging.getLogger("partq.consumer.broker")
 _STOP_GRACE = 1.0  # seconds between the last drain's acks and closing the connection
 _QUIET = 0.25  # no delivery for this long while acks are held: nothing is in flight
-_MAX_HOLD = 5.0  # ... and one whose window has not filled by then is cancelled regardless
+# ... and a partition whose window has not filled by then (a steady trickle) is cancelled
+# anyway. Measured (docs/benchmarks.md): 5 s gave 0 reorders in 20 quorum runs; 1 s gave 4
+# in 5 bursty runs on a loaded machine (a return reached the queue after the next owner
+# was served), so a trickling partition's handoff waits up to 5 s.
+_MAX_HOLD = 5.0
+_BACKOFF = Backoff()  # reconnects, and subscribes to a missing queue: 0.2 s doubling to 5 s
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +117,8 @@ class Broker(threading.Thread):
         self._connection: SelectConnection | None = None
         self._subs: dict[int, _Subscription] = {}
         self._opening: set[int] = set()
-        # partition -> (retry not before, last delay): its queue was NOT_FOUND
-        self._missing: dict[int, tuple[float, float]] = {}
+        # partition -> (retry not before, its delays): its queue was NOT_FOUND
+        self._missing: dict[int, tuple[float, Delays]] = {}
         self._deferred: dict[int, object] = {}  # partition -> its pending deferred subscribe
         self._last_drain = 0.0
         self._stopping = False
@@ -183,7 +189,7 @@ class Broker(threading.Thread):
     # -- the I/O thread: connection ------------------------------------------------------
 
     def run(self) -> None:
-        backoff = 0.2
+        delays = _BACKOFF.delays()
         while not self._stopping:
             connection = SelectConnection(
                 self.params,
@@ -196,7 +202,7 @@ class Broker(threading.Thread):
             self._connection = None
             connection.ioloop.close()  # its wake-up socket pair
             if self.connected.is_set():
-                backoff = 0.2
+                delays.reset()
             self.connected.clear()
             self._on_connection(False)
             lost = sorted(p for p, sub in self._subs.items() if sub.consuming or sub.holding)
@@ -208,8 +214,7 @@ class Broker(threading.Thread):
                 self._on_channel_lost(partition)
             if self._stopping:
                 return
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+            time.sleep(delays.next())
 
     def _open_failed(self, connection: SelectConnection, error: BaseException) -> None:
         log.warning("cannot connect to RabbitMQ: %r", error)
@@ -228,7 +233,8 @@ class Broker(threading.Thread):
 
     def _subscribe(self, partition: int) -> None:
         assert self._connection is not None
-        wait = self._missing.get(partition, (0.0, 0.0))[0] - time.monotonic()
+        retry_at = self._missing[partition][0] if partition in self._missing else 0.0
+        wait = retry_at - time.monotonic()
         if wait > 0:  # its queue was missing a moment ago: do not spin on NOT_FOUND
             token = object()
             self._deferred[partition] = token
@@ -397,8 +403,8 @@ class Broker(threading.Thread):
 
     def _channel_closed(self, partition: int, channel: Channel, reason: BaseException) -> None:
         if getattr(reason, "reply_code", None) == 404:  # NOT_FOUND: the queue does not exist
-            delay = min(max(self._missing.get(partition, (0.0, 0.1))[1] * 2, 0.2), 5.0)
-            self._missing[partition] = (time.monotonic() + delay, delay)
+            _, delays = self._missing.get(partition, (0.0, _BACKOFF.delays()))
+            self._missing[partition] = (time.monotonic() + delays.next(), delays)
         sub = self._subs.get(partition)
         if sub is None or sub.channel is not channel:
             return

@@ -51,6 +51,7 @@ from consumers.message import Handler, MalformedHeaders, Message, message_from
 from coordinator.session import Session
 from kernel import logs
 from kernel.amqp import blocking_connection
+from kernel.backoff import Backoff
 from kernel.errors import PartqError
 from producer.contract import StreamSpec
 
@@ -61,6 +62,7 @@ STOP = object()
 CRASH = "crash"  # worker failure reasons (the label of partq_consumer_worker_failures_total)
 HANDLER_TIMEOUT = "handler_timeout"
 _DEAD_LETTER_PATIENCE = 30.0  # seconds a timed-out message's dead-lettering is retried
+_DEAD_LETTER_BACKOFF = Backoff()  # between dead-lettering attempts: 0.2 s doubling to 5 s
 
 
 class HandlerTimeout(PartqError):
@@ -152,7 +154,7 @@ class Worker(threading.Thread):
         self.session = session
         self.dead_letters = dead_letters
         self.max_attempts = max_attempts
-        self.retry_backoff = retry_backoff
+        self.retries = Backoff(initial=retry_backoff)  # between handler attempts
         self.previous = previous
         self.freed_at = freed_at
         self.handler_timeout = handler_timeout or None
@@ -267,7 +269,7 @@ class Worker(threading.Thread):
                 "partition %d: handler failed (attempt %d/%d): %r",
                 self.partition, attempt, self.max_attempts, failure,
             )  # fmt: skip
-            if self.stopped.wait(min(self.retry_backoff * 2 ** (attempt - 1), 5.0)):
+            if self.stopped.wait(self.retries.delay(attempt)):
                 return _Outcome.KEEP
             attempt += 1
             message = dataclasses.replace(message, attempt=attempt)
@@ -334,15 +336,14 @@ class Worker(threading.Thread):
         self, delivery: Delivery, error: BaseException, attempts: int, patience: float | None = None
     ) -> _Outcome:
         """ACK once the dead letter is confirmed; KEEP if stopped (or ``patience`` ran out)."""
-        backoff = 0.2
+        delays = _DEAD_LETTER_BACKOFF.delays()
         deadline = None if patience is None else time.monotonic() + patience
         while not self.stopped.is_set() and (deadline is None or time.monotonic() < deadline):
             try:
                 self.dead_letters.publish(delivery, error, attempts)
             except Exception as e:  # broker trouble: keep the message, try again
                 log.warning("partition %d: dead-lettering failed: %s", self.partition, e)
-                self.stopped.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                self.stopped.wait(delays.next())
                 continue
             metrics.HANDLED.labels(*self._labels, "dead_lettered").inc()
             metrics.DEAD_LETTERED.labels(*self._labels).inc()

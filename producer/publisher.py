@@ -48,6 +48,7 @@ from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
 from kernel.amqp import connection_parameters, unavailable
+from kernel.backoff import Backoff
 from kernel.errors import (
     BrokerUnavailable,
     ConnectionLost,
@@ -76,6 +77,7 @@ _SHORT_STRING_MAX = 255
 _BODY_TOO_LARGE = re.compile(r"message size (\d+) is larger than (?:configured )?max size (\d+)")
 _FRAME_TOO_LARGE = re.compile(r"frame_too_large,\s*(\d+),\s*(\d+)")
 _HEADER_PAYLOAD_PREFIX = 12  # class, weight and body size, ahead of the properties
+_RECONNECT = Backoff(initial=0.1, maximum=2.0)  # between connection attempts
 
 
 class SpecSource(Protocol):
@@ -402,7 +404,7 @@ class Producer:
 
     def _loop(self) -> None:
         lost_since: float | None = None
-        backoff = 0.1
+        delays = _RECONNECT.delays()
         while True:
             self._connect_once()
             with self._lock:
@@ -428,10 +430,10 @@ class Producer:
                     )
                 )
                 lost_since = None
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+            time.sleep(delays.next())
             if self._connected_once:
-                lost_since, backoff = None, 0.1
+                lost_since = None
+                delays.reset()
 
     def _connect_once(self) -> None:
         self._connected_once = False
