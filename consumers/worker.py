@@ -141,7 +141,6 @@ class Worker(threading.Thread):
         freed_at: float | None,
         handler_timeout: float | None = None,
         on_failure: Callable[[int, str], None] | None = None,
-        on_first_delivery: Callable[[int], None] | None = None,
     ) -> None:
         """``handler_timeout``: seconds (None or 0: none). ``on_failure(partition, reason)``:
         the worker stopped for good, ``reason`` :data:`CRASH` or :data:`HANDLER_TIMEOUT`."""

@@ -7,7 +7,6 @@ stops exactly the process it started.
 from __future__ import annotations
 
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -83,18 +82,8 @@ class LocalEtcd:
         self.stop()
         raise PartqError(f"etcd did not answer on port {self.port} within {timeout}s")
 
-    def pause(self) -> None:
-        """Stop the server process (SIGSTOP): clients see an unreachable etcd."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
-
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
             self.process.terminate()
             try:
                 self.process.wait(10)
