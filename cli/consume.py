@@ -87,10 +87,16 @@ def consume(
     """
     function = load_handler(handler)
     config = ConsumerConfig(
-        stream=stream, member_id=member_id, weight=weight, prefetch=prefetch, ttl=ttl,
-        max_attempts=max_attempts, drain_timeout=drain_timeout, partitions=partitions,
+        stream=stream,
+        member_id=member_id,
+        weight=weight,
+        prefetch=prefetch,
+        ttl=ttl,
+        max_attempts=max_attempts,
+        drain_timeout=drain_timeout,
+        partitions=partitions,
         handler_timeout=handler_timeout or None,
-    )  # fmt: skip
+    )
     consumer = Consumer(ctx.registry(), function, config, amqp_url=ctx.settings.amqp)
     server = serve_http(
         http_host, http_port, live=consumer.alive.is_set, ready=consumer.ready.is_set

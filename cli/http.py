@@ -140,14 +140,19 @@ def http_options(default_port: int) -> Callable[[F], F]:
 
     def decorate(command: F) -> F:
         command = click.option(
-            "--http-port", type=click.IntRange(0, 65535), default=default_port,
-            show_default=True, help="0: pick a free port (the chosen one is logged).",
-        )(command)  # fmt: skip
+            "--http-port",
+            type=click.IntRange(0, 65535),
+            default=default_port,
+            show_default=True,
+            help="0: pick a free port (the chosen one is logged).",
+        )(command)
         return click.option(
-            "--http-host", default="127.0.0.1", show_default=True, envvar="PARTQ_HTTP_HOST",
-            help="Address for /metrics, /livez, /readyz (0.0.0.0 in containers) "
-            "[PARTQ_HTTP_HOST].",
-        )(command)  # fmt: skip
+            "--http-host",
+            default="127.0.0.1",
+            show_default=True,
+            envvar="PARTQ_HTTP_HOST",
+            help="Address for /metrics, /livez, /readyz (0.0.0.0 in containers) [PARTQ_HTTP_HOST].",
+        )(command)
 
     return decorate
 

@@ -43,9 +43,12 @@ def create(
     """
     if adopt:
         spec, created = admin.adopt_stream(
-            ctx.registry(), ctx.settings.amqp, name,
-            partitions=partitions, queue_type=queue_type,  # type: ignore[arg-type]
-        )  # fmt: skip
+            ctx.registry(),
+            ctx.settings.amqp,
+            name,
+            partitions=partitions,
+            queue_type=queue_type,  # type: ignore[arg-type]
+        )
         verb = "adopted:" if created else "exists, unchanged:"
         click.echo(f"stream {name} {verb} {spec.partitions} partitions, {spec.queue_type} queues")
         return

@@ -32,9 +32,11 @@ def run(
     settings = settings or Settings.load()
     registry = Registry.connect(settings)
     consumer = Consumer(
-        registry, handler, ConsumerConfig(stream=stream, **config),  # type: ignore[arg-type]
+        registry,
+        handler,
+        ConsumerConfig(stream=stream, **config),  # type: ignore[arg-type]
         amqp_url=settings.amqp,
-    )  # fmt: skip
+    )
     if install_signal_handlers:
         on_stop_signals(consumer.stop)
     try:

@@ -275,10 +275,14 @@ class Broker(threading.Thread):
             self._deliver(
                 partition,
                 Delivery(
-                    partition, channel, method.delivery_tag, method.redelivered,
-                    header_frame.properties, body,
+                    partition,
+                    channel,
+                    method.delivery_tag,
+                    method.redelivered,
+                    header_frame.properties,
+                    body,
                 ),
-            )  # fmt: skip
+            )
 
         # Every delivery on this channel goes to the partition's worker. pika itself rejects
         # (requeues) deliveries that arrive between basic.cancel and CancelOk and drops those
@@ -340,8 +344,10 @@ class Broker(threading.Thread):
             if sub.received != seen:
                 log.warning(
                     "partition %d: cancelling after %.1fs while deliveries still arrive; one "
-                    "in flight is returned to the head of the queue", partition, waited,
-                )  # fmt: skip
+                    "in flight is returned to the head of the queue",
+                    partition,
+                    waited,
+                )
             self._cancel(partition, sub)
 
         ioloop.call_later(_QUIET, lambda seen=sub.received: check(seen))

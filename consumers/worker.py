@@ -85,18 +85,24 @@ class DeadLetters:
         """
         props = delivery.properties
         headers = dict(props.headers or {})
-        headers.update({
-            "x-partq-error": "".join(traceback.format_exception_only(error)).strip()[:2000],
-            "x-partq-error-type": type(error).__name__,
-            "x-partq-attempts": attempts,
-            "x-partq-partition": delivery.partition,
-            "x-partq-member": self.member,
-            "x-partq-failed-ms": int(time.time() * 1000),
-        })  # fmt: skip
+        headers.update(
+            {
+                "x-partq-error": "".join(traceback.format_exception_only(error)).strip()[:2000],
+                "x-partq-error-type": type(error).__name__,
+                "x-partq-attempts": attempts,
+                "x-partq-partition": delivery.partition,
+                "x-partq-member": self.member,
+                "x-partq-failed-ms": int(time.time() * 1000),
+            }
+        )
         properties = pika.BasicProperties(
-            delivery_mode=2, message_id=props.message_id, timestamp=props.timestamp,
-            headers=headers, app_id="partq", content_type=props.content_type,
-        )  # fmt: skip
+            delivery_mode=2,
+            message_id=props.message_id,
+            timestamp=props.timestamp,
+            headers=headers,
+            app_id="partq",
+            content_type=props.content_type,
+        )
         with self._lock, blocking_connection(self.url, name=f"partq-dlq-{self.member}") as conn:
             channel = conn.channel()
             channel.confirm_delivery()
@@ -183,8 +189,9 @@ class Worker(threading.Thread):
             except BaseException as error:  # never die silently: log, count, tell the daemon
                 log.error(
                     "partition %d: the worker failed; this member leaves the group and exits",
-                    self.partition, exc_info=error,
-                )  # fmt: skip
+                    self.partition,
+                    exc_info=error,
+                )
                 self._fail(CRASH)
             finally:
                 self._finished.set()
@@ -232,15 +239,23 @@ class Worker(threading.Thread):
             metrics.REDELIVERIES.labels(*self._labels).inc()
         try:
             message = message_from(
-                self.spec.name, self.partition, delivery.body, props.message_id,
-                props.headers, delivery.redelivered, 1,
-            )  # fmt: skip
+                self.spec.name,
+                self.partition,
+                delivery.body,
+                props.message_id,
+                props.headers,
+                delivery.redelivered,
+                1,
+            )
         except MalformedHeaders as error:
             metrics.HEADER_PROBLEMS.labels(*self._labels, "malformed").inc()
             log.error(
                 "partition %d: message %s has malformed partq headers (%s): dead-lettering it "
-                "unhandled", self.partition, props.message_id, error,
-            )  # fmt: skip
+                "unhandled",
+                self.partition,
+                props.message_id,
+                error,
+            )
             return self._dead_letter(delivery, error, 0)
         wrong = message.published_partition
         if wrong is not None and wrong != self.partition:
@@ -248,8 +263,11 @@ class Worker(threading.Thread):
             log.warning(
                 "partition %d: message %s (key %r) says partition %d: it was published into "
                 "the wrong queue, so its key's order is not guaranteed; handling it",
-                self.partition, props.message_id, message.key, wrong,
-            )  # fmt: skip
+                self.partition,
+                props.message_id,
+                message.key,
+                wrong,
+            )
         attempt = 1
         while True:
             started = time.monotonic()
@@ -266,8 +284,11 @@ class Worker(threading.Thread):
             metrics.HANDLED.labels(*self._labels, "retry").inc()
             log.warning(
                 "partition %d: handler failed (attempt %d/%d): %r",
-                self.partition, attempt, self.max_attempts, failure,
-            )  # fmt: skip
+                self.partition,
+                attempt,
+                self.max_attempts,
+                failure,
+            )
             if self.stopped.wait(self.retries.delay(attempt)):
                 return _Outcome.KEEP
             attempt += 1
@@ -314,9 +335,12 @@ class Worker(threading.Thread):
         log.error(
             "partition %d: the handler timed out after %gs on message %s (attempt %d): "
             "dead-lettering it; a running handler cannot be stopped, so this member leaves "
-            "the group and exits for a restart", self.partition, timeout, message.message_id,
+            "the group and exits for a restart",
+            self.partition,
+            timeout,
+            message.message_id,
             message.attempt,
-        )  # fmt: skip
+        )
         error = HandlerTimeout(
             f"the handler did not return within {timeout:g}s (partition {self.partition}, "
             f"message {message.message_id}, attempt {message.attempt})"
@@ -328,8 +352,9 @@ class Worker(threading.Thread):
         else:
             log.error(
                 "partition %d: message %s could not be dead-lettered; it returns to the queue",
-                self.partition, message.message_id,
-            )  # fmt: skip
+                self.partition,
+                message.message_id,
+            )
 
     def _dead_letter(
         self, delivery: Delivery, error: BaseException, attempts: int, patience: float | None = None
@@ -348,7 +373,10 @@ class Worker(threading.Thread):
             metrics.DEAD_LETTERED.labels(*self._labels).inc()
             log.error(
                 "partition %d: message %s dead-lettered after %d handler attempts: %r",
-                self.partition, delivery.properties.message_id, attempts, error,
-            )  # fmt: skip
+                self.partition,
+                delivery.properties.message_id,
+                attempts,
+                error,
+            )
             return _Outcome.ACK
         return _Outcome.KEEP

@@ -62,11 +62,17 @@ def snapshot_status(
             phase = "moving"
         else:
             phase = "consuming"
-        rows.append({
-            "partition": p, "queue": spec.queue(p), "owner": owner, "state": phase,
-            "claim": claim.member if claim else None,
-            "messages": q.messages if q else None, "consumers": q.consumers if q else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "partition": p,
+                "queue": spec.queue(p),
+                "owner": owner,
+                "state": phase,
+                "claim": claim.member if claim else None,
+                "messages": q.messages if q else None,
+                "consumers": q.consumers if q else None,
+            }
+        )
     members = [
         {
             "id": m.id,

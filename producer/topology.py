@@ -148,8 +148,10 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
             "%d queues of stream %s have no delivery limit (created by an older partq): a "
             "quorum queue then returns messages to its back, which can reorder a key during "
             "a handoff. Upgrade them with: %s",
-            len(legacy), spec.name, upgrade_policy_command(spec),
-        )  # fmt: skip
+            len(legacy),
+            spec.name,
+            upgrade_policy_command(spec),
+        )
     channel.queue_declare(
         spec.dead_letter_queue, durable=True, arguments={"x-queue-type": spec.queue_type}
     )

@@ -377,9 +377,14 @@ def test_pod_templates_are_hardened(kustomize: Kustomize) -> None:
 
 def test_the_keda_query_is_valid_promql(tmp_path: Path, promtool: str) -> None:
     (trigger,) = yaml.safe_load(KEDA.read_text())["spec"]["triggers"]
-    rules = {"groups": [{"name": "keda", "rules": [
-        {"record": "keda:query", "expr": trigger["metadata"]["query"]}
-    ]}]}  # fmt: skip
+    rules = {
+        "groups": [
+            {
+                "name": "keda",
+                "rules": [{"record": "keda:query", "expr": trigger["metadata"]["query"]}],
+            }
+        ]
+    }
     path = tmp_path / "keda-query.yml"
     path.write_text(yaml.safe_dump(rules))
     result = run(promtool, "check", "rules", str(path))

@@ -67,10 +67,13 @@ class Daemons:
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PARTQ_")}
-        env.update({
-            "PARTQ_ETCD_ENDPOINTS": self.settings.etcd_endpoints,
-            "PARTQ_AMQP_URL": self.settings.amqp, "PYTHONPATH": str(ROOT),
-        })  # fmt: skip
+        env.update(
+            {
+                "PARTQ_ETCD_ENDPOINTS": self.settings.etcd_endpoints,
+                "PARTQ_AMQP_URL": self.settings.amqp,
+                "PYTHONPATH": str(ROOT),
+            }
+        )
         return env
 
     def start(self, name: str, *args: str, argv0: list[str] | None = None) -> Proc:
@@ -90,19 +93,21 @@ class Daemons:
         return self.start(name, "coordinator", stream, "--settle", "0.2", "--ttl", "2")
 
     def consumer(self, stream: str, member: str) -> Proc:
-        return self.start(
-            member, "consume", stream, "--handler", HANDLER, "--member-id", member,
-            "--ttl", "2", "--drain-timeout", "5",
-        )  # fmt: skip
+        args = ["consume", stream, "--handler", HANDLER, "--member-id", member]
+        return self.start(member, *args, "--ttl", "2", "--drain-timeout", "5")
 
     def get(self, name: str, path: str) -> tuple[int, str]:
         return http_get(f"http://127.0.0.1:{self.ports[name]}{path}")
 
     def partq(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(PARTQ), *args], env=self.env(), capture_output=True, text=True, timeout=60,
+            [str(PARTQ), *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
             check=False,
-        )  # fmt: skip
+        )
 
     def close(self) -> None:
         for proc in self.procs:
@@ -171,11 +176,15 @@ def test_a_bad_member_id_is_refused_with_exit_2(
 ) -> None:
     # Before: the consumer joined (and ran until killed: a timeout here), its id broke the
     # assignment JSON for every other consumer. Now it is refused before anything starts.
+    argv = [str(PARTQ), "consume", stream, "--handler", HANDLER, "--member-id", member_id]
     result = subprocess.run(
-        [str(PARTQ), "consume", stream, "--handler", HANDLER, "--member-id", member_id,
-         "--http-port", "0"],
-        env=daemons.env(), capture_output=True, text=True, timeout=20, check=False,
-    )  # fmt: skip
+        [*argv, "--http-port", "0"],
+        env=daemons.env(),
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
     assert result.returncode == 2, result.stderr
     assert_one_line_error(result, "invalid member id")
     assert Group(registry.client, registry.where, stream).snapshot().members == {}
@@ -244,15 +253,17 @@ def test_malformed_values_are_ignored_logged_counted_and_shown(
         # Then both survive, the overwritten assignment and claim are healed
         wait_until(
             lambda: survived(coordinator, consumer) and owned_by(group, {"c1"}),
-            WAIT, what="the group healed",
-        )  # fmt: skip
+            WAIT,
+            what="the group healed",
+        )
         # And each bad value is counted, per kind, by both
         expected = {"member": 1, "assignment": 3, "claim": 3, "leader": 1, "request": 2}
         for name in ("coordinator", "c1"):
             wait_until(
                 lambda name=name: malformed_count(daemons, name, stream) == expected,
-                WAIT, what=f"{name} counting the malformed values",
-            )  # fmt: skip
+                WAIT,
+                what=f"{name} counting the malformed values",
+            )
         # And logged once each, naming the key
         for proc in (coordinator, consumer):
             text = proc.log.read_text()
@@ -289,12 +300,14 @@ def test_malformed_values_are_ignored_logged_counted_and_shown(
         # Then they come up and consume again: no crash loop
         wait_until(
             lambda: survived(coordinator, consumer) and daemons.get("c1", "/readyz")[0] == 200,
-            WAIT, what="the consumer ready",
-        )  # fmt: skip
+            WAIT,
+            what="the consumer ready",
+        )
         wait_until(
             lambda: survived(coordinator, consumer) and owned_by(group, {"c1"}),
-            WAIT, what="c1 consuming after restart",
-        )  # fmt: skip
+            WAIT,
+            what="c1 consuming after restart",
+        )
     except AssertionError:
         print(daemons.logs())
         raise
@@ -346,8 +359,9 @@ def test_the_coordinator_is_not_ready_while_its_stream_is_missing(
         group.join(session, "m1")
         wait_until(
             lambda: sorted(group.snapshot().assignment.values()) == ["m1"] * P,
-            WAIT, what="the assignment after the stream came back",
-        )  # fmt: skip
+            WAIT,
+            what="the assignment after the stream came back",
+        )
         assert coordinator.alive()
     except AssertionError:
         print(daemons.logs())
@@ -406,8 +420,9 @@ def test_an_unexpected_error_in_a_campaign_is_retried(
         group.join(session, "m1")
         wait_until(
             lambda: sorted(group.snapshot().assignment.values()) == ["m1"] * P,
-            WAIT, what="an assignment after the failure",
-        )  # fmt: skip
+            WAIT,
+            what="an assignment after the failure",
+        )
         assert not failures and coordinator.is_alive()
         assert sample("partq_coordinator_failures_total", stream=stream) >= 1
     finally:
@@ -454,13 +469,12 @@ def test_two_streams_led_by_one_coordinator_keep_each_others_assignment_series(
             session = Session(registry.client, registry.where, ttl=5)
             sessions.append(session)
             Group(registry.client, registry.where, name).join(session, f"m-{name[-1]}")
-        expected = {
-            name: {(str(p), f"m-{name[-1]}") for p in range(P)} for name in streams
-        }  # fmt: skip
+        expected = {name: {(str(p), f"m-{name[-1]}") for p in range(P)} for name in streams}
         wait_until(
             lambda: all(assignment_series(name) == expected[name] for name in streams),
-            WAIT, what="both streams' assignment series",
-        )  # fmt: skip
+            WAIT,
+            what="both streams' assignment series",
+        )
         # When one stream's coordinator stops leading
         coordinators[0].stop()
         coordinators[0].join(10)

@@ -50,12 +50,17 @@ def test_cancel_mid_stream_acks_everything_it_was_given(spec: StreamSpec, rabbit
             broker.cancel(partition)  # When the partition is revoked mid-stream
 
     broker = Broker(
-        rabbitmq, spec, prefetch=500, heartbeat=5, name="drain-test", deliver=deliver,
+        rabbitmq,
+        spec,
+        prefetch=500,
+        heartbeat=5,
+        name="drain-test",
+        deliver=deliver,
         on_subscribed=lambda p: events.put(("subscribed", p)),
         on_drained=lambda p: (events.put(("drained", p)), done.set()),
         on_channel_lost=lambda p: events.put(("lost", p)),
         on_connection=lambda up: None,
-    )  # fmt: skip
+    )
     broker.start()
     try:
         assert broker.connected.wait(10)
@@ -118,10 +123,17 @@ def test_drain_while_producers_keep_publishing_keeps_order(spec: StreamSpec, rab
             broker.cancel(partition)  # When it is revoked mid-stream
 
     broker = Broker(
-        rabbitmq, spec, prefetch=50, heartbeat=5, name="drain-live", deliver=deliver,
-        on_subscribed=lambda p: None, on_drained=lambda p: done.set(),
-        on_channel_lost=lambda p: None, on_connection=lambda up: None,
-    )  # fmt: skip
+        rabbitmq,
+        spec,
+        prefetch=50,
+        heartbeat=5,
+        name="drain-live",
+        deliver=deliver,
+        on_subscribed=lambda p: None,
+        on_drained=lambda p: done.set(),
+        on_channel_lost=lambda p: None,
+        on_connection=lambda up: None,
+    )
     producer = threading.Thread(target=produce)
     producer.start()
     broker.start()
@@ -161,13 +173,17 @@ def test_a_queue_deleted_under_a_consumer_reports_the_partition_lost(
     # Given a consumer subscribed to a partition
     events: queue.Queue[tuple[str, int]] = queue.Queue()
     broker = Broker(
-        rabbitmq, spec, prefetch=10, heartbeat=5, name="deleted-queue",
+        rabbitmq,
+        spec,
+        prefetch=10,
+        heartbeat=5,
+        name="deleted-queue",
         deliver=lambda p, item: None,
         on_subscribed=lambda p: events.put(("subscribed", p)),
         on_drained=lambda p: events.put(("drained", p)),
         on_channel_lost=lambda p: events.put(("lost", p)),
         on_connection=lambda up: None,
-    )  # fmt: skip
+    )
     broker.start()
     try:
         assert broker.connected.wait(10)

@@ -65,8 +65,9 @@ def env(
     admin.create_stream(registry, rabbitmq, spec)
     fleet = Fleet(stream_name, tmp_path, settings.etcd_endpoints, rabbitmq, tmp_path / "rec.jsonl")
     try:
-        yield Env(fleet, Group(registry.client, registry.where, stream_name), spec, registry,
-                  rabbitmq)  # fmt: skip
+        yield Env(
+            fleet, Group(registry.client, registry.where, stream_name), spec, registry, rabbitmq
+        )
     finally:
         fleet.close()
         with contextlib.suppress(Exception):
@@ -85,10 +86,8 @@ def free_port() -> int:
 def consumer(env: Env, member: str, *extra: str) -> tuple[Proc, int]:
     """``partq consume`` with the misbehaving handler; returns the process and its HTTP port."""
     port = free_port()
-    args = [
-        "--debug", "consume", env.fleet.stream, "--handler", HANDLER, "--member-id", member,
-        "--ttl", "2", "--http-port", str(port), "--drain-timeout", "15", *extra,
-    ]  # fmt: skip
+    args = ["--debug", "consume", env.fleet.stream, "--handler", HANDLER, "--member-id", member]
+    args += ["--ttl", "2", "--http-port", str(port), "--drain-timeout", "15", *extra]
     return env.fleet._start(member, args, env.fleet._env(PARTQ_MEMBER_ID=member)), port
 
 
@@ -132,8 +131,12 @@ def dead_letter(spec: StreamSpec, amqp: str) -> tuple[Any, bytes] | None:
 
 def handled(fleet: Fleet, published: set[Any], timeout: float = 30.0) -> list[dict[str, Any]]:
     try:
-        wait_until(lambda: not checker.lost(published, fleet.records()), timeout, interval=0.25,
-                   what="every published message handled")  # fmt: skip
+        wait_until(
+            lambda: not checker.lost(published, fleet.records()),
+            timeout,
+            interval=0.25,
+            what="every published message handled",
+        )
     except AssertionError:
         print(fleet.logs())
         raise
@@ -163,8 +166,11 @@ def test_a_malformed_partq_header_is_dead_lettered_and_the_partition_flows(
     env.fleet.coordinator()
     proc, port = consumer(env, "c1")
     published = publish(env.spec, env.amqp, range(5))
-    headers: dict[str, Any] = {"partq-key": key, "partq-partition": partition,
-                               "partq-published-ms": int(time.time() * 1000)}  # fmt: skip
+    headers: dict[str, Any] = {
+        "partq-key": key,
+        "partq-partition": partition,
+        "partq-published-ms": int(time.time() * 1000),
+    }
     if header == "partq-key-b64":
         del headers["partq-key"]
     headers[header] = value
@@ -176,8 +182,9 @@ def test_a_malformed_partq_header_is_dead_lettered_and_the_partition_flows(
     records = handled(env.fleet, published)
     assert not [r for r in records if r["seq"] == -1]
     # and the bad one is in the DLQ, saying which header was wrong
-    props, dead = wait_until(lambda: dead_letter(env.spec, env.amqp), 10, interval=0.25,
-                             what="the dead letter")  # fmt: skip
+    props, dead = wait_until(
+        lambda: dead_letter(env.spec, env.amqp), 10, interval=0.25, what="the dead letter"
+    )
     assert dead == body and props.message_id == f"{key}:bad"
     assert props.headers["x-partq-error-type"] == "MalformedHeaders"
     assert header in props.headers["x-partq-error"] and value in props.headers["x-partq-error"]
@@ -188,8 +195,9 @@ def test_a_malformed_partq_header_is_dead_lettered_and_the_partition_flows(
 # -- handlers that raise BaseException -------------------------------------------------------
 
 
-@pytest.mark.parametrize(("word", "error_type"), [("sys-exit", "SystemExit"),
-                                                  ("interrupt", "KeyboardInterrupt")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("word", "error_type"), [("sys-exit", "SystemExit"), ("interrupt", "KeyboardInterrupt")]
+)
 def test_a_handler_raising_a_base_exception_is_a_failed_attempt(
     env: Env, word: str, error_type: str
 ) -> None:
@@ -199,15 +207,17 @@ def test_a_handler_raising_a_base_exception_is_a_failed_attempt(
     proc, port = consumer(env, "c1", "--max-attempts", "2")
     published = publish(env.spec, env.amqp, range(5))
     with Producer(env.spec, amqp_url=env.amqp) as producer:
-        producer.publish(key, json.dumps({"key": key, "seq": 5, word: 1}),
-                         message_id=f"{key}:5").result(10)  # fmt: skip
+        producer.publish(
+            key, json.dumps({"key": key, "seq": 5, word: 1}), message_id=f"{key}:5"
+        ).result(10)
     published |= publish(env.spec, env.amqp, range(6, 10))
 
     # Then it is retried, dead-lettered with the reason, and the partition flows on in order
     records = handled(env.fleet, published)
     assert not [r for r in records if (r["key"], r["seq"]) == (key, 5)]
-    props, _ = wait_until(lambda: dead_letter(env.spec, env.amqp), 10, interval=0.25,
-                          what="the dead letter")  # fmt: skip
+    props, _ = wait_until(
+        lambda: dead_letter(env.spec, env.amqp), 10, interval=0.25, what="the dead letter"
+    )
     assert props.message_id == f"{key}:5"
     assert props.headers["x-partq-error-type"] == error_type
     assert props.headers["x-partq-attempts"] == 2
@@ -228,8 +238,9 @@ def test_a_hung_handler_is_dead_lettered_and_the_member_exits_for_a_restart(
     c1, _ = consumer(env, "c1", "--handler-timeout", "1")
     published = publish(env.spec, env.amqp, range(5))
     with Producer(env.spec, amqp_url=env.amqp) as producer:
-        producer.publish(key, json.dumps({"key": key, "seq": 5, word: 1}),
-                         message_id=f"{key}:5").result(10)  # fmt: skip
+        producer.publish(
+            key, json.dumps({"key": key, "seq": 5, word: 1}), message_id=f"{key}:5"
+        ).result(10)
     published |= publish(env.spec, env.amqp, range(6, 10))
 
     # Then the member leaves the group and exits with the documented code (3), in bounded time
@@ -241,8 +252,9 @@ def test_a_hung_handler_is_dead_lettered_and_the_member_exits_for_a_restart(
     assert c1.popen.returncode == 3, c1.tail()
     assert "timed out" in c1.log.read_text()
     # and the hung message is in the DLQ with the reason, so a restart does not meet it again
-    props, _ = wait_until(lambda: dead_letter(env.spec, env.amqp), 10, interval=0.25,
-                          what="the dead letter")  # fmt: skip
+    props, _ = wait_until(
+        lambda: dead_letter(env.spec, env.amqp), 10, interval=0.25, what="the dead letter"
+    )
     assert props.message_id == f"{key}:5"
     assert props.headers["x-partq-error-type"] == "HandlerTimeout"
     # and the next consumer (the restarted one) handles the rest of the partition, in order
@@ -264,10 +276,16 @@ class Recorder:
         start = time.time()
         body = json.loads(message.body)
         with self._lock:
-            self.records.append({
-                "key": message.key, "seq": body["seq"], "partition": message.partition,
-                "start": start, "end": time.time(), "pid": os.getpid(),
-            })  # fmt: skip
+            self.records.append(
+                {
+                    "key": message.key,
+                    "seq": body["seq"],
+                    "partition": message.partition,
+                    "start": start,
+                    "end": time.time(),
+                    "pid": os.getpid(),
+                }
+            )
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -308,8 +326,12 @@ def coordinating(env: Env) -> Iterator[StreamCoordinator]:
 
 
 def wait_handled(recorder: Recorder, published: set[Any], timeout: float = 30.0) -> None:
-    wait_until(lambda: not checker.lost(published, recorder.snapshot()), timeout, interval=0.25,
-               what="every published message handled")  # fmt: skip
+    wait_until(
+        lambda: not checker.lost(published, recorder.snapshot()),
+        timeout,
+        interval=0.25,
+        what="every published message handled",
+    )
     assert checker.order_violations(recorder.snapshot()) == []
 
 

@@ -147,8 +147,12 @@ def partq(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     }
     return subprocess.run(
         [sys.executable, "-m", "cli", *args],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_manual_mode_moves_only_on_operator_request(

@@ -70,8 +70,11 @@ def test_refreshes_at_most_once_per_max_age_over_one_connection(
 def connection_pid(name: str) -> str | None:
     listed = subprocess.run(
         ["rabbitmqctl", "-q", "list_connections", "pid", "client_properties"],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     for line in listed.stdout.splitlines():
         if f'{{"connection_name","{name}"}}' in line:
             return line.split("\t", 1)[0]
@@ -90,8 +93,10 @@ def test_reconnects_after_the_broker_closes_its_connection(rabbitmq: str, spec: 
         assert pid is not None
         subprocess.run(
             ["rabbitmqctl", "-q", "close_connection", pid, "closed by a partq test"],
-            capture_output=True, timeout=60, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
         clock.now += 5
         assert [q.messages for q in depths.stats(spec)] == [0, 0, 0]
         assert depths.connections_opened == 2

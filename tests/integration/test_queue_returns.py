@@ -42,16 +42,18 @@ def spec(
     delete_stream(connection, spec)
 
 
-def _publish(channel: pika.adapters.blocking_connection.BlockingChannel, spec: StreamSpec,
-             seqs: range) -> None:  # fmt: skip
+def _publish(
+    channel: pika.adapters.blocking_connection.BlockingChannel, spec: StreamSpec, seqs: range
+) -> None:
     for seq in seqs:
         channel.basic_publish(
             spec.exchange, "0", str(seq).encode(), pika.BasicProperties(delivery_mode=2)
         )
 
 
-def _read(channel: pika.adapters.blocking_connection.BlockingChannel, queue: str,
-          count: int) -> list[int]:  # fmt: skip
+def _read(
+    channel: pika.adapters.blocking_connection.BlockingChannel, queue: str, count: int
+) -> list[int]:
     seen: list[int] = []
     for method, _props, body in channel.consume(queue, inactivity_timeout=5):
         if method is None:

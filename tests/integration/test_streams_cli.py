@@ -239,14 +239,16 @@ def test_passwords_never_appear_in_any_output(partq: Run, created: StreamSpec) -
             "stream", "create", created.name, "-p", "8", env={"PARTQ_AMQP_URL": closed}
         ),
         "describe (flag)": partq("--amqp-url", closed, "stream", "describe", created.name),
-        "produce (env)": partq("produce", created.name, "-k", "k", "-b", "b",
-                               env={"PARTQ_AMQP_URL": closed}),
-        "produce (--debug)": partq("--debug", "produce", created.name, "-k", "k", "-b", "b",
-                                   env={"PARTQ_AMQP_URL": closed}),
+        "produce (env)": partq(
+            "produce", created.name, "-k", "k", "-b", "b", env={"PARTQ_AMQP_URL": closed}
+        ),
+        "produce (--debug)": partq(
+            "--debug", "produce", created.name, "-k", "k", "-b", "b", env={"PARTQ_AMQP_URL": closed}
+        ),
         "bad scheme": partq(
             "stream", "list", env={"PARTQ_AMQP_URL": f"http://guest:{SECRET}@127.0.0.1:1/"}
         ),
-    }  # fmt: skip
+    }
     # Then each fails, says what is wrong, and shows the URL only with *** for the password
     for what, result in runs.items():
         assert result.returncode in (1, 2), what

@@ -126,19 +126,15 @@ class Launcher:
 
     def coordinator(self, stream: str) -> Proc:
         port = free_port()
-        argv = [
-            str(PARTQ), "coordinator", stream, "--settle", "0.3", "--ttl", "2",
-            "--http-host", "127.0.0.1", "--http-port", str(port),
-        ]  # fmt: skip
+        argv = [str(PARTQ), "coordinator", stream, "--settle", "0.3", "--ttl", "2"]
+        argv += ["--http-host", "127.0.0.1", "--http-port", str(port)]
         return self.start("coordinator", argv, port)
 
     def consumer(self, stream: str, member: str, port: int | None = None) -> Proc:
         port = port or free_port()
-        argv = [
-            str(PARTQ), "consume", stream, "--handler", HANDLER, "--member-id", member,
-            "--ttl", "2", "--drain-timeout", "5",
-            "--http-host", "127.0.0.1", "--http-port", str(port),
-        ]  # fmt: skip
+        argv = [str(PARTQ), "consume", stream, "--handler", HANDLER, "--member-id", member]
+        argv += ["--ttl", "2", "--drain-timeout", "5"]
+        argv += ["--http-host", "127.0.0.1", "--http-port", str(port)]
         return self.start(member, argv, port)
 
     def wait_ready(self, proc: Proc, timeout: float = 30.0, path: str = "/readyz") -> None:
@@ -250,9 +246,12 @@ def start_prometheus(
         config.write_text("\n".join(lines) + "\n")
         port = free_port()
         argv = [
-            str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-        ]  # fmt: skip
+            str(PROMETHEUS),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={home / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ]
         proc = launcher.start("prometheus", argv, port)
         launcher.wait_ready(proc, timeout=30, path="/-/ready")
         return Prometheus(proc)

@@ -58,10 +58,8 @@ def counted_coordinator(
     monkeypatch.setenv("PARTQ_TEST_CONNECTS", str(connects))
     amqp_port = urllib.parse.urlsplit(launcher.amqp).port or 5672
     monkeypatch.setenv("PARTQ_TEST_AMQP_PORT", str(amqp_port))
-    argv = [
-        sys.executable, "-c", PRELUDE, "coordinator", stream, "--settle", "0.3", "--ttl", "2",
-        "--http-host", "127.0.0.1", "--http-port", str(port),
-    ]  # fmt: skip
+    argv = [sys.executable, "-c", PRELUDE, "coordinator", stream, "--settle", "0.3", "--ttl", "2"]
+    argv += ["--http-host", "127.0.0.1", "--http-port", str(port)]
     return launcher.start("coordinator", argv, port)
 
 
@@ -147,9 +145,14 @@ def run_partq(launcher: Launcher, *args: str) -> subprocess.CompletedProcess[str
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARTQ_")}
     env.update({"PARTQ_ETCD_ENDPOINTS": launcher.etcd, "PARTQ_AMQP_URL": launcher.amqp})
     return subprocess.run(
-        [str(PARTQ), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60,
+        [str(PARTQ), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
         check=False,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("daemon", ["consume", "coordinator"])
@@ -164,10 +167,8 @@ def test_port_in_use_is_a_one_line_error_exit_2(
         port = held.getsockname()[1]
         # When a daemon is started on it
         extra = ["--handler", HANDLER, "--member-id", "m1"] if daemon == "consume" else []
-        result = run_partq(
-            launcher, daemon, spec.name, *extra, "--http-host", "127.0.0.1",
-            "--http-port", str(port),
-        )  # fmt: skip
+        http = ["--http-host", "127.0.0.1", "--http-port", str(port)]
+        result = run_partq(launcher, daemon, spec.name, *extra, *http)
     # Then it exits 2 with one line naming the port and the flags that fix it
     lines = [line for line in result.stderr.strip().splitlines() if line.startswith("partq:")]
     assert result.returncode == 2, result.stderr
@@ -181,10 +182,8 @@ def test_http_port_0_picks_a_free_port_and_logs_it(launcher: Launcher, make_stre
     # Given a stream
     spec = make_stream(2)
     # When a consumer starts with --http-port 0
-    argv = [
-        str(PARTQ), "consume", spec.name, "--handler", HANDLER, "--member-id", "zero",
-        "--ttl", "2", "--drain-timeout", "5", "--http-host", "127.0.0.1", "--http-port", "0",
-    ]  # fmt: skip
+    argv = [str(PARTQ), "consume", spec.name, "--handler", HANDLER, "--member-id", "zero"]
+    argv += ["--ttl", "2", "--drain-timeout", "5", "--http-host", "127.0.0.1", "--http-port", "0"]
     proc = launcher.start("zero", argv, 0)
 
     def logged_port() -> int | None:

@@ -69,10 +69,12 @@ def test_prometheus_scrapes_partq(
     coordinator = launcher.coordinator(stream)
     members = ["obs-a", "obs-b"]
     consumer_ports = {m: free_port() for m in members}  # Prometheus is told them up front
-    prom: Prometheus = start_prometheus({
-        "partq-coordinator": [f"127.0.0.1:{coordinator.port}"],
-        "partq-consumer": [f"127.0.0.1:{p}" for p in consumer_ports.values()],
-    })  # fmt: skip
+    prom: Prometheus = start_prometheus(
+        {
+            "partq-coordinator": [f"127.0.0.1:{coordinator.port}"],
+            "partq-consumer": [f"127.0.0.1:{p}" for p in consumer_ports.values()],
+        }
+    )
     launcher.wait_ready(coordinator)
 
     def query(promql: str) -> float | None:
@@ -131,26 +133,33 @@ def test_prometheus_scrapes_partq(
             for m, v in prom.query(f'partq_consumer_messages_handled_total{{{sel},outcome="ok"}}')
         }
         assert set(per_member) == set(members) and sum(per_member.values()) == 2 * BATCH
-        note("second batch consumed", handled_ok=handled_end, per_member=per_member,
-             queue_messages=depth_after)  # fmt: skip
+        note(
+            "second batch consumed",
+            handled_ok=handled_end,
+            per_member=per_member,
+            queue_messages=depth_after,
+        )
 
         # 5. what else Prometheus holds now
-        seen.update({
-            "up": {f"{m['job']} {m['instance']}": v for m, v in prom.query("up")},
-            "is_leader_sum": query(f"sum(partq_coordinator_is_leader{{{sel}}})"),
-            "members": query(f"partq_coordinator_members{{{sel}}}"),
-            "partitions_unassigned": query(f"partq_coordinator_partitions_unassigned{{{sel}}}"),
-            "partitions_owned": {
-                m["member"]: v for m, v in prom.query(f"partq_consumer_partitions_owned{{{sel}}}")
-            },
-            "assignment_info": {str(p): o for p, o in sorted(assignment.items())},
-            "handled_ok_before": handled_before,
-            "handled_ok_after_first_batch": handled_mid,
-            "handled_ok_after_second_batch": handled_end,
-            "handled_ok_per_member": per_member,
-            "queue_messages_no_consumer": {str(p): v for p, v in sorted(depth_before.items())},
-            "queue_messages_at_end": {str(p): v for p, v in sorted(depth_after.items())},
-        })  # fmt: skip
+        seen.update(
+            {
+                "up": {f"{m['job']} {m['instance']}": v for m, v in prom.query("up")},
+                "is_leader_sum": query(f"sum(partq_coordinator_is_leader{{{sel}}})"),
+                "members": query(f"partq_coordinator_members{{{sel}}}"),
+                "partitions_unassigned": query(f"partq_coordinator_partitions_unassigned{{{sel}}}"),
+                "partitions_owned": {
+                    m["member"]: v
+                    for m, v in prom.query(f"partq_consumer_partitions_owned{{{sel}}}")
+                },
+                "assignment_info": {str(p): o for p, o in sorted(assignment.items())},
+                "handled_ok_before": handled_before,
+                "handled_ok_after_first_batch": handled_mid,
+                "handled_ok_after_second_batch": handled_end,
+                "handled_ok_per_member": per_member,
+                "queue_messages_no_consumer": {str(p): v for p, v in sorted(depth_before.items())},
+                "queue_messages_at_end": {str(p): v for p, v in sorted(depth_after.items())},
+            }
+        )
 
         # 6. every endpoint's exposition passes promtool's lint
         lint: dict[str, dict[str, Any]] = {}

@@ -118,11 +118,21 @@ def chromium(url: str, screenshot: Path, profile: Path) -> str:
     """Load ``url`` in headless Chromium: the rendered DOM, and a screenshot written."""
     screenshot.unlink(missing_ok=True)
     argv = [
-        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-        "--no-first-run", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", f"--user-data-dir={profile}", f"--screenshot={screenshot}",
-        "--window-size=1280,1600", "--dump-dom", url,
-    ]  # fmt: skip
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        f"--screenshot={screenshot}",
+        "--window-size=1280,1600",
+        "--dump-dom",
+        url,
+    ]
     done = subprocess.run(argv, capture_output=True, timeout=60, check=False)
     err = done.stderr.decode(errors="replace")[-2000:]
     assert done.returncode == 0, f"chromium exited {done.returncode}: {err}"

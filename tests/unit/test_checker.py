@@ -8,8 +8,15 @@ from consumers import audit as checker
 
 
 def rec(pid: int, partition: int, key: str, seq: int, start: float, end: float) -> dict[str, Any]:
-    return {"pid": pid, "member": f"m{pid}", "partition": partition, "key": key, "seq": seq,
-            "start": start, "end": end}  # fmt: skip
+    return {
+        "pid": pid,
+        "member": f"m{pid}",
+        "partition": partition,
+        "key": key,
+        "seq": seq,
+        "start": start,
+        "end": end,
+    }
 
 
 def test_clean_run_has_no_violations() -> None:
@@ -49,8 +56,12 @@ def test_flags_a_gap() -> None:
 def test_flags_an_order_violation_but_allows_redelivered_repeats() -> None:
     swapped = [rec(1, 0, "a", 1, 0, 1), rec(1, 0, "a", 0, 1, 2)]
     assert len(checker.order_violations(swapped)) == 1
-    repeated = [rec(1, 0, "a", 0, 0, 1), rec(1, 0, "a", 1, 1, 2), rec(2, 0, "a", 1, 5, 6),
-                rec(2, 0, "a", 2, 6, 7)]  # fmt: skip
+    repeated = [
+        rec(1, 0, "a", 0, 0, 1),
+        rec(1, 0, "a", 1, 1, 2),
+        rec(2, 0, "a", 1, 5, 6),
+        rec(2, 0, "a", 2, 6, 7),
+    ]
     assert checker.order_violations(repeated) == []
 
 

@@ -38,9 +38,11 @@ def test_a_message_without_partq_headers_is_a_message() -> None:
 
 def test_partq_headers_are_parsed() -> None:
     headers = {
-        **encode_key(b"\x00\xff"), "partq-published-ms": 1_700_000_000_000,
-        "partq-partition": 4, "x-delivery-count": 1,
-    }  # fmt: skip
+        **encode_key(b"\x00\xff"),
+        "partq-published-ms": 1_700_000_000_000,
+        "partq-partition": 4,
+        "x-delivery-count": 1,
+    }
     message = message_from("orders", 3, b"x", "id", headers, True, 2)
     assert message.key == b"\x00\xff"
     assert message.published_ms == 1_700_000_000_000

@@ -81,11 +81,20 @@ class Run:
             self.failed.set()
 
         self.worker = Worker(
-            spec=SPEC, partition=PARTITION, member=self.member, handler=handler,
-            broker=self.broker, session=Session(), dead_letters=self.dead,  # type: ignore[arg-type]
-            max_attempts=options.pop("max_attempts", 3), retry_backoff=0.001, previous=None,
-            freed_at=None, on_failure=on_failure, **options,
-        )  # fmt: skip
+            spec=SPEC,
+            partition=PARTITION,
+            member=self.member,
+            handler=handler,
+            broker=self.broker,  # type: ignore[arg-type]
+            session=Session(),  # type: ignore[arg-type]
+            dead_letters=self.dead,  # type: ignore[arg-type]
+            max_attempts=options.pop("max_attempts", 3),
+            retry_backoff=0.001,
+            previous=None,
+            freed_at=None,
+            on_failure=on_failure,
+            **options,
+        )
         self.worker.start()
 
     def deliver(self, message_id: str, headers: dict[str, Any] | None = None) -> int:

@@ -95,10 +95,14 @@ class Fleet:
 
     def _env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            "PARTQ_ETCD_ENDPOINTS": self.etcd, "PARTQ_AMQP_URL": self.amqp,
-            "PYTHONPATH": str(ROOT), "PARTQ_RECORD": str(self.record),
-        })  # fmt: skip
+        env.update(
+            {
+                "PARTQ_ETCD_ENDPOINTS": self.etcd,
+                "PARTQ_AMQP_URL": self.amqp,
+                "PYTHONPATH": str(ROOT),
+                "PARTQ_RECORD": str(self.record),
+            }
+        )
         env.update(extra)
         return env
 
@@ -113,18 +117,14 @@ class Fleet:
     def consumer(
         self, member: str, *, ttl: int = 2, handler: str = "record", extra: tuple[str, ...] = ()
     ) -> Proc:
-        args = [
-            "--debug", "consume", self.stream, "--handler", f"{HANDLERS}:{handler}",
-            "--member-id", member, "--ttl", str(ttl), "--http-port", "0",
-            "--drain-timeout", "15", *extra,
-        ]  # fmt: skip
+        args = ["--debug", "consume", self.stream, "--handler", f"{HANDLERS}:{handler}"]
+        args += ["--member-id", member, "--ttl", str(ttl), "--http-port", "0"]
+        args += ["--drain-timeout", "15", *extra]
         return self._start(member, args, self._env(PARTQ_MEMBER_ID=member))
 
     def coordinator(self, name: str = "coordinator", *, ttl: int = 2, settle: float = 0.3) -> Proc:
-        args = [
-            "coordinator", self.stream, "--settle", str(settle), "--ttl", str(ttl),
-            "--http-port", "0",
-        ]  # fmt: skip
+        args = ["coordinator", self.stream, "--settle", str(settle), "--ttl", str(ttl)]
+        args += ["--http-port", "0"]
         return self._start(name, args, self._env())
 
     def close(self) -> None:
@@ -151,9 +151,14 @@ class SequenceProducer(threading.Thread):
     """
 
     def __init__(
-        self, spec: StreamSpec, amqp: str, *, keys: int = 40, rate: float = 400.0,
+        self,
+        spec: StreamSpec,
+        amqp: str,
+        *,
+        keys: int = 40,
+        rate: float = 400.0,
         rounds: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(name="sequence-producer", daemon=True)
         self.spec = spec
         self.amqp = amqp

@@ -77,9 +77,11 @@ def handled_all(fleet: Fleet, producer: SequenceProducer, timeout: float = 30.0)
     published = producer.published()
     assert not producer.failed, producer.failed[:5]
     wait_until(
-        lambda: not checker.lost(published, fleet.records()), timeout, interval=0.25,
+        lambda: not checker.lost(published, fleet.records()),
+        timeout,
+        interval=0.25,
         what="every published message handled",
-    )  # fmt: skip
+    )
     return fleet.records()
 
 
@@ -98,8 +100,10 @@ def assert_invariants(
     assert checker.overlaps(records, frozen) == []
     assert checker.order_violations(records, except_redelivered=crash) == []
     if crash:
-        print(f"redelivered after newer messages of their key: "
-              f"{checker.redelivered_out_of_order(records)}")  # fmt: skip
+        print(
+            f"redelivered after newer messages of their key: "
+            f"{checker.redelivered_out_of_order(records)}"
+        )
 
 
 def summary(name: str, values: list[float]) -> str:
@@ -131,8 +135,9 @@ def test_scale_up_and_down_keeps_every_invariant(env, rabbitmq: str) -> None:
             assignment = settle(group, fleet, live)
             moved = checker.moves(before, assignment)
             least = checker.min_moves(P, before, live)
-            steps.append(f"{action} {member}: {moved} moved (min {least}) "
-                         f"in {time.monotonic() - began:.2f}s")  # fmt: skip
+            steps.append(
+                f"{action} {member}: {moved} moved (min {least}) in {time.monotonic() - began:.2f}s"
+            )
             assert moved == least, steps
         time.sleep(1.0)
     finally:
@@ -141,8 +146,12 @@ def test_scale_up_and_down_keeps_every_invariant(env, rabbitmq: str) -> None:
     published = producer.published()
     print("\n" + "\n".join(steps))
     print(f"published {len(published)}, handled {len(records)} records")
-    print(summary("handoff gap (last handling by old owner -> first by new)",
-                  checker.handoff_gaps(records)))  # fmt: skip
+    print(
+        summary(
+            "handoff gap (last handling by old owner -> first by new)",
+            checker.handoff_gaps(records),
+        )
+    )
     assert_invariants(records, published)
 
 
@@ -168,11 +177,18 @@ def test_kill_9_consumer_partitions_move_after_ttl(env, rabbitmq: str) -> None:
     firsts = [
         min(starts) - killed_at
         for p in moved
-        if (starts := [r["start"] for r in records
-                       if r["partition"] == p and r["pid"] == c1.pid and r["start"] > killed_at])
-    ]  # fmt: skip
-    print(f"\nfailover after kill -9 (TTL 2 s): balanced again after {failover:.2f}s; "
-          f"first handling by c1: {summary('per moved partition', firsts)}")  # fmt: skip
+        if (
+            starts := [
+                r["start"]
+                for r in records
+                if r["partition"] == p and r["pid"] == c1.pid and r["start"] > killed_at
+            ]
+        )
+    ]
+    print(
+        f"\nfailover after kill -9 (TTL 2 s): balanced again after {failover:.2f}s; "
+        f"first handling by c1: {summary('per moved partition', firsts)}"
+    )
     print(f"redelivered records: {sum(1 for r in records if r['redelivered'])}")
     assert failover >= 1.0, "partitions moved before the lease could expire"
     assert_invariants(records, producer.published(), crash=True)
@@ -236,8 +252,10 @@ def test_kill_leading_coordinator_another_takes_over(env, rabbitmq: str) -> None
     finally:
         producer.stop()
     records = handled_all(fleet, producer)
-    print(f"\nleader takeover after kill -9 (TTL 2 s): {takeover:.2f}s; "
-          f"handled counts while leaderless: {counts}")  # fmt: skip
+    print(
+        f"\nleader takeover after kill -9 (TTL 2 s): {takeover:.2f}s; "
+        f"handled counts while leaderless: {counts}"
+    )
     assert all(b > a for a, b in itertools.pairwise(counts)), counts
     assert_invariants(records, producer.published())
 
@@ -280,10 +298,12 @@ def test_etcd_down_consumers_keep_consuming_then_converge(
             finally:
                 producer.stop()
             records = handled_all(fleet, producer)
-            print(f"\netcd down 10 s: handled counts each second {counts}; "
-                  f"{len(during)} handled by {members_during} on {partitions_during} partitions "
-                  f"while down; converged {converged:.2f}s after etcd came back, "
-                  f"rebalanced onto c3 {rebalanced:.2f}s after")  # fmt: skip
+            print(
+                f"\netcd down 10 s: handled counts each second {counts}; "
+                f"{len(during)} handled by {members_during} on {partitions_during} partitions "
+                f"while down; converged {converged:.2f}s after etcd came back, "
+                f"rebalanced onto c3 {rebalanced:.2f}s after"
+            )
             assert all(b > a for a, b in itertools.pairwise(counts)), counts
             busy = {spec.partition_for(key) for key in producer.keys}
             assert members_during == ["c1", "c2"] and partitions_during == len(busy)
