@@ -1,0 +1,69 @@
+"""What a consumer is configured with, and the exit codes it ends with (``consumers.daemon``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+from coordinator.group import validate_member_id
+
+__all__ = [
+    "DEFAULT_HANDLER_TIMEOUT",
+    "EXIT_DRAIN_TIMEOUT",
+    "EXIT_HANDLER_TIMEOUT",
+    "EXIT_OK",
+    "EXIT_STREAM_CHANGED",
+    "EXIT_WORKER_FAILED",
+    "ConsumerConfig",
+    "default_member_id",
+]
+
+EXIT_OK = 0
+EXIT_DRAIN_TIMEOUT = 1
+EXIT_HANDLER_TIMEOUT = 3
+EXIT_WORKER_FAILED = 4
+EXIT_STREAM_CHANGED = 5
+# A handler may run this long per message by default: far longer than any per-message
+# work should take, and well below RabbitMQ's consumer_timeout (30 min by default), past
+# which the broker itself would close the channel and return the partition's messages.
+DEFAULT_HANDLER_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    stream: str
+    member_id: str | None = None
+    weight: int = 1
+    prefetch: int = 100
+    ttl: int = 5
+    heartbeat: int | None = None  # AMQP heartbeat; default: the lease TTL
+    max_attempts: int = 5
+    retry_backoff: float = 0.1
+    drain_timeout: float = 20.0
+    partitions: int | None = None  # expected partition count; refused if etcd differs
+    version: str = "0.1.0"
+    # Seconds a handler may run per message (None or 0: no limit). Past it the message is
+    # dead-lettered and the member exits with EXIT_HANDLER_TIMEOUT (see the module docstring).
+    handler_timeout: float | None = DEFAULT_HANDLER_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if self.member_id is not None:  # InvalidMemberId: a usage error, exit code 2
+            validate_member_id(self.member_id)
+        if self.weight < 1:
+            raise ValueError(f"weight must be at least 1, got {self.weight}")
+        if self.prefetch < 1:
+            raise ValueError(f"prefetch must be at least 1, got {self.prefetch}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max attempts must be at least 1, got {self.max_attempts}")
+        if self.handler_timeout is not None and not self.handler_timeout >= 0:
+            raise ValueError(f"handler timeout must be 0 or more, got {self.handler_timeout}")
+
+    @property
+    def member(self) -> str:
+        return self.member_id or default_member_id()
+
+
+def default_member_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"

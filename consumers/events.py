@@ -1,0 +1,69 @@
+"""The consumer daemon's events: what its controller thread reacts to, typed, matched with
+``match``. Besides these: :class:`coordinator.events.Stop`, ``LeaseLost`` and ``WatchFailed``,
+and the group's :class:`coordinator.group.WatchEvent`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from consumers.handoff import Event
+from coordinator.events import LeaseLost, Stop, WatchFailed
+from coordinator.group import WatchEvent
+
+__all__ = [
+    "BrokerConnection",
+    "ControllerEvent",
+    "Handoff",
+    "Resync",
+    "RetryRelease",
+    "WorkerFailed",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """Read the group from etcd again (after a failed watch or etcd call)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryRelease:
+    """Try again to release a claim (etcd was away)."""
+
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """The broker on one partition: subscribed, drained, or its channel lost."""
+
+    partition: int
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFailed:
+    """A partition's worker stopped for good (``reason``: ``consumers.worker.CRASH`` or
+    ``HANDLER_TIMEOUT``)."""
+
+    partition: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConnection:
+    """The connection to RabbitMQ went up or down."""
+
+    up: bool
+
+
+ControllerEvent = (
+    Stop
+    | LeaseLost
+    | WatchFailed
+    | WatchEvent
+    | Resync
+    | RetryRelease
+    | Handoff
+    | WorkerFailed
+    | BrokerConnection
+)

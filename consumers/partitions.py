@@ -1,0 +1,283 @@
+"""The partitions of one consumer: the group mirror, a handoff state machine and a worker each.
+
+:class:`Partitions` belongs to the daemon's controller thread (``consumers.daemon``),
+which hands it watch events and broker callbacks. It keeps the stream's group keys in
+a :class:`coordinator.mirror.GroupMirror` and each partition's state machine
+(:func:`consumers.handoff.step`) in step with it, and carries out the machines'
+commands: claim and release in etcd, subscribe and cancel at the broker, start and
+stop the partition's worker.
+
+Without recursion, as a work list: stepping a partition yields commands, running a
+command may yield a follow-up event (its outcome: claimed, refused, released), and
+each is processed in turn until nothing follows.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from consumers import metrics
+from consumers.broker import Broker
+from consumers.handoff import Command, Event, Holder, Phase, State, step
+from consumers.message import Handler
+from consumers.worker import DeadLetters, Worker
+from coordinator.group import Claim, Group, GroupState, WatchEvent
+from coordinator.mirror import GroupMirror
+from coordinator.session import Session
+from kernel.errors import EtcdUnavailable
+from producer.contract import StreamSpec
+
+__all__ = ["Partitions"]
+
+log = logging.getLogger("partq.consumer")
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """Feed ``event`` to the partition's state machine."""
+
+    partition: int
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class _Do:
+    """Carry out a command of the partition's state machine."""
+
+    partition: int
+    command: Command
+
+
+class Partitions:
+    """Every partition of the stream, from this member's side (the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        spec: StreamSpec,
+        member: str,
+        group: Group,
+        broker: Broker,
+        handler: Handler,
+        dead_letters: DeadLetters,
+        max_attempts: int,
+        retry_backoff: float,
+        handler_timeout: float | None,
+        on_worker_failure: Callable[[int, str], None],
+        retry_release: Callable[[int], None],
+        resync: Callable[[], None],
+    ) -> None:
+        self.spec = spec
+        self.member = member
+        self.group = group
+        self.broker = broker
+        self.handler = handler
+        self.dead_letters = dead_letters
+        self.max_attempts = max_attempts
+        self.retry_backoff = retry_backoff
+        self.handler_timeout = handler_timeout
+        self._on_worker_failure = on_worker_failure
+        self._retry_release = retry_release
+        self._resync = resync
+        self.session: Session | None = None  # the member's current session (None: none)
+        self.leaving = False  # the member is stopping: nothing counts as assigned to it
+        self.mirror = GroupMirror()
+        self.states = {p: State() for p in range(spec.partitions)}
+        self.workers: dict[int, Worker] = {}
+        # Workers stopped but maybe still in their handler: the partition's next worker
+        # waits for them (one handler per partition in this process, also after a fence).
+        self.retired: dict[int, Worker] = {}
+        self.freed_at: dict[int, float] = {}
+        self.abandoned: set[int] = set()  # partitions whose worker failed: not drained
+        self._labels = (spec.name, member)
+
+    # -- what the daemon asks ------------------------------------------------------------
+
+    def owned(self) -> list[int]:
+        return sorted(p for p, s in self.states.items() if s.phase is Phase.ACTIVE)
+
+    def idle(self) -> bool:
+        """Nothing held any more (abandoned partitions aside): a stop is complete."""
+        return all(s.phase is Phase.IDLE or p in self.abandoned for p, s in self.states.items())
+
+    def follow(self, state: GroupState) -> None:
+        """Mirror a fresh snapshot (the watch goes on from it) and act on every partition."""
+        self.mirror = GroupMirror.of(state)
+        self.sync_all()
+
+    def apply(self, event: WatchEvent) -> None:
+        """Mirror one change and act on the partitions it concerns."""
+        for partition in sorted(self.mirror.apply(event)):
+            self.sync(partition)
+
+    def forget(self) -> None:
+        """The stream is gone: so are its keys."""
+        self.mirror = GroupMirror()
+
+    def sync_all(self) -> None:
+        for partition in range(self.spec.partitions):
+            self.sync(partition)
+
+    def sync(self, partition: int) -> None:
+        """Feed the state machine whatever differs between it and the mirror: whether the
+        partition is assigned to us first, then (after that has played out) who holds it."""
+        if partition >= self.spec.partitions:
+            return
+        state = self.states[partition]
+        assigned = self.mirror.assignment.get(partition) == self.member and not self.leaving
+        if assigned != state.assigned:
+            self.process(_Step(partition, Event.ASSIGNED if assigned else Event.UNASSIGNED))
+        holder = self._holder(partition)
+        if holder is not self.states[partition].holder:
+            if holder is Holder.NOBODY:
+                self.freed_at[partition] = time.time()
+                self.process(_Step(partition, Event.CLAIM_FREE))
+            elif holder is Holder.OTHER:
+                self.process(_Step(partition, Event.CLAIM_OTHER))
+
+    def handoff(self, partition: int, event: Event) -> None:
+        """An event of one partition from the broker (subscribed, drained, channel lost)."""
+        self.process(_Step(partition, event))
+
+    def release(self, partition: int) -> None:
+        """Try releasing the claim again (it failed while etcd was away)."""
+        self.process(_Do(partition, Command.RELEASE))
+
+    def abandon(self, partition: int) -> None:
+        """Its worker failed: nothing is handled or drained there any more."""
+        self.abandoned.add(partition)
+
+    def drop(self) -> None:
+        """Stop every partition now, without a drain: the broker requeues what was unacked."""
+        self.broker.close_all()
+        for partition, worker in self.workers.items():
+            worker.stop()
+            self.retired[partition] = worker
+        self.workers.clear()
+        self.states = {p: State() for p in range(self.spec.partitions)}
+        metrics.PARTITIONS_OWNED.labels(*self._labels).set(0)
+
+    def resubscribe(self) -> None:
+        """The broker is back: subscribe what was waiting for it."""
+        for partition, state in sorted(self.states.items()):
+            if state.phase is Phase.SUBSCRIBING:
+                self.broker.subscribe(partition)
+
+    def stop_workers(self) -> None:
+        for worker in self.workers.values():
+            worker.stop()
+
+    # -- the work list -------------------------------------------------------------------
+
+    def process(self, first: _Step | _Do) -> None:
+        """Step and carry out, in order, until nothing follows."""
+        work: collections.deque[_Step | _Do] = collections.deque([first])
+        while work:
+            match work.popleft():
+                case _Step(partition, event):
+                    work.extend(self._step(partition, event))
+                case _Do(partition, command):
+                    work.extend(self._do(partition, command))
+
+    def _holder(self, partition: int) -> Holder:
+        claim = self.mirror.claims.get(partition)
+        if claim is None:
+            return Holder.NOBODY
+        return Holder.ME if self.session and claim.lease == self.session.id else Holder.OTHER
+
+    def _step(self, partition: int, event: Event) -> list[_Do]:
+        before = self.states[partition]
+        after, commands = step(before, event)
+        self.states[partition] = after
+        if before.phase is not after.phase:
+            log.debug(
+                "partition %d: %s -> %s on %s",
+                partition,
+                before.phase.value,
+                after.phase.value,
+                event.value,
+            )
+        if after.phase is Phase.ACTIVE and before.phase is not Phase.ACTIVE:
+            metrics.HANDOFFS.labels(*self._labels, "acquired").inc()
+            log.info("partition %d: consuming", partition)
+        if before.phase is Phase.DRAINING and after.phase is not Phase.DRAINING:
+            metrics.HANDOFFS.labels(*self._labels, "released").inc()
+            log.info("partition %d: drained and released", partition)
+        metrics.PARTITIONS_OWNED.labels(*self._labels).set(len(self.owned()))
+        return [_Do(partition, command) for command in commands]
+
+    def _do(self, partition: int, command: Command) -> list[_Step]:
+        """Carry out ``command``; its outcome, if the state machine needs to hear it."""
+        if partition in self.abandoned and command in (Command.SUBSCRIBE, Command.CANCEL):
+            return []
+        match command:
+            case Command.SUBSCRIBE:
+                self._start_worker(partition)
+                if not self.broker.subscribe(partition):
+                    log.info("partition %d: subscribing once RabbitMQ is back", partition)
+                return []
+            case Command.CANCEL:
+                self.broker.cancel(partition)
+                return []
+            case Command.CLAIM:
+                return [_Step(partition, self._claim(partition))]
+            case Command.RELEASE:
+                return self._release(partition)
+
+    def _start_worker(self, partition: int) -> None:
+        old = self.workers.get(partition) or self.retired.pop(partition, None)
+        if old is not None:
+            old.stop()
+        worker = Worker(
+            spec=self.spec,
+            partition=partition,
+            member=self.member,
+            handler=self.handler,
+            broker=self.broker,
+            session=self.session,  # type: ignore[arg-type]
+            dead_letters=self.dead_letters,
+            max_attempts=self.max_attempts,
+            retry_backoff=self.retry_backoff,
+            previous=old,
+            freed_at=self.freed_at.pop(partition, None),
+            handler_timeout=self.handler_timeout,
+            on_failure=self._on_worker_failure,
+        )
+        self.workers[partition] = worker
+        worker.start()
+
+    def _claim(self, partition: int) -> Event:
+        session = self.session
+        assert session is not None
+        try:
+            revision = self.group.claim(partition, self.member, session)
+        except EtcdUnavailable as e:
+            log.warning("partition %d: cannot claim: %s", partition, e)
+            self._resync()
+            return Event.CLAIM_REFUSED
+        if revision <= 0:
+            return Event.CLAIM_REFUSED
+        # mirror our own write now: the watch echoes it later
+        self.mirror.wrote_claim(partition, Claim(self.member, session.id), revision)
+        return Event.CLAIMED
+
+    def _release(self, partition: int) -> list[_Step]:
+        released = self.workers.pop(partition, None)
+        if released is not None:
+            released.stop()
+            self.retired[partition] = released
+        session = self.session
+        assert session is not None
+        try:
+            revision = self.group.release(partition, session)
+        except EtcdUnavailable as e:
+            log.warning("partition %d: cannot release the claim yet: %s", partition, e)
+            self._retry_release(partition)
+            return []
+        if revision > 0:  # mirror our own delete now, as for a claim
+            self.mirror.wrote_claim(partition, None, revision)
+        return [_Step(partition, Event.RELEASED)]

@@ -1,0 +1,202 @@
+"""A stub of the consumer's RabbitMQ edge, for unit tests: no server, callbacks you drive.
+
+:class:`StubBroker` takes :class:`consumers.broker.Broker`'s place
+(``Consumer(..., broker=StubBroker)``): same constructor, same methods, and it
+records what the daemon and the partition workers ask of it. By default it answers
+as a healthy broker does, at once: ``subscribe`` is confirmed (``on_subscribed``),
+``cancel`` sends the partition's worker its END mark (after whatever was delivered),
+and the worker's ``finish`` reports the partition drained (``on_drained``). With
+``auto=False`` a test answers itself: :meth:`confirm`, :meth:`end`. A test also
+delivers messages (:meth:`publish`), closes a channel (:meth:`lose_channel`) and drops
+or restores the connection (:meth:`disconnect`, :meth:`reconnect`).
+
+tests/unit/test_consumer_daemon.py uses it; the real broker is proven against
+RabbitMQ by tests/integration/test_broker_drain.py and the group tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pika
+from pika.channel import Channel
+
+from consumers.broker import END, Broker, Delivery
+from producer.contract import StreamSpec
+
+__all__ = ["StubBroker", "StubChannel"]
+
+
+@dataclass(eq=False)
+class StubChannel:
+    """A partition's channel: open until the stub closes it."""
+
+    partition: int
+    is_open: bool = True
+
+
+class StubBroker(Broker):
+    """:class:`Broker`'s surface without RabbitMQ (the module docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        url: str,
+        spec: StreamSpec,
+        *,
+        prefetch: int,
+        heartbeat: int,
+        name: str,
+        deliver: Callable[[int, Delivery | object], None],
+        on_subscribed: Callable[[int], None],
+        on_drained: Callable[[int], None],
+        on_channel_lost: Callable[[int], None],
+        on_connection: Callable[[bool], None],
+        auto: bool = True,
+    ) -> None:
+        threading.Thread.__init__(self, name=f"{name}-stub", daemon=True)  # never started
+        self.spec = spec
+        self.prefetch = prefetch
+        self.auto = auto
+        self.deliver = deliver
+        self.on_subscribed = on_subscribed
+        self.on_drained = on_drained
+        self.on_channel_lost = on_channel_lost
+        self.on_connection = on_connection
+        self.connected = threading.Event()
+        self.stopped = threading.Event()
+        self.calls: list[tuple[str, int]] = []  # ("subscribe", p), ("cancel", p), ...
+        self.channels: dict[int, StubChannel] = {}  # the partitions subscribed now
+        self._acked: dict[int, list[int]] = {}
+        self._lock = threading.Lock()
+        self._tags = itertools.count(1)
+
+    # -- what the daemon and the workers call --------------------------------------------
+
+    def start(self) -> None:
+        self.reconnect()
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def subscribe(self, partition: int) -> bool:
+        self._record("subscribe", partition)
+        if not self.connected.is_set():
+            return False
+        with self._lock:
+            self.channels[partition] = StubChannel(partition)
+        if self.auto:
+            self.confirm(partition)
+        return True
+
+    def cancel(self, partition: int) -> None:
+        self._record("cancel", partition)
+        with self._lock:
+            subscribed = partition in self.channels
+        if not subscribed:
+            self.on_channel_lost(partition)
+        elif self.auto:
+            self.end(partition)
+
+    def ack(self, partition: int, channel: Channel, delivery_tag: int) -> None:
+        if channel.is_open:  # on a closed one the broker has requeued the delivery already
+            with self._lock:
+                self._acked.setdefault(partition, []).append(delivery_tag)
+
+    def finish(self, partition: int, channel: Channel) -> None:
+        self._record("finish", partition)
+        with self._lock:
+            current = self.channels.get(partition)
+            done = current is channel and current.is_open
+            if done:
+                del self.channels[partition]
+        if done:
+            self.on_drained(partition)
+        else:
+            self.on_channel_lost(partition)
+
+    def close_all(self) -> None:
+        self._record("close_all", -1)
+        with self._lock:
+            for channel in self.channels.values():
+                channel.is_open = False
+            self.channels.clear()
+
+    def stop(self) -> None:
+        self._record("stop", -1)
+        self.stopped.set()
+        self.connected.clear()
+
+    # -- what a test drives --------------------------------------------------------------
+
+    def confirm(self, partition: int) -> None:
+        """The broker's consume-ok for ``partition``."""
+        self.on_subscribed(partition)
+
+    def end(self, partition: int) -> None:
+        """The cancel is done: the worker gets END after its last delivery."""
+        with self._lock:
+            channel = self.channels[partition]
+        self.deliver(partition, (END, channel))
+
+    def publish(
+        self,
+        partition: int,
+        body: bytes,
+        *,
+        headers: dict[str, Any] | None = None,
+        message_id: str | None = None,
+        redelivered: bool = False,
+    ) -> int:
+        """Deliver a message to the partition's worker; its delivery tag."""
+        with self._lock:
+            channel = self.channels[partition]
+            tag = next(self._tags)
+        properties = pika.BasicProperties(message_id=message_id, headers=headers)
+        delivery = Delivery(partition, cast(Channel, channel), tag, redelivered, properties, body)
+        self.deliver(partition, delivery)
+        return tag
+
+    def acked(self, partition: int) -> list[int]:
+        """Delivery tags acked on the partition's channels, oldest first."""
+        with self._lock:
+            return list(self._acked.get(partition, []))
+
+    def lose_channel(self, partition: int) -> None:
+        """The broker closes the partition's channel (what it had unacked is requeued)."""
+        with self._lock:
+            channel = self.channels.pop(partition)
+            channel.is_open = False
+        self.on_channel_lost(partition)
+
+    def disconnect(self) -> None:
+        """The connection drops: every subscribed partition's channel with it."""
+        with self._lock:
+            lost = sorted(self.channels)
+            for channel in self.channels.values():
+                channel.is_open = False
+            self.channels.clear()
+        self.connected.clear()
+        self.on_connection(False)
+        for partition in lost:
+            self.on_channel_lost(partition)
+
+    def reconnect(self) -> None:
+        self.connected.set()
+        self.on_connection(True)
+
+    def subscribed(self) -> set[int]:
+        with self._lock:
+            return set(self.channels)
+
+    def count(self, call: str, partition: int = -1) -> int:
+        """How often ``call`` was made (for ``partition``)."""
+        with self._lock:
+            return sum(1 for c, p in self.calls if c == call and p == partition)
+
+    def _record(self, call: str, partition: int) -> None:
+        with self._lock:
+            self.calls.append((call, partition))

@@ -1,0 +1,291 @@
+"""The consumer daemon's logic with no servers: a FakeEtcd and a StubBroker around a real Consumer.
+
+The tests play the leader by writing assignment keys into the fake, and the broker through
+the stub; the Consumer runs in a thread as ``partq consume`` runs it, with real partition
+workers and real sessions (TTL 1 s, so a lost lease is noticed within a third of that).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from consumers.daemon import (
+    EXIT_OK,
+    EXIT_STREAM_CHANGED,
+    EXIT_WORKER_FAILED,
+    Consumer,
+    ConsumerConfig,
+)
+from consumers.handoff import Phase
+from consumers.message import Message
+from consumers.testing import StubBroker
+from coordinator import codec
+from coordinator.group import Group
+from coordinator.session import Session
+from coordinator.testing import FakeEtcd
+from kernel import keys
+from producer.contract import StreamSpec
+from producer.registry import Registry
+
+P = 4
+
+
+def eventually(what: str, check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+class Running:
+    """A Consumer of the env's stream, running in a thread, with a StubBroker."""
+
+    def __init__(self, env: Env, member: str, **config: Any) -> None:
+        self.env = env
+        self.handled: list[bytes] = []
+        options = {"ttl": 1, "drain_timeout": 5.0, **config}
+        self.consumer = Consumer(
+            env.registry,
+            self.handle,
+            ConsumerConfig(env.stream, member_id=member, **options),
+            broker=StubBroker,
+        )
+        self.broker: StubBroker = self.consumer.broker  # type: ignore[assignment]
+        self.code: int | None = None
+        self.thread = threading.Thread(target=self._run, name=f"consumer-{member}", daemon=True)
+        self.thread.start()
+        eventually(f"{member} ready", self.consumer.ready.is_set)
+
+    def handle(self, message: Message) -> None:
+        self.handled.append(message.body)
+
+    def _run(self) -> None:
+        self.code = self.consumer.run()
+
+    @property
+    def lease(self) -> int:
+        session = self.consumer.session
+        assert session is not None
+        return session.id
+
+    def phase(self, partition: int) -> Phase:
+        return self.consumer.partitions.states[partition].phase
+
+    def stop(self) -> int | None:
+        if self.thread.is_alive():
+            self.consumer.stop()
+            self.thread.join(10)
+        return self.code
+
+
+class Env:
+    def __init__(self) -> None:
+        self.fake = FakeEtcd()
+        self.registry = Registry(self.fake, "fake")
+        self.stream = f"s-{uuid.uuid4().hex[:8]}"
+        self.registry.create(StreamSpec(self.stream, P))
+        self.group = Group(self.fake, "fake", self.stream)
+        self.running: list[Running] = []
+
+    def consumer(self, member: str, **config: Any) -> Running:
+        running = Running(self, member, **config)
+        self.running.append(running)
+        return running
+
+    def assign(self, partition: int, member: str) -> None:
+        """What the leader does."""
+        self.fake.put(keys.assignment(self.stream, partition), codec.encode_assignment(member))
+
+    def claim_of(self, partition: int) -> tuple[str, int] | None:
+        """(member, lease) of the partition's claim in etcd."""
+        claim = self.group.snapshot().claims.get(partition)
+        return None if claim is None else (claim.member, claim.lease)
+
+    def close(self) -> None:
+        for running in self.running:
+            running.stop()
+
+
+@pytest.fixture
+def env() -> Iterator[Env]:
+    made = Env()
+    yield made
+    made.close()
+
+
+def consuming(env: Env, member: str, *partitions: int) -> Running:
+    """A consumer that is consuming ``partitions`` (assigned, claimed, subscribed)."""
+    running = env.consumer(member)
+    for partition in partitions:
+        env.assign(partition, member)
+    eventually("consuming", lambda: running.consumer.owned() == sorted(partitions))
+    return running
+
+
+def test_an_assigned_partition_is_claimed_then_subscribed(env: Env) -> None:
+    # Given a running member, and a broker that checks the claim is there at subscribe time
+    c1 = env.consumer("c1")
+    claimed_at_subscribe: list[tuple[str, int] | None] = []
+    subscribe = c1.broker.subscribe
+
+    def checking(partition: int) -> bool:
+        claimed_at_subscribe.append(env.claim_of(partition))
+        return subscribe(partition)
+
+    c1.broker.subscribe = checking  # type: ignore[method-assign]
+    # When the leader assigns it partition 2
+    env.assign(2, "c1")
+    # Then it claims it on its lease, then subscribes, then consumes
+    eventually("consuming", lambda: c1.consumer.owned() == [2])
+    assert claimed_at_subscribe == [("c1", c1.lease)]
+    assert env.claim_of(2) == ("c1", c1.lease)
+    assert c1.broker.subscribed() == {2}
+    # And what the broker delivers is handled and acked
+    tags = [c1.broker.publish(2, f"m{i}".encode()) for i in range(3)]
+    eventually("handled", lambda: c1.broker.acked(2) == tags)
+    assert c1.handled == [b"m0", b"m1", b"m2"]
+
+
+def test_a_partition_claimed_by_another_member_waits_for_its_release(env: Env) -> None:
+    # Given partition 1 still claimed by its previous owner
+    other = Session(env.fake, "fake", ttl=5)
+    try:
+        assert env.group.claim(1, "old", other)
+        c1 = env.consumer("c1")
+        # When it is assigned to c1 / Then c1 waits, and does not subscribe
+        env.assign(1, "c1")
+        eventually("waiting", lambda: c1.phase(1) is Phase.WAITING)
+        time.sleep(0.1)
+        assert c1.broker.count("subscribe", 1) == 0
+        # When the old owner releases it / Then c1 claims it and consumes
+        env.group.release(1, other)
+        eventually("consuming", lambda: c1.consumer.owned() == [1])
+        assert env.claim_of(1) == ("c1", c1.lease)
+    finally:
+        other.close()
+
+
+def test_a_revoked_partition_is_cancelled_drained_then_released(env: Env) -> None:
+    # Given c1 consuming partition 0, with a broker that lets the test end the cancel
+    c1 = consuming(env, "c1", 0)
+    c1.broker.auto = False
+    tags = [c1.broker.publish(0, f"m{i}".encode()) for i in range(3)]
+    # When the leader gives the partition to c2
+    env.assign(0, "c2")
+    # Then c1 cancels its subscription and keeps its claim while the drain runs
+    eventually("the cancel", lambda: c1.broker.count("cancel", 0) == 1)
+    eventually("draining", lambda: c1.phase(0) is Phase.DRAINING)
+    time.sleep(0.1)
+    assert env.claim_of(0) == ("c1", c1.lease)
+    # When the broker has sent everything / Then c1 handles and acks it all, then releases
+    c1.broker.end(0)
+    eventually("the release", lambda: env.claim_of(0) is None)
+    assert c1.broker.acked(0) == tags and len(c1.handled) == 3
+    assert c1.broker.count("finish", 0) == 1
+    assert c1.phase(0) is Phase.IDLE and c1.consumer.owned() == []
+
+
+def test_a_malformed_assignment_is_no_assignment(env: Env) -> None:
+    c1 = consuming(env, "c1", 3)
+    env.fake.put(keys.assignment(env.stream, 3), "{garbage")
+    eventually("the release", lambda: env.claim_of(3) is None)
+    assert c1.broker.count("cancel", 3) == 1
+    # and one that is fine again is followed again
+    env.assign(3, "c1")
+    eventually("consuming again", lambda: c1.consumer.owned() == [3])
+
+
+def test_a_lost_lease_fences_every_partition_then_the_member_rejoins(env: Env) -> None:
+    # Given c1 consuming two partitions
+    c1 = consuming(env, "c1", 0, 1)
+    first = c1.lease
+    # When etcd expires its lease (its member key and claims go with it: the watch may
+    # tell of the claims first, and a drain begin)
+    env.fake.expire(first)
+    # Then once its session hears of it, it drops every channel at once, and rejoins
+    eventually("the fence", lambda: c1.broker.count("close_all") == 1)
+    eventually("a new lease", lambda: c1.consumer.session is not None and c1.lease != first)
+    eventually("the member back", lambda: "c1" in env.group.snapshot().members)
+    assert env.fake.lease_of(keys.member(env.stream, "c1")) == c1.lease
+    # And it claims its partitions again, on the new lease, and consumes them
+    eventually("consuming again", lambda: c1.consumer.owned() == [0, 1])
+    assert env.claim_of(0) == ("c1", c1.lease) and env.claim_of(1) == ("c1", c1.lease)
+    assert c1.broker.count("subscribe", 0) == 2
+
+
+def test_a_stop_leaves_the_group_drains_releases_and_revokes(env: Env) -> None:
+    # Given c1 consuming two partitions, with a broker that notes who is a member at cancel
+    c1 = consuming(env, "c1", 0, 2)
+    lease = c1.lease
+    for partition in (0, 2):
+        c1.broker.publish(partition, b"x")
+    members_at_cancel: list[set[str]] = []
+    cancel = c1.broker.cancel
+
+    def noting(partition: int) -> None:
+        members_at_cancel.append(set(env.group.snapshot().members))
+        cancel(partition)
+
+    c1.broker.cancel = noting  # type: ignore[method-assign]
+    # When it is stopped
+    code = c1.stop()
+    # Then it left the group first, drained and released both, revoked its lease, exits 0
+    assert code == EXIT_OK
+    assert members_at_cancel == [set(), set()]
+    assert c1.broker.count("finish", 0) == 1 and c1.broker.count("finish", 2) == 1
+    assert len(c1.handled) == 2 and c1.broker.acked(0) and c1.broker.acked(2)
+    state = env.group.snapshot()
+    assert "c1" not in state.members and state.claims == {}
+    assert lease not in env.fake.leases()
+    assert c1.broker.stopped.is_set()
+
+
+def test_a_lost_channel_resubscribes_and_a_lost_connection_waits_for_the_broker(env: Env) -> None:
+    c1 = consuming(env, "c1", 1)
+    c1.broker.lose_channel(1)
+    eventually("subscribed again", lambda: c1.broker.count("subscribe", 1) == 2)
+    eventually("consuming", lambda: c1.consumer.owned() == [1])
+    # When the connection drops / Then it is not ready, and subscribes once it is back
+    c1.broker.disconnect()
+    eventually("not ready", lambda: not c1.consumer.ready.is_set())
+    eventually("waiting for the broker", lambda: c1.phase(1) is Phase.SUBSCRIBING)
+    c1.broker.reconnect()
+    eventually("consuming again", lambda: c1.consumer.owned() == [1])
+    assert c1.consumer.ready.is_set() and env.claim_of(1) == ("c1", c1.lease)
+
+
+def test_a_failed_worker_makes_the_member_leave_and_exit_4(env: Env) -> None:
+    c1 = consuming(env, "c1", 0, 1)
+
+    def failing_ack(partition: int, channel: Any, tag: int) -> None:
+        raise RuntimeError("injected: the ack failed")
+
+    c1.broker.ack = failing_ack  # type: ignore[method-assign]
+    c1.broker.publish(0, b"x")
+    c1.thread.join(10)
+    assert c1.code == EXIT_WORKER_FAILED
+    assert c1.broker.count("cancel", 1) == 1 and c1.broker.count("cancel", 0) == 0
+    state = env.group.snapshot()
+    assert "c1" not in state.members and state.claims == {}
+
+
+def test_a_deleted_stream_stops_everything_and_another_partition_count_exits_5(
+    env: Env,
+) -> None:
+    c1 = consuming(env, "c1", 0)
+    # When the stream is deleted / Then every partition stops and the member is not ready
+    env.registry.delete(env.stream)
+    eventually("not ready", lambda: not c1.consumer.ready.is_set())
+    eventually("dropped", lambda: c1.broker.count("close_all") == 1)
+    assert c1.consumer.owned() == []
+    # When it is created again with another partition count / Then the member exits 5
+    env.registry.create(StreamSpec(env.stream, P + 1))
+    c1.thread.join(10)
+    assert c1.code == EXIT_STREAM_CHANGED
