@@ -1,10 +1,8 @@
 """An in-memory etcd for unit tests: the python3-etcd3 client surface partq uses, no server.
 
 :class:`FakeEtcd` stands where ``etcd3.MultiEndpointEtcd3Client`` does (``Registry(FakeEtcd(),
-"fake")``, ``Group``, ``Session``, the coordinator, the consumer daemon) and answers with
-the client's own types (``etcdrpc`` responses, ``KVMetadata``, ``Lease``, ``PutEvent`` /
-``DeleteEvent`` in a ``WatchResponse``), so code under test cannot tell the difference on
-the paths partq uses:
+"fake")``) and answers with the client's own types (``etcdrpc`` responses, ``KVMetadata``,
+``Lease``, ``PutEvent``/``DeleteEvent`` in a ``WatchResponse``):
 
 - ``put``/``get``/``get_prefix``/``get_prefix_response``/``delete``/``delete_prefix``;
 - ``transaction`` with comparisons on value, version, create and mod revision and lease
@@ -13,9 +11,8 @@ the paths partq uses:
   ``get_lease_info``; a put on a lease that is gone fails as etcd's does. Leases never
   expire by themselves: :meth:`FakeEtcd.expire` expires one (its keys are deleted);
 - watches: ``add_watch_prefix_callback``/``add_watch_callback`` (``start_revision`` replays
-  history), ``watch_once``, ``cancel_watch``. Every watch gets its responses in revision
-  order, one response per revision, from the thread that wrote (after the write, outside
-  the store's lock) or from a concurrent writer's thread;
+  history), ``watch_once``, ``cancel_watch``; responses in revision order, one per
+  revision, delivered by a writing thread after its write;
 - failures: :meth:`FakeEtcd.go_down` (every call raises ``ConnectionFailedError``, watches
   end with it, as when etcd cannot be reached) and :meth:`FakeEtcd.come_up`;
   :meth:`FakeEtcd.end_watches` ends every watch with an error.
@@ -29,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import operator
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -47,9 +45,22 @@ from etcd3.watch import WatchResponse
 __all__ = ["FakeEtcd", "LeaseNotFound"]
 
 log = logging.getLogger("partq.testing.etcd")
-_EQUAL, _NOT_EQUAL = etcdrpc.Compare.EQUAL, etcdrpc.Compare.NOT_EQUAL
-_LESS, _GREATER = etcdrpc.Compare.LESS, etcdrpc.Compare.GREATER
 _PUT, _DELETE = Event.PUT, Event.DELETE
+_C = etcdrpc.Compare
+_RESULTS = {
+    _C.EQUAL: operator.eq,
+    _C.NOT_EQUAL: operator.ne,
+    _C.LESS: operator.lt,
+    _C.GREATER: operator.gt,
+}
+# a comparison's target -> the field it compares (named alike in KeyValue and Compare)
+_TARGETS = {
+    _C.VALUE: "value",
+    _C.VERSION: "version",
+    _C.CREATE: "create_revision",
+    _C.MOD: "mod_revision",
+    _C.LEASE: "lease",
+}
 
 
 class LeaseNotFound(grpc.RpcError):  # type: ignore[misc]
@@ -85,18 +96,6 @@ class _Watch:
     cancelled: bool = False
 
 
-def _holds(op: int, actual: int | bytes, expected: int | bytes) -> bool:
-    if op == _EQUAL:
-        return actual == expected
-    if op == _NOT_EQUAL:
-        return actual != expected
-    if op == _LESS:
-        return actual < expected  # type: ignore[operator]
-    if op == _GREATER:
-        return actual > expected  # type: ignore[operator]
-    raise ValueError(f"unknown comparison {op}")
-
-
 class FakeEtcd:
     """One in-memory etcd and a client of it (see the module docstring). Thread-safe."""
 
@@ -115,10 +114,6 @@ class FakeEtcd:
 
     # -- what a test drives ------------------------------------------------------------
 
-    @property
-    def revision(self) -> int:
-        return self._revision
-
     def expire(self, lease_id: int) -> None:
         """Expire a lease now, as etcd does after its TTL: its keys are deleted."""
         with self._lock:
@@ -134,12 +129,6 @@ class FakeEtcd:
         with self._lock:
             kv = self._kvs.get(to_bytes(key))
             return kv.lease if kv is not None else 0
-
-    def dump(self, prefix: str = "") -> dict[str, bytes]:
-        """Every key under ``prefix`` and its value."""
-        with self._lock:
-            found = sorted(self._kvs.items())
-            return {k.decode(): kv.value for k, kv in found if k.startswith(to_bytes(prefix))}
 
     def go_down(self) -> None:
         """From now on every call fails as with an unreachable etcd; watches end."""
@@ -322,24 +311,18 @@ class FakeEtcd:
     def _range(self, start: bytes, end: bytes | None) -> etcdrpc.RangeResponse:
         self._check()
         with self._lock:
-            kvs = [kv for k, kv in sorted(self._kvs.items()) if _covers(start, end, k)]
+            kvs = self._select(start, end)
             header = etcdrpc.ResponseHeader(revision=self._revision)
             return etcdrpc.RangeResponse(header=header, kvs=kvs, count=len(kvs))
 
+    def _select(self, key: str | bytes, range_end: str | bytes | None) -> list[KeyValue]:
+        start, end = to_bytes(key), None if range_end is None else to_bytes(range_end)
+        return [kv for k, kv in sorted(self._kvs.items()) if _covers(start, end, k)]
+
     def _compare(self, c: etcdrpc.Compare) -> bool:
-        kv = self._kvs.get(c.key) or KeyValue(key=c.key)
-        target = c.target
-        if target == etcdrpc.Compare.VALUE:
-            return _holds(c.result, kv.value, c.value)
-        if target == etcdrpc.Compare.VERSION:
-            return _holds(c.result, kv.version, c.version)
-        if target == etcdrpc.Compare.CREATE:
-            return _holds(c.result, kv.create_revision, c.create_revision)
-        if target == etcdrpc.Compare.MOD:
-            return _holds(c.result, kv.mod_revision, c.mod_revision)
-        if target == etcdrpc.Compare.LEASE:
-            return _holds(c.result, kv.lease, c.lease)
-        raise ValueError(f"unknown comparison target {target}")
+        kv = self._kvs.get(c.key) or KeyValue(key=c.key)  # absent: version 0, revisions 0
+        field = _TARGETS[c.target]
+        return bool(_RESULTS[c.result](getattr(kv, field), getattr(c, field)))
 
     def _apply(self, op: Any, revision: int, events: list[Event]) -> Any:
         if isinstance(op, etcd3.transactions.Put):
@@ -348,21 +331,22 @@ class FakeEtcd:
             if old is not None and old.lease and old.lease in self._leases:
                 self._leases[old.lease].keys.discard(key)
             kv = KeyValue(
-                key=key, value=to_bytes(op.value), lease=lease, mod_revision=revision,
+                key=key,
+                value=to_bytes(op.value),
+                lease=lease,
+                mod_revision=revision,
                 create_revision=old.create_revision if old else revision,
                 version=old.version + 1 if old else 1,
-            )  # fmt: skip
+            )
             self._kvs[key] = kv
             if lease:
                 self._leases[lease].keys.add(key)
             events.append(Event(type=_PUT, kv=kv))
             return etcdrpc.ResponseOp(response_put=etcdrpc.PutResponse())
         if isinstance(op, etcd3.transactions.Get):
-            start, end = to_bytes(op.key), op.range_end and to_bytes(op.range_end)
-            return [kv for k, kv in sorted(self._kvs.items()) if _covers(start, end, k)]
+            return self._select(op.key, op.range_end)
         if isinstance(op, etcd3.transactions.Delete):
-            start, end = to_bytes(op.key), op.range_end and to_bytes(op.range_end)
-            gone = [k for k in sorted(self._kvs) if _covers(start, end, k)]
+            gone = [kv.key for kv in self._select(op.key, op.range_end)]
             for key in gone:
                 self._delete(key, revision, events)
             response = etcdrpc.DeleteRangeResponse(deleted=len(gone))

@@ -257,7 +257,7 @@ def test_expiring_a_lease_deletes_its_keys_and_ends_its_refreshes() -> None:
     fake.expire(lease.id)
     assert [e[:2] for e in watched.next()] == [("DeleteEvent", "a")]
     assert [r.TTL for r in fake.refresh_lease(lease.id)] == [0]
-    assert fake.leases() == [] and fake.dump() == {}
+    assert fake.leases() == [] and list(fake.get_prefix("/")) == []
 
 
 def test_an_etcd_that_is_down_fails_every_call_and_ends_watches() -> None:
