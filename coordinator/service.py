@@ -46,13 +46,13 @@ from kernel.etcd import etcd_errors
 from producer.contract import StreamSpec
 from producer.registry import Registry
 
-__all__ = ["CoordinatorConfig", "Event", "StreamCoordinator"]
+__all__ = ["CoordinatorConfig", "CoordinatorEvent", "StreamCoordinator"]
 
 log = logging.getLogger("partq.coordinator")
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
 _BACKOFF = Backoff()  # between campaigns: 0.2 s doubling to 5 s, reset once one got going
 
-Event = WatchEvent | WatchFailed | LeaseLost | Settled | Stop
+CoordinatorEvent = WatchEvent | WatchFailed | LeaseLost | Settled | Stop
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class StreamCoordinator(threading.Thread):
         self.config = config
         self.group = Group(registry.client, registry.where, stream)
         self.election = Election(registry.client, registry.where, stream)
-        self.events: queue.Queue[Event] = queue.Queue()
+        self.events: queue.Queue[CoordinatorEvent] = queue.Queue()
         self.stopping = threading.Event()
         self.leading = threading.Event()
         self.spec: StreamSpec | None = None
@@ -224,7 +224,7 @@ class StreamCoordinator(threading.Thread):
 
     # -- the event loop ------------------------------------------------------------------
 
-    def _next(self) -> Event:
+    def _next(self) -> CoordinatorEvent:
         timeout = None
         if self._settle_at is not None:
             timeout = max(0.0, self._settle_at - time.monotonic())
@@ -280,7 +280,7 @@ class StreamCoordinator(threading.Thread):
             self._step_down()
         metrics.IS_LEADER.labels(self.stream).set(1 if leading else 0)
 
-    def _lead(self, event: Event) -> None:
+    def _lead(self, event: CoordinatorEvent) -> None:
         """Carry out the operator requests, then (once settled) the automatic step."""
         assert self.spec is not None
         spec, config = self.spec, self.config
