@@ -133,10 +133,10 @@ def test_a_deposed_leader_cannot_write_the_assignment(
     leader.start()
     try:
         assert leader.leading.wait(10)
-        assert leader._fence is not None
-        candidate, _revision = leader._fence
+        fence = leader.election.fence
+        assert fence is not None
         # When its candidate key disappears (its lease expired while it was away)
-        registry.client.delete(candidate)
+        registry.client.delete(fence.key)
         # Then its next fenced write is refused
         with pytest.raises(NotLeader):
             leader._write({0: "someone"}, "test")
