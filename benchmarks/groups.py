@@ -5,10 +5,13 @@
 
 Uses a private etcd (LocalEtcd), the machine's RabbitMQ (PARTQ_AMQP_URL, default
 guest@127.0.0.1:5672) and, for the broker-restart cell, a private RabbitMQ node
-started from the same installation. Consumers and coordinators run as
-``partq`` subprocesses; handled messages are recorded by
-``benchmarks.recording:record``. Writes the section "## Consumer groups
-(issue 3)" of docs/benchmarks.md (``--no-write`` to only print it).
+started from the same installation. Consumers and coordinators run as ``partq``
+subprocesses (``python -m cli``). Handlings are recorded and judged by the
+product's own recorder and checker, the ones ``partq demo`` and the invariant
+tests use: ``consumers.examples.record_handler`` (through
+``benchmarks.recording:record``, which can also fail on demand) and
+``consumers.audit``. Writes the section "## Consumer groups (issue 3)" of
+docs/benchmarks.md (``--no-write`` to only print it).
 """
 
 from __future__ import annotations
@@ -29,16 +32,16 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pika
 
+from consumers import audit
 from coordinator.admin import create_stream, delete
-from coordinator.group import Group
+from coordinator.group import Group, GroupState
 from kernel.local import LocalEtcd, free_port
 from kernel.settings import Settings
 from producer.contract import StreamSpec
@@ -46,104 +49,30 @@ from producer.publisher import Producer
 from producer.registry import Registry
 
 REPO = Path(__file__).resolve().parent.parent
-PARTQ = str(Path(sys.executable).parent / "partq")
+PARTQ = [sys.executable, "-m", "cli"]  # this tree's CLI, whatever the venv's script points at
 AMQP = os.environ.get("PARTQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 RECORD_HANDLER = "benchmarks.recording:record"
 NOOP_HANDLER = "consumers.examples:noop_handler"
 SECTION = "## Consumer groups (issue 3)"
+P = 12  # partitions of every scenario's stream but the throughput one
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-# -- records ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Rec:
-    member: str
-    partition: int
-    key: str
-    seq: int
-    start: float
-    end: float
-    attempt: int
-    redelivered: bool
-    ok: bool
-
-
-def read_records(paths: Iterable[Path]) -> list[Rec]:
-    out: list[Rec] = []
-    for path in paths:
-        if not path.exists():
-            continue
-        for line in path.read_text().splitlines():
-            f = line.split()
-            if len(f) != 9:
-                continue  # a line cut by kill -9
-            out.append(
-                Rec(f[0], int(f[1]), f[2], int(f[3]), float(f[4]), float(f[5]), int(f[6]),
-                    f[7] == "1", f[8] == "ok")
-            )  # fmt: skip
-    out.sort(key=lambda r: r.start)
-    return out
-
-
-def order_stats(recs: list[Rec], confirmed: set[tuple[str, int]]) -> dict[str, int]:
-    """Violations: a key's seq going backwards among first handlings; duplicates: extra ok handlings."""
-    ok = Counter((r.key, r.seq) for r in recs if r.ok)
-    first: dict[tuple[str, int], float] = {}
-    for r in recs:  # sorted by start
-        first.setdefault((r.key, r.seq), r.start)
-    per_key: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for (key, seq), start in first.items():
-        per_key[key].append((start, seq))
-    violations = 0
-    for seqs in per_key.values():
-        seqs.sort()
-        top = -1
-        for _, seq in seqs:
-            if seq < top:
-                violations += 1
-            top = max(top, seq)
+def outcome(records: list[dict[str, Any]], confirmed: set[tuple[str, int]]) -> dict[str, int]:
+    """The ordering cell of one run, by ``consumers.audit``; duplicates: extra handlings."""
+    unique = {(r["key"], r["seq"]) for r in records}
     return {
-        "handled_ok": sum(ok.values()),
-        "duplicates": sum(c - 1 for c in ok.values()),
-        "violations": violations,
-        "lost": len(confirmed - set(ok)),
-        "redelivered": sum(1 for r in recs if r.redelivered),
-        "failed_attempts": sum(1 for r in recs if not r.ok),
+        "handled_ok": len(records),
+        "duplicates": len(records) - len(unique),
+        "violations": len(audit.order_violations(records)),
+        "lost": len(audit.lost(confirmed, records)),
+        "overlaps": len(audit.overlaps(records)),
+        "redelivered": sum(1 for r in records if r["redelivered"]),
+        "retried": sum(1 for r in records if r["attempt"] > 1),
     }
-
-
-def ownership_changes(recs: list[Rec]) -> list[dict[str, Any]]:
-    """Per partition, each change of handling member: old owner's last end → new owner's first start."""
-    by_part: dict[int, list[Rec]] = defaultdict(list)
-    for r in recs:
-        by_part[r.partition].append(r)
-    moves = []
-    for p, rs in sorted(by_part.items()):
-        cur = rs[0].member
-        last_end = rs[0].end
-        for r in rs[1:]:
-            if r.member != cur:
-                moves.append({"partition": p, "from": cur, "to": r.member,
-                              "old_last_end": last_end, "new_first_start": r.start,
-                              "gap": r.start - last_end})  # fmt: skip
-                cur = r.member
-                last_end = r.end
-            else:
-                last_end = max(last_end, r.end)
-    return moves
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    i = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1) + 0.4999)))
-    return s[i]
 
 
 # -- environment ------------------------------------------------------------------------
@@ -153,18 +82,9 @@ class Bench:
     def __init__(self, etcd: LocalEtcd, workdir: Path) -> None:
         self.etcd = etcd
         self.dir = workdir
-        self.settings = Settings(etcd_endpoints=etcd.endpoint, amqp_url=AMQP)  # type: ignore[arg-type]
-        self.registry = Registry.connect(self.settings)
+        settings = Settings(etcd_endpoints=etcd.endpoint, amqp_url=AMQP)  # type: ignore[arg-type]
+        self.registry = Registry.connect(settings)
         self.procs: list[subprocess.Popen[bytes]] = []
-
-    def env(self, amqp: str, **extra: str) -> dict[str, str]:
-        return {
-            **os.environ,
-            "PARTQ_ETCD_ENDPOINTS": self.etcd.endpoint,
-            "PARTQ_AMQP_URL": amqp,
-            "PYTHONPATH": str(REPO),
-            **extra,
-        }
 
     def stream(self, tag: str, partitions: int, queue_type: str, amqp: str = AMQP) -> StreamSpec:
         spec = StreamSpec(f"bench-{tag}-{uuid.uuid4().hex[:6]}", partitions, queue_type)  # type: ignore[arg-type]
@@ -177,39 +97,37 @@ class Bench:
         except Exception as e:
             log(f"could not delete {spec.name}: {e}")
 
-    def spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, args: list[str], amqp: str, **extra: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "PARTQ_ETCD_ENDPOINTS": self.etcd.endpoint, "PARTQ_AMQP_URL": amqp}
+        env |= {"PYTHONPATH": str(REPO), "PARTQ_RECORD_SLEEP": "0", **extra}  # no handler work
         with open(self.dir / f"{name}.log", "ab") as out:
-            p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+            p = subprocess.Popen([*PARTQ, *args], env=env, stdout=out, stderr=out, cwd=REPO)
         self.procs.append(p)
         return p
 
     def coordinator(
         self, spec: StreamSpec, amqp: str = AMQP, settle: float = 1.0
     ) -> subprocess.Popen[bytes]:
-        return self.spawn(
-            f"coord-{spec.name}",
-            [PARTQ, "coordinator", spec.name, "--settle", str(settle), "--http-port", "0"],
-            self.env(amqp),
-        )
+        args = ["coordinator", spec.name, "--settle", str(settle), "--http-port", "0"]
+        return self.spawn(f"coord-{spec.name}", args, amqp)
 
     def consumer(
         self,
         spec: StreamSpec,
         member: str,
-        record: Path | None,
+        record: Path,
         *,
         amqp: str = AMQP,
         ttl: int = 5,
         prefetch: int = 100,
         handler: str = RECORD_HANDLER,
         http_port: int = 0,
-        **extra: str,
+        **env: str,
     ) -> subprocess.Popen[bytes]:
-        env = self.env(amqp, PARTQ_MEMBER_ID=member,
-                       PARTQ_BENCH_RECORD=str(record or self.dir / "none.rec"), **extra)  # fmt: skip
-        cmd = [PARTQ, "consume", spec.name, "--handler", handler, "--member-id", member,
-               "--ttl", str(ttl), "--http-port", str(http_port), "--prefetch", str(prefetch)]  # fmt: skip
-        return self.spawn(f"{spec.name}-{member}", cmd, env)
+        args = ["consume", spec.name, "--handler", handler, "--member-id", member]
+        args += ["--ttl", str(ttl), "--http-port", str(http_port), "--prefetch", str(prefetch)]
+        env |= {"PARTQ_MEMBER_ID": member, "PARTQ_RECORD": str(record)}
+        return self.spawn(f"{spec.name}-{member}", args, amqp, **env)
 
     def stop(self, procs: Iterable[subprocess.Popen[bytes]], timeout: float = 30) -> None:
         procs = [p for p in procs if p.poll() is None]
@@ -223,75 +141,51 @@ class Bench:
                 p.kill()
                 p.wait(5)
 
-    def stop_all(self) -> None:
-        self.stop(self.procs, timeout=15)
-        self.procs.clear()
+    def snapshot(self, spec: StreamSpec) -> GroupState:
+        return Group(self.registry.client, self.registry.where, spec.name).snapshot()
 
     def settled(self, spec: StreamSpec, members: list[str], timeout: float) -> float | None:
-        """Wait until exactly ``members`` are registered, the assignment is balanced and claimed."""
-        group = Group(self.registry.client, self.registry.where, spec.name)
-        P = spec.partitions
+        """When exactly ``members`` are registered, balanced and hold their claims."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                s = group.snapshot()
-            except Exception:
-                time.sleep(0.2)
-                continue
-            counts = Counter(s.assignment.values())
-            if (
-                set(s.members) == set(members)
-                and len(s.assignment) == P
-                and set(counts) == set(members)
-                and max(counts.values()) - min(counts.values()) <= 1
-                and all(p in s.claims and s.claims[p].member == s.assignment[p] for p in range(P))
-            ):
-                return time.time()
+            with contextlib.suppress(Exception):
+                s = self.snapshot(spec)
+                claims = {p: c.member for p, c in s.claims.items()}
+                problems = audit.balance_problems(spec.partitions, members, s.assignment, claims)
+                if set(s.members) == set(members) and not problems:
+                    return time.time()
             time.sleep(0.05)
         return None
 
-    def snapshot(self, spec: StreamSpec) -> Any:
-        return Group(self.registry.client, self.registry.where, spec.name).snapshot()
-
 
 class Load(threading.Thread):
-    """Publishes ``key:seq:`` messages over ``keys`` keys at ``rate`` msg/s with the SDK."""
+    """Publishes ``{"seq": n}`` over ``keys`` keys at ``rate`` msg/s with the SDK."""
 
     def __init__(self, spec: StreamSpec, rate: float, amqp: str = AMQP, keys: int = 100) -> None:
         super().__init__(daemon=True)
         self.spec, self.rate, self.amqp, self.keys = spec, rate, amqp, keys
         self.halt = threading.Event()
         self.futures: list[tuple[str, int, Any]] = []
-        self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             with Producer(self.spec, amqp_url=self.amqp, window=1000, reconnect_timeout=90) as prod:
-                seqs = [0] * self.keys
-                n = 0
-                t0 = time.monotonic()
+                n, t0 = 0, time.monotonic()
                 while not self.halt.is_set():
-                    target = int((time.monotonic() - t0) * self.rate)
-                    while n < target and not self.halt.is_set():
-                        k = n % self.keys
-                        key = f"k{k:03d}"
-                        seq = seqs[k]
-                        seqs[k] += 1
-                        self.futures.append((key, seq, prod.publish(key, f"{key}:{seq}:".encode())))
+                    while n < int((time.monotonic() - t0) * self.rate) and not self.halt.is_set():
+                        key, seq = f"k{n % self.keys:03d}", n // self.keys
+                        body = json.dumps({"seq": seq})
+                        self.futures.append((key, seq, prod.publish(key, body)))
                         n += 1
                     time.sleep(0.005)
                 prod.flush(120)
         except BaseException as e:
-            self.error = e
             log(f"load producer failed: {e!r}")
 
     def finish(self) -> set[tuple[str, int]]:
         self.halt.set()
         self.join(150)
-        ok = set()
-        for key, seq, fut in self.futures:
-            if fut.done() and fut.exception() is None:
-                ok.add((key, seq))
+        ok = {(k, s) for k, s, f in self.futures if f.done() and f.exception() is None}
         if len(ok) != len(self.futures):
             log(
                 f"load: {len(self.futures) - len(ok)} of {len(self.futures)} publishes not confirmed"
@@ -299,145 +193,158 @@ class Load(threading.Thread):
         return ok
 
 
-def wait_handled(paths: list[Path], confirmed: set[tuple[str, int]], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = {(r.key, r.seq) for r in read_records(paths) if r.ok}
-        if confirmed <= got:
-            return True
-        time.sleep(0.5)
-    return False
+class Run:
+    """One scenario: a fresh P = 12 stream, its coordinator, consumers recording, the load."""
+
+    def __init__(
+        self,
+        b: Bench,
+        tag: str,
+        queue_type: str,
+        members: list[str],
+        rate: float,
+        amqp: str = AMQP,
+        **consumer: Any,
+    ) -> None:
+        self.b, self.queue_type, self.amqp, self.options = b, queue_type, amqp, consumer
+        self.spec = b.stream(tag, P, queue_type, amqp)
+        self.record = b.dir / f"{self.spec.name}.jsonl"
+        self.procs = {"coordinator": b.coordinator(self.spec, amqp)}
+        for member in members:
+            self.add(member)
+        assert b.settled(self.spec, members, 60), f"{members} never settled"
+        self.load = Load(self.spec, rate, amqp)
+        self.load.start()
+
+    def add(self, member: str) -> None:
+        self.procs[member] = self.b.consumer(
+            self.spec, member, self.record, amqp=self.amqp, **self.options
+        )
+
+    def finish(self, timeout: float = 60) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Stop the load, wait for every confirmed message, stop; the records and the summary."""
+        confirmed = self.load.finish()
+        deadline = time.monotonic() + timeout
+        while audit.lost(confirmed, audit.load(self.record)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        records = audit.load(self.record)
+        self.b.stop(self.procs.values())
+        self.b.drop(self.spec, self.amqp)
+        summary = {
+            "queue_type": self.queue_type,
+            "stream": self.spec.name,
+            "published": len(confirmed),
+            "drained": not audit.lost(confirmed, records),
+            "order": outcome(records, confirmed),
+        }
+        return records, summary
 
 
-# -- 1. planned scale-out handoff -------------------------------------------------------
+# -- the scenarios ------------------------------------------------------------------------
 
 
 def handoff(b: Bench, queue_type: str, rate: float, dwell: float) -> dict[str, Any]:
-    spec = b.stream("handoff", 12, queue_type)
-    recdir = b.dir / spec.name
-    recdir.mkdir()
-    paths = [recdir / f"c{i}.rec" for i in (1, 2, 3)]
-    coord = b.coordinator(spec)
-    cons = [b.consumer(spec, "c1", paths[0])]
-    assert b.settled(spec, ["c1"], 60), "c1 never settled"
-    load = Load(spec, rate)
-    load.start()
+    """Planned scale-out 1 → 2 → 3 under load: the gap between owners of each moved partition."""
+    run = Run(b, "handoff", queue_type, ["c1"], rate)
     time.sleep(dwell)
     steps = []
     for n in (2, 3):
         t = time.time()
-        cons.append(b.consumer(spec, f"c{n}", paths[n - 1]))
-        done = b.settled(spec, [f"c{i}" for i in range(1, n + 1)], 60)
+        run.add(f"c{n}")
+        done = b.settled(run.spec, [f"c{i}" for i in range(1, n + 1)], 60)
         steps.append({"to": n, "settled_after": None if done is None else done - t})
         time.sleep(dwell)
-    confirmed = load.finish()
-    drained = wait_handled(paths, confirmed, 60)
-    b.stop([*cons, coord])
-    recs = read_records(paths)
-    moves = ownership_changes(recs)
-    stats = order_stats(recs, confirmed)
-    b.drop(spec)
-    return {"queue_type": queue_type, "stream": spec.name, "published": len(confirmed),
-            "drained": drained, "steps": steps, "moves": moves, "order": stats}  # fmt: skip
-
-
-# -- 2. failover after kill -9 ------------------------------------------------------------
+    records, summary = run.finish()
+    return summary | {"steps": steps, "gaps": audit.handoff_gaps(records)}
 
 
 def failover(b: Bench, queue_type: str, ttl: int, rate: float, dwell: float) -> dict[str, Any]:
-    spec = b.stream(f"failover{ttl}", 12, queue_type)
-    recdir = b.dir / spec.name
-    recdir.mkdir()
-    paths = [recdir / "c1.rec", recdir / "c2.rec"]
-    coord = b.coordinator(spec)
-    c1 = b.consumer(spec, "c1", paths[0], ttl=ttl)
-    c2 = b.consumer(spec, "c2", paths[1], ttl=ttl)
-    assert b.settled(spec, ["c1", "c2"], 60), "c1+c2 never settled"
-    load = Load(spec, rate)
-    load.start()
+    """``kill -9`` of one of two consumers: when its partitions are handled again, and the steps."""
+    run = Run(b, f"failover{ttl}", queue_type, ["c1", "c2"], rate, ttl=ttl)
     time.sleep(dwell)
-    snap = b.snapshot(spec)
-    orphans = sorted(p for p, m in snap.assignment.items() if m == "c2")
+    orphans = sorted(p for p, m in b.snapshot(run.spec).assignment.items() if m == "c2")
     t_kill = time.time()
-    c2.send_signal(signal.SIGKILL)
-    c2.wait()
-    # watch the group: member key gone (lease expiry) → assignment → claims
-    marks: dict[str, float] = {}
+    run.procs["c2"].send_signal(signal.SIGKILL)
+    run.procs["c2"].wait()
+    marks: dict[str, float] = {}  # member key gone (lease expiry) → reassigned → claimed
     deadline = time.monotonic() + ttl + 60
     while time.monotonic() < deadline and "claimed" not in marks:
-        try:
-            s = b.snapshot(spec)
-        except Exception:
-            time.sleep(0.05)
-            continue
-        now = time.time()
-        if "member_gone" not in marks and "c2" not in s.members:
-            marks["member_gone"] = now - t_kill
-        if "assigned" not in marks and all(s.assignment.get(p) == "c1" for p in orphans):
-            marks["assigned"] = now - t_kill
-        if "claimed" not in marks and all(
-            p in s.claims and s.claims[p].member == "c1" for p in orphans
-        ):
-            marks["claimed"] = now - t_kill
+        with contextlib.suppress(Exception):
+            s, now = b.snapshot(run.spec), time.time() - t_kill
+            if "c2" not in s.members:
+                marks.setdefault("member_gone", now)
+            if all(s.assignment.get(p) == "c1" for p in orphans):
+                marks.setdefault("assigned", now)
+            if all(p in s.claims and s.claims[p].member == "c1" for p in orphans):
+                marks.setdefault("claimed", now)
         time.sleep(0.02)
     time.sleep(dwell)
-    confirmed = load.finish()
-    drained = wait_handled(paths, confirmed, 60)
-    b.stop([c1, coord])
-    recs = read_records(paths)
+    records, summary = run.finish()
     first: dict[int, float] = {}
-    for r in recs:
-        if r.member == "c1" and r.partition in orphans and r.start > t_kill:
-            first.setdefault(r.partition, r.start - t_kill)
-    stats = order_stats(recs, confirmed)
-    b.drop(spec)
-    return {"queue_type": queue_type, "ttl": ttl, "stream": spec.name, "orphans": orphans,
-            "failover": first, "marks": marks, "published": len(confirmed),
-            "drained": drained, "order": stats}  # fmt: skip
+    for r in records:
+        if r["member"] == "c1" and r["partition"] in orphans and r["start"] > t_kill:
+            first[r["partition"]] = min(first.get(r["partition"], math.inf), r["start"] - t_kill)
+    return summary | {"ttl": ttl, "orphans": orphans, "failover": first, "marks": marks}
 
 
-# -- 3. throughput: partq consumer vs raw pika ------------------------------------------
+def retry(b: Bench, queue_type: str, rate: float, seconds: float) -> dict[str, Any]:
+    """One consumer whose handler fails the first attempt of 1 message in 50."""
+    run = Run(b, "retry", queue_type, ["c1"], rate, PARTQ_BENCH_FAIL_EVERY="50")
+    time.sleep(seconds)
+    return run.finish(timeout=90)[1]
+
+
+def broker_restart(
+    b: Bench, rabbit: PrivateRabbit, queue_type: str, rate: float, dwell: float
+) -> dict[str, Any]:
+    """A graceful stop and start of the (private) broker under load."""
+    run = Run(b, "restart", queue_type, ["c1", "c2"], rate, amqp=rabbit.url)
+    time.sleep(dwell)
+    t = time.time()
+    rabbit.stop()
+    down = time.time() - t
+    up = rabbit.start()
+    time.sleep(dwell * 2)
+    records, summary = run.finish()
+    resumed = min((r["start"] for r in records if r["start"] > t + down), default=math.nan) - t
+    return summary | {"stop_s": down, "start_s": up, "resumed_after_s": resumed}
+
+
+# -- throughput: partq consumer vs raw pika ---------------------------------------------
 
 
 def prefill(spec: StreamSpec, n: int, size: int) -> float:
-    body = b"x" * size
     t = time.monotonic()
     with Producer(spec, amqp_url=AMQP, window=1000) as prod:
-        futs = [prod.publish(f"key-{i % 10000}", body) for i in range(n)]
+        futures = [prod.publish(f"key-{i % 10000}", b"x" * size) for i in range(n)]
         prod.flush(600)
-    bad = sum(1 for f in futs if f.exception() is not None)
-    assert bad == 0, f"{bad} prefill publishes failed"
+    assert not [f for f in futures if f.exception() is not None], "prefill publishes failed"
     return n / (time.monotonic() - t)
 
 
 def metric_handled(port: int) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-        text = r.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("partq_consumer_messages_handled_total{") and '"ok"' in line
-    )
+        lines = r.read().decode().splitlines()
+    prefix = "partq_consumer_messages_handled_total{"
+    return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith(prefix) and '"ok"' in x)
 
 
 def run_partq(b: Bench, spec: StreamSpec, n: int, prefetch: int) -> dict[str, float]:
     port = free_port()
     coord = b.coordinator(spec, settle=0.2)
     t0 = time.time()
-    c = b.consumer(spec, "tp1", None, prefetch=prefetch, handler=NOOP_HANDLER, http_port=port)
+    c = b.consumer(
+        spec, "tp1", b.dir / "none.jsonl", prefetch=prefetch, handler=NOOP_HANDLER, http_port=port
+    )
     t_first = t_done = None
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
+    while time.monotonic() < deadline and t_done is None:
+        got = 0.0
+        with contextlib.suppress(Exception):
             got = metric_handled(port)
-        except Exception:
-            got = 0
         now = time.time()
-        if got > 0 and t_first is None:
-            t_first = now
-        if got >= n:
-            t_done = now
-            break
+        t_first = t_first or (now if got > 0 else None)
+        t_done = now if got >= n else None
         if c.poll() is not None:
             raise RuntimeError(f"partq consumer exited with {c.returncode}")
         time.sleep(0.05)
@@ -472,11 +379,11 @@ conn.close()
 def run_raw(spec: StreamSpec, n: int, prefetch: int) -> dict[str, float]:
     queues = [spec.queue(p) for p in range(spec.partitions)]
     t0 = time.time()
-    out = subprocess.run([sys.executable, "-c", RAW, AMQP, str(n), str(prefetch), *queues],
-                         capture_output=True, text=True, timeout=600, check=True)  # fmt: skip
+    argv = [sys.executable, "-c", RAW, AMQP, str(n), str(prefetch), *queues]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    return {"rate": n / (r["done"] - r["first"]), "total_s": r["done"] - t0,
-            "startup_s": r["first"] - t0}  # fmt: skip
+    rate = n / (r["done"] - r["first"])
+    return {"rate": rate, "total_s": r["done"] - t0, "startup_s": r["first"] - t0}
 
 
 def throughput(b: Bench, n: int, size: int) -> list[dict[str, Any]]:
@@ -487,55 +394,28 @@ def throughput(b: Bench, n: int, size: int) -> list[dict[str, Any]]:
             for impl in ("raw", "partq"):
                 spec = b.stream(f"tp-{impl}", 8, queue_type)
                 row[f"{impl}_publish_rate"] = prefill(spec, n, size)
-                res = (
+                measure = (
                     run_partq(b, spec, n, prefetch)
                     if impl == "partq"
                     else run_raw(spec, n, prefetch)
                 )
-                row[impl] = res
-                log(f"throughput {queue_type} prefetch={prefetch} {impl}: {res['rate']:.0f} msg/s")
+                row[impl] = measure
+                log(
+                    f"throughput {queue_type} prefetch={prefetch} {impl}: {measure['rate']:.0f} msg/s"
+                )
                 b.drop(spec)
             row["ratio"] = row["partq"]["rate"] / row["raw"]["rate"]
             rows.append(row)
     return rows
 
 
-# -- 4a. handler retry ------------------------------------------------------------------
-
-
-def retry(b: Bench, queue_type: str, rate: float, seconds: float) -> dict[str, Any]:
-    spec = b.stream("retry", 12, queue_type)
-    recdir = b.dir / spec.name
-    recdir.mkdir()
-    paths = [recdir / "c1.rec"]
-    coord = b.coordinator(spec)
-    c1 = b.consumer(spec, "c1", paths[0], PARTQ_BENCH_FAIL_EVERY="50")
-    assert b.settled(spec, ["c1"], 60)
-    load = Load(spec, rate)
-    load.start()
-    time.sleep(seconds)
-    confirmed = load.finish()
-    drained = wait_handled(paths, confirmed, 90)
-    b.stop([c1, coord])
-    stats = order_stats(read_records(paths), confirmed)
-    b.drop(spec)
-    return {
-        "queue_type": queue_type,
-        "published": len(confirmed),
-        "drained": drained,
-        "order": stats,
-    }
-
-
-# -- 4b. broker restart on a private RabbitMQ node --------------------------------------
+# -- a private RabbitMQ node, for the broker restart ----------------------------------------
 
 
 class PrivateRabbit:
     def __init__(self, base: Path) -> None:
         self.base = base
-        self.port = free_port()
-        self.dist = free_port()
-        self.epmd = free_port()
+        self.port, dist, self.epmd = free_port(), free_port(), free_port()
         self.node = f"partqbench{self.port}@localhost"
         for d in ("home", "mnesia", "log"):
             (base / d).mkdir(parents=True, exist_ok=True)
@@ -547,7 +427,7 @@ class PrivateRabbit:
             **os.environ,
             "RABBITMQ_NODENAME": self.node,
             "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(self.dist),
+            "RABBITMQ_DIST_PORT": str(dist),
             "ERL_EPMD_PORT": str(self.epmd),
             "HOME": str(base / "home"),
             "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
@@ -564,9 +444,12 @@ class PrivateRabbit:
         t = time.monotonic()
         with open(self.base / "server.out", "ab") as out:
             self.process = subprocess.Popen(
-                ["/usr/lib/rabbitmq/bin/rabbitmq-server"], env=self.env, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                ["/usr/lib/rabbitmq/bin/rabbitmq-server"],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         while time.monotonic() - t < timeout:
             if self.process.poll() is not None:
                 raise RuntimeError(f"private RabbitMQ exited; see {self.base / 'server.out'}")
@@ -577,14 +460,11 @@ class PrivateRabbit:
                 time.sleep(0.3)
         raise RuntimeError("private RabbitMQ did not accept connections")
 
-    def ctl(self, *args: str) -> None:
-        subprocess.run(["/usr/lib/rabbitmq/bin/rabbitmqctl", "-n", self.node, *args],
-                       env=self.env, capture_output=True, timeout=120, check=False)  # fmt: skip
-
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        self.ctl("stop")
+        ctl = ["/usr/lib/rabbitmq/bin/rabbitmqctl", "-n", self.node, "stop"]
+        subprocess.run(ctl, env=self.env, capture_output=True, timeout=120, check=False)
         try:
             self.process.wait(60)
         except subprocess.TimeoutExpired:
@@ -593,155 +473,135 @@ class PrivateRabbit:
 
     def stop_epmd(self) -> None:
         # the epmd this node's first start spawned listens on our private port: end it by pid
-        out = subprocess.run(["ss", "-ltnpH", f"sport = :{self.epmd}"], capture_output=True,
-                             text=True, check=False).stdout  # fmt: skip
+        ss = ["ss", "-ltnpH", f"sport = :{self.epmd}"]
+        out = subprocess.run(ss, capture_output=True, text=True, check=False).stdout
         for pid in {int(m) for m in re.findall(r"pid=(\d+)", out)}:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
 
 
-def broker_restart(
-    b: Bench, rabbit: PrivateRabbit, queue_type: str, rate: float, dwell: float
-) -> dict[str, Any]:
-    spec = b.stream("restart", 12, queue_type, amqp=rabbit.url)
-    recdir = b.dir / spec.name
-    recdir.mkdir()
-    paths = [recdir / "c1.rec", recdir / "c2.rec"]
-    coord = b.coordinator(spec, amqp=rabbit.url)
-    cons = [b.consumer(spec, f"c{i}", paths[i - 1], amqp=rabbit.url) for i in (1, 2)]
-    assert b.settled(spec, ["c1", "c2"], 60)
-    load = Load(spec, rate, amqp=rabbit.url)
-    load.start()
-    time.sleep(dwell)
-    t = time.time()
-    rabbit.stop()
-    down = time.time() - t
-    up = rabbit.start()
-    time.sleep(dwell * 2)
-    confirmed = load.finish()
-    drained = wait_handled(paths, confirmed, 60)
-    recs = read_records(paths)
-    resumed = min((r.start for r in recs if r.start > t + down), default=float("nan")) - t
-    b.stop([*cons, coord])
-    stats = order_stats(recs, confirmed)
-    b.drop(spec, amqp=rabbit.url)
-    return {"queue_type": queue_type, "published": len(confirmed), "drained": drained,
-            "stop_s": down, "start_s": up, "resumed_after_s": resumed, "order": stats}  # fmt: skip
-
-
 # -- report -----------------------------------------------------------------------------
 
 
-def fmt_ms(x: float) -> str:
+def ms(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x * 1000:.0f} ms"
 
 
+def table(header: str, rows: Iterable[str]) -> list[str]:
+    """A Markdown table from ``"a | b"`` strings."""
+    return [
+        f"| {header} |",
+        "|" + "---|" * (header.count("|") + 1),
+        *(f"| {r} |" for r in rows),
+        "",
+    ]
+
+
 def render(res: dict[str, Any], meta: dict[str, Any]) -> str:
+    nan, pct = math.nan, audit.percentile
     L = [SECTION, ""]
-    L.append(f"Command: `{meta['command']}` — run {meta['date']} on RabbitMQ {meta['rabbitmq']}, "
-             f"etcd {meta['etcd']} (private, LocalEtcd), Python {meta['python']}, partq at "
-             f"{meta.get('commit', '?')}; "
-             f"**2 cores, shared** with other engineers' concurrent test runs, so absolute numbers "
-             f"are noisy; ratios are measured within one run. Consumers and coordinators are "
-             f"`partq` subprocesses (coordinator `--settle 1`), handled messages are recorded by "
-             f"`benchmarks.recording:record` (member, partition, key, seq, start, end).")  # fmt: skip
-    L.append("")
+    L += [
+        f"Command: `{meta['command']}` — run {meta['date']} on RabbitMQ {meta['rabbitmq']}, etcd {meta['etcd']} (private, LocalEtcd), Python {meta['python']}, partq at {meta.get('commit', '?')}; **2 cores, shared** with other engineers' concurrent test runs, so absolute numbers are noisy; ratios are measured within one run. Consumers and coordinators are `partq` subprocesses (coordinator `--settle 1`); every handling is recorded by `consumers.examples:record_handler` (member, partition, key, seq, pid, start, end) and judged by `consumers.audit`, the recorder and checker of `partq demo` and the invariant tests.",
+        "",
+    ]
     if "handoff" in res:
         L += ["### Handoff gap on planned scale-out (1 → 2 → 3 consumers, P = 12)", ""]
-        L.append(f"Producer: SDK, {meta['rate']:.0f} msg/s, 100 keys, continuous. Gap = old owner's "
-                 f"last handling (ack) of the partition → new owner's first handling of it. "
-                 f"At this rate a partition gets a message every ≈ {12000 / meta['rate']:.0f} ms, "
-                 f"which bounds the gap's resolution.")  # fmt: skip
-        L += ["", "| queue type | runs | moved partitions | p50 | p99 | max | min | scale step settled after (s) |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        L += [
+            f"Producer: SDK, {meta['rate']:.0f} msg/s, 100 keys, continuous. Gap = old owner's last handling (ack) of the partition → new owner's first handling of it (`audit.handoff_gaps`). At this rate a partition gets a message every ≈ {12000 / meta['rate']:.0f} ms, which bounds the gap's resolution.",
+            "",
+        ]
+        rows = []
         for qt in ("quorum", "classic"):
-            runs = [r for r in res["handoff"] if r["queue_type"] == qt]
-            if not runs:
-                continue
-            gaps = [m["gap"] for r in runs for m in r["moves"]]
-            settle = ", ".join(f"{s['settled_after']:.1f}" if s["settled_after"] else "never"
-                               for r in runs for s in r["steps"])  # fmt: skip
-            L.append(f"| {qt} | {len(runs)} | {len(gaps)} | {fmt_ms(pct(gaps, 50))} | "
-                     f"{fmt_ms(pct(gaps, 99))} | {fmt_ms(max(gaps, default=float('nan')))} | "
-                     f"{fmt_ms(min(gaps, default=float('nan')))} | {settle} |")  # fmt: skip
-        L += ["", "(Expected moves per run: 6 at 1→2 and 4 at 2→3 = 10; a negative min would mean "
-              "two members handled one partition at once.)", ""]  # fmt: skip
+            if runs := [r for r in res["handoff"] if r["queue_type"] == qt]:
+                gaps = [g for r in runs for g in r["gaps"]]
+                steps = [s["settled_after"] for r in runs for s in r["steps"]]
+                settle = ", ".join(f"{s:.1f}" if s else "never" for s in steps)
+                rows.append(
+                    f"{qt} | {len(runs)} | {len(gaps)} | {ms(pct(gaps, 50))} | {ms(pct(gaps, 99))} | {ms(max(gaps, default=nan))} | {ms(min(gaps, default=nan))} | {settle}"
+                )
+        L += table(
+            "queue type | runs | moved partitions | p50 | p99 | max | min | scale step settled after (s)",
+            rows,
+        )
+        overlaps = sum(r["order"]["overlaps"] for r in res["handoff"])
+        L += [
+            f"(Expected moves per run: 6 at 1→2 and 4 at 2→3 = 10. Moments when two members handled one partition at once (`audit.overlaps`): {overlaps}.)",
+            "",
+        ]
     if "failover" in res:
         L += ["### Failover after `kill -9` of one of 2 consumers (P = 12)", ""]
         L += [
-            "Failover = kill instant → survivor's first handling of each orphaned partition. "
-            "Member gone = the victim's member key disappeared (lease expiry); assigned / "
-            "claimed = the leader reassigned all orphans / the survivor claimed them all.",
+            "Failover = kill instant → survivor's first handling of each orphaned partition. Member gone = the victim's member key disappeared (lease expiry); assigned / claimed = the leader reassigned all orphans / the survivor claimed them all.",
             "",
         ]
-        L += ["| queue type | TTL | runs | orphaned partitions | failover p50 | max | member gone | assigned | claimed | failover − TTL (p50) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
         for r in res["failover"]:
             groups[(r["queue_type"], r["ttl"])].append(r)
+        rows = []
         for (qt, ttl), runs in sorted(groups.items()):
             fo = [v for r in runs for v in r["failover"].values()]
-            missing = sum(len(r["orphans"]) - len(r["failover"]) for r in runs)
-
-            def mark(k: str, runs: list[dict[str, Any]] = runs) -> str:
-                v = [r["marks"][k] for r in runs if k in r["marks"]]
-                return "/".join(f"{x:.1f} s" for x in v) if v else "never"
-
-            L.append(f"| {qt} | {ttl} s | {len(runs)} | {sum(len(r['orphans']) for r in runs)}"
-                     f"{f' ({missing} never handled)' if missing else ''} | "
-                     f"{pct(fo, 50):.2f} s | {max(fo, default=float('nan')):.2f} s | {mark('member_gone')} | "
-                     f"{mark('assigned')} | {mark('claimed')} | {pct(fo, 50) - ttl:+.2f} s |")  # fmt: skip
-        L.append("")
+            orphans = sum(len(r["orphans"]) for r in runs)
+            missing = orphans - sum(len(r["failover"]) for r in runs)
+            marks = " | ".join(
+                "/".join(f"{r['marks'][k]:.1f} s" for r in runs if k in r["marks"]) or "never"
+                for k in ("member_gone", "assigned", "claimed")
+            )
+            rows.append(
+                f"{qt} | {ttl} s | {len(runs)} | {orphans}{f' ({missing} never handled)' if missing else ''} | {pct(fo, 50):.2f} s | {max(fo, default=nan):.2f} s | {marks} | {pct(fo, 50) - ttl:+.2f} s"
+            )
+        L += table(
+            "queue type | TTL | runs | orphaned partitions | failover p50 | max | member gone | assigned | claimed | failover − TTL (p50)",
+            rows,
+        )
     if "throughput" in res:
         L += ["### Consumer throughput: partq (no-op handler) vs raw pika, same run", ""]
-        L += [f"{meta['n']:,} × {meta['size']} B persistent messages pre-filled with the SDK into a "
-              f"fresh P = 8 stream for each measurement; one consumer process; rate = messages / "
-              f"(last handled − first handled). Raw pika: `BlockingConnection`, one channel per "
-              f"partition queue with `basic_qos(prefetch)`, `basic_consume`, manual `basic_ack` "
-              f"per message. partq: `partq consume --handler consumers.examples:noop_handler "
-              f"--prefetch N`, counted from its `/metrics`.", ""]  # fmt: skip
-        L += ["| queue type | prefetch | raw pika msg/s | partq msg/s | ratio partq/raw | partq startup → first message |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
-        for r in res["throughput"]:
-            L.append(f"| {r['queue_type']} | {r['prefetch']} | {r['raw']['rate']:,.0f} | "
-                     f"{r['partq']['rate']:,.0f} | **{r['ratio']:.2f}** | {r['partq']['startup_s']:.1f} s |")  # fmt: skip
-        L.append("")
+        L += [
+            f"{meta['n']:,} × {meta['size']} B persistent messages pre-filled with the SDK into a fresh P = 8 stream for each measurement; one consumer process; rate = messages / (last handled − first handled). Raw pika: `BlockingConnection`, one channel per partition queue with `basic_qos(prefetch)`, `basic_consume`, manual `basic_ack` per message. partq: `partq consume --handler consumers.examples:noop_handler --prefetch N`, counted from its `/metrics`.",
+            "",
+        ]
+        rows = [
+            f"{r['queue_type']} | {r['prefetch']} | {r['raw']['rate']:,.0f} | {r['partq']['rate']:,.0f} | **{r['ratio']:.2f}** | {r['partq']['startup_s']:.1f} s"
+            for r in res["throughput"]
+        ]
+        L += table(
+            "queue type | prefetch | raw pika msg/s | partq msg/s | ratio partq/raw | partq startup → first message",
+            rows,
+        )
     L += ["### Per-key ordering by queue type × event (measured)", ""]
-    L += ["Cells: order violations (a key's seq lower than one already handled, among first "
-          "handlings) / duplicates (extra successful handlings) / lost, out of messages "
-          "published in that run.", ""]  # fmt: skip
-    L += ["| queue type | planned handoff | consumer crash (kill -9) | handler retry (1 in 50 fails once) | broker restart |",
-          "|---|---|---|---|---|"]  # fmt: skip
+    L += [
+        "Cells: order violations (`audit.order_violations`: a key's seq lower than one already handled, among first handlings) / duplicates (extra handlings) / lost (`audit.lost`), out of messages published in that run.",
+        "",
+    ]
 
-    def cell(runs: list[dict[str, Any]]) -> str:
-        if not runs:
-            return "not measured"
-        v = sum(r["order"]["violations"] for r in runs)
-        d = sum(r["order"]["duplicates"] for r in runs)
-        lost = sum(r["order"]["lost"] for r in runs)
-        n = sum(r["published"] for r in runs)
-        return f"{v} / {d} / {lost} of {n:,}"
+    def cell(event: str, qt: str) -> str:
+        if not (runs := [r for r in res.get(event, []) if r["queue_type"] == qt]):
+            return (
+                f"not measured ({res.get('restart_error', 'not run')})"
+                if event == "restart"
+                else "not measured"
+            )
+        v, d, lost = (
+            sum(r["order"][k] for r in runs) for k in ("violations", "duplicates", "lost")
+        )
+        return f"{v} / {d} / {lost} of {sum(r['published'] for r in runs):,}"
 
-    for qt in ("classic", "quorum"):
-        row = [qt]
-        for ev in ("handoff", "failover", "retry", "restart"):
-            runs = [r for r in res.get(ev, []) if r["queue_type"] == qt]
-            if ev == "restart" and not runs:
-                row.append(f"not measured ({res.get('restart_error', 'not run')})")
-            else:
-                row.append(cell(runs))
-        L.append("| " + " | ".join(row) + " |")
-    L.append("")
+    rows = [
+        " | ".join([qt, *(cell(e, qt) for e in ("handoff", "failover", "retry", "restart"))])
+        for qt in ("classic", "quorum")
+    ]
+    L += table(
+        "queue type | planned handoff | consumer crash (kill -9) | handler retry (1 in 50 fails once) | broker restart",
+        rows,
+    )
     if res.get("restart"):
-        L.append("Broker restart: a private node (same installation, own node name/ports/mnesia), "
-                 "graceful `rabbitmqctl stop` then start, with 2 consumers and the producer "
-                 "running; " + "; ".join(
-                     f"{r['queue_type']}: stop {r['stop_s']:.1f} s, start {r['start_s']:.1f} s, "
-                     f"first handling {r['resumed_after_s']:.1f} s after the stop began"
-                     for r in res["restart"]) + ".")  # fmt: skip
-        L.append("")
-    if meta.get("notes"):
-        L += meta["notes"] + [""]
+        restarts = "; ".join(
+            f"{r['queue_type']}: stop {r['stop_s']:.1f} s, start {r['start_s']:.1f} s, first handling {r['resumed_after_s']:.1f} s after the stop began"
+            for r in res["restart"]
+        )
+        L += [
+            f"Broker restart: a private node (same installation, own node name/ports/mnesia), graceful `rabbitmqctl stop` then start, with 2 consumers and the producer running; {restarts}.",
+            "",
+        ]
     return "\n".join(L)
 
 
@@ -760,12 +620,11 @@ def write_section(path: Path, text: str) -> None:
         kept = lines[notes:end]
         body = text.rstrip("\n").splitlines() + (["", *kept] if kept else []) + [""]
         new = "\n".join(lines[:start] + body + lines[end:]).rstrip("\n") + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(new)
 
 
 def versions() -> dict[str, str]:
-    def run(cmd: list[str]) -> str:
+    def run(*cmd: str) -> str:
         try:
             return subprocess.run(
                 cmd, capture_output=True, text=True, timeout=60, check=False
@@ -773,12 +632,12 @@ def versions() -> dict[str, str]:
         except Exception:
             return "?"
 
-    etcd = run(["etcd", "--version"]).splitlines()
-    dirty = run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
+    etcd = run("etcd", "--version").splitlines()
+    dirty = run("git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no")
+    commit = run("git", "-C", str(REPO), "rev-parse", "--short", "HEAD")
     return {
-        "commit": run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
-        + (" (with uncommitted changes)" if dirty else ""),
-        "rabbitmq": run(["rabbitmqctl", "version"]) or "?",
+        "commit": commit + (" (with uncommitted changes)" if dirty else ""),
+        "rabbitmq": run("rabbitmqctl", "version") or "?",
         "etcd": etcd[0].split()[-1] if etcd else "?",
         "python": sys.version.split()[0],
     }
@@ -795,21 +654,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
     reps = 1 if args.quick else 3
-    n = 20_000 if args.quick else 100_000
-    size = 200
-    dwell = 3.0
+    n, size, dwell = (20_000 if args.quick else 100_000), 200, 3.0
     workdir = Path(tempfile.mkdtemp(prefix="partq-bench-groups-"))
     log(f"work dir {workdir}")
-    meta: dict[str, Any] = {
-        "command": ".venv/bin/python -m benchmarks.groups" + (" --quick" if args.quick else "")
-        + (f" --only {args.only}" if args.only != ap.get_default("only") else ""),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "rate": args.rate, "n": n, "size": size, "notes": [], **versions(),
-    }  # fmt: skip
+    command = ".venv/bin/python -m benchmarks.groups" + (" --quick" if args.quick else "")
+    command += f" --only {args.only}" if args.only != ap.get_default("only") else ""
+    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    meta = {"command": command, "date": date, "rate": args.rate, "n": n, "size": size, **versions()}
     res: dict[str, Any] = {}
     rabbit: PrivateRabbit | None = None
 
-    def checkpoint() -> None:  # a hung later phase still leaves what was measured
+    def keep(event: str, r: Any) -> None:  # a hung later phase still leaves what was measured
+        res.setdefault(event, []).append(r)
+        log(f"{event}: {json.dumps(r, default=str)}")
         (workdir / "results.json").write_text(
             json.dumps({"meta": meta, "results": res}, indent=1, default=str)
         )
@@ -819,60 +676,34 @@ def main(argv: list[str] | None = None) -> int:
     with LocalEtcd() as etcd:
         b = Bench(etcd, workdir)
         try:
-            if "handoff" in only:
-                res["handoff"] = []
-                for qt in ("quorum", "classic"):
-                    for i in range(reps):
-                        r = handoff(b, qt, args.rate, dwell)
-                        g = [m["gap"] for m in r["moves"]]
-                        log(f"handoff {qt} #{i + 1}: {len(g)} moves, gaps ms "
-                            f"{sorted(round(x * 1000) for x in g)} order {r['order']}")  # fmt: skip
-                        res["handoff"].append(r)
-                        checkpoint()
-            if "failover" in only:
-                res["failover"] = []
-                for qt in ("quorum", "classic"):
-                    for ttl in (2, 5):
-                        for i in range(max(1, reps - 1)):
-                            r = failover(b, qt, ttl, args.rate, dwell)
-                            log(f"failover {qt} ttl={ttl} #{i + 1}: {r['failover']} marks "
-                                f"{r['marks']} order {r['order']}")  # fmt: skip
-                            res["failover"].append(r)
-                            checkpoint()
-            if "retry" in only:
-                res["retry"] = []
-                for qt in ("quorum", "classic"):
-                    r = retry(b, qt, args.rate, 5.0)
-                    log(f"retry {qt}: order {r['order']}")
-                    res["retry"].append(r)
-                    checkpoint()
+            for qt in ("quorum", "classic") if "handoff" in only else ():
+                for _ in range(reps):
+                    keep("handoff", handoff(b, qt, args.rate, dwell))
+            for qt in ("quorum", "classic") if "failover" in only else ():
+                for ttl in (2, 5):
+                    for _ in range(max(1, reps - 1)):
+                        keep("failover", failover(b, qt, ttl, args.rate, dwell))
+            for qt in ("quorum", "classic") if "retry" in only else ():
+                keep("retry", retry(b, qt, args.rate, 5.0))
             if "restart" in only:
-                res["restart"] = []
                 try:
                     rabbit = PrivateRabbit(workdir / "rabbit")
                     log(
                         f"private RabbitMQ {rabbit.node} on {rabbit.port} started in {rabbit.start():.1f}s"
                     )
                     for qt in ("quorum", "classic"):
-                        r = broker_restart(b, rabbit, qt, args.rate, dwell)
-                        log(f"restart {qt}: {r}")
-                        res["restart"].append(r)
-                        checkpoint()
+                        keep("restart", broker_restart(b, rabbit, qt, args.rate, dwell))
                 except Exception as e:
                     res["restart_error"] = f"{type(e).__name__}: {e}"
                     log(f"broker restart not measured: {e!r}")
-                    checkpoint()
             if "throughput" in only:
-                res["throughput"] = throughput(b, n, size)
-                checkpoint()
+                for row in throughput(b, n, size):
+                    keep("throughput", row)
         finally:
-            b.stop_all()
+            b.stop(b.procs, timeout=15)
             if rabbit is not None:
                 rabbit.stop()
                 rabbit.stop_epmd()
-    (workdir / "results.json").write_text(
-        json.dumps({"meta": meta, "results": res}, indent=1, default=str)
-    )
     text = render(res, meta)
     print(text)
     if not args.no_write:
