@@ -130,22 +130,22 @@ class Partitions:
         state = self.states[partition]
         assigned = self.mirror.assignment.get(partition) == self.member and not self.leaving
         if assigned != state.assigned:
-            self.process(_Step(partition, Event.ASSIGNED if assigned else Event.UNASSIGNED))
+            self._process(_Step(partition, Event.ASSIGNED if assigned else Event.UNASSIGNED))
         holder = self._holder(partition)
         if holder is not self.states[partition].holder:
             if holder is Holder.NOBODY:
                 self.freed_at[partition] = time.time()
-                self.process(_Step(partition, Event.CLAIM_FREE))
+                self._process(_Step(partition, Event.CLAIM_FREE))
             elif holder is Holder.OTHER:
-                self.process(_Step(partition, Event.CLAIM_OTHER))
+                self._process(_Step(partition, Event.CLAIM_OTHER))
 
     def handoff(self, partition: int, event: Event) -> None:
         """An event of one partition from the broker (subscribed, drained, channel lost)."""
-        self.process(_Step(partition, event))
+        self._process(_Step(partition, event))
 
     def release(self, partition: int) -> None:
         """Try releasing the claim again (it failed while etcd was away)."""
-        self.process(_Do(partition, Command.RELEASE))
+        self._process(_Do(partition, Command.RELEASE))
 
     def abandon(self, partition: int) -> None:
         """Its worker failed: nothing is handled or drained there any more."""
@@ -173,7 +173,7 @@ class Partitions:
 
     # -- the work list -------------------------------------------------------------------
 
-    def process(self, first: _Step | _Do) -> None:
+    def _process(self, first: _Step | _Do) -> None:
         """Step and carry out, in order, until nothing follows."""
         work: collections.deque[_Step | _Do] = collections.deque([first])
         while work:
