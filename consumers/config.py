@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass
 
 from coordinator.group import validate_member_id
+from kernel import __version__
 
 __all__ = [
     "DEFAULT_HANDLER_TIMEOUT",
@@ -43,7 +44,7 @@ class ConsumerConfig:
     retry_backoff: float = 0.1
     drain_timeout: float = 20.0
     partitions: int | None = None  # expected partition count; refused if etcd differs
-    version: str = "0.1.0"
+    version: str = __version__  # of the installed partq (kernel.__version__)
     # Seconds a handler may run per message (None or 0: no limit). Past it the message is
     # dead-lettered and the member exits with EXIT_HANDLER_TIMEOUT (see the module docstring).
     handler_timeout: float | None = DEFAULT_HANDLER_TIMEOUT

@@ -171,8 +171,10 @@ class Group:
             if self.report and _reported.first(key, revision):
                 log.warning(
                     "malformed value at %s (revision %d): %s; ignoring it (treated as absent)",
-                    key, revision, bad.error,
-                )  # fmt: skip
+                    key,
+                    revision,
+                    bad.error,
+                )
                 metrics.MALFORMED_VALUES.labels(self.stream, kind).inc()
             return bad
 
@@ -267,8 +269,12 @@ class Group:
         with etcd_errors(self.where):
             remaining = self.client.get_lease_info(existing).TTL
         deadline = time.monotonic() + max(0, remaining) + 2  # TTL is truncated; expiry ticks
-        log.info("member id %s is held by lease %x for up to %ss: waiting", member_id, existing,
-                 remaining)  # fmt: skip
+        log.info(
+            "member id %s is held by lease %x for up to %ss: waiting",
+            member_id,
+            existing,
+            remaining,
+        )
         while existing is not None and (left := deadline - time.monotonic()) > 0:
             with etcd_errors(self.where), contextlib.suppress(etcd3.exceptions.WatchTimedOut):
                 self.client.watch_once(keys.member(self.stream, member_id), timeout=left)
@@ -287,10 +293,14 @@ class Group:
         key = keys.member(self.stream, member_id)
         value = codec.encode_member(
             Member(
-                id=member_id, weight=weight, host=socket.gethostname(), pid=os.getpid(),
-                version=version, started=time.time(),
+                id=member_id,
+                weight=weight,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                version=version,
+                started=time.time(),
             )
-        )  # fmt: skip
+        )
         ok, existing = self._put_if_absent(key, value, session, "member")
         if ok or existing is None or existing.lease_id == session.id:
             return None
