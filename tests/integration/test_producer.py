@@ -42,8 +42,8 @@ from producer import (
     StreamNotFound,
     StreamSpec,
     UsageError,
-    amqp,
     partition_for,
+    topology,
 )
 from producer.contract import HEADER_PARTITION, QueueType, decode_key
 from producer.registry import Registry
@@ -220,7 +220,7 @@ def test_create_stream_is_idempotent_and_leaves_queues_unchanged(
             channel.queue_declare(
                 spec.queue(p),
                 durable=True,
-                arguments=amqp.queue_arguments(spec),
+                arguments=topology.queue_arguments(spec),
             )
     finally:
         connection.close()
