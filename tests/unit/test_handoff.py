@@ -72,7 +72,7 @@ def test_no_subscribe_without_our_claim_and_no_release_without_drain(events: lis
         # and never release a partition that was being consumed without draining it,
         # unless the broker already dropped the channel (it requeued what was unacked)
         if Command.RELEASE in commands and before.phase is Phase.ACTIVE:
-            raise AssertionError(f"released an active partition on {event}")
+            assert event is Event.CHANNEL_LOST, f"released an active partition on {event}"
         if Command.RELEASE in commands and before.phase is Phase.DRAINING:
             assert event in (Event.DRAINED, Event.CHANNEL_LOST)
         # and cancel only what we consume
