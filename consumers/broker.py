@@ -44,7 +44,7 @@ import pika
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
-from kernel.amqp import connection_parameters
+from kernel.amqp import AmqpURL, connection_parameters
 from producer.contract import StreamSpec
 
 __all__ = ["END", "Broker", "Delivery"]
@@ -86,7 +86,7 @@ class _Subscription:
 class Broker(threading.Thread):
     def __init__(
         self,
-        url: str,
+        url: AmqpURL,
         spec: StreamSpec,
         *,
         prefetch: int,

@@ -48,7 +48,7 @@ from consumers.worker import HANDLER_TIMEOUT, DeadLetters, Worker
 from coordinator.group import Assignment, Claim, Group, WatchEvent, validate_member_id
 from coordinator.session import Session
 from kernel import logs
-from kernel.amqp import DEFAULT_AMQP_URL
+from kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
 from kernel.errors import EtcdUnavailable, StreamNotFound
 from producer.contract import StreamSpec
 from producer.registry import Registry
@@ -121,7 +121,7 @@ class Consumer:
         handler: Handler,
         config: ConsumerConfig,
         *,
-        amqp_url: str = DEFAULT_AMQP_URL,
+        amqp_url: AmqpURL = DEFAULT_AMQP_URL,
     ) -> None:
         self.registry = registry
         self.handler = handler

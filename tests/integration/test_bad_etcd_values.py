@@ -69,7 +69,7 @@ class Daemons:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PARTQ_")}
         env.update({
             "PARTQ_ETCD_ENDPOINTS": self.settings.etcd_endpoints,
-            "PARTQ_AMQP_URL": self.settings.amqp, "PYTHONPATH": str(ROOT),
+            "PARTQ_AMQP_URL": self.settings.amqp.url, "PYTHONPATH": str(ROOT),
         })  # fmt: skip
         return env
 

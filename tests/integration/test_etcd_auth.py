@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import queue
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from kernel.errors import (
 from kernel.etcd import connect, etcd_errors
 from kernel.local import EtcdTLS, LocalEtcd, free_port
 from kernel.settings import Settings
+from tests.pki import issue, make_ca
 
 pytestmark = [pytest.mark.integration]
 
@@ -54,49 +54,20 @@ class PKI:
     stranger: tuple[Path, Path]  # CN=partq, but signed by other_ca
 
 
-def _openssl(directory: Path, *args: str) -> None:
-    subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
-
-
-def _ca(directory: Path, name: str) -> tuple[Path, Path]:
-    _openssl(
-        directory, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-        "-nodes", "-days", "2", "-subj", f"/CN=partq test {name}",
-        "-keyout", f"{name}.key", "-out", f"{name}.crt",
-    )  # fmt: skip
-    return directory / f"{name}.crt", directory / f"{name}.key"
-
-
-def _issue(directory: Path, ca: str, name: str, cn: str, san: str) -> tuple[Path, Path]:
-    _openssl(
-        directory, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-        "-nodes", "-subj", f"/CN={cn}", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-    )  # fmt: skip
-    (directory / f"{name}.ext").write_text(
-        f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"
-    )
-    _openssl(
-        directory, "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey",
-        f"{ca}.key", "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
-        "-out", f"{name}.crt",
-    )  # fmt: skip
-    return directory / f"{name}.crt", directory / f"{name}.key"
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
     if shutil.which("openssl") is None:
         pytest.skip("the openssl CLI is not installed")
     d = tmp_path_factory.mktemp("pki")
-    ca, _ = _ca(d, "ca")
-    other, _ = _ca(d, "other-ca")
+    ca, _ = make_ca(d, "ca")
+    other, _ = make_ca(d, "other-ca")
     return PKI(
         ca=ca,
         other_ca=other,
-        server=_issue(d, "ca", "server", "localhost", "IP:127.0.0.1,DNS:localhost"),
-        root=_issue(d, "ca", "root", "root", "DNS:root"),
-        partq=_issue(d, "ca", "partq", "partq", "DNS:partq"),
-        stranger=_issue(d, "other-ca", "stranger", "partq", "DNS:partq"),
+        server=issue(d, "ca", "server", "localhost", "IP:127.0.0.1,DNS:localhost"),
+        root=issue(d, "ca", "root", "root", "DNS:root"),
+        partq=issue(d, "ca", "partq", "partq", "DNS:partq"),
+        stranger=issue(d, "other-ca", "stranger", "partq", "DNS:partq"),
     )
 
 
