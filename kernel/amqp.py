@@ -256,6 +256,7 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
         inner = getattr(e, "exception", None)  # pika's AMQPConnectorException wrappers
         if isinstance(inner, BaseException):
             todo.append(inner)
+        todo.extend(getattr(e, "exceptions", ()))  # AMQPConnectionWorkflowFailed
         for linked in (e.__cause__, e.__context__):
             if linked is not None:
                 todo.append(linked)
@@ -265,9 +266,16 @@ def unavailable(url: AmqpURL, error: BaseException) -> BrokerUnavailable:
     """One line saying why RabbitMQ at ``url`` could not be used, and what to set."""
     where = target(url)
     at = f"RabbitMQ at {redact_url(where.url)}"
-    text = " ".join(str(e) for e in _chain(error)) or type(error).__name__
-    detail = str(error) or type(error).__name__
-    for e in _chain(error):
+    chain = list(_chain(error))
+    text = " ".join(str(e) for e in chain) or type(error).__name__
+    detail = next(  # the first that says something, past pika's workflow wrappers
+        (str(e) for e in chain if str(e) and not _is_wrapper(e)), type(error).__name__
+    )
+
+    def found(kind: type[BaseException]) -> BaseException | None:
+        return next((e for e in chain if isinstance(e, kind)), None)
+
+    for e in chain:
         if isinstance(e, ssl.SSLCertVerificationError):
             if "Hostname mismatch" in str(e) or "IP address mismatch" in str(e):
                 return BrokerUnavailable(
@@ -279,7 +287,7 @@ def unavailable(url: AmqpURL, error: BaseException) -> BrokerUnavailable:
                 f"{at}: its server certificate is not trusted by {where.tls.trusted()}: "
                 f"{e.verify_message} (set PARTQ_AMQP_CA to the CA that signed it)"
             )
-    if isinstance(error, pika.exceptions.ProbableAuthenticationError) or (
+    if found(pika.exceptions.ProbableAuthenticationError) or (
         "ACCESS_REFUSED - Login was refused" in text
     ):
         how = (
@@ -288,16 +296,17 @@ def unavailable(url: AmqpURL, error: BaseException) -> BrokerUnavailable:
             else "check the user and password in PARTQ_AMQP_URL (or PARTQ_AMQP_PASSWORD_FILE)"
         )
         return BrokerUnavailable(f"{at}: authentication failed: {how}")
-    if isinstance(error, pika.exceptions.AuthenticationError):
+    if found(pika.exceptions.AuthenticationError):
         return BrokerUnavailable(f"{at}: authentication failed: {detail}")
-    if isinstance(error, pika.exceptions.ProbableAccessDeniedError):
+    if found(pika.exceptions.ProbableAccessDeniedError):
         vhost = unquote(urlsplit(where.url).path[1:] or "/")
         return BrokerUnavailable(
             f"{at}: permission denied on the virtual host {vhost!r}: it must exist and "
             f"the user needs permissions on it ({_reply_text(text)})"
         )
-    if isinstance(error, pika.exceptions.ChannelClosedByBroker) and error.reply_code == 403:
-        return BrokerUnavailable(f"{at}: permission denied: {error.reply_text}")
+    closed = found(pika.exceptions.ChannelClosedByBroker)
+    if isinstance(closed, pika.exceptions.ChannelClosedByBroker) and closed.reply_code == 403:
+        return BrokerUnavailable(f"{at}: permission denied: {closed.reply_text}")
     upper = text.upper()
     if any(alert in upper for alert in _CLIENT_CERT_ALERTS) and where.tls.cert is None:
         return BrokerUnavailable(
@@ -322,13 +331,11 @@ def unavailable(url: AmqpURL, error: BaseException) -> BrokerUnavailable:
             f"{where.tls.cert}: it must be signed by a CA RabbitMQ trusts and be current "
             f"({detail})"
         )
-    if isinstance(error, ssl.SSLError) or any(isinstance(e, ssl.SSLError) for e in _chain(error)):
+    if found(ssl.SSLError) or "SSLError" in text:
         return BrokerUnavailable(
             f"{at}: TLS failed: is this port a TLS listener (amqps://, usually 5671)? ({detail})"
         )
-    if not where.url.startswith("amqps://") and isinstance(
-        error, pika.exceptions.IncompatibleProtocolError
-    ):
+    if not where.url.startswith("amqps://") and found(pika.exceptions.IncompatibleProtocolError):
         return BrokerUnavailable(
             f"{at}: the connection was dropped at the protocol header: is this a TLS "
             f"port (then use amqps://)? ({detail})"
@@ -336,6 +343,10 @@ def unavailable(url: AmqpURL, error: BaseException) -> BrokerUnavailable:
     return BrokerUnavailable(
         f"cannot reach {at}: is it running? (set PARTQ_AMQP_URL or --amqp-url) ({detail})"
     )
+
+
+def _is_wrapper(error: BaseException) -> bool:
+    return type(error).__module__ == "pika.adapters.utils.connection_workflow"
 
 
 def _reply_text(text: str) -> str:

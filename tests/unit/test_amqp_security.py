@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import pika
 import pika.credentials
+import pika.exceptions
 import pytest
 
 from cli import main
@@ -23,6 +24,7 @@ from kernel.amqp import (
     connection_parameters,
     has_password,
     redact_url,
+    unavailable,
 )
 from kernel.errors import UsageError
 from kernel.settings import Settings
@@ -317,3 +319,30 @@ def test_a_password_in_amqp_url_argv_warns_and_is_never_printed(
 def test_no_warning_without_a_password(capsys: pytest.CaptureFixture[str]) -> None:
     main(["--amqp-url", "amqp://partq@h/%2F", "--amqp-cert", "/c.pem", "stream", "describe", "s"])
     assert "warning" not in capsys.readouterr().err
+
+
+# -- error translation of the asynchronous path (the producer's and consumers' loops) ----
+
+
+def _workflow_failed(inner: BaseException) -> BaseException:
+    from pika.adapters.utils import connection_workflow as cw
+
+    return cw.AMQPConnectionWorkflowFailed([cw.AMQPConnectorTransportSetupError(inner)])
+
+
+def test_a_wrapped_certificate_failure_still_names_the_ca_file(tmp_path: Path) -> None:
+    # Given the SelectConnection's report: a workflow failure wrapping the TLS error
+    error = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    error.verify_message = "unable to get local issuer certificate"
+    where = AmqpTarget(f"amqps://u:{SECRET}@h/%2F", AmqpTLS(ca=tmp_path / "ca.pem"))
+    # When it is translated, Then the certificate line names the CA file, not "is it running"
+    message = str(unavailable(where, _workflow_failed(error)))
+    assert f"not trusted by the CA file {tmp_path / 'ca.pem'}" in message
+    assert SECRET not in message
+
+
+def test_a_wrapped_authentication_failure_says_so() -> None:
+    error = pika.exceptions.ProbableAuthenticationError("ACCESS_REFUSED - Login was refused")
+    message = str(unavailable(f"amqp://u:{SECRET}@h/%2F", _workflow_failed(error)))
+    assert "authentication failed" in message
+    assert SECRET not in message
