@@ -31,6 +31,8 @@ class PrivateRabbit:
     ca: Path
     fail_if_no_peer_cert: bool = False
     name: str = "partqtls"
+    plugins: tuple[str, ...] = ()
+    extra_config: str = ""
     amqp_port: int = field(default_factory=free_port)
     tls_port: int = field(default_factory=free_port)
     dist_port: int = field(default_factory=free_port)
@@ -53,7 +55,6 @@ class PrivateRabbit:
             "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
             "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq"),  # .conf is appended
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
-            "RABBITMQ_ENABLED_PLUGINS": "",
             "ERL_EPMD_PORT": str(self.epmd_port),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
         }
@@ -62,7 +63,7 @@ class PrivateRabbit:
         d = self.directory
         d.mkdir(parents=True, exist_ok=True)
         (d / "rabbitmq-env.conf").write_text("")
-        (d / "enabled_plugins").write_text("[].\n")
+        (d / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
         (d / "rabbitmq.conf").write_text(
             f"listeners.tcp.1 = 127.0.0.1:{self.amqp_port}\n"
             f"listeners.ssl.1 = 127.0.0.1:{self.tls_port}\n"
@@ -75,6 +76,7 @@ class PrivateRabbit:
             "auth_mechanisms.2 = AMQPLAIN\n"
             "auth_mechanisms.3 = EXTERNAL\n"
             "loopback_users = none\n"
+            f"{self.extra_config}"
         )
         with (d / "server.out").open("wb") as log:  # the children keep their copies
             self._epmd = subprocess.Popen(

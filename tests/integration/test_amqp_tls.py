@@ -74,6 +74,9 @@ def _node(
         pki.ca,
         fail_if_no_peer_cert=require_cert,
         name=f"partqtls{uuid.uuid4().hex[:6]}",
+        # EXTERNAL: the client certificate's CN is the RabbitMQ user
+        plugins=("rabbitmq_auth_mechanism_ssl",) if require_cert else (),
+        extra_config="ssl_cert_login_from = common_name\n" if require_cert else "",
     )
     try:
         node.start()
@@ -215,6 +218,24 @@ def test_a_client_certificate_gets_in_where_one_is_required(
     tls = AmqpTLS(ca=pki.ca, cert=pki.client[0], key=pki.client[1])
     with blocking_connection(AmqpTarget(_url(strict_broker), tls)) as connection:
         assert connection.is_open
+
+
+def test_external_auth_logs_in_as_the_certificates_cn(
+    strict_broker: PrivateRabbit, pki: PKI
+) -> None:
+    # Given no password in the URL, a client certificate with CN=partq, and EXTERNAL auth
+    settings = Settings.load(
+        amqp_url=f"amqps://localhost:{strict_broker.tls_port}/%2F",
+        amqp_ca=pki.ca,
+        amqp_cert=pki.client[0],
+        amqp_key=pki.client[1],
+        amqp_external_auth=True,
+    )
+    # When a connection is made, Then RabbitMQ takes the certificate's CN as the user
+    with blocking_connection(settings.amqp) as connection:
+        connection.channel().queue_declare("", exclusive=True)
+        users = strict_broker.ctl("list_connections", "user", "auth_mechanism", "--quiet")
+    assert users.split()[-2:] == [USER, "EXTERNAL"]  # after the header line
 
 
 def test_an_unreachable_broker_is_still_is_it_running(pki: PKI) -> None:
