@@ -174,7 +174,11 @@ def _check_encoding(url: str) -> None:
     split = _split(url)
     if split is None or split[1] is None:
         return
-    if "@" not in urlsplit(url).netloc:  # the userinfo holds a raw / ? or #
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError as e:  # e.g. an unclosed "[" of an IPv6 host
+        raise UsageError(f"bad AMQP URL {redact_url(url)!r}: {e}") from None
+    if "@" not in netloc:  # the userinfo holds a raw / ? or #
         raise UsageError(
             f"the user or password in the AMQP URL {redact_url(url)!r} must be "
             "percent-encoded (/ as %2F, ? as %3F, # as %23, @ as %40, : as %3A, % as %25)"

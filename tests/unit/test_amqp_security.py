@@ -346,3 +346,9 @@ def test_a_wrapped_authentication_failure_says_so() -> None:
     message = str(unavailable(f"amqp://u:{SECRET}@h/%2F", _workflow_failed(error)))
     assert "authentication failed" in message
     assert SECRET not in message
+
+
+def test_an_unparseable_host_is_a_usage_error_without_the_password() -> None:
+    with pytest.raises(UsageError, match="bad AMQP URL") as caught:
+        connection_parameters(f"amqp://u:{SECRET}@[::1/%2F", name="t")
+    assert SECRET not in str(caught.value)
