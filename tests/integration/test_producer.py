@@ -42,9 +42,9 @@ from producer import (
     StreamNotFound,
     StreamSpec,
     UsageError,
-    amqp,
     partition_for,
 )
+from producer import topology as amqp
 from producer.contract import HEADER_PARTITION, QueueType, decode_key
 from producer.registry import Registry
 
