@@ -22,6 +22,7 @@ from cli.produce import produce
 from cli.spark import spark_job
 from cli.streams import stream
 from kernel import logs
+from kernel.amqp import has_password
 from kernel.errors import PartqError, UsageError
 
 __all__ = ["cli", "main"]
@@ -43,17 +44,39 @@ __all__ = ["cli", "main"]
 @click.option(
     "--etcd-key", type=click.Path(path_type=Path), help="etcd client key [PARTQ_ETCD_KEY]."
 )
-@click.option("--amqp-url", help="RabbitMQ URL [PARTQ_AMQP_URL].")
+@click.option(
+    "--amqp-url",
+    help="RabbitMQ URL, without a password: argv shows in `ps` "
+    "[PARTQ_AMQP_URL, PARTQ_AMQP_URL_FILE, PARTQ_AMQP_PASSWORD_FILE].",
+)
+@click.option(
+    "--amqp-ca", type=click.Path(path_type=Path), help="RabbitMQ CA file [PARTQ_AMQP_CA]."
+)
+@click.option(
+    "--amqp-cert",
+    type=click.Path(path_type=Path),
+    help="RabbitMQ client cert [PARTQ_AMQP_CERT].",
+)
+@click.option(
+    "--amqp-key", type=click.Path(path_type=Path), help="RabbitMQ client key [PARTQ_AMQP_KEY]."
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.version_option(package_name="partq")
 @click.pass_context
 def cli(ctx: click.Context, /, config: Path | None, debug: bool, **overrides: object) -> None:
     """partq: keyed, ordered, balanced consumer groups for RabbitMQ, coordinated in etcd.
 
-    Passwords come from the environment or the config file only
-    (PARTQ_ETCD_PASSWORD, or inside PARTQ_AMQP_URL).
+    Passwords come from the environment, files or the config file, never from flags:
+    PARTQ_ETCD_PASSWORD(_FILE), PARTQ_AMQP_PASSWORD_FILE, or inside PARTQ_AMQP_URL(_FILE).
     """
     logs.configure("DEBUG" if debug else "INFO")
+    url = overrides.get("amqp_url")
+    if isinstance(url, str) and has_password(url):
+        click.echo(
+            "partq: warning: --amqp-url holds a password, which other users can read in `ps`: "
+            "set PARTQ_AMQP_URL or PARTQ_AMQP_URL_FILE (or PARTQ_AMQP_PASSWORD_FILE) instead",
+            err=True,
+        )
     if not debug:  # a failure is partq's one line on stderr, not also the libraries' reports
         for library in logs.QUIET_LIBRARIES:
             logging.getLogger(library).setLevel(logging.CRITICAL)

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -26,6 +27,7 @@ from cli.context import Context, pass_context
 from consumers import audit
 from coordinator.admin import create_stream, delete
 from coordinator.group import Group
+from kernel.amqp import AmqpURL, target
 from kernel.local import LocalEtcd
 from kernel.settings import Settings
 from producer.contract import StreamSpec
@@ -45,7 +47,7 @@ def _wait(what: str, predicate: Callable[[], bool], timeout: float) -> None:
 
 
 def run_demo(
-    amqp_url: str,
+    amqp_url: AmqpURL,
     *,
     partitions: int = 12,
     keys: int = 40,
@@ -58,8 +60,15 @@ def run_demo(
     record = work / "handled.jsonl"
     stream = f"demo-{uuid.uuid4().hex[:6]}"
     processes: dict[str, subprocess.Popen[bytes]] = {}
+    amqp = target(amqp_url)
+    tls = {  # the children connect as this process does
+        f"PARTQ_AMQP_{name.upper()}": str(value)
+        for name, value in vars(amqp.tls).items()
+        if value not in (None, False)
+    }
     with LocalEtcd() as etcd:
-        settings = Settings.load(etcd_endpoints=etcd.endpoint, amqp_url=amqp_url)
+        overrides: dict[str, Any] = {k.removeprefix("PARTQ_").lower(): v for k, v in tls.items()}
+        settings = Settings.load(None, etcd_endpoints=etcd.endpoint, amqp_url=amqp.url, **overrides)
         registry = Registry.connect(settings)
         spec = StreamSpec(stream, partitions, "quorum")
         create_stream(registry, amqp_url, spec)
@@ -68,7 +77,8 @@ def run_demo(
         env = {
             **os.environ,
             "PARTQ_ETCD_ENDPOINTS": etcd.endpoint,
-            "PARTQ_AMQP_URL": amqp_url,
+            "PARTQ_AMQP_URL": amqp.url,
+            **tls,
             "PARTQ_RECORD": str(record),
         }
         exe = [sys.executable, "-m", "cli"]

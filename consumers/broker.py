@@ -44,7 +44,7 @@ import pika
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
-from kernel.amqp import connection_parameters
+from kernel.amqp import AmqpURL, connection_parameters
 from kernel.backoff import Backoff, Delays
 from producer.contract import StreamSpec
 
@@ -92,7 +92,7 @@ class _Subscription:
 class Broker(threading.Thread):
     def __init__(
         self,
-        url: str,
+        url: AmqpURL,
         spec: StreamSpec,
         *,
         prefetch: int,

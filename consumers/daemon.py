@@ -67,7 +67,7 @@ from coordinator.events import LeaseLost, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
 from coordinator.session import Session
 from kernel import logs
-from kernel.amqp import DEFAULT_AMQP_URL
+from kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
 from kernel.backoff import Backoff
 from kernel.errors import EtcdUnavailable, StreamNotFound
 from producer.contract import StreamSpec
@@ -100,7 +100,7 @@ class Consumer:
         handler: Handler,
         config: ConsumerConfig,
         *,
-        amqp_url: str = DEFAULT_AMQP_URL,
+        amqp_url: AmqpURL = DEFAULT_AMQP_URL,
         broker: Callable[..., Broker] = Broker,
     ) -> None:
         self.registry = registry

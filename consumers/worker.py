@@ -50,7 +50,7 @@ from consumers.broker import END, Broker, Delivery
 from consumers.message import Handler, MalformedHeaders, Message, message_from
 from coordinator.session import Session
 from kernel import logs
-from kernel.amqp import blocking_connection
+from kernel.amqp import AmqpURL, blocking_connection
 from kernel.backoff import Backoff
 from kernel.errors import PartqError
 from producer.contract import StreamSpec
@@ -72,7 +72,7 @@ class HandlerTimeout(PartqError):
 class DeadLetters:
     """Publishes a message to the stream's dead-letter queue, with the reason in headers."""
 
-    def __init__(self, url: str, spec: StreamSpec, member: str) -> None:
+    def __init__(self, url: AmqpURL, spec: StreamSpec, member: str) -> None:
         self.url = url
         self.spec = spec
         self.member = member

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pika
 
 from kernel import keys
-from kernel.amqp import blocking_connection
+from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import SpecMismatch, StreamNotFound, UsageError
 from producer.contract import MAX_PARTITIONS, QueueType, StreamSpec, queue_name
 from producer.registry import Registry
@@ -44,7 +44,7 @@ def _stored(registry: Registry, stream: str) -> StreamSpec | None:
         return None
 
 
-def create_stream(registry: Registry, amqp_url: str, spec: StreamSpec) -> bool:
+def create_stream(registry: Registry, amqp_url: AmqpURL, spec: StreamSpec) -> bool:
     """Store the spec (create-if-absent) and declare its queues. True if newly created.
 
     Refused before anything is stored or declared: a stored spec that differs; partition
@@ -95,7 +95,7 @@ def _check_queues(
 
 def adopt_stream(
     registry: Registry,
-    amqp_url: str,
+    amqp_url: AmqpURL,
     stream: str,
     *,
     partitions: int | None = None,
@@ -183,7 +183,7 @@ def beyond_line(queue: str, partitions: int, messages: int | None) -> str:
     return f"queue {queue} exists beyond the stream's {partitions} partitions: {messages} messages"
 
 
-def describe(registry: Registry, amqp_url: str, stream: str) -> Description:
+def describe(registry: Registry, amqp_url: AmqpURL, stream: str) -> Description:
     spec = registry.read_spec(stream)
     with blocking_connection(amqp_url) as connection:
         stats = queue_stats(connection, spec, beyond=True)
@@ -191,7 +191,7 @@ def describe(registry: Registry, amqp_url: str, stream: str) -> Description:
     return Description(spec, within, [q for q in stats if q.partition >= spec.partitions])
 
 
-def delete(registry: Registry, amqp_url: str, stream: str) -> None:
+def delete(registry: Registry, amqp_url: AmqpURL, stream: str) -> None:
     """Delete the stream's queues (and their messages) and every etcd key of it."""
     spec = registry.read_spec(stream)
     with blocking_connection(amqp_url) as connection:

@@ -20,7 +20,7 @@ import pika
 import pika.exceptions
 
 from coordinator import metrics
-from kernel.amqp import connect_blocking, unavailable
+from kernel.amqp import AmqpURL, connect_blocking, unavailable
 from kernel.errors import BrokerUnavailable, PartqError
 from kernel.etcd import etcd_errors
 from producer.contract import StreamSpec
@@ -57,7 +57,7 @@ class QueueDepths:
 
     def __init__(
         self,
-        amqp_url: str,
+        amqp_url: AmqpURL,
         *,
         name: str = "partq-depth",
         max_age: float = DEFAULT_MAX_AGE,

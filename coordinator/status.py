@@ -13,7 +13,7 @@ from typing import Any
 from coordinator.admin import beyond_line
 from coordinator.group import Group
 from coordinator.policy import in_motion
-from kernel.amqp import blocking_connection
+from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import BrokerUnavailable
 from producer.contract import StreamSpec
 from producer.registry import Registry
@@ -24,7 +24,7 @@ __all__ = ["beyond_lines", "malformed_lines", "render_html", "snapshot_status"]
 
 def snapshot_status(
     registry: Registry,
-    amqp_url: str,
+    amqp_url: AmqpURL,
     stream: str,
     *,
     depths: Callable[[StreamSpec], list[QueueStats]] | None = None,

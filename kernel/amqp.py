@@ -1,54 +1,238 @@
 """The RabbitMQ edge shared by every component: URLs, connection set-up, error translation.
 
-pika's connection errors are translated here into :mod:`kernel.errors`.
+A connection is described by an :class:`AmqpTarget`: the URL (which holds the
+user and password) and its :class:`AmqpTLS` settings (CA, client certificate,
+EXTERNAL auth). :class:`kernel.settings.Settings` builds one (``settings.amqp``);
+every component passes it, unchanged, to :func:`connection_parameters` here. A
+plain URL string is accepted where a target is, with no TLS settings of its own.
+
+``amqps://`` always verifies the server: its certificate must be signed by the
+CA file (``PARTQ_AMQP_CA``) or, without one, by the system store, and must name
+the host of the URL.
+
+pika's connection errors, and the ``ssl`` errors it lets through, are translated
+here into :mod:`kernel.errors`, one line per cause: authentication failed, a
+certificate not trusted, a hostname mismatch, a client certificate required or
+refused, permission denied, not reachable.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import urlsplit, urlunsplit
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit
 
 import pika
+import pika.credentials
 import pika.exceptions
 
 from kernel.errors import BrokerUnavailable, UsageError
 
 __all__ = [
     "DEFAULT_AMQP_URL",
+    "AmqpTLS",
+    "AmqpTarget",
+    "AmqpURL",
     "blocking_connection",
     "connect_blocking",
     "connection_parameters",
+    "has_password",
     "redact_url",
+    "target",
     "unavailable",
+    "with_password",
 ]
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``, for logs and errors."""
-    parts = urlsplit(url)
-    if parts.password is None:
+
+@dataclass(frozen=True)
+class AmqpTLS:
+    """TLS settings of an ``amqps://`` connection (none of them needed for ``amqp://``)."""
+
+    ca: Path | None = None  # trusted CA file; None: the system store
+    cert: Path | None = None  # client certificate (with ``key``)
+    key: Path | None = None
+    external_auth: bool = False  # authenticate by the client certificate (SASL EXTERNAL)
+
+    @property
+    def configured(self) -> bool:
+        return self != AmqpTLS()
+
+    def trusted(self) -> str:
+        """Where trust comes from, for messages."""
+        return f"the CA file {self.ca} (PARTQ_AMQP_CA)" if self.ca else "the system store"
+
+
+@dataclass(frozen=True)
+class AmqpTarget:
+    """A RabbitMQ URL and its TLS settings; prints with the password hidden."""
+
+    url: str = field(repr=False)
+    tls: AmqpTLS = AmqpTLS()
+
+    def __str__(self) -> str:
+        return redact_url(self.url)
+
+    def __repr__(self) -> str:
+        return f"AmqpTarget(url={redact_url(self.url)!r}, tls={self.tls!r})"
+
+
+AmqpURL = str | AmqpTarget
+
+
+def target(url: AmqpURL) -> AmqpTarget:
+    return url if isinstance(url, AmqpTarget) else AmqpTarget(url)
+
+
+# -- URLs -------------------------------------------------------------------------------
+
+
+def _split(url: str) -> tuple[str, str | None, str] | None:
+    """``scheme``, the userinfo (all before the LAST ``@``; None without one), the rest.
+
+    Splitting at the last ``@`` keeps a password with an unencoded ``@ / ? #`` in the
+    userinfo, where :func:`urllib.parse.urlsplit` would cut it into the path.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or not _SCHEME.fullmatch(scheme):
+        return None
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return scheme, None, rest
+    return scheme, userinfo, host
+
+
+def _hostless_secret(rest: str) -> bool:
+    """``u:pw`` (no ``@``): a ``:`` not followed by a port number may be a password."""
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if authority.startswith("["):  # [IPv6]:port
+        port = authority.partition("]")[2].removeprefix(":")
+    elif ":" in authority:
+        port = authority.rpartition(":")[2]
+    else:
+        return False
+    return not port.isdigit() and port != ""
+
+
+def redact_url(url: str | AmqpTarget) -> str:
+    """``url`` with its password replaced by ``***``, for logs and errors.
+
+    Never returns the password, whatever the URL's shape: what cannot be parsed
+    prints as ``amqp://***`` (``SCHEME://***`` for another scheme).
+    """
+    if isinstance(url, AmqpTarget):
+        url = url.url
+    split = _split(url)
+    if split is None:
+        return "amqp://***"
+    scheme, userinfo, rest = split
+    if userinfo is None:
+        return f"{scheme}://***" if _hostless_secret(rest) else url
+    user, colon, _password = userinfo.partition(":")
+    if not colon:  # a user name alone (or an "@" past the authority: no userinfo)
         return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    return f"{scheme}://{user}:***@{rest}"
+
+
+def has_password(url: str) -> bool:
+    """Whether ``url`` carries a password (or might: ``amqp://u:pw`` with no host)."""
+    split = _split(url)
+    if split is None:
+        return True  # not a URL: assume the worst
+    _scheme, userinfo, rest = split
+    if userinfo is None:
+        return _hostless_secret(rest)
+    return ":" in userinfo
+
+
+def with_password(url: str, password: str) -> str:
+    """``url`` (with a user and no password) with ``password`` percent-encoded into it."""
+    split = _split(url)
+    if split is None or split[1] is None or re.search(r"[/?#]", split[1]):
+        raise UsageError(
+            f"a password file needs the user in the AMQP URL, "
+            f"e.g. amqp://USER@HOST:5672/%2F (got {redact_url(url)!r})"
+        )
+    scheme, userinfo, rest = split
+    if userinfo is not None and ":" in userinfo:
+        raise UsageError(
+            f"the AMQP URL {redact_url(url)!r} already holds a password: "
+            "give it there or in PARTQ_AMQP_PASSWORD_FILE, not both"
+        )
+    return f"{scheme}://{userinfo}:{quote(password, safe='')}@{rest}"
+
+
+def _check_encoding(url: str) -> None:
+    split = _split(url)
+    if split is None or split[1] is None:
+        return
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError as e:  # e.g. an unclosed "[" of an IPv6 host
+        raise UsageError(f"bad AMQP URL {redact_url(url)!r}: {e}") from None
+    if "@" not in netloc:  # the userinfo holds a raw / ? or #
+        raise UsageError(
+            f"the user or password in the AMQP URL {redact_url(url)!r} must be "
+            "percent-encoded (/ as %2F, ? as %3F, # as %23, @ as %40, : as %3A, % as %25)"
+        )
+
+
+# -- connecting -------------------------------------------------------------------------
+
+
+def _ssl_context(tls: AmqpTLS) -> ssl.SSLContext:
+    try:
+        context = ssl.create_default_context(cafile=str(tls.ca) if tls.ca else None)
+    except (OSError, ssl.SSLError) as e:
+        raise UsageError(f"cannot load the AMQP CA file {tls.ca} (PARTQ_AMQP_CA): {e}") from None
+    context.check_hostname = True
+    context.verify_mode = ssl.CERT_REQUIRED
+    if tls.cert is not None:
+        try:
+            context.load_cert_chain(str(tls.cert), str(tls.key) if tls.key else None)
+        except (OSError, ssl.SSLError) as e:
+            raise UsageError(
+                f"cannot load the AMQP client certificate {tls.cert} and key {tls.key} "
+                f"(PARTQ_AMQP_CERT, PARTQ_AMQP_KEY): {e}"
+            ) from None
+    return context
 
 
 def connection_parameters(
-    url: str, *, name: str, heartbeat: int | None = None
+    url: AmqpURL, *, name: str, heartbeat: int | None = None
 ) -> pika.URLParameters:
-    if not url.startswith(("amqp://", "amqps://")):
+    """pika parameters for ``url``: TLS as its settings say, verified, with our name."""
+    where = target(url)
+    text, tls = where.url, where.tls
+    if not text.startswith(("amqp://", "amqps://")):
         raise UsageError(
-            f"AMQP URL {redact_url(url)!r} must start with amqp:// or amqps://, "
+            f"AMQP URL {redact_url(text)!r} must start with amqp:// or amqps://, "
             f"e.g. {DEFAULT_AMQP_URL!r}"
         )
+    _check_encoding(text)
+    secure = text.startswith("amqps://")
+    if tls.configured and not secure:
+        raise UsageError(
+            f"AMQP TLS settings (PARTQ_AMQP_CA/CERT/KEY/EXTERNAL_AUTH) are set but the URL "
+            f"{redact_url(text)!r} is amqp://: use amqps://"
+        )
     try:
-        params = pika.URLParameters(url)
+        params = pika.URLParameters(text)
     except Exception as e:  # pika raises ValueError and friends for bad query strings
-        raise UsageError(f"bad AMQP URL {redact_url(url)!r}: {e}") from None
+        raise UsageError(f"bad AMQP URL {redact_url(text)!r}: {e}") from None
+    if secure and (tls.configured or "ssl_options" not in urlsplit(text).query):
+        host = urlsplit(text).hostname or params.host
+        params.ssl_options = pika.SSLOptions(_ssl_context(tls), server_hostname=host)
+    if tls.external_auth:
+        params.credentials = pika.credentials.ExternalCredentials()
     params.client_properties = {"connection_name": name, "product": "partq"}
     if heartbeat is not None:
         params.heartbeat = heartbeat
@@ -56,35 +240,146 @@ def connection_parameters(
     return params
 
 
-def unavailable(url: str, error: BaseException) -> BrokerUnavailable:
-    detail = str(error) or type(error).__name__
-    if isinstance(error, pika.exceptions.ProbableAuthenticationError):
-        hint = "check the user and password"
-    elif isinstance(error, pika.exceptions.ProbableAccessDeniedError):
-        hint = "check the user's permissions on the virtual host"
-    else:
-        hint = "is it running? (set PARTQ_AMQP_URL or --amqp-url)"
-    return BrokerUnavailable(f"cannot reach RabbitMQ at {redact_url(url)}: {hint} ({detail})")
+# -- errors -----------------------------------------------------------------------------
+
+_CLIENT_CERT_ALERTS = ("CERTIFICATE_REQUIRED", "HANDSHAKE_FAILURE")
+_CLIENT_CERT_REFUSED = ("UNKNOWN_CA", "BAD_CERTIFICATE", "CERTIFICATE_UNKNOWN", "EXPIRED")
 
 
-def connect_blocking(url: str, *, name: str = "partq-admin") -> pika.BlockingConnection:
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, what it wraps (pika keeps the cause in ``args``) and its causes."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo.extend(a for a in e.args if isinstance(a, BaseException))
+        inner = getattr(e, "exception", None)  # pika's AMQPConnectorException wrappers
+        if isinstance(inner, BaseException):
+            todo.append(inner)
+        todo.extend(getattr(e, "exceptions", ()))  # AMQPConnectionWorkflowFailed
+        for linked in (e.__cause__, e.__context__):
+            if linked is not None:
+                todo.append(linked)
+
+
+def unavailable(url: AmqpURL, error: BaseException) -> BrokerUnavailable:
+    """One line saying why RabbitMQ at ``url`` could not be used, and what to set."""
+    where = target(url)
+    at = f"RabbitMQ at {redact_url(where.url)}"
+    chain = list(_chain(error))
+    text = " ".join(str(e) for e in chain) or type(error).__name__
+    detail = next(  # the first that says something, past pika's workflow wrappers
+        (str(e) for e in chain if str(e) and not _is_wrapper(e)), type(error).__name__
+    )
+
+    def found(kind: type[BaseException]) -> BaseException | None:
+        return next((e for e in chain if isinstance(e, kind)), None)
+
+    for e in chain:
+        if isinstance(e, ssl.SSLCertVerificationError):
+            if "Hostname mismatch" in str(e) or "IP address mismatch" in str(e):
+                return BrokerUnavailable(
+                    f"{at}: its server certificate does not name the host "
+                    f"{urlsplit(where.url).hostname!r} of the URL: connect by a name the "
+                    f"certificate holds ({e.verify_message})"
+                )
+            return BrokerUnavailable(
+                f"{at}: its server certificate is not trusted by {where.tls.trusted()}: "
+                f"{e.verify_message} (set PARTQ_AMQP_CA to the CA that signed it)"
+            )
+    if found(pika.exceptions.ProbableAuthenticationError) or (
+        "ACCESS_REFUSED - Login was refused" in text
+    ):
+        how = (
+            "check the client certificate (EXTERNAL auth: its CN must be a RabbitMQ user)"
+            if where.tls.external_auth
+            else "check the user and password in PARTQ_AMQP_URL (or PARTQ_AMQP_PASSWORD_FILE)"
+        )
+        return BrokerUnavailable(f"{at}: authentication failed: {how}")
+    if found(pika.exceptions.AuthenticationError):
+        return BrokerUnavailable(f"{at}: authentication failed: {detail}")
+    if found(pika.exceptions.ProbableAccessDeniedError):
+        vhost = unquote(urlsplit(where.url).path[1:] or "/")
+        return BrokerUnavailable(
+            f"{at}: permission denied on the virtual host {vhost!r}: it must exist and "
+            f"the user needs permissions on it ({_reply_text(text)})"
+        )
+    closed = found(pika.exceptions.ChannelClosedByBroker)
+    if isinstance(closed, pika.exceptions.ChannelClosedByBroker) and closed.reply_code == 403:
+        return BrokerUnavailable(f"{at}: permission denied: {closed.reply_text}")
+    upper = text.upper()
+    if any(alert in upper for alert in _CLIENT_CERT_ALERTS) and where.tls.cert is None:
+        return BrokerUnavailable(
+            f"{at} requires a client certificate: set PARTQ_AMQP_CERT and PARTQ_AMQP_KEY "
+            f"(--amqp-cert, --amqp-key) ({detail})"
+        )
+    if any(alert in upper for alert in (*_CLIENT_CERT_REFUSED, *_CLIENT_CERT_ALERTS)):
+        return BrokerUnavailable(
+            f"{at} refused the client certificate {where.tls.cert}: it must be signed by a "
+            f"CA RabbitMQ trusts (its ssl_options.cacertfile) and be current ({detail})"
+        )
+    if where.url.startswith("amqps://") and ("SSLEOFError" in text or "EOF occurred" in text):
+        # TLS 1.3: the server's alert can lose the race with our first write, which then
+        # meets a closed connection instead of the alert's reason
+        if where.tls.cert is None:
+            return BrokerUnavailable(
+                f"{at} closed the TLS connection: it probably requires a client certificate: "
+                f"set PARTQ_AMQP_CERT and PARTQ_AMQP_KEY (--amqp-cert, --amqp-key) ({detail})"
+            )
+        return BrokerUnavailable(
+            f"{at} closed the TLS connection: it probably refused the client certificate "
+            f"{where.tls.cert}: it must be signed by a CA RabbitMQ trusts and be current "
+            f"({detail})"
+        )
+    if found(ssl.SSLError) or "SSLError" in text:
+        return BrokerUnavailable(
+            f"{at}: TLS failed: is this port a TLS listener (amqps://, usually 5671)? ({detail})"
+        )
+    if not where.url.startswith("amqps://") and found(pika.exceptions.IncompatibleProtocolError):
+        return BrokerUnavailable(
+            f"{at}: the connection was dropped at the protocol header: is this a TLS "
+            f"port (then use amqps://)? ({detail})"
+        )
+    return BrokerUnavailable(
+        f"cannot reach {at}: is it running? (set PARTQ_AMQP_URL or --amqp-url) ({detail})"
+    )
+
+
+def _is_wrapper(error: BaseException) -> bool:
+    return type(error).__module__ == "pika.adapters.utils.connection_workflow"
+
+
+def _reply_text(text: str) -> str:
+    found = re.search(r"\(\d+\) '([^']*)'", text)
+    return found.group(1) if found else text
+
+
+def connect_blocking(url: AmqpURL, *, name: str = "partq-admin") -> pika.BlockingConnection:
     """A ``BlockingConnection`` (one attempt, 5 s socket timeout); the caller closes it."""
     params = connection_parameters(url, name=name)
     params.connection_attempts = 1
     params.socket_timeout = 5
     try:
         return pika.BlockingConnection(params)
-    except pika.exceptions.AMQPError as e:
+    except (pika.exceptions.AMQPError, ssl.SSLError, OSError) as e:
         raise unavailable(url, e) from None
 
 
 @contextmanager
 def blocking_connection(
-    url: str, *, name: str = "partq-admin"
+    url: AmqpURL, *, name: str = "partq-admin"
 ) -> Iterator[pika.BlockingConnection]:
     connection = connect_blocking(url, name=name)
     try:
         yield connection
+    except pika.exceptions.ChannelClosedByBroker as e:
+        if e.reply_code == 403:  # ACCESS_REFUSED on a queue or exchange: name it
+            raise unavailable(url, e) from None
+        raise
     finally:
         if connection.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError):

@@ -12,6 +12,9 @@
     ├── MalformedValue             a value in etcd is not what partq writes (also a ValueError)
     ├── BrokerUnavailable          RabbitMQ cannot be reached or refused us
     ├── EtcdUnavailable            etcd cannot be reached, refused us, or timed out
+    │   ├── EtcdAuthFailed         wrong etcd user or password, or etcd wants one
+    │   ├── EtcdTLSError           a certificate not trusted, or a client one required/refused
+    │   └── EtcdPermissionDenied   the etcd user's roles do not allow this key
     ├── NotLeader                  a fenced write found another leader
     ├── PublishFailed              a message was not confirmed (its future fails with this)
     │   ├── MessageNacked
@@ -31,6 +34,9 @@ from __future__ import annotations
 __all__ = [
     "BrokerUnavailable",
     "ConnectionLost",
+    "EtcdAuthFailed",
+    "EtcdPermissionDenied",
+    "EtcdTLSError",
     "EtcdUnavailable",
     "InvalidMemberId",
     "InvalidStreamName",
@@ -98,6 +104,19 @@ class ProducerClosed(PartqError):
 
 class EtcdUnavailable(PartqError):
     pass
+
+
+class EtcdAuthFailed(EtcdUnavailable):
+    """etcd refused the user name or password (or requires one and none was given)."""
+
+
+class EtcdTLSError(EtcdUnavailable):
+    """The TLS handshake failed: etcd's certificate is not trusted by our CA file, does not
+    name the host, or etcd requires (or refused) our client certificate."""
+
+
+class EtcdPermissionDenied(EtcdUnavailable):
+    """Authenticated, but the user's roles do not grant this operation on this key."""
 
 
 class MemberIdTaken(UsageError):

@@ -1,7 +1,12 @@
 """A private etcd server on loopback, for the demo, tests and benchmarks.
 
 Starts Debian's ``etcd`` binary on free ports with its own data directory and
-stops exactly the process it started.
+stops exactly the process it started. By default it serves plain ``http://``
+without authentication; ``tls=EtcdTLS(...)`` serves ``https://`` (and, with
+``client_cert_auth``, requires client certificates and takes a certificate's
+CN as the etcd user), ``auth_token_ttl`` sets how long an idle auth token
+lives (etcd's ``--auth-token-ttl``, 300 s by default), and :meth:`etcdctl`
+runs ``etcdctl`` against it (to add users and roles and ``auth enable``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from types import TracebackType
 
 from kernel.errors import PartqError
 
-__all__ = ["LocalEtcd", "free_port"]
+__all__ = ["EtcdTLS", "LocalEtcd", "free_port"]
 
 
 def free_port() -> int:
@@ -34,6 +39,21 @@ def _answers(port: int) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class EtcdTLS:
+    """The server's certificate and key, and the CA that signed it (clients verify with it).
+
+    With ``client_cert_auth`` etcd also requires a client certificate signed by ``ca``
+    (``--trusted-ca-file``, ``--client-cert-auth``); once auth is enabled, a request
+    without a token runs as the user named by the certificate's CN.
+    """
+
+    cert: Path
+    key: Path
+    ca: Path
+    client_cert_auth: bool = False
+
+
 @dataclass
 class LocalEtcd:
     """``with LocalEtcd() as etcd: etcd.endpoint`` — a throwaway single-node etcd."""
@@ -42,11 +62,62 @@ class LocalEtcd:
     port: int = field(default_factory=free_port)
     peer_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    tls: EtcdTLS | None = None
+    auth_token_ttl: int | None = None  # seconds; etcd's default is 300
     _tmp: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    def _security_args(self) -> list[str]:
+        args: list[str] = []
+        if self.tls is not None:
+            args += ["--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key)]
+            if self.tls.client_cert_auth:
+                args += ["--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
+        if self.auth_token_ttl is not None:
+            args += ["--auth-token", "simple", "--auth-token-ttl", str(self.auth_token_ttl)]
+        return args
+
+    def etcdctl(
+        self,
+        *args: str,
+        user: str | None = None,
+        cert: Path | None = None,
+        key: Path | None = None,
+        stdin: str | None = None,
+        timeout: float = 20.0,
+    ) -> str:
+        """Run ``etcdctl ARGS`` against this server (``user`` is ``name:password``); stdout.
+
+        ``stdin`` is its input (``user passwd NAME --interactive=false`` reads the password
+        there). A failure raises :class:`PartqError` with etcdctl's stderr.
+        """
+        binary = shutil.which("etcdctl") or "/usr/bin/etcdctl"
+        command = [binary, "--endpoints", self.endpoint, "--command-timeout", "10s"]
+        if self.tls is not None:
+            command += ["--cacert", str(self.tls.ca)]
+        if cert is not None and key is not None:
+            command += ["--cert", str(cert), "--key", str(key)]
+        if user is not None:
+            command += ["--user", user]
+        env = {"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"}
+        done = subprocess.run(
+            [*command, *args],
+            input=(stdin or "").encode(),
+            capture_output=True,
+            env=env,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            shown = " ".join(a if ":" not in a or a.startswith("/") else "***" for a in args)
+            raise PartqError(
+                f"etcdctl {shown} failed ({done.returncode}): {done.stderr.decode().strip()}"
+            )
+        return done.stdout.decode()
 
     def start(self, timeout: float = 15.0) -> LocalEtcd:
         binary = shutil.which("etcd") or "/usr/bin/etcd"
@@ -67,6 +138,7 @@ class LocalEtcd:
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_port}",
                 "--initial-cluster", f"partq-test=http://127.0.0.1:{self.peer_port}",
                 "--log-level", "warn",
+                *self._security_args(),
             ],
             stdout=log,
             stderr=log,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import SecretStr, ValidationError, field_validator
+from pydantic import SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -19,7 +19,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from kernel.amqp import DEFAULT_AMQP_URL, redact_url
+from kernel.amqp import DEFAULT_AMQP_URL, AmqpTarget, AmqpTLS, redact_url, with_password
 from kernel.errors import UsageError
 
 __all__ = ["DEFAULT_ETCD_ENDPOINTS", "Endpoint", "Settings"]
@@ -42,6 +42,61 @@ class Settings(BaseSettings):
     etcd_key: Path | None = None
     etcd_timeout: float = 5.0
     amqp_url: SecretStr = SecretStr(DEFAULT_AMQP_URL)
+    amqp_ca: Path | None = None
+    amqp_cert: Path | None = None
+    amqp_key: Path | None = None
+    amqp_external_auth: bool = False
+    # Secrets from files (a Kubernetes Secret mount), read when the settings are built and
+    # then cleared: the value lands in etcd_password / amqp_url.
+    etcd_password_file: Path | None = None
+    amqp_password_file: Path | None = None
+    amqp_url_file: Path | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_secret_files(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if (path := data.pop("etcd_password_file", None)) is not None:
+            if data.get("etcd_password") is not None:
+                raise ValueError("set PARTQ_ETCD_PASSWORD or PARTQ_ETCD_PASSWORD_FILE, not both")
+            data["etcd_password"] = _read_secret(path, "PARTQ_ETCD_PASSWORD_FILE")
+        if (path := data.pop("amqp_url_file", None)) is not None:
+            if data.get("amqp_url") is not None:
+                raise ValueError("set PARTQ_AMQP_URL (--amqp-url) or PARTQ_AMQP_URL_FILE, not both")
+            data["amqp_url"] = _read_secret(path, "PARTQ_AMQP_URL_FILE")
+        if (path := data.pop("amqp_password_file", None)) is not None:
+            url = data.get("amqp_url")
+            if url is None:
+                raise ValueError(
+                    "PARTQ_AMQP_PASSWORD_FILE needs PARTQ_AMQP_URL naming the user, "
+                    "e.g. amqp://partq@rabbitmq:5672/%2F"
+                )
+            if isinstance(url, SecretStr):
+                url = url.get_secret_value()
+            password = _read_secret(path, "PARTQ_AMQP_PASSWORD_FILE")
+            try:
+                data["amqp_url"] = with_password(str(url), password)
+            except ValueError as e:
+                raise ValueError(str(e)) from None
+        return data
+
+    @model_validator(mode="after")
+    def _check_amqp_tls(self) -> Settings:
+        if (self.amqp_cert is None) != (self.amqp_key is None):
+            raise ValueError("set both PARTQ_AMQP_CERT and PARTQ_AMQP_KEY, or neither")
+        if self.amqp_external_auth and self.amqp_cert is None:
+            raise ValueError(
+                "PARTQ_AMQP_EXTERNAL_AUTH needs a client certificate: "
+                "set PARTQ_AMQP_CERT and PARTQ_AMQP_KEY"
+            )
+        if self.amqp_tls.configured and not self.amqp.url.startswith("amqps://"):
+            raise ValueError(
+                "PARTQ_AMQP_CA/CERT/KEY/EXTERNAL_AUTH are TLS settings: "
+                "PARTQ_AMQP_URL must then be amqps://"
+            )
+        return self
 
     @field_validator("etcd_endpoints")
     @classmethod
@@ -54,7 +109,8 @@ class Settings(BaseSettings):
     def _check_amqp(cls, value: SecretStr) -> SecretStr:
         url = value.get_secret_value()
         if not url.startswith(("amqp://", "amqps://")):
-            raise ValueError(f"{redact_url(url)!r} must start with amqp:// or amqps://")
+            shown = redact_url(url) if "://" in url else "(not shown: it may hold a password)"
+            raise ValueError(f"the AMQP URL must start with amqp:// or amqps://; got {shown}")
         return value
 
     @property
@@ -62,8 +118,13 @@ class Settings(BaseSettings):
         return parse_endpoints(self.etcd_endpoints)
 
     @property
-    def amqp(self) -> str:
-        return self.amqp_url.get_secret_value()
+    def amqp_tls(self) -> AmqpTLS:
+        return AmqpTLS(self.amqp_ca, self.amqp_cert, self.amqp_key, self.amqp_external_auth)
+
+    @property
+    def amqp(self) -> AmqpTarget:
+        """The RabbitMQ URL with its TLS settings: what every component connects with."""
+        return AmqpTarget(self.amqp_url.get_secret_value(), self.amqp_tls)
 
     @classmethod
     def load(cls, config_file: Path | None = None, **overrides: Any) -> Settings:
@@ -104,13 +165,32 @@ class Settings(BaseSettings):
         return cls.model_validate(loaded.model_dump())
 
 
+def _read_secret(path: Any, setting: str) -> str:
+    """The file's text without one trailing newline (as a Kubernetes Secret mount gives it)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"cannot read {setting} {path}: {e.strerror or e}") from None
+    for end in ("\r\n", "\n"):
+        if text.endswith(end):
+            return text[: -len(end)]
+    return text
+
+
 def parse_endpoints(value: str) -> list[Endpoint]:
     """``http://h:2379,https://h2:2379`` → ``[(h, 2379, False), (h2, 2379, True)]``."""
     endpoints: list[Endpoint] = []
     for raw in (part.strip() for part in value.split(",")):
         if not raw:
             continue
-        parts = urlsplit(raw if "://" in raw else f"http://{raw}")
+        url = raw if "://" in raw else f"http://{raw}"
+        if "@" in url:
+            raise ValueError(
+                f"etcd endpoint {redact_url(url)!r} holds a user name or password: partq "
+                "does not take them from the URL; set PARTQ_ETCD_USER and PARTQ_ETCD_PASSWORD "
+                "(or PARTQ_ETCD_PASSWORD_FILE)"
+            )
+        parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
                 f"etcd endpoint {raw!r} must look like http://HOST:PORT or https://HOST:PORT"

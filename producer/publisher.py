@@ -47,7 +47,7 @@ import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
-from kernel.amqp import connection_parameters, unavailable
+from kernel.amqp import AmqpURL, connection_parameters, unavailable
 from kernel.backoff import Backoff
 from kernel.errors import (
     BrokerUnavailable,
@@ -130,7 +130,7 @@ class Producer:
         self,
         stream: str | StreamSpec,
         *,
-        amqp_url: str | None = None,
+        amqp_url: AmqpURL | None = None,
         etcd: SpecSource | None = None,
         partitions: int | None = None,
         window: int = 1000,

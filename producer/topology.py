@@ -20,7 +20,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from kernel.amqp import blocking_connection
+from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import SpecMismatch, UsageError
 from producer.contract import (
     HEADER_PARTITION,
@@ -242,7 +242,7 @@ def beyond_spec_message(spec: StreamSpec, beyond: list[QueueStats]) -> str:
     )
 
 
-def check_partition_queues(url: str, spec: StreamSpec, *, name: str = "partq-check") -> None:
+def check_partition_queues(url: AmqpURL, spec: StreamSpec, *, name: str = "partq-check") -> None:
     """Refuse (:class:`SpecMismatch`) a spec that RabbitMQ has queues beyond.
 
     One passive declare of ``p(P)``, on a short-lived connection: run once when a

@@ -20,7 +20,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from kernel.amqp import DEFAULT_AMQP_URL
+from kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
 from kernel.errors import UsageError
 from producer.contract import StreamSpec
 from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions
@@ -110,7 +110,7 @@ def foreach_batch_writer(
     headers_column: str | None = None,
     order_column: str | None = None,
     etcd_endpoints: str = "",
-    amqp_url: str = DEFAULT_AMQP_URL,
+    amqp_url: AmqpURL = DEFAULT_AMQP_URL,
     partitions: int | None = None,
     window: int = 1000,
     spec_reader: str = DEFAULT_SPEC_READER,

@@ -23,8 +23,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from kernel.amqp import DEFAULT_AMQP_URL, redact_url
+from kernel.amqp import DEFAULT_AMQP_URL, AmqpTarget, AmqpTLS, AmqpURL, redact_url
 from kernel.errors import SpecMismatch, UsageError
 from kernel.settings import Settings
 from producer.contract import StreamSpec, validate_stream_name
@@ -51,6 +52,32 @@ _NAMES = {
     "query_id": "queryId",
     "confirm_timeout": "confirmTimeout",
 }
+# AmqpTLS field -> Spark option name: an amqpUrl's TLS settings travel next to it
+_TLS_NAMES = {
+    "ca": "amqpCa",
+    "cert": "amqpCert",
+    "key": "amqpKey",
+    "external_auth": "amqpExternalAuth",
+}
+
+
+def _amqp_target(url: str | None, given: Mapping[str, str]) -> AmqpTarget:
+    """``amqpUrl`` with the ``amqpCa``/``amqpCert``/``amqpKey``/``amqpExternalAuth`` options;
+    without ``amqpUrl``, the settings' (PARTQ_* environment, PARTQ_CONFIG)."""
+    if url is None:
+        return Settings.load().amqp
+    tls = {
+        field_name: given.get(option.lower()) or None for field_name, option in _TLS_NAMES.items()
+    }
+    return AmqpTarget(
+        url,
+        AmqpTLS(
+            ca=Path(tls["ca"]) if tls["ca"] else None,
+            cert=Path(tls["cert"]) if tls["cert"] else None,
+            key=Path(tls["key"]) if tls["key"] else None,
+            external_auth=(tls["external_auth"] or "").lower() == "true",
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -63,7 +90,7 @@ class SinkOptions:
     headers_column: str | None = None
     order_column: str | None = None
     etcd_endpoints: str = ""  # empty: the reader's default (PARTQ_ETCD_ENDPOINTS or localhost)
-    amqp_url: str = field(default=DEFAULT_AMQP_URL, repr=False)
+    amqp_url: AmqpURL = field(default=DEFAULT_AMQP_URL, repr=False)
     partitions: int | None = None
     window: int = 1000
     spec_reader: str = DEFAULT_SPEC_READER
@@ -118,7 +145,7 @@ class SinkOptions:
             headers_column=text("headers_column"),
             order_column=text("order_column"),
             etcd_endpoints=text("etcd_endpoints") or "",
-            amqp_url=text("amqp_url") or Settings.load().amqp,
+            amqp_url=_amqp_target(text("amqp_url"), given),
             partitions=None if partitions is None else int(partitions),
             window=1000 if window is None else int(window),
             spec_reader=text("spec_reader") or DEFAULT_SPEC_READER,
@@ -132,6 +159,13 @@ class SinkOptions:
         options: dict[str, str] = {}
         for field_name, option in _NAMES.items():
             value = getattr(self, field_name)
+            if isinstance(value, AmqpTarget):
+                for tls_field, tls_option in _TLS_NAMES.items():
+                    if (setting := getattr(value.tls, tls_field)) not in (None, False):
+                        options[tls_option] = (
+                            str(setting).lower() if setting is True else str(setting)
+                        )
+                value = value.url  # str() of a target hides the password
             if value is not None and value != "":
                 options[option] = str(value)
         return options

@@ -70,7 +70,7 @@ class Daemons:
         env.update(
             {
                 "PARTQ_ETCD_ENDPOINTS": self.settings.etcd_endpoints,
-                "PARTQ_AMQP_URL": self.settings.amqp,
+                "PARTQ_AMQP_URL": self.settings.amqp.url,
                 "PYTHONPATH": str(ROOT),
             }
         )

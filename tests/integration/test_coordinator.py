@@ -143,7 +143,7 @@ def partq(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "PARTQ_ETCD_ENDPOINTS": settings.etcd_endpoints,
-        "PARTQ_AMQP_URL": settings.amqp,
+        "PARTQ_AMQP_URL": settings.amqp.url,
     }
     return subprocess.run(
         [sys.executable, "-m", "cli", *args],

@@ -255,6 +255,11 @@ def test_passwords_never_appear_in_any_output(partq: Run, created: StreamSpec) -
         assert SECRET not in result.stdout, what
         assert SECRET not in result.stderr, what
         assert "guest:***@127.0.0.1" in result.stderr, what
-    for what in ("create (env)", "describe (flag)", "produce (env)"):
+    for what in ("create (env)", "produce (env)"):
         assert_one_line_error(runs[what], "cannot reach RabbitMQ", "is it running")
+    # a password in argv (visible in `ps`) adds one warning line before the error
+    warning, *error = runs["describe (flag)"].stderr.strip().splitlines()
+    assert warning.startswith("partq: warning: --amqp-url holds a password"), warning
+    assert "`ps`" in warning and "PARTQ_AMQP_URL_FILE" in warning
+    assert len(error) == 1 and error[0].startswith("partq: error: cannot reach RabbitMQ")
     assert runs["bad scheme"].returncode == 2

@@ -101,7 +101,7 @@ def test_a_job_killed_mid_batch_resumes_from_its_checkpoint_with_identifiable_re
     metrics_port = free_port()
     args = [
         "--etcd-endpoints", settings.etcd_endpoints,
-        "--amqp-url", settings.amqp,
+        "--amqp-url", settings.amqp.url,
         "spark-job",
         "--stream", spark_stream.name,
         "--source", str(tmp_path / "in"),
@@ -180,7 +180,7 @@ def test_the_job_refuses_a_partition_count_that_disagrees_with_etcd(
     # When it starts
     args = [
         "--etcd-endpoints", settings.etcd_endpoints,
-        "--amqp-url", settings.amqp,
+        "--amqp-url", settings.amqp.url,
         "spark-job",
         "--stream", spark_stream.name,
         "--rate", "10",

@@ -170,7 +170,7 @@ def test_a_spec_mismatch_fails_the_query_before_anything_is_published(
         spark_stream,
         tmp_path,
         etcdEndpoints=settings.etcd_endpoints,
-        amqpUrl=settings.amqp,
+        amqpUrl=settings.amqp.url,
         partitions=3,
     )
     # Then it fails, saying so, and nothing was published or committed

@@ -42,6 +42,22 @@ def test_options_round_trip_through_spark_style_options() -> None:
     assert SinkOptions.from_options(options.to_options()) == options
 
 
+def test_the_amqp_tls_settings_round_trip_with_the_url() -> None:
+    # Given options whose RabbitMQ target has TLS settings (as `partq spark-job` gives)
+    from pathlib import Path
+
+    from kernel.amqp import AmqpTarget, AmqpTLS
+
+    tls = AmqpTLS(Path("/ca.pem"), Path("/c.pem"), Path("/c.key"), external_auth=True)
+    options = SinkOptions("orders", "k", amqp_url=AmqpTarget("amqps://u:pw@h/%2F", tls))
+    # When turned into Spark options (what reaches the executors) and back
+    spark_options = options.to_options()
+    # Then the URL is whole (not the redacted str()) and the TLS settings travel with it
+    assert spark_options["amqpUrl"] == "amqps://u:pw@h/%2F"
+    assert spark_options["amqpCa"] == "/ca.pem"
+    assert SinkOptions.from_options(spark_options) == options
+
+
 @pytest.mark.parametrize(
     ("given", "message"),
     [

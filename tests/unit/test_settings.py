@@ -41,7 +41,7 @@ def test_defaults_without_any_source() -> None:
     settings = Settings.load()
     # Then the documented defaults apply
     assert settings.etcd_endpoints == DEFAULT_ETCD_ENDPOINTS
-    assert settings.amqp == DEFAULT_AMQP_URL
+    assert settings.amqp.url == DEFAULT_AMQP_URL
     assert settings.endpoints == [("127.0.0.1", 2379, False)]
     assert settings.etcd_timeout == 5.0
 
@@ -58,7 +58,7 @@ def test_file_is_used_when_nothing_else_is_set(tmp_path: Path) -> None:
     settings = Settings.load(config)
     # Then every value comes from the file
     assert settings.endpoints == [("file-host", 1111, False)]
-    assert settings.amqp == "amqp://guest:guest@file-host:5672/%2F"
+    assert settings.amqp.url == "amqp://guest:guest@file-host:5672/%2F"
     assert settings.etcd_timeout == 7.5
 
 
@@ -86,7 +86,7 @@ def test_flags_beat_environment_and_file(tmp_path: Path, monkeypatch: pytest.Mon
     settings = Settings.load(config, etcd_endpoints="http://flag-host:3333", amqp_url=None)
     # Then the flag wins where given, the environment where the flag was None
     assert settings.etcd_endpoints == "http://flag-host:3333"
-    assert settings.amqp == "amqp://guest:guest@env-host:5672/%2F"
+    assert settings.amqp.url == "amqp://guest:guest@env-host:5672/%2F"
 
 
 def test_several_endpoints_are_parsed() -> None:
@@ -161,7 +161,7 @@ def test_repr_and_str_never_show_passwords(tmp_path: Path, monkeypatch: pytest.M
             assert secret not in text
     assert settings.etcd_password is not None
     assert settings.etcd_password.get_secret_value() == "env-pw-2"
-    assert settings.amqp == "amqp://user:flag-pw-3@h:5672/%2F"
+    assert settings.amqp.url == "amqp://user:flag-pw-3@h:5672/%2F"
 
 
 def test_validation_error_never_shows_the_amqp_password() -> None:

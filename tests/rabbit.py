@@ -1,0 +1,122 @@
+"""A private RabbitMQ node with TLS on loopback, started and stopped by a test.
+
+The machine's broker is never touched: the node has its own name, ports, epmd,
+data and log directories, cookie (``HOME``) and config files, and is stopped by
+PID. ``/usr/lib/rabbitmq/bin`` scripts are called directly (the ``/usr/sbin``
+wrappers switch user and drop the environment).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernel.local import free_port
+
+__all__ = ["RABBIT_BIN", "PrivateRabbit"]
+
+RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+@dataclass
+class PrivateRabbit:
+    directory: Path
+    cert: Path
+    key: Path
+    ca: Path
+    fail_if_no_peer_cert: bool = False
+    name: str = "partqtls"
+    plugins: tuple[str, ...] = ()
+    extra_config: str = ""
+    amqp_port: int = field(default_factory=free_port)
+    tls_port: int = field(default_factory=free_port)
+    dist_port: int = field(default_factory=free_port)
+    epmd_port: int = field(default_factory=free_port)
+    _epmd: subprocess.Popen[bytes] | None = None
+    _server: subprocess.Popen[bytes] | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        d = self.directory
+        return {
+            **os.environ,
+            "HOME": str(d),
+            "RABBITMQ_NODENAME": f"{self.name}@localhost",
+            "RABBITMQ_NODE_PORT": str(self.amqp_port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(d / "log"),
+            "RABBITMQ_PID_FILE": str(d / "rabbit.pid"),
+            "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
+            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq"),  # .conf is appended
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+            "ERL_EPMD_PORT": str(self.epmd_port),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+        }
+
+    def start(self, timeout: float = 90.0) -> None:
+        d = self.directory
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "rabbitmq-env.conf").write_text("")
+        (d / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
+        (d / "rabbitmq.conf").write_text(
+            f"listeners.tcp.1 = 127.0.0.1:{self.amqp_port}\n"
+            f"listeners.ssl.1 = 127.0.0.1:{self.tls_port}\n"
+            f"ssl_options.cacertfile = {self.ca}\n"
+            f"ssl_options.certfile = {self.cert}\n"
+            f"ssl_options.keyfile = {self.key}\n"
+            "ssl_options.verify = verify_peer\n"
+            f"ssl_options.fail_if_no_peer_cert = {str(self.fail_if_no_peer_cert).lower()}\n"
+            "auth_mechanisms.1 = PLAIN\n"
+            "auth_mechanisms.2 = AMQPLAIN\n"
+            "auth_mechanisms.3 = EXTERNAL\n"
+            "loopback_users = none\n"
+            f"{self.extra_config}"
+        )
+        with (d / "server.out").open("wb") as log:  # the children keep their copies
+            self._epmd = subprocess.Popen(
+                ["epmd", "-port", str(self.epmd_port)],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            self._server = subprocess.Popen(
+                [str(RABBIT_BIN / "rabbitmq-server")], env=self.env, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        try:
+            self.ctl("wait", "--timeout", str(int(timeout)), str(d / "rabbit.pid"),
+                     timeout=timeout + 10)  # fmt: skip
+        except Exception:
+            self.stop()
+            tail = (d / "server.out").read_text()[-2000:]
+            raise RuntimeError(f"RabbitMQ did not start: {tail}") from None
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        done = subprocess.run(
+            [str(RABBIT_BIN / "rabbitmqctl"), *args],
+            env=self.env, capture_output=True, text=True, timeout=timeout, check=True,
+        )  # fmt: skip
+        return done.stdout
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            pid_file = self.directory / "rabbit.pid"
+            with contextlib.suppress(OSError, ValueError):  # the Erlang VM
+                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+            with contextlib.suppress(OSError):  # the script's session: what it left
+                os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=10)
+            time.sleep(0.2)
+        epmd, self._epmd = self._epmd, None
+        if epmd is not None:
+            epmd.terminate()
+            epmd.wait(timeout=10)

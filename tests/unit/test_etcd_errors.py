@@ -1,0 +1,162 @@
+"""kernel.etcd at the edge, without a server: each way etcd refuses us gets its own
+one-line error, and a password is never sent over plain http.
+
+The gRPC details below are the ones measured against etcd 3.4.23 and grpcio 1.85
+(tests/integration/test_etcd_auth.py provokes them for real).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kernel.errors import (
+    EtcdAuthFailed,
+    EtcdPermissionDenied,
+    EtcdTLSError,
+    EtcdUnavailable,
+    UsageError,
+)
+from kernel.etcd import CallFailed, Identity, _cancel_status, connect, etcd_errors, translate
+from kernel.settings import Settings
+
+WHERE = "https://etcd.example:2379"
+PASSWORD_USER = Identity(user="partq", ca="/etc/partq/ca.pem")
+CERT_USER = Identity(ca="/etc/partq/ca.pem", cert="/etc/partq/partq.pem")
+TLS_ONLY = Identity(ca="/etc/partq/ca.pem")
+Code = grpc.StatusCode
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No PARTQ_ETCD_* variable of the developer's shell leaks into Settings here."""
+    for name in ("ENDPOINTS", "USER", "PASSWORD", "CA", "CERT", "KEY", "TIMEOUT"):
+        monkeypatch.delenv(f"PARTQ_ETCD_{name}", raising=False)
+
+
+def failed(code: grpc.StatusCode, details: str, who: Identity = PASSWORD_USER, **kw: str) -> str:
+    error = translate(CallFailed(code, details, who, **kw), WHERE)
+    text = str(error)
+    assert "\n" not in text
+    return f"{type(error).__name__}: {text}"
+
+
+def test_wrong_password() -> None:
+    text = failed(
+        Code.INVALID_ARGUMENT, "etcdserver: authentication failed, invalid user ID or password"
+    )
+    assert text.startswith("EtcdAuthFailed: ")
+    assert "authentication failed for user 'partq'" in text and "PARTQ_ETCD_PASSWORD" in text
+
+
+def test_no_credentials_where_etcd_wants_them() -> None:
+    text = failed(Code.INVALID_ARGUMENT, "etcdserver: user name is empty", TLS_ONLY)
+    assert text.startswith("EtcdAuthFailed: ") and "requires authentication" in text
+    # a certificate was sent, but this etcd does not take users from certificates
+    text = failed(Code.INVALID_ARGUMENT, "etcdserver: user name is empty", CERT_USER)
+    assert "--client-cert-auth" in text and "/etc/partq/partq.pem" in text
+
+
+def test_permission_denied_names_who_what_and_the_key() -> None:
+    text = failed(Code.PERMISSION_DENIED, "etcdserver: permission denied", op="write",
+                  key="/partq/v1/streams/s/spec")  # fmt: skip
+    assert text.startswith("EtcdPermissionDenied: ")
+    assert "etcd user 'partq' may not write /partq/v1/streams/s/spec" in text
+    text = failed(Code.PERMISSION_DENIED, "etcdserver: permission denied", CERT_USER,
+                  op="watch", key="/partq/v1/streams/s/*")  # fmt: skip
+    assert "CN of /etc/partq/partq.pem may not watch /partq/v1/streams/s/*" in text
+
+
+def test_server_certificate_not_trusted_names_the_ca_file() -> None:
+    details = (
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:2379: Tls "
+        "handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL routines:"
+        "OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate: OK"
+    )
+    text = failed(Code.UNAVAILABLE, details)
+    assert text.startswith("EtcdTLSError: ")
+    assert "not trusted by the CA file /etc/partq/ca.pem" in text
+    assert text.endswith("unable to get local issuer certificate")
+
+
+def test_server_certificate_for_another_host() -> None:
+    details = (
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:2379: Custom "
+        "verification check failed with error: UNAUTHENTICATED: Hostname Verification Check "
+        "failed."
+    )
+    text = failed(Code.UNAVAILABLE, details)
+    assert text.startswith("EtcdTLSError: ") and "does not name the host" in text
+
+
+def test_client_certificate_required_or_refused() -> None:
+    details = (
+        "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:2379: "
+        "Unwrap failed (TSI_DATA_CORRUPTED)"
+    )
+    text = failed(Code.UNAVAILABLE, details, TLS_ONLY)
+    assert text.startswith("EtcdTLSError: ") and "requires a client certificate" in text
+    text = failed(Code.UNAVAILABLE, details, CERT_USER)
+    assert text.startswith("EtcdTLSError: ")
+    assert "refused the client certificate /etc/partq/partq.pem" in text
+
+
+def test_https_to_a_plain_server_and_http_to_a_tls_one() -> None:
+    to_plain = "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:2379: "
+    text = failed(Code.UNAVAILABLE, to_plain + "Handshake read failed (Socket closed)")
+    assert text.startswith("EtcdTLSError: ") and "does not speak TLS" in text
+    text = failed(Code.UNAVAILABLE, to_plain + "Socket closed", Identity())
+    assert text.startswith("EtcdUnavailable: ") and "use https://" in text
+
+
+def test_not_reachable_is_still_is_it_running() -> None:
+    details = (
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:2379: "
+        "Failed to connect to remote host: Connection refused"
+    )
+    text = failed(Code.UNAVAILABLE, details)
+    assert text.startswith("EtcdUnavailable: ") and "is it running?" in text
+    text = failed(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    assert text.startswith("EtcdUnavailable: ") and "is it running?" in text
+
+
+def test_kinds_are_etcd_unavailable_for_existing_handlers() -> None:
+    # daemons retry EtcdUnavailable; a refused password is logged and retried like an outage
+    for kind in (EtcdAuthFailed, EtcdTLSError, EtcdPermissionDenied):
+        assert issubclass(kind, EtcdUnavailable)
+    with pytest.raises(EtcdPermissionDenied), etcd_errors(WHERE):
+        raise CallFailed(Code.PERMISSION_DENIED, "etcdserver: permission denied", PASSWORD_USER)
+
+
+def test_watch_cancel_reasons_carry_the_status() -> None:
+    expired = _cancel_status(
+        "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+    )
+    assert expired.code() == Code.UNAUTHENTICATED
+    assert expired.details() == "etcdserver: invalid auth token"
+    assert _cancel_status("etcdserver: permission denied").code() == Code.PERMISSION_DENIED
+    assert _cancel_status("").code() == Code.CANCELLED
+
+
+@pytest.mark.parametrize("endpoints", ["http://127.0.0.1:1", "127.0.0.1:1"])
+def test_password_over_plain_http_is_refused_before_connecting(endpoints: str) -> None:
+    settings = Settings(etcd_endpoints=endpoints, etcd_user="partq", etcd_password="secret")
+    with pytest.raises(UsageError) as caught:
+        connect(settings)
+    text = str(caught.value)
+    assert "need TLS" in text and "https://" in text and "--etcd-ca" in text
+    assert "secret" not in text
+
+
+def test_password_with_a_ca_is_not_refused(tmp_path: Path) -> None:
+    # an http:// endpoint with --etcd-ca is dialled with TLS: the password is encrypted
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a certificate: the refusal under test comes before it is used\n")
+    settings = Settings(
+        etcd_endpoints="http://127.0.0.1:1", etcd_user="partq", etcd_password="secret",
+        etcd_ca=ca, etcd_timeout=0.5,
+    )  # fmt: skip
+    with pytest.raises(EtcdUnavailable):  # it got as far as dialling (nothing listens)
+        connect(settings)
