@@ -19,21 +19,10 @@ from coordinator.session import Session
 from kernel.settings import Settings
 from producer.contract import StreamSpec
 from producer.registry import Registry
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.integration]
 P = 8
-
-
-def eventually(what: str, check: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Observe etcd until ``check`` holds (bounded in time and count)."""
-    deadline = time.monotonic() + timeout
-    for _ in range(int(timeout / 0.05) + 1):
-        if check():
-            return
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Members:

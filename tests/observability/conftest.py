@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,26 +26,12 @@ from coordinator import admin
 from kernel.local import LocalEtcd
 from producer import StreamSpec
 from producer.registry import Registry
+from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTQ = ROOT / ".venv" / "bin" / "partq"
 ARTIFACTS = ROOT / "artifacts"
 HANDLER = "consumers.examples:noop_handler"
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout: float, interval: float = 0.25, what: str = ""
-) -> Any:
-    """Poll ``predicate`` until it is truthy (returned) or ``timeout`` passes (AssertionError)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}: last {last!r}")
-        time.sleep(interval)
 
 
 def free_port() -> int:

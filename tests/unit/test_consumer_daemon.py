@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,16 +32,9 @@ from coordinator.testing import FakeEtcd
 from kernel import keys
 from producer.contract import StreamSpec
 from producer.registry import Registry
+from tests.polling import eventually
 
 P = 4
-
-
-def eventually(what: str, check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 class Running:

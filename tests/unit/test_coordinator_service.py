@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,16 +24,9 @@ from kernel import keys
 from kernel.errors import StreamNotFound
 from producer.contract import StreamSpec
 from producer.registry import Registry
+from tests.polling import eventually
 
 P = 8
-
-
-def eventually(what: str, check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 class Env:

@@ -22,28 +22,13 @@ from typing import Any
 from consumers import audit as checker
 from coordinator.group import Group, GroupState
 from producer import Producer, StreamSpec
+from tests.polling import wait_until
 
 __all__ = ["Fleet", "Proc", "SequenceProducer", "balanced", "wait_until"]
 
 ROOT = Path(__file__).resolve().parents[3]
 PARTQ = ROOT / ".venv" / "bin" / "partq"
 HANDLERS = "tests.integration.groups.recorder"
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = ""
-) -> Any:
-    """Poll ``predicate`` until it is truthy (returned) or ``timeout`` passes (AssertionError)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    for _ in range(int(timeout / interval) + 2):
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}: {last!r}")
 
 
 @dataclass
