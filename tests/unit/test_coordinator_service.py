@@ -24,6 +24,7 @@ from kernel import keys
 from kernel.errors import StreamNotFound
 from producer.contract import StreamSpec
 from producer.registry import Registry
+from tests.members import claim_assigned
 from tests.polling import eventually
 
 P = 8
@@ -57,14 +58,7 @@ class Env:
         self.sessions.pop(member).close(revoke=True)
 
     def claim_assigned(self) -> None:
-        """Each member claims what is assigned to it, as consumers do (after a release)."""
-        state = self.group.snapshot()
-        for partition, owner in sorted(state.assignment.items()):
-            claim = state.claims.get(partition)
-            if claim is not None and claim.member != owner and claim.member in self.sessions:
-                self.group.release(partition, self.sessions[claim.member])
-            if owner in self.sessions:
-                self.group.claim(partition, owner, self.sessions[owner])
+        claim_assigned(self.group, self.sessions)
 
     def assignment(self) -> dict[int, str]:
         return self.group.snapshot().assignment
