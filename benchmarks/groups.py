@@ -33,7 +33,7 @@ import time
 import urllib.request
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +106,9 @@ class Bench:
         return p
 
     def coordinator(
-        self, spec: StreamSpec, amqp: str = AMQP, settle: float = 1.0
+        self, spec: StreamSpec, amqp: str = AMQP, settle: float = 1.0, *extra: str
     ) -> subprocess.Popen[bytes]:
-        args = ["coordinator", spec.name, "--settle", str(settle), "--http-port", "0"]
+        args = ["coordinator", spec.name, "--settle", str(settle), "--http-port", "0", *extra]
         return self.spawn(f"coord-{spec.name}", args, amqp)
 
     def consumer(
@@ -204,12 +204,13 @@ class Run:
         members: list[str],
         rate: float,
         amqp: str = AMQP,
+        coordinator_args: tuple[str, ...] = (),
         **consumer: Any,
     ) -> None:
         self.b, self.queue_type, self.amqp, self.options = b, queue_type, amqp, consumer
         self.spec = b.stream(tag, P, queue_type, amqp)
         self.record = b.dir / f"{self.spec.name}.jsonl"
-        self.procs = {"coordinator": b.coordinator(self.spec, amqp)}
+        self.procs = {"coordinator": b.coordinator(self.spec, amqp, 1.0, *coordinator_args)}
         for member in members:
             self.add(member)
         assert b.settled(self.spec, members, 60), f"{members} never settled"
@@ -243,6 +244,26 @@ class Run:
 # -- the scenarios ------------------------------------------------------------------------
 
 
+def alternate(
+    rounds: int,
+    run: Callable[[Bench, bool], dict[str, Any]],
+    say: Callable[[bool, dict[str, Any]], str],
+) -> dict[bool, list[dict[str, Any]]]:
+    """``rounds`` times (``run(b, True)``, ``run(b, False)``), alternating, on one private etcd;
+    each result logged with ``say``. What two modes are compared with, in one invocation."""
+    results: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+    with LocalEtcd() as etcd, tempfile.TemporaryDirectory() as tmp:
+        b = Bench(etcd, Path(tmp))
+        try:
+            for r in range(rounds):
+                for mode in (True, False):
+                    results[mode].append(res := run(b, mode))
+                    log(f"round {r + 1}: {say(mode, res)}")
+        finally:
+            b.stop(b.procs)
+    return results
+
+
 def handoff(b: Bench, queue_type: str, rate: float, dwell: float) -> dict[str, Any]:
     """Planned scale-out 1 → 2 → 3 under load: the gap between owners of each moved partition."""
     run = Run(b, "handoff", queue_type, ["c1"], rate)
@@ -258,9 +279,12 @@ def handoff(b: Bench, queue_type: str, rate: float, dwell: float) -> dict[str, A
     return summary | {"steps": steps, "gaps": audit.handoff_gaps(records)}
 
 
-def failover(b: Bench, queue_type: str, ttl: int, rate: float, dwell: float) -> dict[str, Any]:
+def failover(
+    b: Bench, queue_type: str, ttl: int, rate: float, dwell: float, standby: bool = False
+) -> dict[str, Any]:
     """``kill -9`` of one of two consumers: when its partitions are handled again, and the steps."""
-    run = Run(b, f"failover{ttl}", queue_type, ["c1", "c2"], rate, ttl=ttl)
+    extra = ("--standby",) if standby else ()
+    run = Run(b, f"failover{ttl}", queue_type, ["c1", "c2"], rate, coordinator_args=extra, ttl=ttl)
     time.sleep(dwell)
     orphans = sorted(p for p, m in b.snapshot(run.spec).assignment.items() if m == "c2")
     t_kill = time.time()

@@ -17,8 +17,9 @@ from cli.consume import consume
 from cli.context import Context
 from cli.coordinate import coordinator
 from cli.demo import demo
-from cli.operate import drain, move, rebalance, status
+from cli.operate import drain, move, pause, rebalance, resume, status
 from cli.produce import produce
+from cli.security import security
 from cli.spark import spark_job
 from cli.streams import stream
 from kernel import logs
@@ -86,7 +87,8 @@ def cli(ctx: click.Context, /, config: Path | None, debug: bool, **overrides: ob
 cli.add_command(stream)
 cli.add_command(produce)
 cli.add_command(spark_job)
-for _command in (consume, coordinator, status, rebalance, move, drain, demo):
+cli.add_command(security)
+for _command in (consume, coordinator, status, rebalance, move, drain, pause, resume, demo):
     cli.add_command(_command)
 
 

@@ -9,10 +9,11 @@ import threading
 import click
 
 from cli.context import Context, pass_context
-from cli.http import http_options, serve_http
+from cli.http import base_url, http_options, serve_http, server_context
 from consumers.daemon import (
     DEFAULT_HANDLER_TIMEOUT,
     EXIT_HANDLER_TIMEOUT,
+    EXIT_PERMISSION_DENIED,
     EXIT_STREAM_CHANGED,
     EXIT_WORKER_FAILED,
     Consumer,
@@ -56,6 +57,15 @@ log = logging.getLogger("partq.cli")
     "stopped). 0: no limit.",
 )
 @click.option("--partitions", type=int, help="Expected partition count; refused if etcd differs.")
+@click.option(
+    "--announce-leave/--no-announce-leave",
+    envvar="PARTQ_ANNOUNCE_LEAVE",
+    default=True,
+    show_default=True,
+    help="On SIGTERM, first let the leader move this member's partitions to others while it "
+    "consumes them (planned handoffs), then leave; without it, drain everything and leave at "
+    "once (the others take over after the leader's settle time) [PARTQ_ANNOUNCE_LEAVE].",
+)
 @http_options(default_port=9401)
 @pass_context
 def consume(
@@ -70,6 +80,7 @@ def consume(
     drain_timeout: float,
     handler_timeout: float,
     partitions: int | None,
+    announce_leave: bool,
     http_host: str,
     http_port: int,
 ) -> None:
@@ -83,8 +94,11 @@ def consume(
       3  a handler ran longer than --handler-timeout (its message is dead-lettered)
       4  a partition worker failed (the traceback is logged)
       5  the stream was deleted and recreated with another partition count
-    Restart the process on 3, 4 and 5 (a supervisor does): /readyz is false meanwhile.
+      6  RabbitMQ refused the user a partition's queue (the line says what to grant)
+    Restart the process on 3, 4, 5 and 6 (a supervisor does): /readyz is false meanwhile.
     """
+    security = ctx.settings.http
+    server_context(security)  # a certificate that cannot be used: exit 2 before connecting
     function = load_handler(handler)
     config = ConsumerConfig(
         stream=stream,
@@ -96,21 +110,26 @@ def consume(
         drain_timeout=drain_timeout,
         partitions=partitions,
         handler_timeout=handler_timeout or None,
+        announce_leave=announce_leave,
     )
     consumer = Consumer(ctx.registry(), function, config, amqp_url=ctx.settings.amqp)
     server = serve_http(
-        http_host, http_port, live=consumer.alive.is_set, ready=consumer.ready.is_set
+        http_host, http_port, security, live=consumer.alive.is_set, ready=consumer.ready.is_set
     )
     log.info(
-        "member %s serving /livez /readyz /metrics on %s:%d",
+        "member %s serving /livez /readyz /metrics on %s",
         consumer.member,
-        http_host,
-        server.server_port,
+        base_url(http_host, server, security),
     )
     on_stop_signals(consumer.stop)
     code = consumer.run()
     server.shutdown()
-    if code in (EXIT_HANDLER_TIMEOUT, EXIT_WORKER_FAILED, EXIT_STREAM_CHANGED):
+    if code in (
+        EXIT_HANDLER_TIMEOUT,
+        EXIT_WORKER_FAILED,
+        EXIT_STREAM_CHANGED,
+        EXIT_PERMISSION_DENIED,
+    ):
         exit_within(code, EXIT_GRACE)
     raise click.exceptions.Exit(code)
 

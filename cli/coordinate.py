@@ -8,7 +8,7 @@ import threading
 import click
 
 from cli.context import Context, pass_context
-from cli.http import http_options, serve_http
+from cli.http import base_url, http_options, serve_http, server_context
 from consumers.signals import on_stop_signals
 from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
 from coordinator.service import CoordinatorConfig, StreamCoordinator
@@ -30,6 +30,12 @@ log = logging.getLogger("partq.cli")
 @click.option("--max-moves", type=click.IntRange(min=1), help="Partitions in motion at most.")
 @click.option("--manual", is_flag=True, help="Move nothing until `partq rebalance`.")
 @click.option("--ttl", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option(
+    "--standby",
+    is_flag=True,
+    help="Name a hot standby member per partition: it subscribes as the queue's waiting "
+    "consumer and takes over within milliseconds when the owner's connection dies.",
+)
 @http_options(default_port=9400)
 @pass_context
 def coordinator(
@@ -40,15 +46,23 @@ def coordinator(
     max_moves: int | None,
     manual: bool,
     ttl: int,
+    standby: bool,
     http_host: str,
     http_port: int,
 ) -> None:
     """Run a coordinator for STREAMS (one leads per stream; run several for failover)."""
+    security = ctx.settings.http
+    server_context(security)  # a certificate that cannot be used: exit 2 before connecting
     registry = ctx.registry()
     for stream in streams:
         registry.read_spec(stream)  # fail now, not in a thread, for a stream that does not exist
     config = CoordinatorConfig(
-        min_members=min_members, settle=settle, max_moves=max_moves, manual=manual, ttl=ttl
+        min_members=min_members,
+        settle=settle,
+        max_moves=max_moves,
+        manual=manual,
+        ttl=ttl,
+        standby=standby,
     )
     threads = [StreamCoordinator(registry, s, config) for s in streams]
     stop = threading.Event()
@@ -76,16 +90,17 @@ def coordinator(
     server = serve_http(
         http_host,
         http_port,
+        security,
         live=lambda: all(t.is_alive() for t in threads),
         ready=ready,
         page=page,
         before_metrics=export_depths,
     )
     log.info(
-        "coordinating %s; status page on http://%s:%d/",
+        "coordinating %s; status page on %s/%s",
         ", ".join(streams),
-        http_host,
-        server.server_port,
+        base_url(http_host, server, security),
+        " (bearer token required)" if security.token is not None else "",
     )
     on_stop_signals(stop.set)
     for thread in threads:

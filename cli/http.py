@@ -1,5 +1,12 @@
 """``/livez``, ``/readyz`` and ``/metrics`` on one port (and an optional page at ``/``).
 
+Optionally over TLS (``--http-cert``/``--http-key``) and behind a bearer token
+(``PARTQ_HTTP_TOKEN`` or ``PARTQ_HTTP_TOKEN_FILE``). With a token, every path but
+``/livez``, ``/readyz`` and ``/metrics`` needs ``Authorization: Bearer <token>``
+(the status page, and anything not found: nothing is revealed without it); the
+probes stay open for the kubelet, and ``/metrics`` for Prometheus unless
+``--http-token-metrics``. Otherwise 401 with ``WWW-Authenticate: Bearer``.
+
 A failure behind an endpoint is an answer, never a traceback: a :class:`PartqError`
 (etcd or RabbitMQ unreachable…) from ``ready`` or ``page`` is a 503 whose body is one
 line with the reason; anything else a 500 with one line. Each is logged at warning once
@@ -11,24 +18,41 @@ the metrics are served anyway: they are this process's own.
 from __future__ import annotations
 
 import errno
+import hmac
+import ipaddress
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from cli.context import Context
 from kernel.errors import PartqError, UsageError
+from kernel.settings import HttpSecurity
 
-__all__ = ["bind_error", "http_options", "serve", "serve_http"]
+__all__ = [
+    "base_url",
+    "bind_error",
+    "exposure_warning",
+    "http_options",
+    "serve",
+    "serve_http",
+    "server_context",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger("partq.http")
 _PLAIN = "text/plain; charset=utf-8"
+_OPEN = HttpSecurity()  # plain HTTP, no token
+_PROBES = ("/livez", "/readyz")  # open whatever the token: the kubelet sends none
+_UNAUTHORIZED = b"unauthorized: send the header Authorization: Bearer <PARTQ_HTTP_TOKEN>\n"
 
 
 class _Failures:
@@ -58,6 +82,41 @@ def _one_line(error: BaseException) -> str:
     return " ".join(text.split()) or type(error).__name__
 
 
+def _authorized(header: str | None, token: str) -> bool:
+    scheme, _, given = (header or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def server_context(security: HttpSecurity) -> ssl.SSLContext | None:
+    """The TLS context for ``security``'s certificate and key; a :class:`UsageError` (one
+    line naming the files) when they cannot be used."""
+    if security.cert is None or security.key is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(security.cert, security.key)
+    except (OSError, ssl.SSLError) as e:
+        reason = getattr(e, "strerror", None) or getattr(e, "reason", None) or str(e)
+        raise UsageError(
+            f"cannot serve HTTPS with --http-cert {security.cert} and --http-key "
+            f"{security.key}: {reason}: give a PEM certificate and the private key that "
+            "matches it (PARTQ_HTTP_CERT, PARTQ_HTTP_KEY)"
+        ) from None
+    return context
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name, or "" (every address)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -74,16 +133,27 @@ def serve(
     ready: Callable[[], bool],
     page: Callable[[], str] | None = None,
     before_metrics: Callable[[], None] | None = None,
+    security: HttpSecurity = _OPEN,
 ) -> ThreadingHTTPServer:
     """Serve in a daemon thread; returns the server (``server.server_port``, ``shutdown()``).
 
-    Binding happens here: ``OSError`` (port in use…) is raised to the caller.
+    Binding happens here: ``OSError`` (port in use…) is raised to the caller, a
+    certificate that cannot be used a :class:`UsageError`.
     """
     failures = _Failures()
+    context = server_context(security)
+    token = security.token.get_secret_value() if security.token is not None else None
+    open_paths = _PROBES if security.token_metrics else (*_PROBES, "/metrics")
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = 30  # seconds a client may stall (a TLS handshake, a request line)
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            guarded = token is not None and path not in open_paths
+            if guarded and not _authorized(self.headers.get("Authorization"), token or ""):
+                self._send(401, _UNAUTHORIZED, challenge=True)
+                return
             try:
                 code, body, ctype = self._answer(path)
             except Exception as e:
@@ -117,9 +187,17 @@ def serve(
             return 404, b"not found\n", _PLAIN
 
         def _send(
-            self, code: int, body: bytes, ctype: str = _PLAIN, *, refresh: bool = False
+            self,
+            code: int,
+            body: bytes,
+            ctype: str = _PLAIN,
+            *,
+            refresh: bool = False,
+            challenge: bool = False,
         ) -> None:
             self.send_response(code)
+            if challenge:
+                self.send_header("WWW-Authenticate", 'Bearer realm="partq"')
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             if refresh:  # the status page's error keeps reloading, like the page itself
@@ -131,14 +209,54 @@ def serve(
             pass
 
     server = _Server((host, port), Handler)
+    if context is not None:  # the handshake runs in the request's thread, not in accept()
+        server.socket = context.wrap_socket(
+            server.socket, server_side=True, do_handshake_on_connect=False
+        )
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server
 
 
+def _to_settings(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """A flag that is a setting: into the overrides the settings are built from (flag > env
+    > file), as the ``partq`` group's own flags are."""
+    if value and param.name is not None:  # an unset flag is False: the environment decides
+        ctx.find_object(Context).overrides[param.name] = value  # type: ignore[union-attr]
+
+
 def http_options(default_port: int) -> Callable[[F], F]:
-    """``--http-host`` and ``--http-port`` for a daemon's /metrics, /livez, /readyz."""
+    """``--http-host``, ``--http-port``, and the TLS and token settings of the daemon's port."""
 
     def decorate(command: F) -> F:
+        settings = [
+            click.option(
+                "--http-token-metrics",
+                is_flag=True,
+                default=None,
+                expose_value=False,
+                callback=_to_settings,
+                help="/metrics needs the token too (Prometheus then sends it) "
+                "[PARTQ_HTTP_TOKEN_METRICS].",
+            ),
+            click.option(
+                "--http-key",
+                type=click.Path(path_type=Path),
+                expose_value=False,
+                callback=_to_settings,
+                help="Private key of --http-cert [PARTQ_HTTP_KEY].",
+            ),
+            click.option(
+                "--http-cert",
+                type=click.Path(path_type=Path),
+                expose_value=False,
+                callback=_to_settings,
+                help="Serve HTTPS with this PEM certificate (chain) [PARTQ_HTTP_CERT]. "
+                "The bearer token for the status page has no flag: PARTQ_HTTP_TOKEN or "
+                "PARTQ_HTTP_TOKEN_FILE.",
+            ),
+        ]
+        for option in settings:
+            command = option(command)
         command = click.option(
             "--http-port",
             type=click.IntRange(0, 65535),
@@ -157,13 +275,44 @@ def http_options(default_port: int) -> Callable[[F], F]:
     return decorate
 
 
-def serve_http(host: str, port: int, **endpoints: Any) -> ThreadingHTTPServer:
+def serve_http(
+    host: str, port: int, security: HttpSecurity, **endpoints: Any
+) -> ThreadingHTTPServer:
     """:func:`cli.http.serve`, with a bind failure as one line naming the flag to change
-    (a :class:`UsageError`: exit code 2)."""
+    (a :class:`UsageError`: exit code 2); warns once when the port is open beyond this host
+    without a token (or sends the token without TLS)."""
     try:
-        return serve(host, port, **endpoints)
+        server = serve(host, port, security=security, **endpoints)
     except OSError as e:
         raise UsageError(bind_error(host, port, e)) from None
+    warning = exposure_warning(host, security)
+    if warning is not None:
+        log.warning("HTTP on %s:%d %s", host, server.server_port, warning)
+    return server
+
+
+def exposure_warning(host: str, security: HttpSecurity) -> str | None:
+    """What is wrong with serving on ``host`` this way, or None: a port reachable from
+    other hosts needs the token, and the token needs TLS there."""
+    if is_loopback(host):
+        return None
+    if security.token is None:
+        return (
+            "is reachable from other hosts and has no token: anyone who reaches it reads "
+            "the status page; set PARTQ_HTTP_TOKEN_FILE (or PARTQ_HTTP_TOKEN), or bind 127.0.0.1"
+        )
+    if not security.tls:
+        return (
+            "takes the token over plain HTTP: it crosses the network in clear; "
+            "serve HTTPS with --http-cert and --http-key"
+        )
+    return None
+
+
+def base_url(host: str, server: ThreadingHTTPServer, security: HttpSecurity) -> str:
+    """``http(s)://host:port`` of a started server, for log lines."""
+    scheme = "https" if security.tls else "http"
+    return f"{scheme}://{host}:{server.server_port}"
 
 
 def bind_error(host: str, port: int, error: OSError) -> str:

@@ -8,9 +8,10 @@ import logging
 import click
 
 from cli.context import Context, pass_context
-from coordinator.group import Drain, Group, Move, Rebalance, validate_member_id
+from coordinator.group import Drain, Group, Move, Pause, Rebalance, validate_member_id
 from coordinator.policy import plan
 from coordinator.status import beyond_lines, malformed_lines, snapshot_status
+from producer.contract import StreamSpec
 
 log = logging.getLogger("partq.cli")
 
@@ -37,13 +38,16 @@ def status(ctx: Context, stream: str, as_json: bool) -> None:
         click.echo(line)
     click.echo(f"unassigned: {report['unassigned'] or '-'}")
     click.echo(f"moves in progress: {report['in_motion'] or '-'}")
+    click.echo(f"paused: {report['paused'] or '-'}")
     click.echo(
-        f"{'partition':>9}  {'owner':<30} {'claimed by':<30} {'messages':>8} {'consumers':>9}"
+        f"{'partition':>9}  {'owner':<30} {'claimed by':<30} {'standby':<30} "
+        f"{'messages':>8} {'consumers':>9}"
     )
     for row in report["rows"]:
         click.echo(
             f"{row['partition']:>9}  {row['owner'] or '-':<30} {row['claim'] or '-':<30} "
-            f"{_num(row['messages']):>8} {_num(row['consumers']):>9}"
+            f"{row.get('standby') or '-':<30} {_num(row['messages']):>8} "
+            f"{_num(row['consumers']):>9}"
         )
     for line in malformed_lines(report):
         click.echo(line)
@@ -117,3 +121,53 @@ def drain(ctx: Context, stream: str, member: str) -> None:
     group.request(Drain(member))
     owned = sorted(p for p, o in state.assignment.items() if o == member)
     click.echo(f"drain of {member} requested ({len(owned)} partitions to move)")
+
+
+@click.command()
+@click.argument("stream")
+@click.option("--partition", "-p", type=int, help="Only this partition [default: every one].")
+@pass_context
+def pause(ctx: Context, stream: str, partition: int | None) -> None:
+    """Pause STREAM (or one partition): its owner drains it and stops consuming, but keeps it.
+
+    Messages wait in the partition's queue. The pause is kept in etcd: it holds across
+    restarts, handoffs and coordinator failover until `partq resume`.
+    """
+    group, spec = _group(ctx, stream)
+    if partition is not None and not 0 <= partition < spec.partitions:
+        raise click.BadParameter(
+            f"{stream} has partitions 0..{spec.partitions - 1}", param_hint="--partition"
+        )
+    group.request(Pause(partition))
+    what = "every partition" if partition is None else f"partition {partition}"
+    click.echo(f"{stream}: {what} paused; its owner drains it and stops consuming")
+
+
+@click.command()
+@click.argument("stream")
+@click.option("--partition", "-p", type=int, help="Only this partition [default: every one].")
+@pass_context
+def resume(ctx: Context, stream: str, partition: int | None) -> None:
+    """Resume what `partq pause` paused (without --partition: every pause of STREAM)."""
+    group, _spec = _group(ctx, stream)
+    requests = group.snapshot().requests
+    if partition is None:
+        names = sorted(n for n, r in requests.items() if isinstance(r, Pause))
+    elif "pause" in requests:
+        raise click.UsageError(
+            f"{stream} is paused as a whole: resume it all with `partq resume {stream}`"
+        )
+    else:
+        names = [n for n in (Pause(partition).name,) if n in requests]
+    if not names:
+        click.echo(f"{stream}: nothing paused there")
+        return
+    for name in names:
+        group.clear_request(name)
+    click.echo(f"{stream}: resumed ({', '.join(names)})")
+
+
+def _group(ctx: Context, stream: str) -> tuple[Group, StreamSpec]:
+    registry = ctx.registry()
+    spec = registry.read_spec(stream)
+    return Group(registry.client, registry.where, stream, report=False), spec

@@ -44,7 +44,7 @@ import pika
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
-from kernel.amqp import AmqpURL, connection_parameters
+from kernel.amqp import AmqpURL, Nodes, access_refused, unavailable
 from kernel.backoff import Backoff, Delays
 from producer.contract import StreamSpec
 
@@ -58,6 +58,7 @@ _QUIET = 0.25  # no delivery for this long while acks are held: nothing is in fl
 # in 5 bursty runs on a loaded machine (a return reached the queue after the next owner
 # was served), so a trickling partition's handoff waits up to 5 s.
 _MAX_HOLD = 5.0
+_STANDBY_RECHECK = 0.2  # seconds between looks for the owner's consumer before standing by
 _BACKOFF = Backoff()  # reconnects, and subscribes to a missing queue: 0.2 s doubling to 5 s
 
 
@@ -69,6 +70,20 @@ class Delivery:
     redelivered: bool
     properties: pika.BasicProperties
     body: bytes
+
+    @classmethod
+    def of(
+        cls, partition: int, channel: Channel, method: Any, header_frame: Any, body: bytes
+    ) -> Delivery:
+        """From pika's Basic.Deliver, content header and body."""
+        return cls(
+            partition,
+            channel,
+            method.delivery_tag,
+            method.redelivered,
+            header_frame.properties,
+            body,
+        )
 
 
 END = object()  # follows the last delivery of a cancelled subscription
@@ -89,6 +104,22 @@ class _Subscription:
     consuming: bool = False
 
 
+@dataclass
+class _Standby:
+    """A hot standby subscription: the queue's waiting consumer until the owner's goes.
+
+    Deliveries (the broker activated it) are kept unhandled until the controller decides:
+    :meth:`Broker.promote` (the owner died: they go to the worker) or
+    :meth:`Broker.give_back` (a planned move: each is returned, in order, then cancel).
+    """
+
+    channel: Channel
+    tag: str | None = None
+    buffer: list[Delivery] = field(default_factory=list)
+    activated: bool = False
+    returning: bool = False
+
+
 class Broker(threading.Thread):
     def __init__(
         self,
@@ -103,17 +134,28 @@ class Broker(threading.Thread):
         on_drained: Callable[[int], None],
         on_channel_lost: Callable[[int], None],
         on_connection: Callable[[bool], None],
+        on_refused: Callable[[int, str], None] | None = None,
+        on_activated: Callable[[int], None] | None = None,
+        on_standby_lost: Callable[[int], None] | None = None,
     ) -> None:
+        """``on_refused(partition, reason)``: RabbitMQ refused this user the partition's
+        queue (403 ACCESS_REFUSED); ``reason`` is one line naming the queue, the user and
+        the permission to grant. The partition is not subscribed again: retrying cannot
+        help until the permission is granted. Without it, the reason is logged."""
         super().__init__(name=f"{name}-amqp", daemon=True)
+        self.url = url
         self.spec = spec
-        self.params = connection_parameters(url, name=name, heartbeat=heartbeat)
-        self.params.connection_attempts = 1
+        self.nodes = Nodes.of(url, name=name, heartbeat=heartbeat)
         self.prefetch = prefetch
         self._deliver = deliver
         self._on_subscribed = on_subscribed
         self._on_drained = on_drained
         self._on_channel_lost = on_channel_lost
         self._on_connection = on_connection
+        self._on_refused = on_refused
+        self._on_activated = on_activated or (lambda _p: None)
+        self._on_standby_lost = on_standby_lost or (lambda _p: None)
+        self._standbys: dict[int, _Standby | None] = {}  # None: its channel is opening
         self._connection: SelectConnection | None = None
         self._subs: dict[int, _Subscription] = {}
         self._opening: set[int] = set()
@@ -153,6 +195,24 @@ class Broker(threading.Thread):
         if not self._call(lambda: self._finish(partition, channel)):
             self._on_channel_lost(partition)
 
+    def stand_by(self, partition: int) -> bool:
+        """Subscribe to ``partition`` as its hot standby (the waiting consumer)."""
+        return self._call(lambda: self._stand_by(partition))
+
+    def stand_down(self, partition: int) -> None:
+        """No longer the standby (not activated: cancelled; activated: the controller's
+        promote or give_back decides)."""
+        self._call(lambda: self._stand_down(partition))
+
+    def promote(self, partition: int) -> None:
+        """The activated standby becomes the subscription: its deliveries go to the worker."""
+        if not self._call(lambda: self._promote(partition)):
+            self._on_channel_lost(partition)
+
+    def give_back(self, partition: int) -> None:
+        """Return the activated standby's deliveries in order, then cancel it."""
+        self._call(lambda: self._give_back(partition))
+
     def close_all(self) -> None:
         """Fence: drop every channel now; the broker requeues what was not acked.
 
@@ -166,6 +226,10 @@ class Broker(threading.Thread):
             for _partition, sub in sorted(subs.items()):
                 if sub.channel.is_open:
                     sub.channel.close()
+            standbys, self._standbys = self._standbys, {}
+            for standby in standbys.values():
+                if standby is not None and standby.channel.is_open:
+                    standby.channel.close()
 
         self._call(do)
 
@@ -192,7 +256,7 @@ class Broker(threading.Thread):
         delays = _BACKOFF.delays()
         while not self._stopping:
             connection = SelectConnection(
-                self.params,
+                self.nodes.current,
                 on_open_callback=self._opened,
                 on_open_error_callback=self._open_failed,
                 on_close_callback=self._closed,
@@ -210,17 +274,22 @@ class Broker(threading.Thread):
             self._subs.clear()
             self._opening.clear()
             self._deferred.clear()
+            standbys, self._standbys = self._standbys, {}
             for partition in lost:
                 self._on_channel_lost(partition)
+            for partition in sorted(standbys):
+                self._on_standby_lost(partition)
             if self._stopping:
                 return
+            self.nodes.advance()  # a list's next node (the same one for a single URL)
             time.sleep(delays.next())
 
     def _open_failed(self, connection: SelectConnection, error: BaseException) -> None:
-        log.warning("cannot connect to RabbitMQ: %r", error)
+        log.warning("cannot connect to RabbitMQ: %s", unavailable(self.nodes.where, error))
         connection.ioloop.stop()
 
     def _opened(self, connection: SelectConnection) -> None:
+        log.info("connected to RabbitMQ at %s", self.nodes.where)
         self.connected.set()
         self._on_connection(True)
 
@@ -260,35 +329,8 @@ class Broker(threading.Thread):
         sub = _Subscription(channel, consuming=True)
         self._subs[partition] = sub
         if new:
-            channel.add_on_close_callback(
-                lambda ch, reason: self._channel_closed(partition, ch, reason)
-            )
-            # The broker cancels a consumer by itself when its queue is deleted: no END
-            # would ever follow, so the partition is reported lost (its channel closed).
-            channel.add_on_cancel_callback(lambda _frame: self._cancelled(partition, channel))
-
-        def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
-            method = method_frame.method
-            sub.received += 1
-            if sub.holding and not sub.cancel_sent and self._window_full(sub):
-                self._cancel(partition, sub)  # before handing it on: nothing else can come
-            self._deliver(
-                partition,
-                Delivery(
-                    partition,
-                    channel,
-                    method.delivery_tag,
-                    method.redelivered,
-                    header_frame.properties,
-                    body,
-                ),
-            )
-
-        # Every delivery on this channel goes to the partition's worker. pika itself rejects
-        # (requeues) deliveries that arrive between basic.cancel and CancelOk and drops those
-        # after it. pika looks ``_on_deliver`` up on the instance for each delivery (pika 1.3
-        # and 1.4); tests/integration/test_broker_drain.py pins the effect.
-        channel._on_deliver = on_delivery
+            self._watch(partition, channel)
+        self._route(partition, channel, sub)
 
         def on_qos(_frame: Any) -> None:
             sub.tag = channel.basic_consume(
@@ -298,6 +340,126 @@ class Broker(threading.Thread):
             )
 
         channel.basic_qos(prefetch_count=self.prefetch, callback=on_qos)
+
+    def _watch(self, partition: int, channel: Channel) -> None:
+        channel.add_on_close_callback(
+            lambda ch, reason: self._channel_closed(partition, ch, reason)
+        )
+        # The broker cancels a consumer by itself when its queue is deleted: no END
+        # would ever follow, so the partition is reported lost (its channel closed).
+        channel.add_on_cancel_callback(lambda _frame: self._cancelled(partition, channel))
+
+    def _route(self, partition: int, channel: Channel, sub: _Subscription) -> None:
+        """Every delivery on ``channel`` goes to the partition's worker. pika itself rejects
+        (requeues) deliveries that arrive between basic.cancel and CancelOk and drops those
+        after it. pika looks ``_on_deliver`` up on the instance for each delivery (pika 1.3
+        and 1.4); tests/integration/test_broker_drain.py pins the effect."""
+
+        def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
+            method = method_frame.method
+            sub.received += 1
+            if sub.holding and not sub.cancel_sent and self._window_full(sub):
+                self._cancel(partition, sub)  # before handing it on: nothing else can come
+            self._deliver(partition, Delivery.of(partition, channel, method, header_frame, body))
+
+        channel._on_deliver = on_delivery
+
+    # -- the I/O thread: hot standby -----------------------------------------------------
+
+    def _stand_by(self, partition: int) -> None:
+        assert self._connection is not None
+        if partition in self._standbys or partition in self._opening:
+            return
+        sub = self._subs.get(partition)
+        if sub is not None and (sub.consuming or sub.holding):
+            return
+        self._standbys[partition] = None
+        self._connection.channel(on_open_callback=lambda ch: self._standby_open(partition, ch))
+
+    def _standby_open(self, partition: int, channel: Channel) -> None:
+        if partition not in self._standbys:  # stood down while the channel opened
+            channel.close()
+            return
+        standby = self._standbys[partition] = _Standby(channel)
+        channel.add_on_close_callback(
+            lambda ch, _reason: self._standby_closed(partition, ch, standby)
+        )
+
+        def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
+            method = method_frame.method
+            if standby.returning:  # given back: this one too, in order
+                channel.basic_nack(method.delivery_tag, requeue=True)
+                return
+            standby.buffer.append(Delivery.of(partition, channel, method, header_frame, body))
+            if not standby.activated:
+                standby.activated = True
+                self._on_activated(partition)
+
+        channel._on_deliver = on_delivery
+
+        queue = self.spec.queue(partition)
+
+        def consume_behind(frame: Any) -> None:
+            """Subscribe only behind a consumer: first, we would be the active one."""
+            if not channel.is_open or standby.returning:
+                return
+            if frame.method.consumer_count < 1:
+                assert self._connection is not None
+                self._connection.ioloop.call_later(_STANDBY_RECHECK, check)
+                return
+            standby.tag = channel.basic_consume(queue, lambda *_: None)
+
+        def check() -> None:
+            if channel.is_open and not standby.returning and standby.tag is None:
+                channel.queue_declare(queue, passive=True, callback=consume_behind)
+
+        channel.basic_qos(prefetch_count=self.prefetch, callback=lambda _f: check())
+
+    def _standby_closed(self, partition: int, channel: Channel, standby: _Standby) -> None:
+        if self._standbys.get(partition) is standby:
+            del self._standbys[partition]
+            self._on_standby_lost(partition)
+
+    def _stand_down(self, partition: int) -> None:
+        if partition not in self._standbys:
+            return
+        standby = self._standbys[partition]
+        if standby is None:  # still opening: _standby_open closes it
+            del self._standbys[partition]
+            return
+        if not standby.activated:
+            self._give_back(partition)
+
+    def _give_back(self, partition: int) -> None:
+        standby = self._standbys.pop(partition, None)
+        if standby is None:
+            return
+        channel = standby.channel
+        standby.returning = True
+        if not channel.is_open:
+            return
+        for delivery in standby.buffer:  # one return each, in delivery order
+            channel.basic_nack(delivery.delivery_tag, requeue=True)
+        standby.buffer.clear()
+        if standby.tag is None:
+            channel.close()
+        else:
+            channel.basic_cancel(standby.tag, callback=lambda _f: channel.close())
+
+    def _promote(self, partition: int) -> None:
+        standby = self._standbys.pop(partition, None)
+        if standby is None or not standby.channel.is_open:
+            self._on_channel_lost(partition)
+            return
+        channel = standby.channel
+        sub = _Subscription(channel, tag=standby.tag, received=len(standby.buffer))
+        sub.consuming = True
+        self._subs[partition] = sub
+        self._watch(partition, channel)
+        self._route(partition, channel, sub)
+        for delivery in standby.buffer:
+            self._deliver(partition, delivery)
+        standby.buffer.clear()
 
     def _ack(self, partition: int, channel: Channel, delivery_tag: int) -> None:
         sub = self._subs.get(partition)
@@ -417,6 +579,14 @@ class Broker(threading.Thread):
         if self._connection is None or not self._connection.is_open:
             return  # the connection is going down: run() reports every partition it had
         del self._subs[partition]
+        if getattr(reason, "reply_code", None) == 403:  # ACCESS_REFUSED: not lost, refused
+            text = str(getattr(reason, "reply_text", reason))
+            why = access_refused(self.url, text, "read")  # basic.qos needs none: the consume
+            if self._on_refused is None:
+                log.error("partition %d: %s", partition, why)
+            else:
+                self._on_refused(partition, why)
+            return
         if sub.consuming or sub.holding:
             log.warning("partition %d: channel closed: %r", partition, reason)
             self._on_channel_lost(partition)

@@ -15,6 +15,7 @@ __all__ = [
     "EXIT_DRAIN_TIMEOUT",
     "EXIT_HANDLER_TIMEOUT",
     "EXIT_OK",
+    "EXIT_PERMISSION_DENIED",
     "EXIT_STREAM_CHANGED",
     "EXIT_WORKER_FAILED",
     "ConsumerConfig",
@@ -26,6 +27,7 @@ EXIT_DRAIN_TIMEOUT = 1
 EXIT_HANDLER_TIMEOUT = 3
 EXIT_WORKER_FAILED = 4
 EXIT_STREAM_CHANGED = 5
+EXIT_PERMISSION_DENIED = 6
 # A handler may run this long per message by default: far longer than any per-message
 # work should take, and well below RabbitMQ's consumer_timeout (30 min by default), past
 # which the broker itself would close the channel and return the partition's messages.
@@ -48,6 +50,11 @@ class ConsumerConfig:
     # Seconds a handler may run per message (None or 0: no limit). Past it the message is
     # dead-lettered and the member exits with EXIT_HANDLER_TIMEOUT (see the module docstring).
     handler_timeout: float | None = DEFAULT_HANDLER_TIMEOUT
+    # On a stop, first mark the member "leaving" so the leader moves its partitions to
+    # others while it still consumes them (planned handoffs), then leave; after
+    # ``announce_wait`` seconds whatever is still ours is drained and released as without it.
+    announce_leave: bool = True
+    announce_wait: float = 5.0
 
     def __post_init__(self) -> None:
         if self.member_id is not None:  # InvalidMemberId: a usage error, exit code 2

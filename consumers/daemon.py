@@ -19,8 +19,12 @@ A consumer never dies silently. :meth:`Consumer.run` returns an exit code
   ``partq_consumer_worker_failures_total{reason="crash"}``); the member left the group.
 - 5 (:data:`EXIT_STREAM_CHANGED`): the stream was deleted and recreated with another
   partition count; partitions are fixed, so this member cannot go on.
+- 6 (:data:`EXIT_PERMISSION_DENIED`): RabbitMQ refused the user a partition's queue
+  (403 ACCESS_REFUSED on basic.consume): the error line names the queue, the user and
+  the permission to grant. Retrying cannot help, and a member that holds a partition
+  it cannot read stalls it: it leaves the group so the partition moves to another member.
 
-On 3 and 4, ``/readyz`` turns false at once; the other partitions are drained
+On 3, 4 and 6, ``/readyz`` turns false at once; the other partitions are drained
 and released as on a stop, the failed one is abandoned (its unacked deliveries
 return to the queue when the connection closes, before the lease is revoked):
 the partition moves to another member and the supervisor restarts this one.
@@ -46,6 +50,7 @@ from consumers.config import (
     EXIT_DRAIN_TIMEOUT,
     EXIT_HANDLER_TIMEOUT,
     EXIT_OK,
+    EXIT_PERMISSION_DENIED,
     EXIT_STREAM_CHANGED,
     EXIT_WORKER_FAILED,
     ConsumerConfig,
@@ -53,10 +58,15 @@ from consumers.config import (
 )
 from consumers.events import (
     BrokerConnection,
+    BrokerRefused,
+    CheckTakeovers,
     ControllerEvent,
     Handoff,
+    LeaveNow,
     Resync,
     RetryRelease,
+    SettleTakeover,
+    Standby,
     WorkerFailed,
 )
 from consumers.handoff import Event
@@ -78,6 +88,7 @@ __all__ = [
     "EXIT_DRAIN_TIMEOUT",
     "EXIT_HANDLER_TIMEOUT",
     "EXIT_OK",
+    "EXIT_PERMISSION_DENIED",
     "EXIT_STREAM_CHANGED",
     "EXIT_WORKER_FAILED",
     "Consumer",
@@ -134,6 +145,9 @@ class Consumer:
             on_drained=lambda p: put(Handoff(p, Event.DRAINED)),
             on_channel_lost=lambda p: put(Handoff(p, Event.CHANNEL_LOST)),
             on_connection=lambda up: put(BrokerConnection(up)),
+            on_refused=lambda p, reason: put(BrokerRefused(p, reason)),
+            on_activated=lambda p: put(Standby(p, activated=True)),
+            on_standby_lost=lambda p: put(Standby(p, activated=False)),
         )
         self.partitions = Partitions(
             spec=self.spec,
@@ -148,6 +162,7 @@ class Consumer:
             on_worker_failure=lambda p, reason: put(WorkerFailed(p, reason)),
             retry_release=lambda p: self._schedule(RetryRelease(p)),
             resync=lambda: self._schedule(Resync()),
+            settle_takeover=lambda p: self._after(config.ttl + 1.0, SettleTakeover(p)),
         )
 
     # -- public --------------------------------------------------------------------------
@@ -218,10 +233,35 @@ class Consumer:
                     self.partitions.release(partition)
             case WorkerFailed(partition=partition, reason=reason):
                 self._worker_failed(partition, reason)
+            case Standby(partition=partition, activated=activated):
+                if self.stopping or self.deleted or self.session is None:
+                    self.broker.give_back(partition)
+                elif activated:
+                    if self.partitions.activated(partition):
+                        self.events.put(CheckTakeovers())
+                else:
+                    self.partitions.standby_lost(partition)
+            case CheckTakeovers():
+                allowed = not (self.stopping or self.deleted or self.session is None)
+                self.partitions.check_takeovers(allowed=allowed)
+            case SettleTakeover(partition=partition):
+                self.partitions.settle_takeover(partition)
+            case LeaveNow():
+                if self.stopping and not self.partitions.leaving:
+                    log.info("stop announced %.0fs ago: leaving now", self.config.announce_wait)
+                    self._leave_now()
+            case BrokerRefused(partition=partition, reason=reason):
+                self.partitions.abandon(partition)  # never subscribed again: it would spin
+                self._fail(EXIT_PERMISSION_DENIED, reason)
             case BrokerConnection(up=up):
                 if up:
                     self.partitions.resubscribe()
                 self._update_ready()
+
+    def _after(self, seconds: float, event: ControllerEvent) -> None:
+        timer = threading.Timer(seconds, self.events.put, args=(event,))
+        timer.daemon = True
+        timer.start()
 
     def _schedule(self, event: Resync | RetryRelease) -> None:
         """Queue ``event`` after the next backoff delay."""
@@ -359,6 +399,36 @@ class Consumer:
     def _begin_stop(self) -> None:
         if self.stopping:
             return
+        self.stopping = True
+        self._deadline = time.monotonic() + self.config.drain_timeout
+        self.ready.clear()
+        if self._announce():
+            self._after(self.config.announce_wait, LeaveNow())
+            return
+        self._leave_now()
+
+    def _announce(self) -> bool:
+        """Mark us ``leaving`` if a leader and another member can take our partitions."""
+        mirror = self.partitions.mirror
+        me = mirror.members.get(self.member)
+        others = [m for m in mirror.members.values() if m.id != self.member and not m.leaving]
+        if not self.config.announce_leave or self.session is None or me is None:
+            return False
+        if not others or not mirror.candidates or not self.owned():
+            return False
+        try:
+            announced = self.group.announce_leaving(me, self.session)
+        except EtcdUnavailable as e:
+            log.warning("cannot announce the stop in etcd: %s; leaving at once", e)
+            return False
+        if announced:
+            log.info(
+                "stopping: announced; handing %d partitions over while consuming them",
+                len(self.owned()),
+            )
+        return announced
+
+    def _leave_now(self) -> None:
         abandoned = self.partitions.abandoned
         draining = [p for p in self.owned() if p not in abandoned]
         log.info(
@@ -366,9 +436,7 @@ class Consumer:
             len(draining),
             f" (abandoning {sorted(abandoned)})" if abandoned else "",
         )
-        self.stopping = self.partitions.leaving = True
-        self._deadline = time.monotonic() + self.config.drain_timeout
-        self.ready.clear()
+        self.partitions.leaving = True
         if self.session is not None:
             try:
                 self.group.leave(self.member, self.session)

@@ -12,10 +12,15 @@ from coordinator.group import WatchEvent
 
 __all__ = [
     "BrokerConnection",
+    "BrokerRefused",
+    "CheckTakeovers",
     "ControllerEvent",
     "Handoff",
+    "LeaveNow",
     "Resync",
     "RetryRelease",
+    "SettleTakeover",
+    "Standby",
     "WorkerFailed",
 ]
 
@@ -50,6 +55,40 @@ class WorkerFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class Standby:
+    """Our hot standby subscription of a partition was activated, or lost."""
+
+    partition: int
+    activated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CheckTakeovers:
+    """Decide, with one read of etcd, for every standby activated until now."""
+
+
+@dataclass(frozen=True, slots=True)
+class SettleTakeover:
+    """A lease TTL after a takeover: make the takeover claim an ordinary one."""
+
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveNow:
+    """A stop was announced a while ago: leave the group now, whatever is still ours."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRefused:
+    """RabbitMQ refused this user a partition's queue (403); ``reason``: one line saying
+    which queue, which user and what to grant."""
+
+    partition: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConnection:
     """The connection to RabbitMQ went up or down."""
 
@@ -66,4 +105,9 @@ ControllerEvent = (
     | Handoff
     | WorkerFailed
     | BrokerConnection
+    | LeaveNow
+    | Standby
+    | SettleTakeover
+    | CheckTakeovers
+    | BrokerRefused
 )

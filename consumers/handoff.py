@@ -7,6 +7,9 @@ revoke → drain → release → grant, as in docs/architecture.md::
       │                                                               unassigned
     RELEASING ◀──drained (cancel-ok, every delivery acked, channel closed)── DRAINING
 
+An operator's pause (``paused``) drains an ACTIVE partition the same way but keeps it:
+DRAINING ──drained──▶ PAUSED (claim held, not consumed) ──resumed──▶ SUBSCRIBING.
+
 The shell (``consumers.daemon``) turns etcd watch events and broker callbacks
 into events and carries out the commands; nothing here does I/O.
 """
@@ -27,6 +30,7 @@ class Phase(Enum):
     ACTIVE = "active"
     DRAINING = "draining"
     RELEASING = "releasing"
+    PAUSED = "paused"  # ours (assigned, claimed) but not consumed: an operator paused it
 
 
 class Holder(Enum):
@@ -46,6 +50,8 @@ class Event(Enum):
     DRAINED = "drained"
     RELEASED = "released"
     CHANNEL_LOST = "channel-lost"  # the broker closed our channel or connection
+    PAUSED = "paused"  # an operator paused the partition
+    RESUMED = "resumed"
 
 
 class Command(Enum):
@@ -60,6 +66,7 @@ class State:
     phase: Phase = Phase.IDLE
     assigned: bool = False
     holder: Holder = Holder.NOBODY
+    paused: bool = False
 
     @property
     def consuming(self) -> bool:
@@ -73,12 +80,29 @@ def _want(state: State) -> tuple[State, list[Command]]:
     if state.holder is Holder.OTHER:
         return replace(state, phase=Phase.WAITING), []
     if state.holder is Holder.ME:  # our claim survived (e.g. after a broker reconnect)
-        return replace(state, phase=Phase.SUBSCRIBING), [Command.SUBSCRIBE]
+        return _consume(state)
     return replace(state, phase=Phase.CLAIMING), [Command.CLAIM]
+
+
+def _consume(state: State) -> tuple[State, list[Command]]:
+    """Assigned and claimed by us: subscribe, unless paused."""
+    if state.paused:
+        return replace(state, phase=Phase.PAUSED), []
+    return replace(state, phase=Phase.SUBSCRIBING), [Command.SUBSCRIBE]
 
 
 def step(state: State, event: Event) -> tuple[State, list[Command]]:
     phase = state.phase
+    if event is Event.PAUSED:
+        state = replace(state, paused=True)
+        if phase is Phase.ACTIVE:
+            return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
+        return state, []  # SUBSCRIBING: cancelled once subscribed; DRAINING: kept when drained
+    if event is Event.RESUMED:
+        state = replace(state, paused=False)
+        if phase is Phase.PAUSED:  # the claim may have gone meanwhile: claim or wait first
+            return _want(state)
+        return state, []
     if event is Event.ASSIGNED:
         state = replace(state, assigned=True)
         return _want(state) if phase in (Phase.IDLE, Phase.WAITING) else (state, [])
@@ -88,21 +112,28 @@ def step(state: State, event: Event) -> tuple[State, list[Command]]:
             return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
         if phase is Phase.WAITING:
             return replace(state, phase=Phase.IDLE), []
+        if phase is Phase.PAUSED:
+            return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
         return state, []  # CLAIMING/SUBSCRIBING finish first; DRAINING/RELEASING go on
     if event is Event.CLAIM_FREE:
         state = replace(state, holder=Holder.NOBODY)
         if phase is Phase.ACTIVE:  # our claim vanished under us: stop, then start over
             return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
-        return _want(state) if phase is Phase.WAITING else (state, [])
+        return _want(state) if phase in (Phase.WAITING, Phase.PAUSED) else (state, [])
     if event is Event.CLAIM_OTHER:
-        return replace(state, holder=Holder.OTHER), []
+        state = replace(state, holder=Holder.OTHER)
+        if phase is Phase.ACTIVE:  # a standby took it over (our connection had died): stop
+            return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
+        if phase is Phase.PAUSED:  # kept while paused, but the claim is no longer ours
+            return _want(state)
+        return state, []
     if event is Event.CLAIMED:
         if phase is not Phase.CLAIMING:  # a stale answer
             return state, []
         state = replace(state, holder=Holder.ME)
         if not state.assigned:  # unassigned while the claim was in flight
             return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
-        return replace(state, phase=Phase.SUBSCRIBING), [Command.SUBSCRIBE]
+        return _consume(state)
     if event is Event.CLAIM_REFUSED:
         if phase is not Phase.CLAIMING:
             return state, []
@@ -111,21 +142,25 @@ def step(state: State, event: Event) -> tuple[State, list[Command]]:
     if event is Event.SUBSCRIBED:
         if phase is not Phase.SUBSCRIBING:
             return state, []
-        if not state.assigned or state.holder is not Holder.ME:
+        if not state.assigned or state.holder is not Holder.ME or state.paused:
             return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
         return replace(state, phase=Phase.ACTIVE), []
     if event is Event.DRAINED:
         if phase is not Phase.DRAINING:
             return state, []
+        if state.paused and state.assigned and state.holder is Holder.ME:
+            return replace(state, phase=Phase.PAUSED), []  # kept, claim and all
         return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
     if event is Event.RELEASED:
         return _want(replace(state, phase=Phase.IDLE, holder=Holder.NOBODY))
     if event is Event.CHANNEL_LOST:
         if phase in (Phase.SUBSCRIBING, Phase.ACTIVE):
             if state.assigned and state.holder is Holder.ME:
-                return replace(state, phase=Phase.SUBSCRIBING), [Command.SUBSCRIBE]
+                return _consume(state)
             return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
         if phase is Phase.DRAINING:  # the broker requeued what was unacked: nothing to finish
+            if state.assigned and state.holder is Holder.ME and state.paused:
+                return replace(state, phase=Phase.PAUSED), []
             return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
         return state, []
     raise ValueError(f"unknown event {event!r}")

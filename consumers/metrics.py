@@ -13,7 +13,9 @@ __all__ = [
     "HEADER_PROBLEMS",
     "LEASE_RENEWAL_FAILURES",
     "PARTITIONS_OWNED",
+    "PARTITIONS_PAUSED",
     "REDELIVERIES",
+    "TAKEOVERS",
     "WORKER_FAILURES",
 ]
 
@@ -30,6 +32,16 @@ HANDLER_SECONDS = Histogram(
 )
 PARTITIONS_OWNED = Gauge(
     "partq_consumer_partitions_owned", "Partitions this member consumes now", ["stream", "member"]
+)
+TAKEOVERS = Counter(
+    "partq_consumer_takeovers",
+    "Partitions this member took over as hot standby when their owner's connection died",
+    ["stream", "member"],
+)
+PARTITIONS_PAUSED = Gauge(
+    "partq_consumer_partitions_paused",
+    "Partitions this member owns but does not consume: an operator paused them",
+    ["stream", "member"],
 )
 HANDOFFS = Counter(
     "partq_consumer_handoffs",

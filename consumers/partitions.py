@@ -24,7 +24,9 @@ from consumers import metrics
 from consumers.broker import Broker
 from consumers.handoff import Command, Event, Holder, Phase, State, step
 from consumers.message import Handler
+from consumers.standby import may_take_over
 from consumers.worker import DeadLetters, Worker
+from coordinator import policy
 from coordinator.group import Claim, Group, GroupState, WatchEvent
 from coordinator.mirror import GroupMirror
 from coordinator.session import Session
@@ -70,6 +72,7 @@ class Partitions:
         on_worker_failure: Callable[[int, str], None],
         retry_release: Callable[[int], None],
         resync: Callable[[], None],
+        settle_takeover: Callable[[int], None] = lambda _p: None,
     ) -> None:
         self.spec = spec
         self.member = member
@@ -83,6 +86,7 @@ class Partitions:
         self._on_worker_failure = on_worker_failure
         self._retry_release = retry_release
         self._resync = resync
+        self._settle_takeover = settle_takeover  # calls settle_takeover(p) a lease TTL later
         self.session: Session | None = None  # the member's current session (None: none)
         self.leaving = False  # the member is stopping: nothing counts as assigned to it
         self.mirror = GroupMirror()
@@ -93,6 +97,9 @@ class Partitions:
         self.retired: dict[int, Worker] = {}
         self.freed_at: dict[int, float] = {}
         self.abandoned: set[int] = set()  # partitions whose worker failed: not drained
+        self.standing: set[int] = set()  # subscribed as the hot standby
+        self.taken: dict[int, str] = {}  # taken over from this (dead) owner, until reassigned
+        self._activated: set[int] = set()  # standbys activated, awaiting check_takeovers
         self._labels = (spec.name, member)
 
     # -- what the daemon asks ------------------------------------------------------------
@@ -128,9 +135,15 @@ class Partitions:
         if partition >= self.spec.partitions:
             return
         state = self.states[partition]
-        assigned = self.mirror.assignment.get(partition) == self.member and not self.leaving
+        owner = self.mirror.assignment.get(partition)
+        if partition in self.taken and owner != self.taken[partition]:
+            del self.taken[partition]  # the assignment caught up (or moved it on)
+        assigned = (owner == self.member or partition in self.taken) and not self.leaving
         if assigned != state.assigned:
             self._process(_Step(partition, Event.ASSIGNED if assigned else Event.UNASSIGNED))
+        paused = policy.paused(self.mirror.requests, partition)
+        if paused != self.states[partition].paused:
+            self._process(_Step(partition, Event.PAUSED if paused else Event.RESUMED))
         holder = self._holder(partition)
         if holder is not self.states[partition].holder:
             if holder is Holder.NOBODY:
@@ -138,6 +151,104 @@ class Partitions:
                 self._process(_Step(partition, Event.CLAIM_FREE))
             elif holder is Holder.OTHER:
                 self._process(_Step(partition, Event.CLAIM_OTHER))
+        self._sync_standby(partition)
+
+    def _sync_standby(self, partition: int) -> None:
+        """Stand by for ``partition`` while the leader names us and its owner consumes it."""
+        mirror, state = self.mirror, self.states[partition]
+        owner = mirror.assignment.get(partition)
+        claim = mirror.claims.get(partition)
+        want = (
+            mirror.standbys.get(partition) == self.member
+            and owner not in (None, self.member)
+            and claim is not None
+            and claim.member == owner
+            and state.phase is Phase.IDLE
+            and not self.leaving
+            and self.session is not None
+        )
+        if want and partition not in self.standing:
+            if self.broker.stand_by(partition):
+                self.standing.add(partition)
+                log.info("partition %d: standing by behind %s", partition, owner)
+        elif not want and partition in self.standing:
+            self.standing.discard(partition)
+            self.broker.stand_down(partition)
+
+    def standby_lost(self, partition: int) -> None:
+        """The standby's channel or connection went: stand by again if still wanted."""
+        self.standing.discard(partition)
+        self._sync_standby(partition)
+
+    def activated(self, partition: int) -> bool:
+        """RabbitMQ activated our standby subscription of ``partition``: note it for
+        :meth:`check_takeovers`; True if no check is pending yet (queue one)."""
+        self.standing.discard(partition)
+        first = not self._activated
+        self._activated.add(partition)
+        return first
+
+    def check_takeovers(self, *, allowed: bool = True) -> None:
+        """Take over, or give back, every standby activated so far, after one read of the
+        group: it comes after each activation, so it sees any etcd change that preceded a
+        planned cancel (``consumers.standby``). A dying owner activates all its standbys
+        at once: one read for them all, not one each. Not ``allowed`` (stopping): give
+        them all back."""
+        pending, self._activated = sorted(self._activated), set()
+        session = self.session
+        state: GroupState | None = None
+        if allowed and session is not None:
+            try:
+                state = self.group.snapshot()
+            except EtcdUnavailable as e:
+                log.warning("cannot check the takeovers of %s: %s", pending, e)
+        for partition in pending:
+            self._take_over(partition, state, session)
+
+    def _take_over(self, partition: int, state: GroupState | None, session: Session | None) -> None:
+        seen = may_take_over(state, partition, self.member) if state is not None else None
+        owner = state.claims[partition].member if state is not None and seen is not None else ""
+        revision = 0
+        if owner and seen is not None and session is not None:
+            try:
+                revision = self.group.take_over(partition, self.member, session, seen, owner)
+            except EtcdUnavailable as e:
+                log.warning("partition %d: cannot take it over: %s", partition, e)
+        if revision <= 0 or session is None:
+            log.info("partition %d: standby activated by a planned move: giving back", partition)
+            self.broker.give_back(partition)
+            return
+        log.warning(
+            "partition %d: its owner %s is gone from RabbitMQ: taken over", partition, owner
+        )
+        metrics.TAKEOVERS.labels(*self._labels).inc()
+        self.taken[partition] = owner
+        claim = Claim(self.member, session.id, takeover=True, taken_from=owner)
+        self.mirror.wrote_claim(partition, claim, revision)
+        self._settle_takeover(partition)
+        self._start_worker(partition)
+        self.states[partition] = State(Phase.ACTIVE, assigned=True, holder=Holder.ME)
+        metrics.PARTITIONS_OWNED.labels(*self._labels).set(len(self.owned()))
+        self.broker.promote(partition)
+
+    def settle_takeover(self, partition: int) -> None:
+        """A lease TTL after a takeover: make our takeover claim ordinary, so the member we
+        took it from (gone by now if it was dead) may be given partitions again."""
+        claim = self.mirror.claims.get(partition)
+        session = self.session
+        if claim is None or not claim.takeover or session is None or claim.lease != session.id:
+            return
+        try:
+            current, seen = self.group.read_claim(partition)
+            if current is None or current.lease != session.id:
+                return
+            revision = self.group.take_over(partition, self.member, session, seen)
+        except EtcdUnavailable as e:
+            log.warning("partition %d: cannot settle the takeover yet: %s", partition, e)
+            self._settle_takeover(partition)
+            return
+        if revision > 0:
+            self.mirror.wrote_claim(partition, Claim(self.member, session.id), revision)
 
     def handoff(self, partition: int, event: Event) -> None:
         """An event of one partition from the broker (subscribed, drained, channel lost)."""
@@ -160,6 +271,7 @@ class Partitions:
         self.workers.clear()
         self.states = {p: State() for p in range(self.spec.partitions)}
         metrics.PARTITIONS_OWNED.labels(*self._labels).set(0)
+        metrics.PARTITIONS_PAUSED.labels(*self._labels).set(0)
 
     def resubscribe(self) -> None:
         """The broker is back: subscribe what was waiting for it."""
@@ -208,6 +320,8 @@ class Partitions:
             metrics.HANDOFFS.labels(*self._labels, "released").inc()
             log.info("partition %d: drained and released", partition)
         metrics.PARTITIONS_OWNED.labels(*self._labels).set(len(self.owned()))
+        paused = sum(1 for state in self.states.values() if state.phase is Phase.PAUSED)
+        metrics.PARTITIONS_PAUSED.labels(*self._labels).set(paused)
         return [_Do(partition, command) for command in commands]
 
     def _do(self, partition: int, command: Command) -> list[_Step]:

@@ -55,6 +55,9 @@ class StubBroker(Broker):
         on_drained: Callable[[int], None],
         on_channel_lost: Callable[[int], None],
         on_connection: Callable[[bool], None],
+        on_refused: Callable[[int, str], None] | None = None,
+        on_activated: Callable[[int], None] | None = None,
+        on_standby_lost: Callable[[int], None] | None = None,
         auto: bool = True,
     ) -> None:
         threading.Thread.__init__(self, name=f"{name}-stub", daemon=True)  # never started
@@ -66,6 +69,7 @@ class StubBroker(Broker):
         self.on_drained = on_drained
         self.on_channel_lost = on_channel_lost
         self.on_connection = on_connection
+        self.on_refused = on_refused
         self.connected = threading.Event()
         self.stopped = threading.Event()
         self.calls: list[tuple[str, int]] = []  # ("subscribe", p), ("cancel", p), ...
@@ -81,6 +85,20 @@ class StubBroker(Broker):
 
     def join(self, timeout: float | None = None) -> None:
         pass
+
+    def stand_by(self, partition: int) -> bool:
+        """The stub has no waiting consumers: standing by is recorded, never activated."""
+        with self._lock:
+            self.calls.append(("stand_by", partition))
+        return True
+
+    def stand_down(self, partition: int) -> None:
+        with self._lock:
+            self.calls.append(("stand_down", partition))
+
+    def give_back(self, partition: int) -> None:
+        with self._lock:
+            self.calls.append(("give_back", partition))
 
     def subscribe(self, partition: int) -> bool:
         self._record("subscribe", partition)
@@ -171,6 +189,14 @@ class StubBroker(Broker):
             channel = self.channels.pop(partition)
             channel.is_open = False
         self.on_channel_lost(partition)
+
+    def refuse(self, partition: int, reason: str) -> None:
+        """The broker closes the partition's channel with 403 ACCESS_REFUSED."""
+        with self._lock:
+            channel = self.channels.pop(partition)
+            channel.is_open = False
+        if self.on_refused is not None:
+            self.on_refused(partition, reason)
 
     def disconnect(self) -> None:
         """The connection drops: every subscribed partition's channel with it."""

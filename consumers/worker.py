@@ -77,6 +77,7 @@ class DeadLetters:
         self.spec = spec
         self.member = member
         self._lock = threading.Lock()
+        self._warned = False
 
     def publish(self, delivery: Delivery, error: BaseException, attempts: int) -> None:
         """Publish with a confirm; raises on failure (the caller then does not ack).
@@ -103,11 +104,36 @@ class DeadLetters:
             app_id="partq",
             content_type=props.content_type,
         )
+        spec = self.spec
         with self._lock, blocking_connection(self.url, name=f"partq-dlq-{self.member}") as conn:
             channel = conn.channel()
             channel.confirm_delivery()
+            try:
+                channel.basic_publish(
+                    spec.dead_letter_exchange,
+                    spec.dead_letter_queue,
+                    delivery.body,
+                    properties,
+                    mandatory=True,
+                )
+                return
+            except pika.exceptions.ChannelClosedByBroker as e:
+                if e.reply_code != 404:  # NOT_FOUND: a stream made before the exchange was
+                    raise
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "stream %s has no dead-letter exchange %s (created by an older partq): "
+                    "dead letters go through the default exchange; run `partq stream create "
+                    "%s` again to add it",
+                    spec.name,
+                    spec.dead_letter_exchange,
+                    spec.name,
+                )
+            channel = conn.channel()
+            channel.confirm_delivery()
             channel.basic_publish(
-                "", self.spec.dead_letter_queue, delivery.body, properties, mandatory=True
+                "", spec.dead_letter_queue, delivery.body, properties, mandatory=True
             )
 
 

@@ -12,15 +12,21 @@ decodes every value it reads once, here, and treats a malformed one as absent.
 key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)                 decoded as
 ====================================  ===============================================  ==========
 ``members/<member id>``               ``{"v": 1, "id", "weight" (≥ 1), "host", "pid",  Member
-                                      "version", "started"}``, on the member's lease
+                                      "version", "started"}`` (+ ``"leaving": true``
+                                      once it announced its stop), on its lease
 ``assignment/<partition:05d>``        ``{"v": 1, "owner": <member id>}``               Assignment
 ``claims/<partition:05d>``            ``{"v": 1, "member": <member id>, "at"}``,       Claim
-                                      on the claimer's lease
+                                      on the claimer's lease (+ ``"takeover": true,
+                                      "from": <member id>`` when a standby took it
+                                      from a dead owner)
+``standby/<partition:05d>``           ``{"v": 1, "member": <member id>}``              Standby
 ``leader/<lease id:016x>``            empty, on the candidate's lease                  Candidate
 ``requests/rebalance``                ``{"v": 1, "at"}``                               Rebalance
 ``requests/move-<partition>``         ``{"v": 1, "partition", "to": <member id>,       Move
                                       "at"}``
 ``requests/drain-<member id>``        ``{"v": 1, "member": <member id>, "at"}``        Drain
+``requests/pause``                    ``{"v": 1, "at"}`` (every partition)              Pause
+``requests/pause-<partition>``        ``{"v": 1, "partition", "at"}``                  Pause
 ``spec``                              :meth:`StreamSpec.to_json`                       StreamSpec
 ====================================  ===============================================  ==========
 
@@ -77,9 +83,18 @@ _MEMBER_ID = re.compile(MEMBER_ID_PATTERN)
 _PARTITION = re.compile(r"[0-9]{5}")
 _LEASE = re.compile(r"[0-9a-f]{16}")
 _MOVE = re.compile(r"move-(0|[1-9][0-9]{0,4})")
+_PAUSE = re.compile(r"pause(-(0|[1-9][0-9]{0,4}))?")
 
-Kind = Literal["member", "assignment", "claim", "leader", "request", "spec"]
-KINDS: Final[tuple[Kind, ...]] = ("member", "assignment", "claim", "leader", "request", "spec")
+Kind = Literal["member", "assignment", "claim", "standby", "leader", "request", "spec"]
+KINDS: Final[tuple[Kind, ...]] = (
+    "member",
+    "assignment",
+    "claim",
+    "standby",
+    "leader",
+    "request",
+    "spec",
+)
 
 
 # -- the values ------------------------------------------------------------------------------
@@ -96,6 +111,7 @@ class Member:
     pid: int = 0
     version: str = ""
     started: float = 0.0
+    leaving: bool = False  # announced its stop: it hands its partitions over, then leaves
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +128,15 @@ class Claim:
     member: str
     lease: int
     at: float = 0.0
+    takeover: bool = False  # a hot standby took the partition over from its dead owner
+    taken_from: str = ""  # ... that owner (suspect until the claim is made ordinary)
+
+
+@dataclass(frozen=True, slots=True)
+class Standby:
+    """The leader's choice of hot standby for one partition (``coordinator --standby``)."""
+
+    member: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +182,21 @@ class Drain:
         return f"drain-{self.member}"
 
 
-Request = Rebalance | Move | Drain
-Value = Member | Assignment | Claim | Candidate | Request | StreamSpec
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Operator request: the owner of ``partition`` (None: of every partition) stops
+    consuming it and keeps it (``partq pause``); deleting the request resumes it."""
+
+    partition: int | None = None
+    at: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return "pause" if self.partition is None else f"pause-{self.partition}"
+
+
+Request = Rebalance | Move | Drain | Pause
+Value = Member | Assignment | Claim | Standby | Candidate | Request | StreamSpec
 
 
 # -- member ids ------------------------------------------------------------------------------
@@ -209,6 +247,7 @@ def encode_member(member: Member) -> str:
         pid=_count(member.pid, "pid", 0),
         version=_text(member.version, "version"),
         started=_time(member.started, "started"),
+        **({"leaving": True} if member.leaving else {}),
     )
 
 
@@ -221,8 +260,14 @@ def encode_candidate() -> str:
     return ""
 
 
-def encode_claim(member: str, at: float) -> str:
-    return _dumps(member=validate_member_id(member), at=_time(at, "at"))
+def encode_claim(member: str, at: float, *, taken_from: str = "") -> str:
+    """A claim; ``taken_from``: the dead owner a hot standby took the partition from."""
+    extra = {"takeover": True, "from": validate_member_id(taken_from)} if taken_from else {}
+    return _dumps(member=validate_member_id(member), at=_time(at, "at"), **extra)
+
+
+def encode_standby(member: str) -> str:
+    return _dumps(member=validate_member_id(member))
 
 
 def encode_request(request: Request) -> tuple[str, str]:
@@ -235,6 +280,13 @@ def encode_request(request: Request) -> tuple[str, str]:
         if partition >= MAX_PARTITIONS:
             raise ValueError(f"partition must be below {MAX_PARTITIONS}, got {partition}")
         return request.name, _dumps(partition=partition, to=validate_member_id(request.to), at=at)
+    if isinstance(request, Pause):
+        if request.partition is None:
+            return request.name, _dumps(at=at)
+        partition = _count(request.partition, "partition", 0)
+        if partition >= MAX_PARTITIONS:
+            raise ValueError(f"partition must be below {MAX_PARTITIONS}, got {partition}")
+        return request.name, _dumps(partition=partition, at=at)
     return request.name, _dumps(member=validate_member_id(request.member), at=at)
 
 
@@ -252,7 +304,11 @@ def decode(kind: str, stream: str, name: str, raw: bytes | str, lease: int = 0) 
         return Assignment(_id(_object(raw), "owner"))
     if kind == "claim":
         doc = _object(raw)
-        return Claim(_id(doc, "member"), lease, _number(doc, "at"))
+        takeover = _flag(doc, "takeover")
+        source = _id(doc, "from") if takeover else ""
+        return Claim(_id(doc, "member"), lease, _number(doc, "at"), takeover, source)
+    if kind == "standby":
+        return Standby(_id(_object(raw), "member"))
     if kind == "leader":
         if raw not in (b"", ""):
             raise MalformedValue("a leader candidate's value is empty")
@@ -266,7 +322,7 @@ def check_name(kind: str, name: str) -> None:
     """:class:`MalformedValue` unless ``name`` is one partq gives a key of ``kind``."""
     if kind == "member":
         _name_id(name)
-    elif kind in ("assignment", "claim"):
+    elif kind in ("assignment", "claim", "standby"):
         _partition(name)
     elif kind == "leader":
         if not _LEASE.fullmatch(name):
@@ -277,9 +333,13 @@ def check_name(kind: str, name: str) -> None:
                 raise MalformedValue(f"a move request is named move-<partition>, not {name!r}")
         elif name.startswith("drain-"):
             _name_id(name[len("drain-") :])
+        elif name.startswith("pause"):
+            if not _PAUSE.fullmatch(name):
+                raise MalformedValue(f"a pause request is named pause or pause-<p>, not {name!r}")
         elif name != "rebalance":
             raise MalformedValue(
-                f"no request is called {name!r} (rebalance, move-<p>, drain-<member>)"
+                f"no request is called {name!r} (rebalance, move-<p>, drain-<member>, pause, "
+                f"pause-<p>)"
             )
     elif kind != "spec":
         raise ValueError(f"unknown kind of key {kind!r}")
@@ -333,6 +393,14 @@ def _int(doc: dict[str, Any], field: str, minimum: int) -> int:
     return value
 
 
+def _flag(doc: dict[str, Any], field: str) -> bool:
+    """An optional true/false field (absent: false)."""
+    value = doc.get(field, False)
+    if not isinstance(value, bool):
+        raise MalformedValue(f"{field!r} is not true or false: {value!r}")
+    return value
+
+
 def _number(doc: dict[str, Any], field: str) -> float:
     value = _field(doc, field)
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -373,6 +441,7 @@ def _member(member_id: str, raw: bytes | str, lease: int) -> Member:
         pid=_int(doc, "pid", 0),
         version=_str(doc, "version"),
         started=_number(doc, "started"),
+        leaving=_flag(doc, "leaving"),
     )
 
 
@@ -389,6 +458,13 @@ def _request(name: str, raw: bytes | str) -> Request:
         if _id(doc, "member") != member_id:
             raise MalformedValue(f"'member' {doc['member']!r} is not the key's {member_id!r}")
         return Drain(member_id, _number(doc, "at"))
+    if name == "pause":
+        return Pause(None, _number(doc, "at"))
+    if name.startswith("pause-"):
+        partition = _int(doc, "partition", 0)
+        if name != f"pause-{partition}":
+            raise MalformedValue(f"'partition' {partition} is not the key's ({name!r})")
+        return Pause(partition, _number(doc, "at"))
     return Rebalance(_number(doc, "at"))
 
 

@@ -32,8 +32,10 @@ from coordinator.codec import (
     Kind,
     Member,
     Move,
+    Pause,
     Rebalance,
     Request,
+    Standby,
     Value,
     validate_member_id,
 )
@@ -53,6 +55,7 @@ __all__ = [
     "Malformed",
     "Member",
     "Move",
+    "Pause",
     "Rebalance",
     "Request",
     "WatchEvent",
@@ -80,6 +83,8 @@ class GroupState:
     members: dict[str, Member] = field(default_factory=dict)
     assignment: dict[int, str] = field(default_factory=dict)
     claims: dict[int, Claim] = field(default_factory=dict)
+    standbys: dict[int, str] = field(default_factory=dict)  # partition -> hot standby member
+    claim_revisions: dict[int, int] = field(default_factory=dict)  # partition -> mod revision
     leaders: list[tuple[int, str]] = field(default_factory=list)  # (create revision, key)
     requests: dict[str, Request] = field(default_factory=dict)
     malformed: dict[str, Malformed] = field(default_factory=dict)  # key -> why
@@ -113,6 +118,7 @@ def _kind(stream: str, key: str) -> tuple[Kind, str] | None:
         ("member", keys.members(stream)),
         ("assignment", keys.assignments(stream)),
         ("claim", keys.claims(stream)),
+        ("standby", keys.standbys(stream)),
         ("leader", keys.leader_prefix(stream)),
         ("request", keys.requests(stream)),
     )
@@ -200,14 +206,29 @@ class Group:
                 state.assignment[int(name)] = value.owner
             elif isinstance(value, Claim):
                 state.claims[int(name)] = value
+                state.claim_revisions[int(name)] = kv.mod_revision
+            elif isinstance(value, Standby):
+                state.standbys[int(name)] = value.member
             elif isinstance(value, Candidate):
                 state.leaders.append((kv.create_revision, key))
-            elif isinstance(value, Rebalance | Move | Drain):
+            elif isinstance(value, Rebalance | Move | Drain | Pause):
                 state.requests[name] = value
             elif isinstance(value, StreamSpec):
                 spec = value
         state.leaders.sort()
         return dataclasses.replace(state, spec=spec)
+
+    def read_claim(self, partition: int) -> tuple[Claim | None, int]:
+        """The claim on ``partition`` (None: none, or malformed) and its mod revision."""
+        key = keys.claim(self.stream, partition)
+        with etcd_errors(self.where):
+            raw, meta = self.client.get(key)
+        if raw is None:
+            return None, 0
+        value = self._decode(
+            "claim", f"{partition:05d}", key, raw, meta.lease_id, meta.mod_revision
+        )
+        return (value if isinstance(value, Claim) else None), int(meta.mod_revision)
 
     def watch(self, revision: int, callback: Callable[[WatchEvent | Exception], None]) -> int:
         """Call ``callback`` for every change after ``revision`` (or with an error)."""
@@ -339,6 +360,20 @@ class Group:
                 return responses[0], None
         return None, existing
 
+    def announce_leaving(self, member: Member, session: Session) -> bool:
+        """Mark our member key ``leaving`` (only if it is still on our lease): the leader
+        then moves our partitions away at once, while we go on consuming them."""
+        key = keys.member(self.stream, member.id)
+        value = codec.encode_member(dataclasses.replace(member, leaving=True))
+        t = self.client.transactions
+        with etcd_errors(self.where):
+            ok, _ = self.client.transaction(
+                compare=[lease_is(key, session.id)],
+                success=[t.put(key, value, lease=session.lease)],
+                failure=[],
+            )
+        return bool(ok)
+
     def leave(self, member_id: str, session: Session) -> None:
         key = keys.member(self.stream, member_id)
         t = self.client.transactions
@@ -365,6 +400,23 @@ class Group:
         if existing is not None and existing.lease_id == session.id:
             return int(existing.mod_revision)
         return 0
+
+    def take_over(
+        self, partition: int, member_id: str, session: Session, seen: int, owner: str = ""
+    ) -> int:
+        """Put our claim on ``partition`` if its claim is still the one read at mod
+        revision ``seen``: with ``owner`` a takeover claim naming the dead owner; without,
+        our own takeover claim made ordinary. The claim's new revision, or 0."""
+        key = keys.claim(self.stream, partition)
+        value = codec.encode_claim(member_id, time.time(), taken_from=owner)
+        t = self.client.transactions
+        with etcd_errors(self.where):
+            ok, responses = self.client.transaction(
+                compare=[t.mod(key) == seen],
+                success=[t.put(key, value, lease=session.lease)],
+                failure=[],
+            )
+        return int(responses[0].response_put.header.revision) if ok else 0
 
     def release(self, partition: int, session: Session) -> int:
         """Delete our claim on ``partition`` (only if it is ours): the delete's revision, or 0."""

@@ -9,6 +9,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = [
     "ASSIGNMENT_INFO",
+    "CLAIMS_UNBOUND",
     "ETCD_SECONDS",
     "FAILURES",
     "IMBALANCE",
@@ -43,6 +44,12 @@ REBALANCES = Counter(
 )
 PARTITIONS_MOVED = Counter(
     "partq_coordinator_partitions_moved", "Partitions whose owner changed", ["stream"]
+)
+CLAIMS_UNBOUND = Gauge(
+    "partq_claims_unbound",
+    "Claims that name a live member but are not on its lease: a restarted member's "
+    "leftovers (gone within a lease TTL) or claims written with other credentials",
+    ["stream"],
 )
 IMBALANCE = Gauge(
     "partq_coordinator_imbalance_partitions",

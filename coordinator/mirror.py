@@ -16,7 +16,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from coordinator.codec import Assignment, Candidate, Claim, Drain, Member, Move, Rebalance, Request
+from coordinator.codec import (
+    Assignment,
+    Candidate,
+    Claim,
+    Drain,
+    Member,
+    Move,
+    Pause,
+    Rebalance,
+    Request,
+    Standby,
+)
 from coordinator.group import GroupState, WatchEvent
 from producer.contract import StreamSpec
 
@@ -28,6 +39,7 @@ class GroupMirror:
     members: dict[str, Member] = field(default_factory=dict)
     assignment: dict[int, str] = field(default_factory=dict)  # partition -> owner
     claims: dict[int, Claim] = field(default_factory=dict)
+    standbys: dict[int, str] = field(default_factory=dict)  # partition -> hot standby member
     candidates: dict[str, int] = field(default_factory=dict)  # name -> create revision
     requests: dict[str, Request] = field(default_factory=dict)
     spec: StreamSpec | None = None  # None: deleted, or malformed
@@ -41,6 +53,7 @@ class GroupMirror:
             members=dict(state.members),
             assignment=dict(state.assignment),
             claims=dict(state.claims),
+            standbys=dict(state.standbys),
             candidates={key.rsplit("/", 1)[1]: revision for revision, key in state.leaders},
             requests=dict(state.requests),
             spec=state.spec,
@@ -61,14 +74,20 @@ class GroupMirror:
                     return set()  # older than our own claim or release
                 _put(self.claims, event.partition, value if isinstance(value, Claim) else None)
                 return {event.partition}
+            case "standby":
+                member = value.member if isinstance(value, Standby) else None
+                _put(self.standbys, event.partition, member)
+                return {event.partition}
             case "leader":
                 if isinstance(value, Candidate):
                     self.candidates[event.name] = event.created
                 else:
                     self.candidates.pop(event.name, None)
             case "request":
-                request = value if isinstance(value, Rebalance | Move | Drain) else None
+                request = value if isinstance(value, Rebalance | Move | Drain | Pause) else None
+                before = self.requests.get(event.name)
                 _put(self.requests, event.name, request)
+                return _paused_partitions(before, request, self.spec)
             case "spec":
                 self.spec = value if isinstance(value, StreamSpec) else None
         return set()
@@ -77,6 +96,20 @@ class GroupMirror:
         """Mirror our own claim (or, None, our release) of ``partition``, done at ``revision``."""
         _put(self.claims, partition, claim)
         self.claim_writes[partition] = revision
+
+
+def _paused_partitions(
+    before: Request | None, after: Request | None, spec: StreamSpec | None
+) -> set[int]:
+    """The partitions a change of a pause request concerns."""
+    found: set[int] = set()
+    for request in (before, after):
+        if isinstance(request, Pause):
+            if request.partition is not None:
+                found.add(request.partition)
+            elif spec is not None:
+                found.update(range(spec.partitions))
+    return found
 
 
 K = TypeVar("K")

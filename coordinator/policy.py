@@ -7,7 +7,8 @@ Functions of the decoded group state (:mod:`coordinator.codec` values, seen thro
 --dry-run`` prints :func:`plan` of a snapshot, the same function the leader writes.
 
 - **Draining.** A member an operator asked to drain (``partq drain``) is left out of
-  every plan until it has left the group: :func:`draining`.
+  every plan until it has left the group: :func:`draining`; so is a member that
+  announced its stop (SIGTERM): :func:`leaving`, planned at once, without the settle.
 - **In motion.** A partition is in motion while its assigned owner does not hold its
   claim: :func:`in_motion`.
 - **Max moves.** With ``max_moves`` N, a plan moves at most N partitions away from a live
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from coordinator.assignor import assign, limit_moves
-from coordinator.codec import Claim, Drain, Member, Move, Rebalance, Request
+from coordinator.codec import Claim, Drain, Member, Move, Pause, Rebalance, Request
 from producer.contract import StreamSpec
 
 __all__ = [
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 # The ``reason`` label of partq_coordinator_rebalances_total
-Reason = Literal["startup", "membership", "step", "manual", "move", "drain"]
+Reason = Literal["startup", "membership", "step", "manual", "move", "drain", "pause", "takeover"]
 
 
 class View(Protocol):
@@ -80,15 +81,75 @@ def draining(requests: Mapping[str, Request]) -> set[str]:
     return {r.member for r in requests.values() if isinstance(r, Drain)}
 
 
+def paused(requests: Mapping[str, Request], partition: int) -> bool:
+    """Whether an operator paused ``partition`` (or the whole stream): its owner keeps it
+    and its claim, and does not consume it."""
+    return "pause" in requests or f"pause-{partition}" in requests
+
+
+def leaving(members: Mapping[str, Member]) -> set[str]:
+    """Members that announced their stop: no plan gives them partitions."""
+    return {m for m, member in members.items() if member.leaving}
+
+
 def in_motion(assignment: Mapping[int, str], claims: Mapping[int, Claim]) -> set[int]:
     """Partitions whose assigned owner does not hold the claim yet."""
     held = {p: c.member for p, c in claims.items()}
     return {p for p, owner in assignment.items() if held.get(p) != owner}
 
 
+def unbound_claims(members: Mapping[str, Member], claims: Mapping[int, Claim]) -> dict[int, Claim]:
+    """Claims that name a live member but are not on that member's lease.
+
+    A member's own claims are on its lease (etcd refuses a put on a lease that holds a key
+    the writer may not write, and each member's role may write only its own member key).
+    So such a claim is a restarted member's leftover, gone when its old lease expires, or
+    one written with other credentials: alarming if it outlives a lease TTL.
+    """
+    return {
+        p: c
+        for p, c in sorted(claims.items())
+        if (m := members.get(c.member)) is not None and m.lease and c.lease != m.lease
+    }
+
+
+def suspects(claims: Mapping[int, Claim]) -> set[str]:
+    """Members a hot standby took partitions from (their connection to RabbitMQ died): no
+    plan gives them partitions until the takeover claims are made ordinary (after a lease
+    TTL, when a dead member has left the group)."""
+    return {c.taken_from for c in claims.values() if c.takeover and c.taken_from}
+
+
+def standbys(spec: StreamSpec, view: View) -> dict[int, str]:
+    """The hot standby of each settled partition (its live owner holds its claim): the next
+    live member after the owner in sorted order, skipping leaving and draining ones; none
+    with fewer than two such members. Deterministic, and spread like the owners."""
+    out = draining(view.requests) | leaving(view.members) | suspects(view.claims)
+    live = sorted(m for m in view.members if m not in out)
+    if len(live) < 2:
+        return {}
+    chosen = {}
+    for p, owner in sorted(view.assignment.items()):
+        claim = view.claims.get(p)
+        if p >= spec.partitions or owner not in live or claim is None or claim.member != owner:
+            continue
+        chosen[p] = live[(live.index(owner) + 1) % len(live)]
+    return chosen
+
+
+def takeovers(view: View) -> dict[int, str]:
+    """Partitions a hot standby took over from their dead owner (a takeover claim by a live
+    member that the assignment does not name yet): the assignment follows the claim."""
+    return {
+        p: c.member
+        for p, c in sorted(view.claims.items())
+        if c.takeover and c.member in view.members and view.assignment.get(p) != c.member
+    }
+
+
 def plan(spec: StreamSpec, view: View, max_moves: int | None) -> dict[int, str]:
     """The next assignment step (every partition of the stream, or {} without members)."""
-    excluded = draining(view.requests)
+    excluded = draining(view.requests) | leaving(view.members) | suspects(view.claims)
     weights = {m.id: m.weight for m in view.members.values() if m.id not in excluded}
     if not weights:
         return {}
@@ -119,7 +180,8 @@ def automatic(
     assignment still waits for ``min_members``. ``first``: nothing was planned yet;
     ``after_claim``: a claim changed (a new owner took a partition: the next max-moves step).
     """
-    live = [m for m in view.members if m not in draining(view.requests)]
+    out = draining(view.requests) | leaving(view.members) | suspects(view.claims)
+    live = [m for m in view.members if m not in out]
     if not view.assignment and len(live) < min_members:
         return None
     reason: Reason = "step" if after_claim else "startup" if first else "membership"
@@ -142,6 +204,8 @@ def requested(request: Request, spec: StreamSpec, view: View, max_moves: int | N
             if member in view.assignment.values():
                 return Step("drain", plan(spec, view, max_moves), planned=True)
             return Step("drain")
+        case Pause():
+            return Step("pause")  # for the owners (:func:`paused`); kept until resumed
 
 
 def owned(spec: StreamSpec, view: View) -> dict[int, str]:

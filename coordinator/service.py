@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from coordinator import codec, metrics, policy
+from coordinator.codec import Member
 from coordinator.election import Election
 from coordinator.events import LeaseLost, Settled, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
@@ -62,6 +63,7 @@ class CoordinatorConfig:
     max_moves: int | None = None
     manual: bool = False
     ttl: int = 5
+    standby: bool = False  # name a hot standby per partition (consumers subscribe as such)
 
 
 class _Missing(Exception):
@@ -259,6 +261,8 @@ class StreamCoordinator(threading.Thread):
         self.mirror.apply(event)
         fence = self.election.fence
         match event:
+            case WatchEvent(kind="member", value=Member(leaving=True)):
+                self._settle_at = time.monotonic()  # a planned stop: hand its partitions on now
             case WatchEvent(kind="member"):
                 self._settle_at = time.monotonic() + self.config.settle
             case WatchEvent(kind="leader", value=None) if fence and event.name == fence.name:
@@ -284,10 +288,18 @@ class StreamCoordinator(threading.Thread):
         """Carry out the operator requests, then (once settled) the automatic step."""
         assert self.spec is not None
         spec, config = self.spec, self.config
+        taken = policy.takeovers(self.mirror)
+        if taken:  # a standby took these from a dead owner: the assignment follows, at once
+            self._write(taken, "takeover")
         for name, request in sorted(self.mirror.requests.items()):
             self._carry_out(policy.requested(request, spec, self.mirror, config.max_moves), name)
-        if config.manual or not policy.settled(self._settle_at, time.monotonic()):
-            return
+        if not config.manual and policy.settled(self._settle_at, time.monotonic()):
+            self._plan(event)
+        self._write_standbys(policy.standbys(spec, self.mirror) if config.standby else {})
+
+    def _plan(self, event: CoordinatorEvent) -> None:
+        spec, config = self.spec, self.config
+        assert spec is not None
         self._settle_at = None
         step = policy.automatic(
             spec,
@@ -299,6 +311,36 @@ class StreamCoordinator(threading.Thread):
         )
         if step is not None:
             self._carry_out(step)
+
+    def _write_standbys(self, target: Mapping[int, str]) -> None:
+        """Put (and delete) the standby keys that differ from ``target``, fenced."""
+        current = self.mirror.standbys
+        puts = sorted(p for p, m in target.items() if current.get(p) != m)
+        deletes = sorted(p for p in current if p not in target)
+        if not puts and not deletes:
+            return
+        fence = self.election.fence
+        assert fence is not None
+        client = self.registry.client
+        t = client.transactions
+        ops = [
+            (p, t.put(keys.standby(self.stream, p), codec.encode_standby(target[p]))) for p in puts
+        ]
+        ops += [(p, t.delete(keys.standby(self.stream, p))) for p in deletes]
+        for start in range(0, len(ops), _TXN_OPS):
+            chunk = ops[start : start + _TXN_OPS]
+            with etcd_errors(self.registry.where):
+                ok, _ = client.transaction(
+                    compare=[fence.compare(t)], success=[op for _, op in chunk], failure=[]
+                )
+            if not ok:
+                self._step_down()
+                raise NotLeader(f"{self.stream}: lost leadership while writing standbys")
+            for p, _op in chunk:
+                if p in target:
+                    current[p] = target[p]
+                else:
+                    current.pop(p, None)
 
     def _carry_out(self, step: policy.Step, request: str | None = None) -> None:
         if step.ignored:
@@ -353,6 +395,8 @@ class StreamCoordinator(threading.Thread):
         in_motion = policy.in_motion(owned, mirror.claims)
         metrics.PARTITIONS_IN_MOTION.labels(self.stream).set(len(in_motion))
         metrics.IMBALANCE.labels(self.stream).set(policy.imbalance(spec, mirror.members, owned))
+        unbound = policy.unbound_claims(mirror.members, mirror.claims)
+        metrics.CLAIMS_UNBOUND.labels(self.stream).set(len(unbound))
         if self.leading.is_set():
             self._export_assignment(
                 {(self.stream, str(p), owner, spec.queue(p)) for p, owner in owned.items()}

@@ -12,7 +12,7 @@ from typing import Any
 
 from coordinator.admin import beyond_line
 from coordinator.group import Group
-from coordinator.policy import in_motion
+from coordinator.policy import in_motion, paused, unbound_claims
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import BrokerUnavailable
 from producer.contract import StreamSpec
@@ -60,6 +60,8 @@ def snapshot_status(
             phase = "unassigned"
         elif claim is None or claim.member != owner:
             phase = "moving"
+        elif paused(state.requests, p):
+            phase = "paused"
         else:
             phase = "consuming"
         rows.append(
@@ -69,6 +71,7 @@ def snapshot_status(
                 "owner": owner,
                 "state": phase,
                 "claim": claim.member if claim else None,
+                "standby": state.standbys.get(p),
                 "messages": q.messages if q else None,
                 "consumers": q.consumers if q else None,
             }
@@ -97,8 +100,18 @@ def snapshot_status(
         ],
         "assignment": {str(p): o for p, o in sorted(owned.items())},
         "claims": {str(p): c.member for p, c in sorted(state.claims.items())},
+        "unbound_claims": [
+            {
+                "partition": p,
+                "member": c.member,
+                "lease": f"{c.lease:x}",
+                "member_lease": f"{state.members[c.member].lease:x}",
+            }
+            for p, c in unbound_claims(state.members, state.claims).items()
+        ],
         "unassigned": [p for p in range(spec.partitions) if p not in owned],
         "in_motion": moving,
+        "paused": sorted(p for p in range(spec.partitions) if paused(state.requests, p)),
         "rows": rows,
         "beyond_spec": [
             {
@@ -150,14 +163,15 @@ def render_html(reports: list[dict[str, Any]], refresh_seconds: int = 2) -> str:
             )
         parts.append(
             "</table><h3>Partitions</h3><table class='partitions'><tr><th>partition</th>"
-            "<th>owner</th><th>state</th><th>claimed by</th><th>queue</th>"
+            "<th>owner</th><th>state</th><th>claimed by</th><th>standby</th><th>queue</th>"
             "<th>messages</th><th>consumers</th></tr>"
         )
         for row in r["rows"]:
             parts.append(
                 f"<tr class='{row['state']}'><td>{row['partition']}</td>"
                 f"<td>{e(row['owner'] or '-')}</td><td>{row['state']}</td>"
-                f"<td>{e(row['claim'] or '-')}</td><td>{e(row['queue'])}</td>"
+                f"<td>{e(row['claim'] or '-')}</td><td>{e(row.get('standby') or '-')}</td>"
+                f"<td>{e(row['queue'])}</td>"
                 f"<td>{'-' if row['messages'] is None else row['messages']}</td>"
                 f"<td>{'-' if row['consumers'] is None else row['consumers']}</td></tr>"
             )
@@ -178,10 +192,24 @@ def render_html(reports: list[dict[str, Any]], refresh_seconds: int = 2) -> str:
 
 
 def malformed_lines(report: dict[str, Any]) -> list[str]:
-    """``partq status``'s section on the keys whose values partq did not write."""
+    """``partq status``'s section on the keys whose values partq did not write, and on
+    claims that are not on their member's lease."""
     bad = report.get("malformed", [])
-    if not bad:
-        return []
-    lines = [f"malformed keys ({len(bad)}): ignored as absent; fix or delete them"]
-    lines += [f"  {m['key']}  ({m['kind']}, revision {m['revision']}): {m['error']}" for m in bad]
+    lines = []
+    if bad:
+        lines = [f"malformed keys ({len(bad)}): ignored as absent; fix or delete them"]
+        lines += [
+            f"  {m['key']}  ({m['kind']}, revision {m['revision']}): {m['error']}" for m in bad
+        ]
+    unbound = report.get("unbound_claims", [])
+    if unbound:
+        lines.append(
+            f"claims not on their member's lease ({len(unbound)}): a restarted member's "
+            f"leftovers (gone within its lease TTL) or written with other credentials"
+        )
+        lines += [
+            f"  partition {u['partition']}: names {u['member']} (lease {u['member_lease']}) "
+            f"but is on lease {u['lease']}"
+            for u in unbound
+        ]
     return lines

@@ -2,9 +2,13 @@
 
 A connection is described by an :class:`AmqpTarget`: the URL (which holds the
 user and password) and its :class:`AmqpTLS` settings (CA, client certificate,
-EXTERNAL auth). :class:`kernel.settings.Settings` builds one (``settings.amqp``);
-every component passes it, unchanged, to :func:`connection_parameters` here. A
-plain URL string is accepted where a target is, with no TLS settings of its own.
+EXTERNAL auth). The URL may be a list, comma-separated (``amqp://a:5672/,amqp://b:5672/``,
+each entry with its own user and password; the TLS settings apply to every ``amqps://``
+one): :class:`Nodes` connects to the first that answers and, when a connection is lost,
+goes on with the next, as Kafka clients use a bootstrap list.
+:class:`kernel.settings.Settings` builds the target (``settings.amqp``); every component
+passes it, unchanged, to this module. A plain URL string is accepted where a target is,
+with no TLS settings of its own.
 
 ``amqps://`` always verifies the server: its certificate must be signed by the
 CA file (``PARTQ_AMQP_CA``) or, without one, by the system store, and must name
@@ -38,12 +42,15 @@ __all__ = [
     "AmqpTLS",
     "AmqpTarget",
     "AmqpURL",
+    "Nodes",
+    "access_refused",
     "blocking_connection",
     "connect_blocking",
     "connection_parameters",
     "has_password",
     "redact_url",
     "target",
+    "targets",
     "unavailable",
     "with_password",
 ]
@@ -92,6 +99,58 @@ def target(url: AmqpURL) -> AmqpTarget:
     return url if isinstance(url, AmqpTarget) else AmqpTarget(url)
 
 
+# a comma before a scheme (or another comma, or the end) separates entries: one inside a
+# password does not
+_LIST = re.compile(r"\s*,(?=[\s,]*(?:amqps?://|$))\s*")
+
+
+def targets(url: AmqpURL) -> list[AmqpTarget]:
+    """The entries of a comma-separated URL list (one entry for a single URL)."""
+    where = target(url)
+    entries = [u.strip() for u in _LIST.split(where.url.strip())]
+    if len(entries) > 1 and not all(entries):
+        raise UsageError(f"the AMQP URL list {redact_url(where.url)!r} has an empty entry")
+    return [AmqpTarget(u, where.tls) for u in entries]
+
+
+@dataclass
+class Nodes:
+    """The nodes of a URL list, each with its pika parameters; :meth:`advance` moves on
+    (round robin) after a failed attempt or a lost connection."""
+
+    targets: list[AmqpTarget]
+    params: list[pika.URLParameters]
+    index: int = 0
+
+    @classmethod
+    def of(
+        cls,
+        url: AmqpURL,
+        *,
+        name: str,
+        heartbeat: int | None = None,
+        socket_timeout: float | None = None,
+    ) -> Nodes:
+        found = targets(url)
+        params = [connection_parameters(t, name=name, heartbeat=heartbeat) for t in found]
+        for p in params:
+            p.connection_attempts = 1
+            if socket_timeout is not None:
+                p.socket_timeout = socket_timeout
+        return cls(found, params)
+
+    @property
+    def current(self) -> pika.URLParameters:
+        return self.params[self.index]
+
+    @property
+    def where(self) -> AmqpTarget:
+        return self.targets[self.index]
+
+    def advance(self) -> None:
+        self.index = (self.index + 1) % len(self.params)
+
+
 # -- URLs -------------------------------------------------------------------------------
 
 
@@ -130,6 +189,9 @@ def redact_url(url: str | AmqpTarget) -> str:
     """
     if isinstance(url, AmqpTarget):
         url = url.url
+    entries = _LIST.split(url.strip())
+    if len(entries) > 1:
+        return ",".join(redact_url(entry) for entry in entries)
     split = _split(url)
     if split is None:
         return "amqp://***"
@@ -144,6 +206,9 @@ def redact_url(url: str | AmqpTarget) -> str:
 
 def has_password(url: str) -> bool:
     """Whether ``url`` carries a password (or might: ``amqp://u:pw`` with no host)."""
+    entries = _LIST.split(url.strip())
+    if len(entries) > 1:
+        return any(has_password(entry) for entry in entries)
     split = _split(url)
     if split is None:
         return True  # not a URL: assume the worst
@@ -154,7 +219,11 @@ def has_password(url: str) -> bool:
 
 
 def with_password(url: str, password: str) -> str:
-    """``url`` (with a user and no password) with ``password`` percent-encoded into it."""
+    """``url`` (with a user and no password) with ``password`` percent-encoded into it; in
+    a list, into every entry that names a user without a password."""
+    entries = _LIST.split(url.strip())
+    if len(entries) > 1:
+        return ",".join(with_password(e, password) if _needs_password(e) else e for e in entries)
     split = _split(url)
     if split is None or split[1] is None or re.search(r"[/?#]", split[1]):
         raise UsageError(
@@ -168,6 +237,11 @@ def with_password(url: str, password: str) -> str:
             "give it there or in PARTQ_AMQP_PASSWORD_FILE, not both"
         )
     return f"{scheme}://{userinfo}:{quote(password, safe='')}@{rest}"
+
+
+def _needs_password(url: str) -> bool:
+    split = _split(url)
+    return split is not None and split[1] is not None and ":" not in split[1]
 
 
 def _check_encoding(url: str) -> None:
@@ -209,8 +283,11 @@ def _ssl_context(tls: AmqpTLS) -> ssl.SSLContext:
 def connection_parameters(
     url: AmqpURL, *, name: str, heartbeat: int | None = None
 ) -> pika.URLParameters:
-    """pika parameters for ``url``: TLS as its settings say, verified, with our name."""
+    """pika parameters for ``url`` (one URL; :class:`Nodes` for a list): TLS as its
+    settings say, verified, with our name."""
     where = target(url)
+    if len(targets(where)) > 1:
+        raise UsageError(f"one AMQP URL is needed here, not the list {redact_url(where.url)!r}")
     text, tls = where.url, where.tls
     if not text.startswith(("amqp://", "amqps://")):
         raise UsageError(
@@ -310,7 +387,7 @@ def unavailable(url: AmqpURL, error: BaseException) -> BrokerUnavailable:
         )
     closed = found(pika.exceptions.ChannelClosedByBroker)
     if isinstance(closed, pika.exceptions.ChannelClosedByBroker) and closed.reply_code == 403:
-        return BrokerUnavailable(f"{at}: permission denied: {closed.reply_text}")
+        return BrokerUnavailable(access_refused(where, closed.reply_text))
     upper = text.upper()
     if any(alert in upper for alert in _CLIENT_CERT_ALERTS) and where.tls.cert is None:
         return BrokerUnavailable(
@@ -349,6 +426,31 @@ def unavailable(url: AmqpURL, error: BaseException) -> BrokerUnavailable:
     )
 
 
+# RabbitMQ 3.10 leaves the permission out ("access to queue …"); later ones name it
+_REFUSED = re.compile(
+    r"(?:(configure|write|read) )?access to (\w+) '(.*)' in vhost '(.*)' refused for user '(.*)'"
+)
+
+
+def access_refused(url: AmqpURL, reply_text: str, permission: str | None = None) -> str:
+    """One line for RabbitMQ's 403 ACCESS_REFUSED on a queue or exchange: who may not do
+    what to which, and the permission to grant. ``permission``: what the refused call
+    needs (``read`` for basic.consume), when the broker's text does not say."""
+    at = f"RabbitMQ at {redact_url(target(url).url)}"
+    found = _REFUSED.search(reply_text)
+    if found is None:
+        return f"{at}: permission denied: {reply_text}: check the user's permissions"
+    said, kind, name, vhost, user = found.groups()
+    permission = said or permission
+    grant = f"{permission} permission" if permission else "the configure, write and read it needs"
+    return (
+        f"{at}: permission denied: user {user!r} may not {permission or 'use'} {kind} {name!r} "
+        f"in vhost {vhost!r}: grant it {grant} on that name, e.g. rabbitmqctl set_permissions "
+        f"-p {vhost} {user} '^partq\\.' '^partq\\.' '^partq\\.' (configure, write, read) "
+        f"({reply_text})"
+    )
+
+
 def _is_wrapper(error: BaseException) -> bool:
     return type(error).__module__ == "pika.adapters.utils.connection_workflow"
 
@@ -359,14 +461,18 @@ def _reply_text(text: str) -> str:
 
 
 def connect_blocking(url: AmqpURL, *, name: str = "partq-admin") -> pika.BlockingConnection:
-    """A ``BlockingConnection`` (one attempt, 5 s socket timeout); the caller closes it."""
-    params = connection_parameters(url, name=name)
-    params.connection_attempts = 1
-    params.socket_timeout = 5
-    try:
-        return pika.BlockingConnection(params)
-    except (pika.exceptions.AMQPError, ssl.SSLError, OSError) as e:
-        raise unavailable(url, e) from None
+    """A ``BlockingConnection`` to the first node of ``url`` that answers (one attempt
+    each, 5 s socket timeout); the caller closes it."""
+    nodes = Nodes.of(url, name=name, socket_timeout=5)
+    errors: list[str] = []
+    for where, params in zip(nodes.targets, nodes.params, strict=True):
+        try:
+            return pika.BlockingConnection(params)
+        except (pika.exceptions.AMQPError, ssl.SSLError, OSError) as e:
+            if len(nodes.targets) == 1:
+                raise unavailable(where, e) from None
+            errors.append(str(unavailable(where, e)))
+    raise BrokerUnavailable(f"no RabbitMQ node of the list answered: {'; '.join(errors)}")
 
 
 @contextmanager

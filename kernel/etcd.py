@@ -45,6 +45,7 @@ import logging
 import queue
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -209,6 +210,39 @@ def _reauthenticating(
     return method
 
 
+_ELECTION = ("leader changed", "no leader", "not leader", "not capable")
+_PATIENCE = 5.0  # seconds a call is retried while the etcd cluster elects a leader
+_SKIP_FAILED = 2.0  # seconds a failed endpoint of a list is passed over
+
+
+def _retrying(fn: Callable[..., T], endpoints: int, *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)``, retried when another try can succeed: while etcd answers
+    UNAVAILABLE because its members elect a leader (a member died: the others need about a
+    second; 0.1 s doubling, for at most ``_PATIENCE`` s), and once per other endpoint when
+    the one in use cannot be reached (python3-etcd3 then moves to another, but does not
+    retry the call itself). Any other error is raised at once."""
+    deadline = time.monotonic() + _PATIENCE
+    delay = 0.1
+    switches = endpoints - 1
+    while True:
+        try:
+            return fn(*args, **kwargs)
+        except (grpc.RpcError, etcd3.exceptions.Etcd3Exception) as e:
+            if isinstance(e, etcd3.exceptions.ConnectionFailedError) and switches > 0:
+                switches -= 1
+                continue
+            rpc = _rpc_of(e)
+            electing = (
+                rpc is not None
+                and rpc.code() == grpc.StatusCode.UNAVAILABLE
+                and any(word in (rpc.details() or "") for word in _ELECTION)
+            )
+            if not electing or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
 class Client(etcd3.MultiEndpointEtcd3Client):  # type: ignore[misc]
     """python3-etcd3's client that stays authenticated, one stream per watch.
 
@@ -306,7 +340,7 @@ class Client(etcd3.MultiEndpointEtcd3Client):  # type: ignore[misc]
         token = self._token
         watch = op == "watch"
         try:
-            return fn(*args, **kwargs)
+            return _retrying(fn, len(self.endpoints), *args, **kwargs)
         except (grpc.RpcError, etcd3.exceptions.Etcd3Exception) as e:
             rpc = _rpc_of(e)
             if rpc is None:
@@ -315,12 +349,20 @@ class Client(etcd3.MultiEndpointEtcd3Client):  # type: ignore[misc]
                 raise self._failed(rpc, op, key) from e
         self._authenticate(stale=token)
         try:
-            return fn(*args, **kwargs)
+            return _retrying(fn, len(self.endpoints), *args, **kwargs)
         except (grpc.RpcError, etcd3.exceptions.Etcd3Exception) as e:
             rpc = _rpc_of(e)
             if rpc is None:
                 raise
             raise self._failed(rpc, op, key) from e
+
+    def auth_rpc(self, name: str, request: Any, op: str) -> Any:
+        """etcd's Auth service call ``name`` (``RoleAdd``, ``UserGrantRole``…) with our token."""
+
+        def call() -> Any:
+            return getattr(self.authstub, name)(request, self.timeout, metadata=self.metadata)
+
+        return self._call(op, None, call)
 
     get_response = _reauthenticating("get_response", "read", _first_key)
     get_prefix_response = _reauthenticating("get_prefix_response", "read", _first_key)
@@ -544,8 +586,11 @@ def connect(settings: Settings) -> Client:
             f"an etcd user and password need TLS, and {where} is plain http: use https:// "
             "endpoints and --etcd-ca (PARTQ_ETCD_CA) so the password and tokens are encrypted"
         )
+    # A failed endpoint is skipped for _SKIP_FAILED seconds, so the client moves on to the
+    # next of a list (python3-etcd3's default is 300 s); a single endpoint is never skipped.
+    skip = _SKIP_FAILED if len(settings.endpoints) > 1 else 0.0
     endpoints = [
-        etcd3.Endpoint(host, port, secure=creds is not None, creds=creds, time_retry=0.0)
+        etcd3.Endpoint(host, port, secure=creds is not None, creds=creds, time_retry=skip)
         for host, port, _tls in settings.endpoints
     ]
     identity = Identity(

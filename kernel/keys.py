@@ -7,6 +7,7 @@ Everything lives under ``/partq/v1/``; per stream::
     /partq/v1/streams/<stream>/leader/<lease hex>        election candidates, on their leases
     /partq/v1/streams/<stream>/assignment/<partition>    owner of one partition (leader-written)
     /partq/v1/streams/<stream>/claims/<partition>        "I am consuming it", on the owner's lease
+    /partq/v1/streams/<stream>/standby/<partition>       the hot standby of a partition (leader)
     /partq/v1/streams/<stream>/requests/<name>           operator requests (manual mode)
 
 Partitions are zero-padded to 5 digits so keys sort numerically.
@@ -56,6 +57,14 @@ def claims(stream: str) -> str:
 
 def claim(stream: str, partition: int) -> str:
     return f"{claims(stream)}{partition:05d}"
+
+
+def standbys(stream: str) -> str:
+    return f"{stream_prefix(stream)}standby/"
+
+
+def standby(stream: str, partition: int) -> str:
+    return f"{standbys(stream)}{partition:05d}"
 
 
 def requests(stream: str) -> str:

@@ -64,7 +64,14 @@ class LocalEtcd:
     process: subprocess.Popen[bytes] | None = None
     tls: EtcdTLS | None = None
     auth_token_ttl: int | None = None  # seconds; etcd's default is 300
+    name: str = "partq-test"
+    # --initial-cluster: "name=peer URL,…" of every member (a cluster); None: this one alone
+    initial_cluster: str | None = None
     _tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
 
     @property
     def endpoint(self) -> str:
@@ -130,13 +137,13 @@ class LocalEtcd:
         self.process = subprocess.Popen(
             [
                 binary,
-                "--name", "partq-test",
+                "--name", self.name,
                 "--data-dir", str(self.data_dir / "data"),
                 "--listen-client-urls", self.endpoint,
                 "--advertise-client-urls", self.endpoint,
-                "--listen-peer-urls", f"http://127.0.0.1:{self.peer_port}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_port}",
-                "--initial-cluster", f"partq-test=http://127.0.0.1:{self.peer_port}",
+                "--listen-peer-urls", self.peer_url,
+                "--initial-advertise-peer-urls", self.peer_url,
+                "--initial-cluster", self.initial_cluster or f"{self.name}={self.peer_url}",
                 "--log-level", "warn",
                 *self._security_args(),
             ],

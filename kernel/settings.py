@@ -7,6 +7,7 @@ Built once by the entry point, frozen, validated when built; passwords are
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,11 +23,25 @@ from pydantic_settings import (
 from kernel.amqp import DEFAULT_AMQP_URL, AmqpTarget, AmqpTLS, redact_url, with_password
 from kernel.errors import UsageError
 
-__all__ = ["DEFAULT_ETCD_ENDPOINTS", "Endpoint", "Settings"]
+__all__ = ["DEFAULT_ETCD_ENDPOINTS", "Endpoint", "HttpSecurity", "Settings"]
 
 DEFAULT_ETCD_ENDPOINTS = "http://127.0.0.1:2379"
 
 Endpoint = tuple[str, int, bool]  # host, port, tls
+
+
+@dataclass(frozen=True)
+class HttpSecurity:
+    """The daemons' HTTP port: TLS (certificate and key files) and the bearer token."""
+
+    cert: Path | None = None
+    key: Path | None = None
+    token: SecretStr | None = None
+    token_metrics: bool = False  # /metrics needs the token too
+
+    @property
+    def tls(self) -> bool:
+        return self.cert is not None
 
 
 class Settings(BaseSettings):
@@ -46,11 +61,16 @@ class Settings(BaseSettings):
     amqp_cert: Path | None = None
     amqp_key: Path | None = None
     amqp_external_auth: bool = False
+    http_cert: Path | None = None
+    http_key: Path | None = None
+    http_token: SecretStr | None = None
+    http_token_metrics: bool = False
     # Secrets from files (a Kubernetes Secret mount), read when the settings are built and
     # then cleared: the value lands in etcd_password / amqp_url.
     etcd_password_file: Path | None = None
     amqp_password_file: Path | None = None
     amqp_url_file: Path | None = None
+    http_token_file: Path | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -62,6 +82,10 @@ class Settings(BaseSettings):
             if data.get("etcd_password") is not None:
                 raise ValueError("set PARTQ_ETCD_PASSWORD or PARTQ_ETCD_PASSWORD_FILE, not both")
             data["etcd_password"] = _read_secret(path, "PARTQ_ETCD_PASSWORD_FILE")
+        if (path := data.pop("http_token_file", None)) is not None:
+            if data.get("http_token") is not None:
+                raise ValueError("set PARTQ_HTTP_TOKEN or PARTQ_HTTP_TOKEN_FILE, not both")
+            data["http_token"] = _read_secret(path, "PARTQ_HTTP_TOKEN_FILE")
         if (path := data.pop("amqp_url_file", None)) is not None:
             if data.get("amqp_url") is not None:
                 raise ValueError("set PARTQ_AMQP_URL (--amqp-url) or PARTQ_AMQP_URL_FILE, not both")
@@ -98,6 +122,25 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_http(self) -> Settings:
+        if (self.http_cert is None) != (self.http_key is None):
+            raise ValueError(
+                "set both --http-cert and --http-key (PARTQ_HTTP_CERT, PARTQ_HTTP_KEY), or neither"
+            )
+        token = self.http_token
+        if token is not None and not token.get_secret_value().strip():
+            raise ValueError(
+                "the HTTP token (PARTQ_HTTP_TOKEN or PARTQ_HTTP_TOKEN_FILE) is empty: "
+                "give a long random one, or unset it"
+            )
+        if self.http_token_metrics and token is None:
+            raise ValueError(
+                "--http-token-metrics (PARTQ_HTTP_TOKEN_METRICS) needs a token: "
+                "set PARTQ_HTTP_TOKEN or PARTQ_HTTP_TOKEN_FILE"
+            )
+        return self
+
     @field_validator("etcd_endpoints")
     @classmethod
     def _check_endpoints(cls, value: str) -> str:
@@ -125,6 +168,10 @@ class Settings(BaseSettings):
     def amqp(self) -> AmqpTarget:
         """The RabbitMQ URL with its TLS settings: what every component connects with."""
         return AmqpTarget(self.amqp_url.get_secret_value(), self.amqp_tls)
+
+    @property
+    def http(self) -> HttpSecurity:
+        return HttpSecurity(self.http_cert, self.http_key, self.http_token, self.http_token_metrics)
 
     @classmethod
     def load(cls, config_file: Path | None = None, **overrides: Any) -> Settings:
@@ -158,11 +205,16 @@ class Settings(BaseSettings):
         try:
             loaded = _FromFile(**given)
         except ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
-            )
+            problems = "; ".join(_problem(err["loc"], err["msg"]) for err in e.errors())
             raise UsageError(f"invalid settings: {problems}") from None
         return cls.model_validate(loaded.model_dump())
+
+
+def _problem(loc: tuple[int | str, ...], message: str) -> str:
+    """``field: message``; a check of several settings has no field, and pydantic's
+    "Value error, " prefix says nothing to the reader."""
+    message = message.removeprefix("Value error, ")
+    return f"{'.'.join(str(p) for p in loc)}: {message}" if loc else message
 
 
 def _read_secret(path: Any, setting: str) -> str:

@@ -28,6 +28,7 @@ __all__ = [
     "QUORUM_DELIVERY_LIMIT",
     "QueueType",
     "StreamSpec",
+    "dead_letter_exchange",
     "dead_letter_queue",
     "decode_key",
     "encode_key",
@@ -110,6 +111,15 @@ def dead_letter_queue(stream: str) -> str:
     return f"{_PREFIX}.{stream}.dlq"
 
 
+def dead_letter_exchange(stream: str) -> str:
+    """The exchange consumers publish dead letters to (bound to the dead-letter queue).
+
+    Its own exchange, so a consumer needs write access to it alone: write access to the
+    default exchange would let it publish into any queue of the vhost.
+    """
+    return f"{_PREFIX}.{stream}.dlx"
+
+
 def encode_key(key: str | bytes) -> dict[str, str]:
     """Headers that carry ``key`` so that :func:`decode_key` gives back the same type."""
     if isinstance(key, str):
@@ -165,6 +175,10 @@ class StreamSpec:
     @property
     def dead_letter_queue(self) -> str:
         return dead_letter_queue(self.name)
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return dead_letter_exchange(self.name)
 
     def to_json(self) -> str:
         return json.dumps(

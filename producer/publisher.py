@@ -47,7 +47,7 @@ import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
-from kernel.amqp import AmqpURL, connection_parameters, unavailable
+from kernel.amqp import AmqpURL, Nodes, unavailable
 from kernel.backoff import Backoff
 from kernel.errors import (
     BrokerUnavailable,
@@ -61,8 +61,9 @@ from kernel.errors import (
 from kernel.settings import Settings
 from producer import metrics
 from producer.contract import StreamSpec, validate_stream_name
+from producer.futures import PublishFuture
 from producer.registry import read_spec_from_settings
-from producer.topology import check_partition_queues, message_properties
+from producer.topology import check_partition_queues, encoded_properties, message_properties
 
 __all__ = ["Producer", "Receipt", "SpecSource"]
 
@@ -71,6 +72,7 @@ log = logging.getLogger("partq.producer")
 # A header frame is 7 bytes of frame header, then class, weight and body size (12 bytes),
 # then the encoded properties, then the frame-end byte: the properties get frame_max - 20.
 _HEADER_FRAME_OVERHEAD = 20
+_NACK_RECYCLE = 5.0  # seconds between reconnects caused by nacks
 _SHORT_STRING_MAX = 255
 # How RabbitMQ refuses a body above max_message_size (it closes the channel, 406) and a
 # frame above frame_max (it closes the connection, 501; the numbers are payload sizes).
@@ -94,14 +96,18 @@ class Receipt:
     partition: int
 
 
-class _PublishFuture(Future[Receipt]):
-    """A publish cannot be taken back once handed over, so its future cannot be cancelled.
+class _Encoded(pika.BasicProperties):  # type: ignore[misc]
+    """Properties encoded already (``encoded_properties``): pika sends the bytes as they are.
 
-    (Cheaper than ``set_running_or_notify_cancel()``, which takes the future's lock.)
+    The SDK reads only ``message_id``; pika's header frame only calls :meth:`encode`.
     """
 
-    def cancel(self) -> bool:
-        return False
+    def __init__(self, message_id: str, encoded: bytes) -> None:  # no other field is read
+        self.message_id = message_id
+        self._encoded = encoded
+
+    def encode(self) -> list[bytes]:
+        return [self._encoded]  # a new list each time: pika inserts into it
 
 
 @dataclass(slots=True)
@@ -159,9 +165,9 @@ class Producer:
         check_partition_queues(amqp_url, spec, name=f"{name}-check")  # no queues beyond P
         self.spec = spec
         self._url = amqp_url
-        self._params = connection_parameters(amqp_url, name=name)
-        self._params.connection_attempts = 1
-        self._params.socket_timeout = connect_timeout
+        self._nodes = Nodes.of(amqp_url, name=name, socket_timeout=connect_timeout)
+        self._open_errors: list[str] = []  # the first connection's, one per node tried
+        self._recycled_at = 0.0  # when a nack last made us reconnect
         self._reconnect_timeout = reconnect_timeout
         self._window = window
         self._lock = threading.Lock()
@@ -182,7 +188,7 @@ class Producer:
         # Encoded properties larger than this do not fit one header frame (the negotiated
         # frame_max replaces the requested one on connect); bodies larger than _max_body
         # are refused by the broker (it tells its max_message_size when it refuses one).
-        self._max_properties = self._params.frame_max - _HEADER_FRAME_OVERHEAD
+        self._max_properties = self._nodes.current.frame_max - _HEADER_FRAME_OVERHEAD
         self._max_body = sys.maxsize
         self._labels = (spec.name,)
         self._id_prefix = uuid.uuid4().hex[:16]
@@ -232,10 +238,18 @@ class Producer:
             # Producer prefix + counter: unique, and unlike uuid4() no os.urandom call, which
             # drops the GIL and then waits for the busy I/O thread to hand it back.
             message_id = f"{self._id_prefix}{next(self._ids):016x}"
-        properties = message_properties(key, partition, message_id=message_id, headers=headers)
-        size = len(_encode_properties(properties, self._max_properties))
+        now = time.time()
+        encoded = None if headers else encoded_properties(key, partition, message_id, now)
+        properties: pika.BasicProperties
+        if encoded is not None and len(encoded) <= self._max_properties:
+            properties, size = _Encoded(message_id, encoded), len(encoded)
+        else:  # pika's own encoder: user headers, or a message it refuses with a reason
+            properties = message_properties(
+                key, partition, message_id=message_id, headers=headers, now=now
+            )
+            size = len(_encode_properties(properties, self._max_properties))
         body = bytes(body)
-        future = _PublishFuture()
+        future = PublishFuture[Receipt]()
         if len(body) > self._max_body:  # the broker refused one this large: do not send it
             metrics.FAILED.labels(*self._labels, "refused").inc()
             future.set_exception(_body_refused(len(body), self._max_body))
@@ -248,7 +262,6 @@ class Producer:
                 raise self._closed_error()
             self._outbox.append(pending)
             self._outstanding += 1
-            self._m_in_flight.inc()
             wake = not self._wake_scheduled and self._connection is not None
         if wake:
             self._wake()
@@ -318,9 +331,9 @@ class Producer:
                 pending.future.set_exception(error)
         if confirmed:
             self._m_confirmed.inc(confirmed)
-        self._m_in_flight.dec(len(outcomes))
         with self._lock:
             self._outstanding -= len(outcomes)
+            self._m_in_flight.set(self._outstanding)  # here and per batch sent: not per message
             self._space.notify(len(outcomes))
             if self._outstanding == 0:
                 self._idle.notify_all()
@@ -425,7 +438,7 @@ class Producer:
             if now - lost_since > self._reconnect_timeout:
                 self._fail_all(
                     ConnectionLost(
-                        f"no connection to RabbitMQ at {self._params.host}:{self._params.port} "
+                        f"no connection to RabbitMQ at {self._nodes.where} "
                         f"for {self._reconnect_timeout:.0f}s; the message was not confirmed"
                     )
                 )
@@ -438,7 +451,7 @@ class Producer:
     def _connect_once(self) -> None:
         self._connected_once = False
         connection = SelectConnection(
-            self._params,
+            self._nodes.current,
             on_open_callback=self._on_connection_open,
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_connection_closed,
@@ -464,14 +477,31 @@ class Producer:
             connection.ioloop.start()
 
     def _on_open_error(self, connection: SelectConnection, error: BaseException) -> None:
+        failed = unavailable(self._nodes.where, error)
+        self._nodes.advance()
         if not self._ready.is_set():
-            self._first_error = unavailable(self._url, error)
-            self._ready.set()
+            self._open_errors.append(str(failed))
+            if len(self._open_errors) >= len(self._nodes.params):  # every node, once
+                self._first_error = (
+                    failed
+                    if len(self._open_errors) == 1
+                    else BrokerUnavailable(
+                        f"no RabbitMQ node of the list answered: {'; '.join(self._open_errors)}"
+                    )
+                )
+                self._ready.set()
         else:
-            log.warning("reconnect to RabbitMQ failed: %r", error)
+            log.warning("reconnect to RabbitMQ failed: %s; trying %s", failed, self._nodes.where)
         connection.ioloop.stop()
 
     def _on_connection_open(self, connection: SelectConnection) -> None:
+        # a list's node, or a reconnect, is news; a single URL's first connection is not
+        news = len(self._nodes.params) > 1 or self._ready.is_set()
+        log.log(
+            logging.INFO if news else logging.DEBUG,
+            "connected to RabbitMQ at %s",
+            self._nodes.where,
+        )
         connection.channel(on_open_callback=self._on_channel_open)
 
     def _on_connection_closed(self, connection: SelectConnection, reason: BaseException) -> None:
@@ -484,7 +514,10 @@ class Producer:
                     lambda pending: _frame_refused(pending.properties_size, limit),
                 )
         if not self._closing:
-            log.warning("lost the RabbitMQ connection: %s; reconnecting", reason)
+            self._nodes.advance()
+            log.warning(
+                "lost the RabbitMQ connection: %s; reconnecting to %s", reason, self._nodes.where
+            )
         connection.ioloop.stop()
 
     def _on_channel_open(self, channel: Channel) -> None:
@@ -540,6 +573,7 @@ class Producer:
                 return
             batch = list(self._outbox)
             self._outbox.clear()
+            self._m_in_flight.set(self._outstanding)
             # Tagged before publishing: one lock for the batch, and a publish cut short
             # by a lost channel is already in _unconfirmed, so it is republished.
             for pending in batch:
@@ -599,8 +633,24 @@ class Producer:
                 )
             outcomes.append((pending, error))
         self._resolve(outcomes)  # all at once: one lock and one window release per confirm
+        if nacked and not self._closing:
+            self._recycle_after_nack()
         if self._closing:
             self._drain()
+
+    def _recycle_after_nack(self) -> None:
+        """A nack: start over on a new connection (the next node of a list), at most once
+        per ``_NACK_RECYCLE`` seconds. RabbitMQ 3.10 keeps nacking every publish on a channel
+        whose quorum-queue leader died, though the queue has a new leader (measured:
+        60 s of nacks on the old channel; a new channel confirms after 1 s)."""
+        now = time.monotonic()
+        if now - self._recycled_at < _NACK_RECYCLE:
+            return
+        self._recycled_at = now
+        log.warning("the broker nacked a publish: reconnecting (to %s)", self._nodes.where)
+        channel = self._channel
+        if channel is not None and channel.is_open:
+            channel.close()  # -> _on_channel_closed -> the connection closes, then reconnects
 
 
 # -- what AMQP can carry (the caller's thread; the slow paths only run for a bad message) ----

@@ -5,9 +5,11 @@ Connections come from :mod:`kernel.amqp`.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
+import struct
 import threading
 import time
 import uuid
@@ -23,6 +25,8 @@ from pika.adapters.blocking_connection import BlockingChannel
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import SpecMismatch, UsageError
 from producer.contract import (
+    HEADER_KEY,
+    HEADER_KEY_B64,
     HEADER_PARTITION,
     HEADER_PUBLISHED_MS,
     MAX_PARTITIONS,
@@ -92,7 +96,26 @@ def queue_arguments(spec: StreamSpec) -> dict[str, Any]:
 
 
 def dead_letter_arguments(spec: StreamSpec) -> dict[str, Any]:
-    return {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": spec.dead_letter_queue}
+    """Dead letters go through the stream's own exchange (declaring a queue needs write
+    access to its dead-letter exchange: the default one would allow writing to any queue)."""
+    return {
+        "x-dead-letter-exchange": spec.dead_letter_exchange,
+        "x-dead-letter-routing-key": spec.dead_letter_queue,
+    }
+
+
+def _earlier_arguments(spec: StreamSpec) -> list[dict[str, Any]]:
+    """What partq 0.2 declared for quorum queues: dead letters through the default
+    exchange. Such queues work as they are (redeclaring them needs write access to
+    ``amq.default``)."""
+    if spec.queue_type != "quorum":
+        return []
+    return [
+        {
+            **queue_arguments(spec),
+            "x-dead-letter-exchange": "",
+        }
+    ]
 
 
 def upgrade_policy_command(spec: StreamSpec) -> str:
@@ -104,7 +127,7 @@ def upgrade_policy_command(spec: StreamSpec) -> str:
     definition = json.dumps(
         {
             "delivery-limit": QUORUM_DELIVERY_LIMIT,
-            "dead-letter-exchange": "",
+            "dead-letter-exchange": spec.dead_letter_exchange,
             "dead-letter-routing-key": spec.dead_letter_queue,
         },
         separators=(",", ":"),
@@ -128,12 +151,21 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
     """
     channel = connection.channel()
     channel.exchange_declare(spec.exchange, exchange_type="direct", durable=True)
+    channel.queue_declare(
+        spec.dead_letter_queue, durable=True, arguments={"x-queue-type": spec.queue_type}
+    )
+    channel.exchange_declare(spec.dead_letter_exchange, exchange_type="direct", durable=True)
+    channel.queue_bind(
+        spec.dead_letter_queue, spec.dead_letter_exchange, routing_key=spec.dead_letter_queue
+    )
     legacy: list[str] = []
     for partition in range(spec.partitions):
         queue = spec.queue(partition)
         try:
-            channel.queue_declare(queue, durable=True, arguments=queue_arguments(spec))
+            channel = _declare_partition_queue(connection, channel, queue, spec)
         except pika.exceptions.ChannelClosedByBroker as e:
+            if e.reply_code == 403:  # ACCESS_REFUSED: the caller names the missing right
+                raise
             if not _lacks_delivery_limit(e):
                 raise UsageError(
                     f"queue {queue} already exists with other settings ({e.reply_text}): "
@@ -152,10 +184,34 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
             spec.name,
             upgrade_policy_command(spec),
         )
-    channel.queue_declare(
-        spec.dead_letter_queue, durable=True, arguments={"x-queue-type": spec.queue_type}
-    )
     channel.close()
+
+
+def _declare_partition_queue(
+    connection: pika.BlockingConnection,
+    channel: BlockingChannel,
+    queue: str,
+    spec: StreamSpec,
+) -> BlockingChannel:
+    """Declare ``queue`` with today's arguments, or accept it as an earlier partq made it;
+    the channel to go on with (a refused declare closes the one it was made on)."""
+    try:
+        with _probe():
+            channel.queue_declare(queue, durable=True, arguments=queue_arguments(spec))
+        return channel
+    except pika.exceptions.ChannelClosedByBroker as e:
+        if e.reply_code != 406 or "x-dead-letter-exchange" not in e.reply_text:
+            raise
+        first = e
+    for arguments in _earlier_arguments(spec):
+        channel = connection.channel()
+        try:
+            with _probe():
+                channel.queue_declare(queue, durable=True, arguments=arguments)
+            return channel
+        except pika.exceptions.ChannelClosedByBroker:
+            continue
+    raise first
 
 
 def delete_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> None:
@@ -164,6 +220,7 @@ def delete_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> None
         channel.queue_delete(spec.queue(partition))
     channel.queue_delete(spec.dead_letter_queue)
     channel.exchange_delete(spec.exchange)
+    channel.exchange_delete(spec.dead_letter_exchange)
     channel.close()
 
 
@@ -271,7 +328,7 @@ def detect_queue_type(connection: pika.BlockingConnection, stream: str) -> Queue
     queue = queue_name(stream, 0)
     for queue_type in QUEUE_TYPES:
         spec = StreamSpec(stream, 1, queue_type)
-        candidates = [queue_arguments(spec)]
+        candidates = [queue_arguments(spec), *_earlier_arguments(spec)]
         if queue_type == "quorum":  # as partq before the delivery limit declared it
             candidates.append({"x-single-active-consumer": True, "x-queue-type": "quorum"})
         for arguments in candidates:
@@ -287,6 +344,71 @@ def detect_queue_type(connection: pika.BlockingConnection, stream: str) -> Queue
             channel.close()
             return queue_type
     return None
+
+
+_FLAGS = struct.pack(
+    ">H",
+    pika.BasicProperties.FLAG_HEADERS
+    | pika.BasicProperties.FLAG_DELIVERY_MODE
+    | pika.BasicProperties.FLAG_MESSAGE_ID
+    | pika.BasicProperties.FLAG_TIMESTAMP
+    | pika.BasicProperties.FLAG_APP_ID,
+)
+_KEY = bytes([len(HEADER_KEY)]) + HEADER_KEY.encode() + b"S"
+_KEY_B64 = bytes([len(HEADER_KEY_B64)]) + HEADER_KEY_B64.encode() + b"S"
+_PARTITION = bytes([len(HEADER_PARTITION)]) + HEADER_PARTITION.encode()
+_PUBLISHED = bytes([len(HEADER_PUBLISHED_MS)]) + HEADER_PUBLISHED_MS.encode()
+_APP_ID = b"\x05partq"
+_DELIVERY_MODE = b"\x02"  # persistent
+_INT32 = struct.Struct(">ci")  # pika's table int: 'I' if it fits 32 bits, else 'l'
+_INT64 = struct.Struct(">cq")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+
+
+def _table_int(value: int) -> bytes:
+    return _INT32.pack(b"I", value) if -(2**31) <= value < 2**31 else _INT64.pack(b"l", value)
+
+
+def encoded_properties(
+    key: str | bytes, partition: int, message_id: str, now: float
+) -> bytes | None:
+    """The bytes pika encodes for ``message_properties(key, partition,
+    message_id=message_id, now=now)`` (no other headers), built directly: the SDK's hot
+    path. None where only pika's own encoder gives the exact answer (then use it):
+    an empty message id (pika's path makes one up) or one over 255 bytes, a key that is
+    not valid text, a partition outside a
+    32-bit int. ``tests/unit/test_contract.py`` pins the equality."""
+    try:
+        mid = message_id.encode()
+        value = key.encode() if isinstance(key, str) else base64.b64encode(key)
+    except (UnicodeEncodeError, TypeError, AttributeError):
+        return None
+    if not mid or len(mid) > 255 or not 0 <= now < 2**63 / 1000 or not 0 <= partition < 2**63:
+        return None
+    table = b"".join(
+        (
+            _KEY if isinstance(key, str) else _KEY_B64,
+            _U32.pack(len(value)),
+            value,
+            _PARTITION,
+            _table_int(partition),
+            _PUBLISHED,
+            _table_int(int(now * 1000)),
+        )
+    )
+    return b"".join(
+        (
+            _FLAGS,
+            _U32.pack(len(table)),
+            table,
+            _DELIVERY_MODE,
+            bytes([len(mid)]),
+            mid,
+            _U64.pack(int(now)),
+            _APP_ID,
+        )
+    )
 
 
 def message_properties(

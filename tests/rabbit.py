@@ -18,9 +18,32 @@ from pathlib import Path
 
 from kernel.local import free_port
 
-__all__ = ["RABBIT_BIN", "PrivateRabbit"]
+__all__ = ["RABBIT_BIN", "PrivateRabbit", "node_env"]
 
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+def node_env(
+    directory: Path, nodename: str, amqp_port: int, dist_port: int, epmd_port: int
+) -> dict[str, str]:
+    """The environment of a private node: its own name, ports, HOME (cookie), data, logs,
+    config files and epmd port; for its ``rabbitmq-server`` and ``rabbitmqctl``."""
+    d = directory
+    return {
+        **os.environ,
+        "HOME": str(d),
+        "RABBITMQ_NODENAME": nodename,
+        "RABBITMQ_NODE_PORT": str(amqp_port),
+        "RABBITMQ_DIST_PORT": str(dist_port),
+        "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(d / "log"),
+        "RABBITMQ_PID_FILE": str(d / "rabbit.pid"),
+        "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
+        "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq"),  # .conf is appended
+        "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+        "ERL_EPMD_PORT": str(epmd_port),
+        "ERL_EPMD_ADDRESS": "127.0.0.1",
+    }
 
 
 @dataclass
@@ -42,22 +65,9 @@ class PrivateRabbit:
 
     @property
     def env(self) -> dict[str, str]:
-        d = self.directory
-        return {
-            **os.environ,
-            "HOME": str(d),
-            "RABBITMQ_NODENAME": f"{self.name}@localhost",
-            "RABBITMQ_NODE_PORT": str(self.amqp_port),
-            "RABBITMQ_DIST_PORT": str(self.dist_port),
-            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(d / "log"),
-            "RABBITMQ_PID_FILE": str(d / "rabbit.pid"),
-            "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
-            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq"),  # .conf is appended
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
-            "ERL_EPMD_PORT": str(self.epmd_port),
-            "ERL_EPMD_ADDRESS": "127.0.0.1",
-        }
+        return node_env(
+            self.directory, f"{self.name}@localhost", self.amqp_port, self.dist_port, self.epmd_port
+        )
 
     def start(self, timeout: float = 90.0) -> None:
         d = self.directory

@@ -234,3 +234,59 @@ def test_the_files_the_dockerfile_copies_are_in_the_repo() -> None:
             *sources, _ = shlex.split(args)
             for source in sources:
                 assert (REPO / source).exists(), f"COPY {source}: not in the repo"
+
+
+# ---------------------------------------------------------------- credentials
+
+CREDENTIAL = re.compile(r"://[^/\s]*:[^@/\s]*@|PASS|SECRET|TOKEN|_USER|GF_AUTH_", re.I)
+MARK = "development"
+
+
+def test_the_file_opens_by_saying_it_is_for_development_only() -> None:
+    header = []
+    for line in COMPOSE.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    assert "DEVELOPMENT ONLY" in "\n".join(header[:3])
+    assert "credential" in "\n".join(header).lower()
+
+
+def test_each_credential_is_marked_development_only_where_it_is_set() -> None:
+    lines = COMPOSE.read_text().splitlines()
+    found = 0
+    for number, line in enumerate(lines):
+        if line.lstrip().startswith("#") or not CREDENTIAL.search(line):
+            continue
+        found += 1
+        # the line itself, or the comment lines right above it (a run of settings)
+        above = number
+        while above > 0 and not lines[above - 1].lstrip().startswith("#"):
+            if lines[above - 1].strip().endswith(":"):  # the mapping's key: the run ends
+                break
+            above -= 1
+        comments = [*lines[max(0, above - 3) : above], line]
+        assert any(MARK in c.lower() for c in comments), f"line {number + 1}: {line.strip()}"
+    assert found >= 4  # PARTQ_AMQP_URL, RabbitMQ's user and password, Grafana's auth
+
+
+def test_no_other_service_holds_a_secret_like_setting() -> None:
+    allowed = {
+        "PARTQ_AMQP_URL",
+        "RABBITMQ_DEFAULT_USER",
+        "RABBITMQ_DEFAULT_PASS",
+        "GF_AUTH_ANONYMOUS_ENABLED",
+        "GF_AUTH_ANONYMOUS_ORG_ROLE",
+        "GF_AUTH_DISABLE_LOGIN_FORM",
+    }
+    for name, service in services().items():
+        environment = service.get("environment", {})
+        for key in environment:
+            if CREDENTIAL.search(key) or CREDENTIAL.search(str(environment[key])):
+                assert key in allowed, f"{name}: {key}"
+
+
+def test_published_ports_are_bound_to_loopback() -> None:
+    for name, service in services().items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name}: {port}"

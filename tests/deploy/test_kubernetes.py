@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import importlib
+import os
 import re
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,22 @@ DEFAULT_DRAIN_SECONDS = 20
 DEFAULT_GRACE_SECONDS = 30  # Kubernetes' own default
 # After the drain the consumer still releases its claims and revokes its lease.
 RELEASE_MARGIN_SECONDS = 5
-SECRET_ENV = {"PARTQ_AMQP_URL", "PARTQ_ETCD_USER", "PARTQ_ETCD_PASSWORD"}
+# Secrets that must never be environment variables: the pods name files instead
+PLAIN_SECRET_ENV = {"PARTQ_ETCD_PASSWORD", "PARTQ_HTTP_TOKEN"}
+FILE_SETTINGS = {
+    "PARTQ_ETCD_PASSWORD_FILE",
+    "PARTQ_ETCD_CA",
+    "PARTQ_ETCD_CERT",
+    "PARTQ_ETCD_KEY",
+    "PARTQ_AMQP_PASSWORD_FILE",
+    "PARTQ_AMQP_URL_FILE",
+    "PARTQ_AMQP_CA",
+    "PARTQ_AMQP_CERT",
+    "PARTQ_AMQP_KEY",
+    "PARTQ_HTTP_TOKEN_FILE",
+    "PARTQ_HTTP_CERT",
+    "PARTQ_HTTP_KEY",
+}
 KEDA = DEPLOY / "k8s" / "examples" / "keda-scaledobject.yaml"
 
 every_kustomization = pytest.mark.parametrize("name", KUSTOMIZATIONS)
@@ -255,16 +272,118 @@ def test_members_are_named_after_their_pods(kustomize: Kustomize, name: str) -> 
 
 
 @every_kustomization
-def test_credentials_come_from_a_secret(kustomize: Kustomize, name: str) -> None:
+def test_no_secret_is_an_environment_variable_or_an_argument(
+    kustomize: Kustomize, name: str
+) -> None:
+    # Environment and arguments show in `kubectl describe`, /proc and crash reports.
     for workload, container in partq_containers(kustomize(name)):
-        env = env_of(container)
-        assert "PARTQ_AMQP_URL" in env, workload["metadata"]["name"]
-        for var in SECRET_ENV & set(env):
-            assert "secretKeyRef" in env[var].get("valueFrom", {}), (
-                f"{workload['metadata']['name']}: {var} must come from a Secret"
-            )
-        for var in env.values():
+        where = f"{workload['metadata']['name']}/{container['name']}"
+        for var in container.get("env", []):
+            assert "secretKeyRef" not in var.get("valueFrom", {}), f"{where}: {var['name']}"
+            assert var["name"] not in PLAIN_SECRET_ENV, f"{where}: {var['name']}: use its _FILE"
             assert not re.search(r"://[^/\s]*:[^@/\s]*@", var.get("value", "")), var["name"]
+        args = " ".join(container.get("args", []))
+        assert not re.search(r"--amqp-url\s+\S*:[^@/\s]*@|password|token", args, re.I), where
+
+
+def mounted_secret_files(
+    docs: list[Manifest], workload: Manifest, container: dict[str, Any]
+) -> dict[str, tuple[Manifest, dict[str, Any], str]]:
+    """Every file a container sees from a Secret volume: path -> (Secret, volume, key)."""
+    pod = workload["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod.get("volumes", []) if "secret" in v}
+    files = {}
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount["name"])
+        if volume is None:
+            continue
+        secret = generated(docs, "Secret", volume["secret"]["secretName"])
+        for key in data_keys(secret):
+            files[f"{mount['mountPath']}/{key}"] = (secret, volume, key)
+    return files
+
+
+@every_kustomization
+def test_every_secret_file_setting_names_a_read_only_secret_mount(
+    kustomize: Kustomize, name: str
+) -> None:
+    docs = kustomize(name)
+    checked = 0
+    for workload, container in partq_containers(docs):
+        where = f"{workload['metadata']['name']}/{container['name']}"
+        files = mounted_secret_files(docs, workload, container)
+        mounts = {m["name"]: m for m in container.get("volumeMounts", [])}
+        for var, value in ((v["name"], v.get("value")) for v in container.get("env", [])):
+            if var not in FILE_SETTINGS:
+                continue
+            checked += 1
+            assert value in files, f"{where}: {var}={value} is no file of a mounted Secret"
+            _, volume, _ = files[value]
+            assert mounts[volume["name"]].get("readOnly") is True, f"{where}: {volume['name']}"
+            assert volume["secret"]["defaultMode"] in (0o400, 0o440), f"{where}: {volume['name']}"
+        if files:  # group-readable files need the pod's group
+            pod_security = workload["spec"]["template"]["spec"]["securityContext"]
+            assert pod_security.get("fsGroup") == pod_security["runAsGroup"], where
+    assert checked >= 4
+
+
+def test_the_base_reaches_etcd_and_rabbitmq_over_tls_with_secrets_as_files(
+    kustomize: Kustomize,
+) -> None:
+    docs = kustomize("base")
+    daemons = [(w, c) for w, c in partq_containers(docs) if c["args"][0] in DEFAULT_PORTS]
+    assert len(daemons) == 2
+    for workload, container in daemons:
+        env = env_of(container)
+        settings = pod_settings(docs, workload, container)
+        where = workload["metadata"]["name"]
+        assert all(tls for _, _, tls in settings.endpoints), f"{where}: etcd over https://"
+        assert settings.amqp.url.startswith("amqps://"), where
+        assert settings.etcd_ca is not None and settings.amqp_ca is not None, where
+        assert {"PARTQ_ETCD_PASSWORD_FILE", "PARTQ_AMQP_PASSWORD_FILE"} <= set(env), where
+        assert settings.etcd_password is not None and settings.http.token is not None, where
+        # The HTTP port stays plain: Prometheus scrapes /metrics as before
+        assert "--http-cert" not in container["args"] and not settings.http.tls, where
+
+
+@every_kustomization
+def test_each_pods_environment_and_files_make_valid_settings(
+    kustomize: Kustomize, name: str
+) -> None:
+    # What partq reads at start in the pod: a refused combination (a CA with a plain URL,
+    # an etcd password over http://, a missing file) would crash-loop every pod.
+    docs = kustomize(name)
+    for workload, container in partq_containers(docs):
+        pod_settings(docs, workload, container)
+
+
+def pod_settings(docs: list[Manifest], workload: Manifest, container: dict[str, Any]) -> Any:
+    """kernel.settings.Settings as the container would build them: its environment, with
+    ConfigMap values resolved and each mounted Secret file written under a temporary root."""
+    from kernel.settings import Settings  # here: the other deploy tests need no partq
+
+    with tempfile.TemporaryDirectory() as root:
+        for path, (secret, _, key) in mounted_secret_files(docs, workload, container).items():
+            target = Path(root + path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if key in secret.get("data", {}):
+                target.write_bytes(base64.b64decode(secret["data"][key]))
+            else:
+                target.write_text(secret["stringData"][key])
+        environ = {}
+        for var in container.get("env", []):
+            if "value" in var:
+                value = var["value"]
+                environ[var["name"]] = root + value if value.startswith("/etc/") else value
+            elif "configMapKeyRef" in var.get("valueFrom", {}):
+                ref = var["valueFrom"]["configMapKeyRef"]
+                environ[var["name"]] = generated(docs, "ConfigMap", ref["name"])["data"][ref["key"]]
+        with pytest.MonkeyPatch.context() as patch:
+            for variable in [v for v in os.environ if v.startswith("PARTQ_")]:
+                patch.delenv(variable)
+            for variable, value in environ.items():
+                patch.setenv(variable, value)
+            return Settings.load()
 
 
 @every_kustomization
@@ -347,8 +466,8 @@ def test_the_dev_overlay_is_self_contained(kustomize: Kustomize) -> None:
         secret["metadata"]["name"]
         != generated(kustomize("base"), "Secret", "partq-credentials")["metadata"]["name"]
     )
-    amqp = base64.b64decode(secret["data"]["amqp-url"]).decode()
-    for url in (config["etcd-endpoints"], amqp):
+    assert base64.b64decode(secret["data"]["amqp-password"]).decode() == "partq"
+    for url in (config["etcd-endpoints"], config["amqp-url"]):
         parts = urlsplit(url)
         assert parts.hostname in services, f"{url}: no Service {parts.hostname} in the overlay"
         ports = {p["port"] for p in services[parts.hostname]["spec"]["ports"]}
@@ -358,9 +477,11 @@ def test_the_dev_overlay_is_self_contained(kustomize: Kustomize) -> None:
 
 
 def test_the_base_secret_is_only_a_placeholder(kustomize: Kustomize) -> None:
-    secret = generated(kustomize("base"), "Secret", "partq-credentials")
-    amqp = base64.b64decode(secret["data"]["amqp-url"]).decode()
-    assert "CHANGE-ME" in amqp
+    docs = kustomize("base")
+    for name in ("partq-credentials", "partq-tls"):
+        secret = generated(docs, "Secret", name)
+        for key, value in secret["data"].items():
+            assert base64.b64decode(value).decode() == "CHANGE-ME", f"{name}: {key}"
 
 
 def test_pod_templates_are_hardened(kustomize: Kustomize) -> None:

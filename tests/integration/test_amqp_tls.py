@@ -25,7 +25,7 @@ from kernel.amqp import AmqpTarget, AmqpTLS, blocking_connection, connect_blocki
 from kernel.errors import BrokerUnavailable, StreamNotFound
 from kernel.local import LocalEtcd
 from kernel.settings import Settings
-from producer import Producer
+from producer import Producer, StreamSpec
 from producer.registry import Registry
 from tests.pki import issue, make_ca
 from tests.rabbit import RABBIT_BIN, PrivateRabbit
@@ -193,7 +193,9 @@ def test_no_permission_on_a_queue_names_it(broker: PrivateRabbit, pki: PKI) -> N
             blocking_connection(AmqpTarget(url, AmqpTLS(ca=pki.ca))) as connection,
         ):
             connection.channel().queue_declare("theirs.q")
-        assert "theirs.q" in str(caught.value)
+        message = str(caught.value)
+        assert f"user '{LIMITED}' may not use queue 'theirs.q'" in message, message
+        assert f"rabbitmqctl set_permissions -p / {LIMITED}" in message, message
     finally:
         broker.ctl("clear_permissions", "-p", "/", LIMITED)
 
@@ -331,3 +333,58 @@ def test_a_failing_cli_call_prints_no_secret(
             assert text not in done.stdout + done.stderr, (how, done.stderr)
         warned = "visible" in done.stderr or "`ps`" in done.stderr
         assert warned == (how == "argv"), (how, done.stderr)
+
+
+def test_a_consumer_refused_its_queue_names_it_and_exits_6(
+    etcd_server: LocalEtcd, broker: PrivateRabbit, pki: PKI, tmp_path: Path
+) -> None:
+    # Given a stream, its coordinator, and a user that may do anything but read its queues
+    name = f"refused-{uuid.uuid4().hex[:8]}"
+    user, password = f"noread-{uuid.uuid4().hex[:6]}", "noread-pw-Zq7"
+    broker.ctl("add_user", user, password)
+    not_partitions = f"^(?!partq\\.{name}\\.p[0-9]).*"
+    broker.ctl("set_permissions", "-p", "/", user, ".*", ".*", not_partitions)
+    settings = Settings.load(
+        etcd_endpoints=etcd_server.endpoint, amqp_url=_url(broker), amqp_ca=pki.ca
+    )
+    registry = Registry.connect(settings)
+    admin.create_stream(registry, settings.amqp, StreamSpec(name, 2, "quorum"))
+    tls = {"PARTQ_AMQP_CA": str(pki.ca)}
+    logs = {who: tmp_path / f"{who}.log" for who in ("coordinator", "consumer")}
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(who: str, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+        with logs[who].open("wb") as out:
+            proc = subprocess.Popen([PARTQ, *args, "--http-port", "0"], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+        procs.append(proc)
+        return proc
+
+    try:
+        start("coordinator", _env(etcd_server, PARTQ_AMQP_URL=_url(broker), **tls),
+              "coordinator", name, "--settle", "0.3", "--ttl", "2")  # fmt: skip
+        url = f"amqps://{user}:{password}@localhost:{broker.tls_port}/%2F"
+        # When the consumer is assigned the partitions and subscribes
+        env = _env(etcd_server, PARTQ_AMQP_URL=url, **tls)
+        consumer = start("consumer", env, "consume", name, "--member-id", "refused-1",
+                         "--handler", "consumers.examples:noop_handler", "--ttl", "2",
+                         "--drain-timeout", "5")  # fmt: skip
+        # Then it exits 6, having said which queue, which user and what to grant
+        code = consumer.wait(timeout=90)
+        log = logs["consumer"].read_text()
+        assert code == 6, log
+        refusals = [line for line in log.splitlines() if "permission denied" in line]
+        assert 1 <= len(refusals) <= 2, log  # one per partition at most: no retry loop
+        assert f"user '{user}' may not read queue 'partq.{name}.p0000" in refusals[0], log
+        assert f"rabbitmqctl set_permissions -p / {user}" in refusals[0], log
+        assert "exiting with code 6" in log and "Traceback" not in log, log
+        assert password not in log
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=20)
+        with contextlib.suppress(StreamNotFound, BrokerUnavailable):
+            admin.delete(registry, settings.amqp, name)
+        registry.close()
+        broker.ctl("delete_user", user)

@@ -20,8 +20,10 @@ import pika
 import pika.exceptions
 import pytest
 
+from consumers.broker import Delivery
+from consumers.worker import DeadLetters
 from producer.contract import QUORUM_DELIVERY_LIMIT, StreamSpec
-from producer.topology import declare_stream, delete_stream
+from producer.topology import declare_stream, delete_stream, queue_arguments
 
 pytestmark = [pytest.mark.integration]
 
@@ -156,3 +158,44 @@ def test_queues_of_an_older_partq_are_kept_and_the_upgrade_is_named(
             check.queue_declare(spec.queue(partition), passive=True)
     finally:
         delete_stream(connection, spec)
+
+
+def test_queues_of_partq_0_2_dead_lettering_through_the_default_exchange_are_accepted(
+    connection: pika.BlockingConnection,
+    rabbitmq: str,
+    stream_name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a quorum partition queue as partq 0.2 declared it (delivery limit, dead letters
+    # through the default exchange) and a stream made before the dead-letter exchange
+    spec = StreamSpec(stream_name, 2, "quorum")
+    old = connection.channel()
+    arguments = {**queue_arguments(spec), "x-dead-letter-exchange": ""}
+    old.queue_declare(spec.queue(0), durable=True, arguments=arguments)
+    old.close()
+    try:
+        # When the stream is declared by this partq
+        with caplog.at_level(logging.WARNING, logger="partq.amqp"):
+            declare_stream(connection, spec)
+        # Then it is taken as it is, without a warning (it has its limit and its DLQ)
+        assert "queues of stream" not in " ".join(r.getMessage() for r in caplog.records)
+        # and a dead letter of a consumer reaches the DLQ through the stream's exchange,
+        body = _dead_letter(connection, rabbitmq, spec)
+        assert body == b"poison"
+        # or, for a stream still without that exchange, through the default one (warned)
+        connection.channel().exchange_delete(spec.dead_letter_exchange)
+        with caplog.at_level(logging.WARNING, logger="partq.consumer.worker"):
+            assert _dead_letter(connection, rabbitmq, spec) == b"poison"
+        assert "run `partq stream create" in caplog.text
+    finally:
+        delete_stream(connection, spec)
+
+
+def _dead_letter(connection: pika.BlockingConnection, url: str, spec: StreamSpec) -> bytes:
+    """Dead-letter one message the way a consumer does; what the DLQ then holds."""
+    props = pika.BasicProperties(message_id="m-1", headers={"partq-key": "k"})
+    delivery = Delivery(0, None, 1, False, props, b"poison")  # type: ignore[arg-type]
+    DeadLetters(url, spec, "m").publish(delivery, ValueError("bad"), 3)
+    method, props, body = connection.channel().basic_get(spec.dead_letter_queue, auto_ack=True)
+    assert method is not None and props.headers["x-partq-attempts"] == 3
+    return bytes(body)

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import urllib.error
 import urllib.parse
@@ -40,15 +41,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    """(status, body); (0, b"") when nothing answers."""
+def http_answer(
+    url: str,
+    timeout: float = 5.0,
+    *,
+    token: str | None = None,
+    context: ssl.SSLContext | None = None,
+) -> tuple[int, bytes, dict[str, str]]:
+    """(status, body, headers), with ``Authorization: Bearer token`` and ``context`` for
+    HTTPS if given; (0, b"", {}) when nothing answers (or TLS fails)."""
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read()
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            return response.status, response.read(), dict(response.headers)
     except urllib.error.HTTPError as e:
-        return e.code, e.read()
+        return e.code, e.read(), dict(e.headers)
     except (urllib.error.URLError, OSError):
-        return 0, b""
+        return 0, b"", {}
+
+
+def http_get(url: str, timeout: float = 5.0, **options: Any) -> tuple[int, bytes]:
+    """(status, body); (0, b"") when nothing answers. ``options``: :func:`http_answer`'s."""
+    status, body, _ = http_answer(url, timeout, **options)
+    return status, body
 
 
 @dataclass
@@ -57,6 +74,7 @@ class Proc:
     popen: subprocess.Popen[bytes]
     log: Path
     port: int
+    scheme: str = "http"
 
     @property
     def pid(self) -> int:
@@ -64,7 +82,7 @@ class Proc:
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -85,6 +103,10 @@ class Proc:
         return "\n".join(text.splitlines()[-lines:])
 
 
+def _scheme(flags: tuple[str, ...]) -> str:
+    return "https" if "--http-cert" in flags else "http"
+
+
 @dataclass
 class Launcher:
     """This test's processes; ``close()`` ends those still running, each by its PID."""
@@ -94,40 +116,67 @@ class Launcher:
     amqp: str
     procs: list[Proc] = field(default_factory=list)
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
         env.update({"PARTQ_ETCD_ENDPOINTS": self.etcd, "PARTQ_AMQP_URL": self.amqp})
+        env.update(extra or {})
         return env
 
-    def start(self, name: str, argv: list[str], port: int) -> Proc:
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        port: int,
+        *,
+        env: dict[str, str] | None = None,
+        scheme: str = "http",
+    ) -> Proc:
+        """Start ``argv`` with this test's etcd and RabbitMQ in its environment (and ``env``);
+        stdout and stderr go to one log file."""
         log = self.tmp / f"{name}.log"
         with open(log, "ab") as out:
             popen = subprocess.Popen(
-                argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=self._env(), cwd=ROOT
+                argv,
+                stdout=out,
+                stderr=out,
+                stdin=subprocess.DEVNULL,
+                env=self._env(env),
+                cwd=ROOT,
             )
-        proc = Proc(name, popen, log, port)
+        proc = Proc(name, popen, log, port, scheme)
         self.procs.append(proc)
         return proc
 
-    def coordinator(self, stream: str) -> Proc:
+    def coordinator(self, stream: str, *flags: str, env: dict[str, str] | None = None) -> Proc:
         port = free_port()
         argv = [str(PARTQ), "coordinator", stream, "--settle", "0.3", "--ttl", "2"]
-        argv += ["--http-host", "127.0.0.1", "--http-port", str(port)]
-        return self.start("coordinator", argv, port)
+        argv += ["--http-host", "127.0.0.1", "--http-port", str(port), *flags]
+        return self.start("coordinator", argv, port, env=env, scheme=_scheme(flags))
 
-    def consumer(self, stream: str, member: str, port: int | None = None) -> Proc:
+    def consumer(
+        self,
+        stream: str,
+        member: str,
+        port: int | None = None,
+        *flags: str,
+        env: dict[str, str] | None = None,
+    ) -> Proc:
         port = port or free_port()
         argv = [str(PARTQ), "consume", stream, "--handler", HANDLER, "--member-id", member]
         argv += ["--ttl", "2", "--drain-timeout", "5"]
-        argv += ["--http-host", "127.0.0.1", "--http-port", str(port)]
-        return self.start(member, argv, port)
+        argv += ["--http-host", "127.0.0.1", "--http-port", str(port), *flags]
+        return self.start(member, argv, port, env=env, scheme=_scheme(flags))
 
-    def wait_ready(self, proc: Proc, timeout: float = 30.0, path: str = "/readyz") -> None:
+    def wait_ready(
+        self, proc: Proc, timeout: float = 30.0, path: str = "/readyz", **options: Any
+    ) -> None:
+        """Until ``proc`` answers 200 on ``path`` (``options``: :func:`http_answer`'s)."""
+
         def ready() -> bool:
             if not proc.alive():
                 code = proc.popen.returncode
                 raise AssertionError(f"{proc.name} exited ({code}):\n{proc.tail()}")
-            return http_get(proc.base + path, timeout=2)[0] == 200
+            return http_get(proc.base + path, timeout=2, **options)[0] == 200
 
         wait_until(ready, timeout, what=f"{proc.name} {path}")
 

@@ -187,7 +187,7 @@ def test_http_port_0_picks_a_free_port_and_logs_it(launcher: Launcher, make_stre
     proc = launcher.start("zero", argv, 0)
 
     def logged_port() -> int | None:
-        match = re.search(r"on 127\.0\.0\.1:(\d+)", proc.tail(50))
+        match = re.search(r"on http://127\.0\.0\.1:(\d+)", proc.tail(50))
         return int(match.group(1)) if match else None
 
     # Then it logs the port it got, and serves /readyz there

@@ -21,10 +21,14 @@ from kernel import logs
 from kernel.amqp import (
     AmqpTarget,
     AmqpTLS,
+    Nodes,
+    access_refused,
     connection_parameters,
     has_password,
     redact_url,
+    targets,
     unavailable,
+    with_password,
 )
 from kernel.errors import UsageError
 from kernel.settings import Settings
@@ -352,3 +356,71 @@ def test_an_unparseable_host_is_a_usage_error_without_the_password() -> None:
     with pytest.raises(UsageError, match="bad AMQP URL") as caught:
         connection_parameters(f"amqp://u:{SECRET}@[::1/%2F", name="t")
     assert SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("reply", "permission", "expected"),
+    [  # RabbitMQ 3.10 does not name the permission; later versions do
+        ("ACCESS_REFUSED - access to queue 'partq.s.p00001' in vhost '/' refused for user "
+         "'u1'", "read", "user 'u1' may not read queue 'partq.s.p00001' in vhost '/': grant "
+         "it read permission"),
+        ("ACCESS_REFUSED - write access to exchange 'partq.s' in vhost 'v' refused for user "
+         "'u1'", None, "user 'u1' may not write exchange 'partq.s' in vhost 'v': grant it "
+         "write permission"),
+        ("ACCESS_REFUSED - access to queue 'q' in vhost '/' refused for user 'u1'", None,
+         "user 'u1' may not use queue 'q'"),
+        ("ACCESS_REFUSED - something new", None, "permission denied: ACCESS_REFUSED - something"),
+    ],
+)  # fmt: skip
+def test_access_refused_names_user_queue_and_what_to_grant(
+    reply: str, permission: str | None, expected: str
+) -> None:
+    line = access_refused("amqp://u1:hunter2@h:5672/%2F", reply, permission)
+    assert expected in line and "\n" not in line and "hunter2" not in line
+    if "may not" in line:
+        assert "rabbitmqctl set_permissions -p" in line
+
+
+# -- URL lists ---------------------------------------------------------------------------
+
+
+SECRET_LIST = "amqp://a:pw%2Cx@n1:5672/%2F, amqps://b:s%40cret@n2:5671/%2F,amqp://n3:5672/%2F"
+
+
+def test_a_url_list_is_split_at_each_scheme_and_keeps_commas_in_passwords() -> None:
+    entries = [t.url for t in targets(SECRET_LIST)]
+    assert entries == [
+        "amqp://a:pw%2Cx@n1:5672/%2F",
+        "amqps://b:s%40cret@n2:5671/%2F",
+        "amqp://n3:5672/%2F",
+    ]
+    assert [t.url for t in targets("amqp://u:p,w@h:5672/%2F")] == ["amqp://u:p,w@h:5672/%2F"]
+    for bad in ("amqp://h1:5672/%2F,,amqp://h2:5672/%2F", "amqp://h1:5672/%2F,"):
+        with pytest.raises(UsageError, match="empty entry"):
+            targets(bad)
+
+
+def test_a_url_list_is_redacted_entry_by_entry() -> None:
+    shown = redact_url(SECRET_LIST)
+    assert "pw" not in shown and "s%40cret" not in shown
+    assert shown == "amqp://a:***@n1:5672/%2F,amqps://b:***@n2:5671/%2F,amqp://n3:5672/%2F"
+    assert has_password(SECRET_LIST) and not has_password("amqp://h1/%2F,amqp://u@h2/%2F")
+
+
+def test_a_password_file_fills_every_entry_that_names_a_user_without_one() -> None:
+    listed = with_password("amqp://u@h1:5672/%2F,amqp://v:own@h2:5672/%2F,amqp://h3/%2F", "p/w")
+    assert listed == "amqp://u:p%2Fw@h1:5672/%2F,amqp://v:own@h2:5672/%2F,amqp://h3/%2F"
+
+
+def test_nodes_go_round_robin_and_a_single_url_stays_put() -> None:
+    nodes = Nodes.of("amqp://g:g@127.0.0.1:1/%2F,amqp://g:g@127.0.0.1:2/%2F", name="t")
+    assert nodes.current.port == 1 and nodes.where.url.endswith(":1/%2F")
+    nodes.advance()
+    assert nodes.current.port == 2
+    nodes.advance()
+    assert nodes.current.port == 1
+    single = Nodes.of("amqp://g:g@127.0.0.1:3/%2F", name="t")
+    single.advance()
+    assert single.current.port == 3
+    with pytest.raises(UsageError, match="one AMQP URL is needed"):
+        connection_parameters("amqp://h1/%2F,amqp://h2/%2F", name="t")

@@ -283,3 +283,15 @@ def test_a_malformed_stream_spec_names_its_key() -> None:
         StreamSpec.from_json('{"v": 1, "name": "orders"}', key)
     with pytest.raises(UsageError, match="version 2 is not understood"):
         StreamSpec.from_json('{"v": 2}', key)
+
+
+def test_a_leaving_member_round_trips_and_an_old_value_is_not_leaving() -> None:
+    member = Member("c-1", weight=2, lease=7, host="h", pid=3, version="1", started=1.0)
+    raw = codec.encode_member(member)
+    assert "leaving" not in json.loads(raw)  # values of members that stay are as before
+    assert codec.decode("member", "s", "c-1", raw, 7) == member
+    leaving = codec.encode_member(Member("c-1", leaving=True))
+    assert codec.decode("member", "s", "c-1", leaving, 7).leaving is True
+    garbled = json.dumps({**json.loads(leaving), "leaving": "yes"})
+    with pytest.raises(MalformedValue, match="'leaving' is not true or false"):
+        codec.decode("member", "s", "c-1", garbled, 7)

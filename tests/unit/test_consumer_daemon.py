@@ -17,6 +17,7 @@ import pytest
 
 from consumers.daemon import (
     EXIT_OK,
+    EXIT_PERMISSION_DENIED,
     EXIT_STREAM_CHANGED,
     EXIT_WORKER_FAILED,
     Consumer,
@@ -265,6 +266,22 @@ def test_a_failed_worker_makes_the_member_leave_and_exit_4(env: Env) -> None:
     c1.thread.join(10)
     assert c1.code == EXIT_WORKER_FAILED
     assert c1.broker.count("cancel", 1) == 1 and c1.broker.count("cancel", 0) == 0
+    state = env.group.snapshot()
+    assert "c1" not in state.members and state.claims == {}
+
+
+def test_a_refused_queue_makes_the_member_unready_leave_and_exit_6(env: Env) -> None:
+    # Given a member consuming partitions 0 and 1
+    c1 = consuming(env, "c1", 0, 1)
+    # When RabbitMQ refuses it partition 1's queue (403)
+    c1.broker.refuse(1, "permission denied: user 'u' may not read queue 'q'")
+    # Then it is not ready, partition 1 is never subscribed again, 0 is drained, and it
+    # leaves the group and exits 6
+    c1.thread.join(10)
+    assert c1.code == EXIT_PERMISSION_DENIED
+    assert not c1.consumer.ready.is_set()
+    assert c1.broker.count("subscribe", 1) == 1
+    assert c1.broker.count("cancel", 0) == 1 and c1.broker.count("cancel", 1) == 0
     state = env.group.snapshot()
     assert "c1" not in state.members and state.claims == {}
 

@@ -78,3 +78,39 @@ def test_no_subscribe_without_our_claim_and_no_release_without_drain(events: lis
         # and cancel only what we consume
         if Command.CANCEL in commands:
             assert before.phase in (Phase.ACTIVE, Phase.SUBSCRIBING)
+        # and never subscribe while paused
+        if Command.SUBSCRIBE in commands:
+            assert not state.paused
+
+
+def test_a_paused_partition_is_drained_and_kept_then_resumed() -> None:
+    # Given an active partition
+    active, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED])
+    # When it is paused / Then it drains, and once drained keeps its claim, unconsumed
+    draining, commands = step(active, Event.PAUSED)
+    assert (draining.phase, commands) == (Phase.DRAINING, [Command.CANCEL])
+    paused, commands = step(draining, Event.DRAINED)
+    assert (paused.phase, commands) == (Phase.PAUSED, [])
+    assert paused.holder is Holder.ME
+    # When it is resumed / Then it subscribes again
+    resumed, commands = step(paused, Event.RESUMED)
+    assert (resumed.phase, commands) == (Phase.SUBSCRIBING, [Command.SUBSCRIBE])
+    # And a paused partition that is moved away is released
+    moved, commands = step(paused, Event.UNASSIGNED)
+    assert (moved.phase, commands) == (Phase.RELEASING, [Command.RELEASE])
+
+
+def test_a_new_owner_of_a_paused_partition_claims_it_without_consuming() -> None:
+    state, commands = run([Event.PAUSED, Event.ASSIGNED, Event.CLAIMED])
+    assert (state.phase, commands) == (Phase.PAUSED, [Command.CLAIM])
+    state, commands = run([Event.ASSIGNED, Event.CLAIMED, Event.PAUSED, Event.SUBSCRIBED])
+    assert (state.phase, commands[-1]) == (Phase.DRAINING, Command.CANCEL)
+
+
+def test_a_paused_partition_whose_claim_was_taken_waits_on_resume() -> None:
+    # Given a paused partition whose claim another member took meanwhile (Hypothesis found it)
+    state, _ = run([Event.ASSIGNED, Event.PAUSED, Event.CLAIMED, Event.CLAIM_OTHER])
+    assert (state.phase, state.holder) == (Phase.WAITING, Holder.OTHER)
+    # When it is resumed / Then it waits for the claim instead of subscribing without it
+    state, commands = step(state, Event.RESUMED)
+    assert (state.phase, commands) == (Phase.WAITING, [])

@@ -3,41 +3,13 @@
 from __future__ import annotations
 
 import logging
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from cli.http import serve
 from kernel.errors import BrokerUnavailable
-
-
-def get(url: str) -> tuple[int, str, dict[str, str]]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode(), dict(response.headers)
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(), dict(e.headers)
-
-
-@pytest.fixture
-def server() -> Iterator[Callable[..., str]]:
-    """``server(**endpoints)``: serve on a free loopback port; the base URL."""
-    started: list[Any] = []
-
-    def start(**endpoints: Any) -> str:
-        endpoints.setdefault("live", lambda: True)
-        endpoints.setdefault("ready", lambda: True)
-        s = serve("127.0.0.1", 0, **endpoints)
-        started.append(s)
-        return f"http://127.0.0.1:{s.server_port}"
-
-    yield start
-    for s in started:
-        s.shutdown()
-        s.server_close()
+from tests.unit.http_server import get
 
 
 def failing(error: Exception) -> Callable[[], Any]:

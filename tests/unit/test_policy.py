@@ -233,3 +233,23 @@ def test_rebalance_dry_run_prints_the_leaders_plan() -> None:
     finally:
         for session in sessions:
             session.close()
+
+
+def test_unbound_claims_are_those_not_on_their_live_members_lease() -> None:
+    members = {"a": Member("a", lease=10), "b": Member("b", lease=20)}
+    claims = {
+        0: Claim("a", 10, 1.0),  # on a's lease: bound
+        1: Claim("b", 10, 1.0),  # b's name on a's lease: unbound
+        2: Claim("c", 30, 1.0),  # no such member (left or crashed): not judged here
+        3: Claim("b", 20, 1.0),
+    }
+    assert policy.unbound_claims(members, claims) == {1: Claim("b", 10, 1.0)}
+
+
+def test_a_member_that_announced_its_stop_gets_no_partitions() -> None:
+    view = View(
+        members={"a": Member("a", lease=1), "b": Member("b", lease=2, leaving=True)},
+        assignment={p: "b" if p % 2 else "a" for p in range(SPEC.partitions)},
+    )
+    assert set(policy.plan(SPEC, view, None).values()) == {"a"}
+    assert policy.leaving(view.members) == {"b"}

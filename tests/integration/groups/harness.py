@@ -76,6 +76,7 @@ class Fleet:
     etcd: str
     amqp: str
     record: Path
+    env: dict[str, str] = field(default_factory=dict)  # e.g. this identity's credentials
     procs: list[Proc] = field(default_factory=list)
 
     def _env(self, **extra: str) -> dict[str, str]:
@@ -88,6 +89,7 @@ class Fleet:
                 "PARTQ_RECORD": str(self.record),
             }
         )
+        env.update(self.env)
         env.update(extra)
         return env
 

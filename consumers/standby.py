@@ -1,0 +1,41 @@
+"""Hot standby: when may the waiting consumer of a partition take it over? (pure)
+
+A member named the standby of partition p (``standby/<p>``, by a leader run with
+``--standby``) subscribes to p's single-active-consumer queue while p's owner consumes it,
+and so waits behind it. RabbitMQ activates the standby once the owner's consumer is gone:
+its connection died (kill -9, a crash, a network cut), or the owner cancelled. Only the
+first may be taken over: a planned cancel always follows a change in etcd (the
+assignment moved, the member announced or began its stop, a pause, the claim was
+released), and the standby reads etcd after the broker activated it, so it sees that
+change. What it requires, all in one consistent read: p's claim is its owner's, on its
+lease, that owner is a member and not leaving, p is not paused, and either p is still
+assigned to that owner with us as its standby, or the leader has given p to us because
+the owner already lost another partition to a takeover (a suspect: its connection died).
+Then it takes the claim over (a transaction on the claim's revision) and consumes at
+once, its first deliveries being the dead owner's unacked messages, redelivered first.
+Otherwise it gives every delivery back, in order, and cancels.
+"""
+
+from __future__ import annotations
+
+from coordinator.group import GroupState
+from coordinator.policy import paused, suspects
+
+__all__ = ["may_take_over"]
+
+
+def may_take_over(state: GroupState, partition: int, me: str) -> int | None:
+    """The claim revision to take ``partition`` over from, or None (give it back)."""
+    claim = state.claims.get(partition)
+    if claim is None or claim.member == me:
+        return None
+    owner = state.members.get(claim.member)
+    if owner is None or owner.leaving or claim.lease != owner.lease:
+        return None
+    if paused(state.requests, partition):
+        return None
+    assigned = state.assignment.get(partition)
+    standing = assigned == claim.member and state.standbys.get(partition) == me
+    # the leader already gave it to us: its owner lost another partition to a takeover
+    reassigned = assigned == me and claim.member in suspects(state.claims)
+    return state.claim_revisions.get(partition) if standing or reassigned else None

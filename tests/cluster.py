@@ -1,0 +1,285 @@
+"""A RabbitMQ cluster of private nodes on loopback, for tests and benchmarks.
+
+    with RabbitCluster(directory, size=3) as cluster:
+        cluster.urls            # one amqp:// URL per node (join with "," for PARTQ_AMQP_URL)
+        cluster.kill(i)         # kill -9 of node i's Erlang VM
+        cluster.leaders(spec)   # node of each partition queue's quorum leader
+
+From the installed package, never touching the machine's broker: each node has its own
+name (``partqcN@localhost``), AMQP and distribution ports, ``HOME`` (the one Erlang
+cookie), data and log folders and config files; one private epmd serves them all (started
+in the foreground, so its PID is known). The nodes form the cluster at boot
+(``cluster_formation.classic_config``). ``/usr/lib/rabbitmq/bin`` scripts are called
+directly: the ``/usr/sbin`` wrappers switch user and drop the environment. Everything is
+stopped by PID in ``__exit__``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from kernel.errors import PartqError
+from kernel.local import LocalEtcd, free_port
+from producer.contract import StreamSpec
+from tests.rabbit import RABBIT_BIN, node_env
+
+__all__ = ["RABBIT_BIN", "EtcdCluster", "RabbitCluster"]
+
+
+@dataclass
+class _Node:
+    name: str
+    directory: Path
+    amqp_port: int = field(default_factory=free_port)
+    dist_port: int = field(default_factory=free_port)
+    server: subprocess.Popen[bytes] | None = None
+
+    @property
+    def nodename(self) -> str:
+        return f"{self.name}@localhost"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
+
+    def vm_pid(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError):
+            return int((self.directory / "rabbit.pid").read_text().strip())
+        return None
+
+
+class RabbitCluster:
+    def __init__(self, directory: Path, size: int = 3) -> None:
+        self.directory = directory
+        self.epmd_port = free_port()
+        self.cookie = secrets.token_hex(16)
+        self.nodes = [_Node(f"partqc{i + 1}", directory / f"n{i + 1}") for i in range(size)]
+        self._epmd: subprocess.Popen[bytes] | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        return [n.url for n in self.nodes]
+
+    def env(self, node: _Node) -> dict[str, str]:
+        return node_env(
+            node.directory, node.nodename, node.amqp_port, node.dist_port, self.epmd_port
+        )
+
+    def _configure(self, node: _Node) -> None:
+        d = node.directory
+        d.mkdir(parents=True, exist_ok=True)
+        cookie = d / ".erlang.cookie"
+        cookie.write_text(self.cookie)
+        cookie.chmod(0o400)
+        (d / "rabbitmq-env.conf").write_text("")
+        (d / "enabled_plugins").write_text("[].\n")
+        peers = "".join(
+            f"cluster_formation.classic_config.nodes.{i + 1} = {n.nodename}\n"
+            for i, n in enumerate(self.nodes)
+        )
+        (d / "rabbitmq.conf").write_text(
+            f"listeners.tcp.1 = 127.0.0.1:{node.amqp_port}\n"
+            "loopback_users = none\n"
+            "cluster_formation.peer_discovery_backend = classic_config\n"
+            f"{peers}"
+        )
+
+    def start(self, timeout: float = 120.0) -> RabbitCluster:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with (self.directory / "epmd.out").open("wb") as log:
+            self._epmd = subprocess.Popen(
+                ["epmd", "-port", str(self.epmd_port)], stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "ERL_EPMD_ADDRESS": "127.0.0.1"},
+            )  # fmt: skip
+        for node in self.nodes:
+            self._configure(node)
+            self.start_node(node, wait=False)
+        try:
+            for node in self.nodes:
+                self.wait(node, timeout)
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def start_node(self, node: _Node, *, wait: bool = True, timeout: float = 120.0) -> None:
+        with (node.directory / "server.out").open("ab") as log:
+            node.server = subprocess.Popen(
+                [str(RABBIT_BIN / "rabbitmq-server")], env=self.env(node), stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        if wait:
+            self.wait(node, timeout)
+
+    def wait(self, node: _Node, timeout: float = 120.0) -> None:
+        try:
+            pid_file = str(node.directory / "rabbit.pid")
+            self.ctl(node, "wait", "--timeout", str(int(timeout)), pid_file, timeout=timeout + 10)
+        except subprocess.CalledProcessError:
+            tail = (node.directory / "server.out").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"RabbitMQ node {node.nodename} did not start: {tail}") from None
+
+    def ctl(self, node: _Node, *args: str, timeout: float = 60.0) -> str:
+        done = subprocess.run(
+            [str(RABBIT_BIN / "rabbitmqctl"), "-n", node.nodename, *args], env=self.env(node),
+            capture_output=True, text=True, timeout=timeout, check=True,
+        )  # fmt: skip
+        return done.stdout
+
+    def running(self) -> list[str]:
+        """The running nodes, as the first live node sees them."""
+        for node in self.nodes:
+            if node.server is not None and node.server.poll() is None:
+                out = self.ctl(node, "cluster_status", "--formatter", "json")
+
+                return sorted(json.loads(out).get("running_nodes", []))
+        return []
+
+    def leaders(self, spec: StreamSpec) -> dict[int, str]:
+        """The node leading each partition queue of ``spec`` (quorum queues)."""
+        live = next(n for n in self.nodes if n.server is not None and n.server.poll() is None)
+        out = self.ctl(live, "list_queues", "-q", "--no-table-headers", "name", "leader")
+        found = {}
+        for line in out.splitlines():
+            name, _, leader = line.partition("\t")
+            for p in range(spec.partitions):
+                if name == spec.queue(p):
+                    found[p] = leader.strip()
+        return found
+
+    def node(self, nodename: str) -> _Node:
+        return next(n for n in self.nodes if n.nodename == nodename)
+
+    def kill(self, node: _Node) -> None:
+        """kill -9 of the node's Erlang VM (and what its start script left)."""
+        pid = node.vm_pid()
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if node.server is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(node.server.pid, signal.SIGKILL)
+            node.server.wait(timeout=30)
+            node.server = None
+
+    def stop_node(self, node: _Node) -> None:
+        server, node.server = node.server, None
+        if server is None:
+            return
+        pid = node.vm_pid()
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(OSError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)
+        time.sleep(0.2)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            self.stop_node(node)
+        epmd, self._epmd = self._epmd, None
+        if epmd is not None:
+            epmd.terminate()
+            epmd.wait(timeout=10)
+
+    def __enter__(self) -> RabbitCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class EtcdCluster:
+    """Three (``size``) members of etcd on loopback, each a :class:`LocalEtcd`:
+    ``endpoints`` for PARTQ_ETCD_ENDPOINTS, ``kill`` one by PID, ``leader()``. Stopped by
+    PID in ``__exit__``; a killed member's ``process`` is None."""
+
+    def __init__(self, directory: Path, size: int = 3) -> None:
+        self.members = [
+            LocalEtcd(data_dir=directory / f"m{i + 1}", name=f"m{i + 1}") for i in range(size)
+        ]
+        cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        for member in self.members:
+            member.initial_cluster = cluster
+
+    @property
+    def endpoints(self) -> str:
+        return ",".join(m.endpoint for m in self.members)
+
+    def status(self, member: LocalEtcd) -> dict[str, Any] | None:
+        """``etcdctl endpoint status`` of one member, or None if it does not answer."""
+        try:
+            found: list[dict[str, Any]] = json.loads(
+                member.etcdctl("endpoint", "status", "-w", "json", timeout=10)
+            )
+        except (PartqError, subprocess.TimeoutExpired, ValueError):
+            return None
+        return found[0] if found else None
+
+    def leader(self) -> LocalEtcd:
+        for member in self.members:
+            status = self.status(member) if member.process is not None else None
+            if status is not None and (
+                status["Status"]["header"]["member_id"] == status["Status"]["leader"]
+            ):
+                return member
+        raise RuntimeError("no etcd leader")
+
+    def kill(self, member: LocalEtcd) -> None:
+        if member.process is not None:
+            member.process.kill()
+            member.process.wait(10)
+            member.process = None
+
+    def start(self, timeout: float = 30.0) -> EtcdCluster:
+        try:
+            for member in self.members:
+                assert member.data_dir is not None
+                member.data_dir.mkdir(parents=True, exist_ok=True)
+                member.start()  # returns once its client port is open
+            deadline = time.monotonic() + timeout
+            for member in self.members:
+                while self.status(member) is None:  # serving: the cluster has a leader
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"etcd member {member.name} did not answer")
+                    time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()
+
+    def __enter__(self) -> EtcdCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,40 @@
+"""Fixtures of the integration tests that run partq processes on a fresh stream."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from coordinator import admin
+from kernel.settings import Settings
+from producer import StreamSpec
+from producer.registry import Registry
+
+from .groups.harness import Fleet
+
+
+@pytest.fixture
+def quorum_fleet(
+    registry: Registry, settings: Settings, rabbitmq: str, stream_name: str, tmp_path: Path
+) -> Iterator[Callable[[int], Fleet]]:
+    """``quorum_fleet(P)``: a quorum stream of P partitions and a Fleet on it, both removed
+    (the processes ended by PID) after the test."""
+    fleets: list[Fleet] = []
+
+    def make(partitions: int) -> Fleet:
+        admin.create_stream(registry, rabbitmq, StreamSpec(stream_name, partitions, "quorum"))
+        fleet = Fleet(
+            stream_name, tmp_path, settings.etcd_endpoints, rabbitmq, tmp_path / "rec.jsonl"
+        )
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        fleet.close()
+    if fleets:
+        with contextlib.suppress(Exception):
+            admin.delete(registry, rabbitmq, stream_name)

@@ -1,0 +1,86 @@
+"""Hot standby (``coordinator --standby``): kill -9 of an owner, and its standby takes over
+through the broker, before the dead owner's lease expires.
+
+Given a leader naming a standby per partition and two consumers with a 10 s lease, each
+partition queue has two consumers (owner, waiting standby). When one consumer is killed
+with SIGKILL under a keyed load, the other holds every claim (takeover claims) while the
+dead member is still registered, the leader reassigns to it, nothing is lost, no two
+handle a partition at once, and per-key order holds apart from redeliveries of what the
+dead owner had not acked.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable
+
+import pytest
+
+from consumers import audit
+from coordinator.group import Group
+from producer import StreamSpec
+from producer.registry import Registry
+
+from .groups.harness import Fleet, SequenceProducer, balanced, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.fault]
+
+P = 4
+
+
+def consumers_per_queue(spec: StreamSpec) -> list[int]:
+    """Consumers per partition queue, waiting ones included (a passive declare counts only
+    the active one of a single-active-consumer quorum queue)."""
+    done = subprocess.run(
+        ["rabbitmqctl", "list_consumers", "-q", "--no-table-headers"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    queues = [line.split("\t", 1)[0] for line in done.stdout.splitlines()]
+    return [queues.count(spec.queue(p)) for p in range(spec.partitions)]
+
+
+def test_a_standby_takes_over_a_killed_owner_before_its_lease_expires(
+    quorum_fleet: Callable[[int], Fleet], registry: Registry, rabbitmq: str
+) -> None:
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("needs rabbitmqctl to count the waiting consumers")
+    fleet = quorum_fleet(P)
+    spec = StreamSpec(fleet.stream, P, "quorum")
+    group = Group(registry.client, registry.where, fleet.stream)
+    args = ["coordinator", fleet.stream, "--settle", "0.3", "--ttl", "2", "--standby"]
+    fleet._start("coordinator", [*args, "--http-port", "0"], fleet._env())
+    members = {"c1": fleet.consumer("c1", ttl=10), "c2": fleet.consumer("c2", ttl=10)}
+    wait_until(lambda: balanced(group, P, set(members)), 30, 0.1, "balanced")
+    # Given every partition has its owner and a standby subscribed behind it
+    wait_until(lambda: len(group.snapshot().standbys) == P, 20, 0.1, "a standby per partition")
+    wait_until(lambda: consumers_per_queue(spec) == [2] * P, 20, 0.2, "2 consumers each")
+    load = SequenceProducer(spec, rabbitmq, keys=16, rate=300.0)
+    load.start()
+    try:
+        wait_until(lambda: len(fleet.records()) > 300, 20, 0.1, "the load flowing")
+        # When c1 is killed
+        members["c1"].signal(signal.SIGKILL)
+
+        # Then c2 holds every claim while c1 is still a member (its lease has 10 s to run)
+        def taken_over() -> bool:
+            state = group.snapshot()
+            held = {c.member for c in state.claims.values()}
+            return "c1" in state.members and held == {"c2"} and len(state.claims) == P
+
+        wait_until(taken_over, 8, 0.02, "c2 holding every claim before c1's lease expires")
+        claims = group.snapshot().claims
+        assert any(c.takeover for c in claims.values())
+        # and the leader gives it the partitions
+        wait_until(
+            lambda: set(group.snapshot().assignment.values()) == {"c2"}, 10, 0.1, "reassigned"
+        )
+    finally:
+        load.stop()
+    sent = load.published()
+    wait_until(lambda: not audit.lost(sent, fleet.records()), 30, 0.25, "everything handled")
+    records = fleet.records()
+    assert audit.overlaps(records) == []
+    assert audit.order_violations(records, except_redelivered=True) == []
+    assert "taken over" in members["c2"].tail(400)

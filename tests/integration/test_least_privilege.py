@@ -1,0 +1,274 @@
+"""Least privilege: each component runs with its own etcd role and RabbitMQ user, and only that.
+
+Given a private etcd (TLS, auth, 2 s tokens) and a private RabbitMQ node (TLS), both
+started here on loopback, and the roles of ``partq security roles --apply``:
+when the admin creates the stream, a coordinator and two consumers (each member its own
+role) run and the producer publishes, every message is handled; and each identity is
+refused what it must not do (the assignment, another member's key or lease, publishing
+or consuming outside its part), with a claim written on the wrong lease reported by
+``partq status``. No password shows in any output, log or command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+
+from consumers import audit
+from coordinator import codec
+from coordinator.group import Group
+from kernel import keys
+from kernel.amqp import connect_blocking
+from kernel.errors import EtcdPermissionDenied
+from kernel.etcd import connect, etcd_errors
+from kernel.local import EtcdTLS, LocalEtcd
+from kernel.settings import Settings
+from producer import Producer
+from producer.registry import Registry
+from tests.integration.groups.harness import PARTQ, ROOT, Fleet, balanced
+from tests.pki import issue, make_ca
+from tests.polling import wait_until
+from tests.rabbit import RABBIT_BIN, PrivateRabbit
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+STREAM = "lp"
+PARTITIONS = 4
+MEMBERS = ("c-1", "c-2")
+USERS = {
+    "root": "root",
+    "admin": f"partq-{STREAM}-admin",
+    "producer": f"partq-{STREAM}-producer",
+    "coordinator": f"partq-{STREAM}-coordinator",
+    "operator": f"partq-{STREAM}-operator",
+    "c-1": f"partq-{STREAM}-consumer-c-1",
+    "c-2": f"partq-{STREAM}-consumer-c-2",
+}
+
+
+@dataclass
+class Site:
+    """The private servers, the password files and everything printed so far."""
+
+    tmp: Path
+    ca: Path
+    etcd: LocalEtcd
+    rabbit: PrivateRabbit
+    passwords: Path
+    secret: dict[str, str]
+    outputs: list[str]
+
+    def env(self, who: str) -> dict[str, str]:
+        """PARTQ_* for identity ``who``: etcd user + password file, amqps user + password file."""
+        user = USERS[who]
+        return {
+            "PARTQ_ETCD_ENDPOINTS": self.etcd.endpoint,
+            "PARTQ_ETCD_CA": str(self.ca),
+            "PARTQ_ETCD_USER": user,
+            "PARTQ_ETCD_PASSWORD_FILE": str(self.passwords / user),
+            "PARTQ_AMQP_URL": f"amqps://{user}@localhost:{self.rabbit.tls_port}/%2F",
+            "PARTQ_AMQP_CA": str(self.ca),
+            "PARTQ_AMQP_PASSWORD_FILE": str(self.passwords / user),
+        }
+
+    def settings(self, who: str) -> Settings:
+        values = {k.removeprefix("PARTQ_").lower(): v for k, v in self.env(who).items()}
+        return Settings.load(**values)
+
+    def partq(self, who: str, *args: str, extra: dict[str, str] | None = None) -> str:
+        env = {**os.environ, **self.env(who), **(extra or {}), "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [str(PARTQ), *args], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+        self.outputs += [done.stdout, done.stderr]
+        assert done.returncode == 0, f"partq {' '.join(args)}: {done.stderr[-2000:]}"
+        return done.stdout
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    if shutil.which("openssl") is None or not (RABBIT_BIN / "rabbitmq-server").exists():
+        pytest.skip("needs the openssl CLI and RabbitMQ's scripts")
+    tmp = tmp_path_factory.mktemp("least-privilege")
+    ca, _ = make_ca(tmp, "ca")
+    cert, key = issue(tmp, "ca", "server", "localhost", "IP:127.0.0.1,DNS:localhost")
+    passwords = tmp / "passwords"
+    passwords.mkdir()
+    secret = {user: secrets.token_urlsafe(18) for user in USERS.values()}
+    for user, password in secret.items():
+        (passwords / user).write_text(password + "\n")
+    etcd = LocalEtcd(tls=EtcdTLS(cert, key, ca), auth_token_ttl=2)
+    rabbit = PrivateRabbit(tmp / "rabbit", cert, key, ca, name="partqlp")
+    etcd.start()
+    try:
+        etcd.etcdctl("user", "add", f"root:{secret['root']}")
+        etcd.etcdctl("auth", "enable")
+        rabbit.start()
+        try:
+            yield Site(tmp, ca, etcd, rabbit, passwords, secret, [])
+        finally:
+            rabbit.stop()
+    finally:
+        etcd.stop()
+
+
+def _amqp(site: Site, who: str) -> pika.BlockingConnection:
+    return connect_blocking(site.settings(who).amqp, name=f"test-{who}")
+
+
+def _refused(action: Any) -> int:
+    """The reply code of the broker's refusal of ``action(channel)`` (0: not refused)."""
+    try:
+        action()
+    except pika.exceptions.ChannelClosedByBroker as e:
+        return int(e.reply_code)
+    return 0
+
+
+def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> None:
+    # Given: the roles applied by etcd's root (RabbitMQ through the node's rabbitmqctl)
+    applied = site.partq(
+        "root", "security", "roles", STREAM, *[f"--member={m}" for m in MEMBERS],
+        "--apply", "--passwords", str(site.passwords), "--rabbitmqctl",
+        str(RABBIT_BIN / "rabbitmqctl"), extra=dict(site.rabbit.env),
+    )  # fmt: skip
+    assert f"stream {STREAM}: 6 roles applied" in applied
+    # When: the admin creates the stream; a coordinator and two consumers start
+    site.partq("admin", "stream", "create", STREAM, "--partitions", str(PARTITIONS))
+    record = site.tmp / "records.jsonl"
+    fleets = [
+        Fleet(STREAM, site.tmp, site.etcd.endpoint, "", record, env=site.env(who))
+        for who in ("coordinator", *MEMBERS)
+    ]
+    admin = Registry.connect(site.settings("admin"))
+    try:
+        fleets[0].coordinator(ttl=3)
+        for fleet, member in zip(fleets[1:], MEMBERS, strict=True):
+            fleet.consumer(member, ttl=3)
+        group = Group(admin.client, admin.where, STREAM)
+        wait_until(lambda: balanced(group, PARTITIONS, set(MEMBERS)), 60, 0.2, "balanced")
+        cmdlines = [
+            Path(f"/proc/{p.pid}/cmdline").read_bytes().decode(errors="replace")
+            for f in fleets
+            for p in f.procs
+        ]
+        # ... and the producer publishes 40 keys x 10 with its own identity
+        producer = Registry.connect(site.settings("producer"))
+        sent = {(f"k{i:02d}", n) for n in range(10) for i in range(40)}
+        with Producer(STREAM, amqp_url=site.settings("producer").amqp, etcd=producer) as p:
+            for key, n in sorted(sent, key=lambda s: (s[1], s[0])):
+                p.publish(key, json.dumps({"key": key, "seq": n}).encode(), message_id=f"{key}:{n}")
+            p.flush(30)
+        producer.close()
+
+        # Then: every message is handled, in order per key
+        def handled() -> set[tuple[str, int]]:
+            return {(r["key"], r["seq"]) for r in audit.load(record)} if record.exists() else set()
+
+        wait_until(lambda: handled() >= sent, 60, 0.2, "all messages handled")
+        assert audit.order_violations(audit.load(record)) == []
+
+        # ... and each identity is refused what it must not do (etcd)
+        state = group.snapshot()
+        c2_lease = state.members["c-2"].lease
+        denied = {
+            ("c-1", "put", keys.assignment(STREAM, 0), 0),  # the assignment
+            ("c-1", "put", keys.member(STREAM, "c-2"), 0),  # another member's key
+            ("c-1", "put", keys.claim(STREAM, 0), c2_lease),  # another member's lease
+            ("c-1", "put", keys.spec(STREAM), 0),
+            ("producer", "get", keys.members(STREAM), 0),
+            ("producer", "put", keys.spec(STREAM), 0),
+            ("coordinator", "put", keys.member(STREAM, "c-1"), 0),
+            ("coordinator", "put", keys.claim(STREAM, 1), 0),
+            ("operator", "put", keys.assignment(STREAM, 1), 0),
+            ("admin", "get", keys.spec("other"), 0),
+        }
+        for who, op, key, lease in sorted(denied):
+            client = connect(site.settings(who))
+            try:
+                with pytest.raises(EtcdPermissionDenied) as refused, etcd_errors("test"):
+                    if op == "get":
+                        client.get_prefix(key)
+                    else:
+                        client.put(key, '{"owner": "x"}', lease=lease or None)
+                site.outputs.append(str(refused.value))
+                assert USERS[who] in str(refused.value), refused.value
+            finally:
+                client.close()
+
+        # ... and RabbitMQ (403 ACCESS_REFUSED), while the consumer may dead-letter
+        def publish(who: str, exchange: str, routing_key: str) -> int:
+            with _amqp(site, who) as connection:
+                channel = connection.channel()
+                channel.confirm_delivery()
+                return _refused(lambda: channel.basic_publish(exchange, routing_key, b"x"))
+
+        def consume(who: str, queue: str) -> int:
+            with _amqp(site, who) as connection:
+                channel = connection.channel()
+                return _refused(lambda: channel.basic_consume(queue, lambda *a: None))
+
+        def declare(who: str, queue: str) -> int:
+            with _amqp(site, who) as connection:
+                channel = connection.channel()
+                return _refused(lambda: channel.queue_declare(queue, durable=True))
+
+        assert publish("c-1", f"partq.{STREAM}", "0") == 403
+        assert publish("c-1", "", f"partq.{STREAM}.p00000") == 403  # the default exchange
+        assert publish("c-1", f"partq.{STREAM}.dlx", f"partq.{STREAM}.dlq") == 0
+        assert publish("producer", "", f"partq.{STREAM}.dlq") == 403
+        assert consume("producer", f"partq.{STREAM}.p00000") == 403
+        assert consume("coordinator", f"partq.{STREAM}.p00001") == 403
+        assert consume("c-1", f"partq.{STREAM}.dlq") == 403
+        assert declare("c-1", "stolen") == 403
+        assert declare("admin", "partq.other.p00000") == 403
+
+        # ... and a claim that c-1's credentials put in c-2's name, on a lease of their
+        # own (etcd allows it: the claims prefix is shared), is reported by its readers
+        victim = min(p for p, owner in state.assignment.items() if owner == "c-2")
+        client = connect(site.settings("c-1"))
+        try:
+            lease = client.lease(60)
+            client.put(keys.claim(STREAM, victim), codec.encode_claim("c-2", 1.0),
+                       lease=lease)  # fmt: skip
+            status = site.partq("operator", "status", STREAM)
+            lease.revoke()
+        finally:
+            client.close()
+        assert "claims not on their member's lease (1)" in status
+        assert f"partition {victim}: names c-2 (lease {c2_lease:x}) but is on lease" in status
+    finally:
+        for fleet in fleets:
+            fleet.close()
+        admin.close()
+
+    # And: no password in any output, log or command line
+    seen = "\n".join(
+        [*site.outputs, *cmdlines, *(p.log.read_text(errors="replace") for f in fleets
+                                     for p in f.procs)]
+    )  # fmt: skip
+    leaked = [user for user, password in site.secret.items() if password in seen]
+    assert leaked == []
+
+
+def test_roles_are_printed_as_a_script_without_servers() -> None:
+    done = subprocess.run(
+        [str(PARTQ), "security", "roles", STREAM, "--member", "c-1"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    script = done.stdout
+    assert f"etcdctl role add partq-{STREAM}-consumer-c-1" in script
+    assert f"readwrite /partq/v1/streams/{STREAM}/members/c-1\n" in script
+    assert "rabbitmqctl set_permissions -p / partq-lp-producer '^$' '^(partq\\.lp)$' '^$'" in script
+    assert f"partq-{STREAM}-consumer\n" not in script  # members named: no shared role

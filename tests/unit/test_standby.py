@@ -1,0 +1,101 @@
+"""Hot standby rules (pure): who stands by, when a standby may take over, what follows."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from consumers.standby import may_take_over
+from coordinator import codec, policy
+from coordinator.codec import Claim, Member, Pause, Standby
+from coordinator.group import Group, GroupState
+from coordinator.session import Session
+from coordinator.testing import FakeEtcd
+from producer.contract import StreamSpec
+
+SPEC = StreamSpec("s", 4)
+A, B, C = Member("a", lease=1), Member("b", lease=2), Member("c", lease=3)
+
+
+def state(**changes: object) -> GroupState:
+    """p0 owned by a (claimed), b its standby; b and c members too."""
+    base = GroupState(
+        revision=10,
+        members={"a": A, "b": B, "c": C},
+        assignment={0: "a", 1: "b"},
+        claims={0: Claim("a", 1), 1: Claim("b", 2)},
+        standbys={0: "b", 1: "c"},
+        claim_revisions={0: 7, 1: 8},
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_the_standby_of_a_live_owners_partition_may_take_it_over() -> None:
+    assert may_take_over(state(), 0, "b") == 7
+
+
+def test_a_planned_move_or_stop_is_given_back() -> None:
+    moved = state(assignment={0: "c", 1: "b"})
+    assert may_take_over(moved, 0, "b") is None  # the leader moved it: the owner drains
+    leaving = state(members={"a": Member("a", lease=1, leaving=True), "b": B, "c": C})
+    assert may_take_over(leaving, 0, "b") is None  # the owner announced its stop
+    left = state(members={"b": B, "c": C})
+    assert may_take_over(left, 0, "b") is None  # the owner left (and drains)
+    released = state(claims={1: Claim("b", 2)})
+    assert may_take_over(released, 0, "b") is None  # the owner released its claim
+    paused = state(requests={"pause": Pause()})
+    assert may_take_over(paused, 0, "b") is None  # an operator paused it
+    assert may_take_over(state(), 0, "c") is None  # not our standby
+    stale = state(claims={0: Claim("a", 99), 1: Claim("b", 2)})
+    assert may_take_over(stale, 0, "b") is None  # not on the owner's lease
+
+
+def test_a_partition_the_leader_gave_us_from_a_suspect_owner_may_be_taken_over() -> None:
+    # a lost partition 1 to c already (a takeover claim names it), and p0 is now ours
+    claims = {0: Claim("a", 1), 1: Claim("c", 3, takeover=True, taken_from="a")}
+    reassigned = state(assignment={0: "b", 1: "c"}, claims=claims)
+    assert may_take_over(reassigned, 0, "b") == 7
+    not_suspect = state(assignment={0: "b", 1: "b"})
+    assert may_take_over(not_suspect, 0, "b") is None  # a planned move to us: give back
+
+
+def test_standbys_are_the_next_live_member_after_the_owner_and_suspects_get_nothing() -> None:
+    view = state(
+        assignment={0: "a", 1: "b", 2: "c"},
+        claims={0: Claim("a", 1), 1: Claim("b", 2), 2: Claim("c", 3)},
+    )
+    assert policy.standbys(SPEC, view) == {0: "b", 1: "c", 2: "a"}
+    unclaimed = state(assignment={0: "a", 3: "c"})
+    assert 3 not in policy.standbys(SPEC, unclaimed)  # in motion: no standby yet
+    alone = state(members={"a": A})
+    assert policy.standbys(SPEC, alone) == {}
+    took = {0: Claim("b", 2, takeover=True, taken_from="a"), 1: Claim("b", 2)}
+    view = state(assignment={0: "a", 1: "b", 2: "a", 3: "c"}, claims=took)
+    assert policy.takeovers(view) == {0: "b"}
+    assert policy.suspects(view.claims) == {"a"}
+    assert "a" not in set(policy.plan(SPEC, view, None).values())
+
+
+def test_takeover_claims_and_standby_values_round_trip() -> None:
+    raw = codec.encode_claim("b", 1.5, taken_from="a")
+    assert codec.decode("claim", "s", "00000", raw, 2) == Claim("b", 2, 1.5, True, "a")
+    assert codec.decode("claim", "s", "00000", codec.encode_claim("b", 1.5), 2).takeover is False
+    assert codec.decode("standby", "s", "00003", codec.encode_standby("c")) == Standby("c")
+
+
+def test_read_claim_gives_the_claim_and_its_revision_for_a_takeover_transaction() -> None:
+    fake = FakeEtcd()
+    group = Group(fake, "fake", "s")
+    mine, other = Session(fake, "fake", ttl=5), Session(fake, "fake", ttl=5)
+    try:
+        assert group.read_claim(0) == (None, 0)
+        revision = group.claim(0, "a", other)
+        claim, seen = group.read_claim(0)
+        assert claim is not None and claim.member == "a" and seen == revision
+        # a takeover on the revision read succeeds once; on a stale one it does not
+        assert group.take_over(0, "b", mine, seen, "a") > 0
+        assert group.take_over(0, "b", mine, seen, "a") == 0
+        taken, _ = group.read_claim(0)
+        assert taken is not None and taken.takeover and taken.taken_from == "a"
+    finally:
+        mine.close(revoke=True)
+        other.close(revoke=True)
