@@ -245,8 +245,8 @@ class Worker(threading.Thread):
             delivery: Delivery = item
             if self.stopped.is_set() or not delivery.channel.is_open:
                 continue
-            if not self.session.fresh() and not self.session.wait_fresh(self.session.ttl):
-                continue  # fenced: our lease is gone, the broker redelivers to the new owner
+            if not self._may_handle(delivery):
+                continue  # fenced: the channel is closed, the broker redelivers it
             if first and self.freed_at is not None:
                 metrics.HANDOFF_GAP_SECONDS.labels(*self._labels).observe(
                     max(0.0, time.time() - self.freed_at)
@@ -257,6 +257,18 @@ class Worker(threading.Thread):
                 self.broker.ack(self.partition, delivery.channel, delivery.delivery_tag)
             elif outcome is _Outcome.TIMED_OUT:
                 return  # the watchdog gave up on the handler: nothing more of this partition
+
+    def _may_handle(self, delivery: Delivery) -> bool:
+        """Handle only while our lease is fresh (not right after a freeze or while etcd
+        elects a leader). A stale lease is waited out until it is renewed (handle the
+        delivery) or the delivery's channel closes: the daemon fences when the lease is
+        lost, and the broker requeues what was unacked. Skipping a delivery whose channel
+        stays open would leave it unacked behind later ones, unhandled until the channel
+        closes (seen: 3 messages unhandled after a kill -9 of the etcd leader)."""
+        while not self.session.wait_fresh(self.session.ttl):
+            if self.stopped.is_set() or not delivery.channel.is_open or self.session.lost.is_set():
+                return False  # lost: the fence (consumers.daemon) is closing every channel
+        return True
 
     def _handle(self, delivery: Delivery) -> _Outcome:
         """Run the handler with bounded retries."""

@@ -134,7 +134,13 @@ def test_the_group_goes_on_when_an_etcd_member_dies(
             wait_until(lambda: settled({"c1", "c2"}), 60, 0.2, "rebalanced")
             load.stop()
             sent = load.published()
-            wait_until(lambda: not audit.lost(sent, fleet.records()), 30, 0.25, "all handled")
+            try:
+                wait_until(lambda: not audit.lost(sent, fleet.records()), 30, 0.25, "all handled")
+            except AssertionError as failure:
+                missing = audit.lost(sent, fleet.records())
+                raise AssertionError(
+                    f"{len(missing)} lost, e.g. {missing[:5]}\n{fleet.logs()}"
+                ) from failure
             records = fleet.records()
             assert audit.overlaps(records) == []
             assert audit.order_violations(records, except_redelivered=True) == []

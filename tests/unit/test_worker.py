@@ -41,11 +41,18 @@ class Broker:
 class Session:
     ttl = 5
 
+    def __init__(self) -> None:
+        self.lost = threading.Event()
+        self.renewed = threading.Event()  # fresh once set
+        self.renewed.set()
+        self.waits = 0
+
     def fresh(self) -> bool:
-        return True
+        return self.renewed.is_set()
 
     def wait_fresh(self, timeout: float) -> bool:
-        return True
+        self.waits += 1
+        return self.renewed.wait(min(timeout, 0.05)) and not self.lost.is_set()
 
 
 class DeadLetters:
@@ -68,6 +75,7 @@ class Run:
         self.failures: list[tuple[int, str]] = []
         self.failed = threading.Event()
         self.channel = Channel()
+        self.session = Session()
         self.tag = 0
 
         def handler(message: Message) -> None:
@@ -86,7 +94,7 @@ class Run:
             member=self.member,
             handler=handler,
             broker=self.broker,  # type: ignore[arg-type]
-            session=Session(),  # type: ignore[arg-type]
+            session=self.session,  # type: ignore[arg-type]
             dead_letters=self.dead,  # type: ignore[arg-type]
             max_attempts=options.pop("max_attempts", 3),
             retry_backoff=0.001,
@@ -253,3 +261,33 @@ def test_a_worker_that_fails_outside_the_handler_reports_it(
     assert run.worker.failure == CRASH
     assert run.metric("partq_consumer_worker_failures_total", reason=CRASH) == 1
     assert "the worker failed" in caplog.text and "RuntimeError: the ack failed" in caplog.text
+
+
+def test_a_stale_lease_is_waited_out_not_skipped() -> None:
+    # Given a worker whose lease has not been renewed lately (etcd electing a leader)
+    run = Run()
+    run.session.renewed.clear()
+    run.deliver("first")
+    run.deliver("second")
+    deadline = time.monotonic() + 5
+    while run.session.waits < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert run.handled == []  # nothing handled while the lease is stale
+    # When the lease is renewed, the channel still open
+    run.session.renewed.set()
+    run.end()
+    # Then both are handled, in order: none was skipped and left unacked on the channel
+    assert run.handled == ["first", "second"]
+    assert run.broker.acked == [1, 2]
+
+
+def test_a_lost_lease_leaves_the_delivery_to_the_broker() -> None:
+    # Given a worker whose lease is lost (the daemon is fencing: it closes every channel)
+    run = Run()
+    run.session.renewed.clear()
+    run.session.lost.set()
+    run.deliver("first")
+    run.end()
+    # Then it is neither handled nor acked: the broker requeues it for the next owner
+    assert run.handled == []
+    assert run.broker.acked == []
