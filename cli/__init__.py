@@ -17,6 +17,7 @@ from cli.consume import consume
 from cli.context import Context
 from cli.coordinate import coordinator
 from cli.demo import demo
+from cli.dlq import dlq_group
 from cli.operate import drain, move, pause, rebalance, resume, status
 from cli.produce import produce
 from cli.security import security
@@ -88,6 +89,7 @@ cli.add_command(stream)
 cli.add_command(produce)
 cli.add_command(spark_job)
 cli.add_command(security)
+cli.add_command(dlq_group)
 for _command in (consume, coordinator, status, rebalance, move, drain, pause, resume, demo):
     cli.add_command(_command)
 

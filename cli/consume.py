@@ -44,7 +44,8 @@ log = logging.getLogger("partq.cli")
     type=click.IntRange(min=1),
     default=5,
     show_default=True,
-    help="Handler attempts before a message goes to the dead-letter queue.",
+    help="Handler attempts before a message parks its key or is dead-lettered (the stream's "
+    "on-failure setting).",
 )
 @click.option("--drain-timeout", type=float, default=20.0, show_default=True)
 @click.option(

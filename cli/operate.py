@@ -39,6 +39,11 @@ def status(ctx: Context, stream: str, as_json: bool) -> None:
     click.echo(f"unassigned: {report['unassigned'] or '-'}")
     click.echo(f"moves in progress: {report['in_motion'] or '-'}")
     click.echo(f"paused: {report['paused'] or '-'}")
+    parked = report["parked"]
+    click.echo(
+        f"parked keys: {', '.join(k['key'] for k in parked[:10]) or '-'}"
+        + (f" (+{len(parked) - 10} more; partq dlq list {stream})" if len(parked) > 10 else "")
+    )
     click.echo(
         f"{'partition':>9}  {'owner':<30} {'claimed by':<30} {'standby':<30} "
         f"{'messages':>8} {'consumers':>9}"

@@ -8,7 +8,8 @@ import click
 
 from cli.context import Context, pass_context
 from coordinator import admin
-from producer.contract import QUEUE_TYPES, StreamSpec
+from kernel.errors import StreamNotFound
+from producer.contract import ON_FAILURE, QUEUE_TYPES, StreamSpec
 
 
 @click.group()
@@ -27,6 +28,13 @@ def stream() -> None:
     help="Queue type [default: quorum; with --adopt: detected from the queues].",
 )
 @click.option(
+    "--on-failure",
+    type=click.Choice(ON_FAILURE),
+    help="A message that exhausts its retries: park its key (later messages of the key wait "
+    "behind it, in order, until `partq dlq redrive`) or dead-letter the message alone "
+    "(later ones overtake it) [default: park; an existing stream keeps its own].",
+)
+@click.option(
     "--adopt",
     is_flag=True,
     help="Restore a lost spec from the stream's queues in RabbitMQ: their count "
@@ -34,7 +42,12 @@ def stream() -> None:
 )
 @pass_context
 def create(
-    ctx: Context, name: str, partitions: int | None, queue_type: str | None, adopt: bool
+    ctx: Context,
+    name: str,
+    partitions: int | None,
+    queue_type: str | None,
+    on_failure: str | None,
+    adopt: bool,
 ) -> None:
     """Create stream NAME: its spec in etcd and its queues in RabbitMQ. Idempotent.
 
@@ -56,10 +69,18 @@ def create(
         raise click.UsageError(
             "give --partitions N (or --adopt to restore the spec from existing queues)"
         )
-    spec = StreamSpec(name, partitions, queue_type or "quorum")  # type: ignore[arg-type]
+    if on_failure is None:  # parking keeps a key's order; an existing stream keeps its choice
+        try:
+            on_failure = ctx.registry().read_spec(name).on_failure
+        except StreamNotFound:
+            on_failure = "park"
+    spec = StreamSpec(name, partitions, queue_type or "quorum", on_failure=on_failure)  # type: ignore[arg-type]
     created = admin.create_stream(ctx.registry(), ctx.settings.amqp, spec)
     verb = "created" if created else "exists, unchanged:"
-    click.echo(f"stream {name} {verb} {partitions} partitions, {spec.queue_type} queues")
+    click.echo(
+        f"stream {name} {verb} {partitions} partitions, {spec.queue_type} queues, "
+        f"on failure {spec.on_failure}"
+    )
 
 
 @stream.command()
@@ -73,7 +94,10 @@ def describe(ctx: Context, name: str, as_json: bool) -> None:
         click.echo(json.dumps(description.to_dict(), indent=2))
         return
     spec = description.spec
-    click.echo(f"stream {spec.name}: {spec.partitions} partitions, {spec.queue_type} queues")
+    click.echo(
+        f"stream {spec.name}: {spec.partitions} partitions, {spec.queue_type} queues, "
+        f"on failure {spec.on_failure}"
+    )
     click.echo(f"{'partition':>9}  {'queue':<40} {'messages':>9} {'consumers':>9}")
     for q in description.queues:
         messages = "missing" if q.messages is None else str(q.messages)

@@ -71,6 +71,7 @@ from consumers.events import (
 )
 from consumers.handoff import Event
 from consumers.message import Handler
+from consumers.parking import ParkedKeys, Parking
 from consumers.partitions import Partitions
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
 from coordinator.events import LeaseLost, Stop, WatchFailed
@@ -133,6 +134,11 @@ class Consumer:
         self._retries = _BACKOFF.delays()  # of resyncs and releases, until a resync works
         self._labels = (self.spec.name, self.member)
         self.dead_letters = DeadLetters(amqp_url, self.spec, self.member)
+        self.parking = (
+            Parking(amqp_url, self.spec, self.member, self.group, ParkedKeys())
+            if self.spec.on_failure == "park"
+            else None
+        )
         put = self.events.put
         self.broker = broker(
             amqp_url,
@@ -163,6 +169,7 @@ class Consumer:
             retry_release=lambda p: self._schedule(RetryRelease(p)),
             resync=lambda: self._schedule(Resync()),
             settle_takeover=lambda p: self._after(config.ttl + 1.0, SettleTakeover(p)),
+            parking=self.parking,
         )
 
     # -- public --------------------------------------------------------------------------
@@ -458,6 +465,8 @@ class Consumer:
         self.partitions.stop_workers()
         self.broker.stop()
         self.broker.join(timeout=5)
+        if self.parking is not None:
+            self.parking.close()
         if self.session is not None:
             self.session.close(revoke=True)
         self.alive.clear()

@@ -59,6 +59,17 @@ REDELIVERIES = Counter(
     "Deliveries flagged redelivered by the broker",
     ["stream", "member"],
 )
+PARKED = Counter(
+    "partq_consumer_parked",
+    "Messages moved to their key's parking queue (the one that failed, and every later one of a"
+    " parked key)",
+    ["stream", "member"],
+)
+REDRIVES = Counter(
+    "partq_consumer_redrives",
+    "Parked keys replayed through the handler and unparked (partq dlq redrive)",
+    ["stream", "member"],
+)
 DEAD_LETTERED = Counter(
     "partq_consumer_dead_lettered",
     "Messages sent to the dead-letter queue (retries exhausted, malformed headers, timeout)",

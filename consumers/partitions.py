@@ -24,10 +24,11 @@ from consumers import metrics
 from consumers.broker import Broker
 from consumers.handoff import Command, Event, Holder, Phase, State, step
 from consumers.message import Handler
+from consumers.parking import Parking
 from consumers.standby import may_take_over
 from consumers.worker import DeadLetters, Worker
 from coordinator import policy
-from coordinator.group import Claim, Group, GroupState, WatchEvent
+from coordinator.group import Claim, Group, GroupState, Parked, WatchEvent
 from coordinator.mirror import GroupMirror
 from coordinator.session import Session
 from kernel.errors import EtcdUnavailable
@@ -73,6 +74,7 @@ class Partitions:
         retry_release: Callable[[int], None],
         resync: Callable[[], None],
         settle_takeover: Callable[[int], None] = lambda _p: None,
+        parking: Parking | None = None,
     ) -> None:
         self.spec = spec
         self.member = member
@@ -80,6 +82,7 @@ class Partitions:
         self.broker = broker
         self.handler = handler
         self.dead_letters = dead_letters
+        self.parking = parking  # None: the stream dead-letters instead of parking keys
         self.max_attempts = max_attempts
         self.retry_backoff = retry_backoff
         self.handler_timeout = handler_timeout
@@ -114,10 +117,15 @@ class Partitions:
     def follow(self, state: GroupState) -> None:
         """Mirror a fresh snapshot (the watch goes on from it) and act on every partition."""
         self.mirror = GroupMirror.of(state)
+        if self.parking is not None:
+            self.parking.parked.reset(state.parked, state.revision)
         self.sync_all()
 
     def apply(self, event: WatchEvent) -> None:
         """Mirror one change and act on the partitions it concerns."""
+        if event.kind == "parked" and self.parking is not None:
+            record = event.value if isinstance(event.value, Parked) else None
+            self.parking.parked.apply(event.name, record, event.revision)
         for partition in sorted(self.mirror.apply(event)):
             self.sync(partition)
 
@@ -360,6 +368,7 @@ class Partitions:
             freed_at=self.freed_at.pop(partition, None),
             handler_timeout=self.handler_timeout,
             on_failure=self._on_worker_failure,
+            parking=self.parking,
         )
         self.workers[partition] = worker
         worker.start()

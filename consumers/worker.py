@@ -48,12 +48,13 @@ import pika.exceptions
 from consumers import metrics
 from consumers.broker import END, Broker, Delivery
 from consumers.message import Handler, MalformedHeaders, Message, message_from
+from consumers.parking import Parking
 from coordinator.session import Session
 from kernel import logs
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.backoff import Backoff
 from kernel.errors import PartqError
-from producer.contract import StreamSpec
+from producer.contract import HEADER_CONTROL, StreamSpec, key_id
 
 __all__ = ["CRASH", "HANDLER_TIMEOUT", "DeadLetters", "HandlerTimeout", "Worker"]
 
@@ -173,9 +174,12 @@ class Worker(threading.Thread):
         freed_at: float | None,
         handler_timeout: float | None = None,
         on_failure: Callable[[int, str], None] | None = None,
+        parking: Parking | None = None,
     ) -> None:
         """``handler_timeout``: seconds (None or 0: none). ``on_failure(partition, reason)``:
-        the worker stopped for good, ``reason`` :data:`CRASH` or :data:`HANDLER_TIMEOUT`."""
+        the worker stopped for good, ``reason`` :data:`CRASH` or :data:`HANDLER_TIMEOUT`.
+        ``parking``: park keys (the stream's ``on_failure`` is ``park``) instead of
+        dead-lettering single messages."""
         super().__init__(name=f"partition-{partition}", daemon=True)
         self.spec = spec
         self.partition = partition
@@ -184,6 +188,7 @@ class Worker(threading.Thread):
         self.broker = broker
         self.session = session
         self.dead_letters = dead_letters
+        self.parking = parking
         self.max_attempts = max_attempts
         self.retries = Backoff(initial=retry_backoff)  # between handler attempts
         self.previous = previous
@@ -198,6 +203,7 @@ class Worker(threading.Thread):
         self._running: _Running | None = None
         self._timed_out = False
         self._finished = threading.Event()
+        self._replay_outcome = _Outcome.ACK  # TIMED_OUT: a handler timed out during a replay
 
     def stop(self) -> None:
         """Stop without handling what is queued (the broker requeues it)."""
@@ -270,21 +276,27 @@ class Worker(threading.Thread):
                 return False  # lost: the fence (consumers.daemon) is closing every channel
         return True
 
+    def _message(self, delivery: Delivery) -> Message:
+        """The handler's view of ``delivery``; :class:`MalformedHeaders` if its partq headers
+        do not parse."""
+        props = delivery.properties
+        return message_from(
+            self.spec.name,
+            self.partition,
+            delivery.body,
+            props.message_id,
+            props.headers,
+            delivery.redelivered,
+            1,
+        )
+
     def _handle(self, delivery: Delivery) -> _Outcome:
         """Run the handler with bounded retries."""
         props = delivery.properties
         if delivery.redelivered:
             metrics.REDELIVERIES.labels(*self._labels).inc()
         try:
-            message = message_from(
-                self.spec.name,
-                self.partition,
-                delivery.body,
-                props.message_id,
-                props.headers,
-                delivery.redelivered,
-                1,
-            )
+            message = self._message(delivery)
         except MalformedHeaders as error:
             metrics.HEADER_PROBLEMS.labels(*self._labels, "malformed").inc()
             log.error(
@@ -306,19 +318,39 @@ class Worker(threading.Thread):
                 message.key,
                 wrong,
             )
+        control = (props.headers or {}).get(HEADER_CONTROL)
+        if control is not None:
+            return self._control(delivery, message, control)
+        key = message.key
+        parking = self.parking
+        if parking is not None and key is not None and parking.parked.get(key_id(key)):
+            return self._park(delivery, key, None, 0)  # behind its key's earlier messages
+        outcome, failure, attempts = self._attempts(delivery, message)
+        if failure is None:
+            return outcome
+        if parking is not None and key is not None:
+            return self._park(delivery, key, failure, attempts)
+        return self._dead_letter(delivery, failure, attempts)
+
+    def _attempts(
+        self, delivery: Delivery, message: Message
+    ) -> tuple[_Outcome, BaseException | None, int]:
+        """Up to ``max_attempts`` handler calls with backoff: (ACK, None, n) once handled;
+        (KEEP, failure, n) when every attempt failed (or KEEP when stopped, TIMED_OUT when
+        the watchdog gave up on it, with no failure)."""
         attempt = 1
         while True:
             started = time.monotonic()
             try:
                 failure = self._call(delivery, message)
             except _TimedOut:
-                return _Outcome.TIMED_OUT
+                return _Outcome.TIMED_OUT, None, attempt
             metrics.HANDLER_SECONDS.labels(*self._labels).observe(time.monotonic() - started)
             if failure is None:
                 metrics.HANDLED.labels(*self._labels, "ok").inc()
-                return _Outcome.ACK
+                return _Outcome.ACK, None, attempt
             if attempt >= self.max_attempts:
-                return self._dead_letter(delivery, failure, attempt)
+                return _Outcome.KEEP, failure, attempt
             metrics.HANDLED.labels(*self._labels, "retry").inc()
             log.warning(
                 "partition %d: handler failed (attempt %d/%d): %r",
@@ -328,9 +360,104 @@ class Worker(threading.Thread):
                 failure,
             )
             if self.stopped.wait(self.retries.delay(attempt)):
-                return _Outcome.KEEP
+                return _Outcome.KEEP, None, attempt
             attempt += 1
             message = dataclasses.replace(message, attempt=attempt)
+
+    # -- parking (on_failure = park) ---------------------------------------------------------
+
+    def _park(
+        self, delivery: Delivery, key: str | bytes, error: BaseException | None, attempts: int
+    ) -> _Outcome:
+        """ACK once the message is in its key's parking queue; KEEP if stopped first."""
+        assert self.parking is not None
+        delays = _DEAD_LETTER_BACKOFF.delays()
+        while not self.stopped.is_set():
+            try:
+                self.parking.park(delivery, key, error, attempts)
+            except Exception as e:  # etcd or broker trouble: keep the message, try again
+                log.warning("partition %d: parking failed: %s", self.partition, e)
+                self.stopped.wait(delays.next())
+                continue
+            metrics.HANDLED.labels(*self._labels, "parked").inc()
+            metrics.PARKED.labels(*self._labels).inc()
+            if error is not None:
+                log.error(
+                    "partition %d: message %s failed %d handler attempts (%r): key %r parked; "
+                    "its messages wait until `partq dlq redrive %s`",
+                    self.partition,
+                    delivery.properties.message_id,
+                    attempts,
+                    error,
+                    key,
+                    self.spec.name,
+                )
+            return _Outcome.ACK
+        return _Outcome.KEEP
+
+    def _control(self, delivery: Delivery, message: Message, action: Any) -> _Outcome:
+        """A redrive or purge request of ``partq dlq`` for the message's key."""
+        key, parking = message.key, self.parking
+        if (
+            key is None
+            or parking is None
+            or action not in ("redrive", b"redrive", "purge", b"purge")
+        ):
+            log.warning(
+                "partition %d: ignoring control message %r for key %r (stream parks: %s)",
+                self.partition,
+                action,
+                key,
+                parking is not None,
+            )
+            return _Outcome.ACK
+        if parking.parked.get(key_id(key)) is None:
+            log.info(
+                "partition %d: key %r is not parked: nothing to %s", self.partition, key, action
+            )
+            return _Outcome.ACK
+        purge = action in ("purge", b"purge")
+        delays = _DEAD_LETTER_BACKOFF.delays()
+        while not self.stopped.is_set():
+            try:
+                if purge:
+                    parking.purge(key)
+                    log.warning(
+                        "partition %d: key %r purged: its parked messages are gone",
+                        self.partition,
+                        key,
+                    )
+                    return _Outcome.ACK
+                self._replay_outcome = _Outcome.ACK
+                if parking.replay(self.partition, key, self._replay_one, self.stopped):
+                    metrics.REDRIVES.labels(*self._labels).inc()
+                    log.info("partition %d: key %r redriven and unparked", self.partition, key)
+                    return _Outcome.ACK
+                if self._replay_outcome is _Outcome.TIMED_OUT:
+                    return _Outcome.TIMED_OUT
+                if self.stopped.is_set():
+                    return _Outcome.KEEP
+                log.error(
+                    "partition %d: a parked message of key %r failed again: the key stays parked",
+                    self.partition,
+                    key,
+                )
+                return _Outcome.ACK
+            except Exception as e:  # etcd or broker trouble: keep the request, try again
+                log.warning("partition %d: %s of key %r failed: %s", self.partition, action, key, e)
+                self.stopped.wait(delays.next())
+        return _Outcome.KEEP
+
+    def _replay_one(self, delivery: Delivery) -> bool:
+        """Handle one parked message during a redrive: True once handled."""
+        try:
+            message = self._message(delivery)
+        except MalformedHeaders:
+            return False
+        outcome, _failure, _count = self._attempts(delivery, message)
+        if outcome is _Outcome.TIMED_OUT:
+            self._replay_outcome = outcome
+        return outcome is _Outcome.ACK
 
     def _call(self, delivery: Delivery, message: Message) -> BaseException | None:
         """What the handler raised, or None; :class:`_TimedOut` if the watchdog gave up on it."""

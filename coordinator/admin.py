@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pika
 
+from coordinator.group import Group
 from kernel import keys
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import SpecMismatch, StreamNotFound, UsageError
@@ -194,6 +195,10 @@ def describe(registry: Registry, amqp_url: AmqpURL, stream: str) -> Description:
 def delete(registry: Registry, amqp_url: AmqpURL, stream: str) -> None:
     """Delete the stream's queues (and their messages) and every etcd key of it."""
     spec = registry.read_spec(stream)
+    parked = Group(registry.client, registry.where, stream, report=False).parked()
     with blocking_connection(amqp_url) as connection:
         delete_stream(connection, spec)
+        channel = connection.channel()
+        for record in parked.values():  # the parked keys' own queues
+            channel.queue_delete(spec.park_queue(record.key))
     registry.delete(stream)

@@ -27,6 +27,9 @@ key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)          
 ``requests/drain-<member id>``        ``{"v": 1, "member": <member id>, "at"}``        Drain
 ``requests/pause``                    ``{"v": 1, "at"}`` (every partition)              Pause
 ``requests/pause-<partition>``        ``{"v": 1, "partition", "at"}``                  Pause
+``parked/<key id>``                    ``{"v": 1, "partition", "error", "error_type",   Parked
+                                      "message_id", "member", "at"}``: a key parked
+                                      (``on_failure = park``); id: unpadded base64url
 ``spec``                              :meth:`StreamSpec.to_json`                       StreamSpec
 ====================================  ===============================================  ==========
 
@@ -43,6 +46,7 @@ characters. :func:`validate_member_id` checks it where an id comes in (joining, 
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -63,6 +67,7 @@ __all__ = [
     "Kind",
     "Member",
     "Move",
+    "Parked",
     "Rebalance",
     "Request",
     "Value",
@@ -72,6 +77,7 @@ __all__ = [
     "encode_candidate",
     "encode_claim",
     "encode_member",
+    "encode_parked",
     "encode_request",
     "valid_name",
     "validate_member_id",
@@ -84,8 +90,9 @@ _PARTITION = re.compile(r"[0-9]{5}")
 _LEASE = re.compile(r"[0-9a-f]{16}")
 _MOVE = re.compile(r"move-(0|[1-9][0-9]{0,4})")
 _PAUSE = re.compile(r"pause(-(0|[1-9][0-9]{0,4}))?")
+_KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,2048}")  # unpadded base64url of a message key
 
-Kind = Literal["member", "assignment", "claim", "standby", "leader", "request", "spec"]
+Kind = Literal["member", "assignment", "claim", "standby", "leader", "request", "parked", "spec"]
 KINDS: Final[tuple[Kind, ...]] = (
     "member",
     "assignment",
@@ -93,6 +100,7 @@ KINDS: Final[tuple[Kind, ...]] = (
     "standby",
     "leader",
     "request",
+    "parked",
     "spec",
 )
 
@@ -195,8 +203,34 @@ class Pause:
         return "pause" if self.partition is None else f"pause-{self.partition}"
 
 
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """A message key parked by the owner of its partition: its messages wait, in order, in
+    the key's parking queue until ``partq dlq redrive`` (or ``purge``)."""
+
+    key_id: str  # the key's name (kernel.keys.parked), unpadded base64url of its bytes
+    partition: int
+    error: str  # the handler's error that parked it (truncated)
+    error_type: str
+    message_id: str  # the message that failed
+    member: str  # who parked it
+    at: float = 0.0
+
+    @property
+    def key(self) -> bytes:
+        return base64.urlsafe_b64decode(self.key_id + "=" * (-len(self.key_id) % 4))
+
+    @property
+    def key_text(self) -> str:
+        """The key for people: its UTF-8 text, or ``b64:<base64>`` when it is not text."""
+        try:
+            return self.key.decode("utf-8")
+        except UnicodeDecodeError:
+            return "b64:" + base64.b64encode(self.key).decode("ascii")
+
+
 Request = Rebalance | Move | Drain | Pause
-Value = Member | Assignment | Claim | Standby | Candidate | Request | StreamSpec
+Value = Member | Assignment | Claim | Standby | Candidate | Request | Parked | StreamSpec
 
 
 # -- member ids ------------------------------------------------------------------------------
@@ -270,6 +304,18 @@ def encode_standby(member: str) -> str:
     return _dumps(member=validate_member_id(member))
 
 
+def encode_parked(parked: Parked) -> str:
+    _key_id(parked.key_id)
+    return _dumps(
+        partition=_count(parked.partition, "partition", 0),
+        error=_text(parked.error, "error")[:2000],
+        error_type=_text(parked.error_type, "error_type")[:200],
+        message_id=_text(parked.message_id, "message_id")[:256],
+        member=validate_member_id(parked.member),
+        at=_time(parked.at, "at"),
+    )
+
+
 def encode_request(request: Request) -> tuple[str, str]:
     """(the request key's name, its value)."""
     at = _time(request.at, "at")
@@ -315,6 +361,17 @@ def decode(kind: str, stream: str, name: str, raw: bytes | str, lease: int = 0) 
         return Candidate(int(name, 16))
     if kind == "request":
         return _request(name, raw)
+    if kind == "parked":
+        doc = _object(raw)
+        return Parked(
+            name,
+            _int(doc, "partition", 0),
+            _str(doc, "error"),
+            _str(doc, "error_type"),
+            _str(doc, "message_id"),
+            _id(doc, "member"),
+            _number(doc, "at"),
+        )
     return _spec(stream, raw)
 
 
@@ -341,6 +398,11 @@ def check_name(kind: str, name: str) -> None:
                 f"no request is called {name!r} (rebalance, move-<p>, drain-<member>, pause, "
                 f"pause-<p>)"
             )
+    elif kind == "parked":
+        try:
+            _key_id(name)
+        except ValueError as e:
+            raise MalformedValue(str(e)) from None
     elif kind != "spec":
         raise ValueError(f"unknown kind of key {kind!r}")
 
@@ -352,6 +414,12 @@ def valid_name(kind: str, name: str) -> bool:
     except MalformedValue:
         return False
     return True
+
+
+def _key_id(name: str) -> str:
+    if not _KEY_ID.fullmatch(name):
+        raise ValueError(f"a parked key is named by its unpadded base64url bytes, not {name!r}")
+    return name
 
 
 def _object(raw: bytes | str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from coordinator.codec import (
     Kind,
     Member,
     Move,
+    Parked,
     Pause,
     Rebalance,
     Request,
@@ -55,6 +56,7 @@ __all__ = [
     "Malformed",
     "Member",
     "Move",
+    "Parked",
     "Pause",
     "Rebalance",
     "Request",
@@ -87,6 +89,7 @@ class GroupState:
     claim_revisions: dict[int, int] = field(default_factory=dict)  # partition -> mod revision
     leaders: list[tuple[int, str]] = field(default_factory=list)  # (create revision, key)
     requests: dict[str, Request] = field(default_factory=dict)
+    parked: dict[str, Parked] = field(default_factory=dict)  # key id -> record
     malformed: dict[str, Malformed] = field(default_factory=dict)  # key -> why
     spec: StreamSpec | None = None  # None: deleted, or malformed
 
@@ -121,6 +124,7 @@ def _kind(stream: str, key: str) -> tuple[Kind, str] | None:
         ("standby", keys.standbys(stream)),
         ("leader", keys.leader_prefix(stream)),
         ("request", keys.requests(stream)),
+        ("parked", keys.parked_keys(stream)),
     )
     for kind, prefix in prefixes:
         if key.startswith(prefix):
@@ -213,6 +217,8 @@ class Group:
                 state.leaders.append((kv.create_revision, key))
             elif isinstance(value, Rebalance | Move | Drain | Pause):
                 state.requests[name] = value
+            elif isinstance(value, Parked):
+                state.parked[name] = value
             elif isinstance(value, StreamSpec):
                 spec = value
         state.leaders.sort()
@@ -427,6 +433,36 @@ class Group:
                 compare=[lease_is(key, session.id)], success=[t.delete(key)], failure=[]
             )
         return int(responses[0].response_delete_range.header.revision) if ok else 0
+
+    # -- parked keys (on_failure = park) --------------------------------------------------
+
+    def park(self, parked: Parked) -> int:
+        """Record ``parked`` unless its key is parked already: the revision at which the key
+        is parked (ours, or the earlier record's)."""
+        key = keys.parked(self.stream, parked.key_id)
+        value = codec.encode_parked(parked)
+        t = self.client.transactions
+        with etcd_errors(self.where):
+            ok, responses = self.client.transaction(
+                compare=[t.version(key) == 0], success=[t.put(key, value)], failure=[t.get(key)]
+            )
+        if ok:
+            return int(responses[0].response_put.header.revision)
+        found = responses[0][0][1] if responses and responses[0] else None
+        return int(found.mod_revision) if found is not None else 0
+
+    def unpark(self, key_id: str) -> int:
+        """Delete a key's parked record: the delete's revision."""
+        t = self.client.transactions
+        with etcd_errors(self.where):
+            _ok, responses = self.client.transaction(
+                compare=[], success=[t.delete(keys.parked(self.stream, key_id))], failure=[]
+            )
+        return int(responses[0].response_delete_range.header.revision)
+
+    def parked(self) -> dict[str, Parked]:
+        """The stream's parked keys (key id -> record); malformed records are left out."""
+        return dict(self.snapshot().parked)
 
     # -- operator requests (manual mode) --------------------------------------------------
 

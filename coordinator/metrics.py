@@ -51,6 +51,12 @@ CLAIMS_UNBOUND = Gauge(
     "leftovers (gone within a lease TTL) or claims written with other credentials",
     ["stream"],
 )
+PARKED_KEYS = Gauge(
+    "partq_parked_keys",
+    "Keys parked after a message exhausted its retries: their messages wait for "
+    "`partq dlq redrive`",
+    ["stream"],
+)
 IMBALANCE = Gauge(
     "partq_coordinator_imbalance_partitions",
     "Largest distance of a member's partition count from its quota",

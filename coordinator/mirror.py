@@ -23,6 +23,7 @@ from coordinator.codec import (
     Drain,
     Member,
     Move,
+    Parked,
     Pause,
     Rebalance,
     Request,
@@ -42,6 +43,7 @@ class GroupMirror:
     standbys: dict[int, str] = field(default_factory=dict)  # partition -> hot standby member
     candidates: dict[str, int] = field(default_factory=dict)  # name -> create revision
     requests: dict[str, Request] = field(default_factory=dict)
+    parked: dict[str, Parked] = field(default_factory=dict)  # key id -> record
     spec: StreamSpec | None = None  # None: deleted, or malformed
     # partition -> revision of our own latest claim write: older claim events are stale
     claim_writes: dict[int, int] = field(default_factory=dict)
@@ -56,6 +58,7 @@ class GroupMirror:
             standbys=dict(state.standbys),
             candidates={key.rsplit("/", 1)[1]: revision for revision, key in state.leaders},
             requests=dict(state.requests),
+            parked=dict(state.parked),
             spec=state.spec,
         )
 
@@ -88,6 +91,8 @@ class GroupMirror:
                 before = self.requests.get(event.name)
                 _put(self.requests, event.name, request)
                 return _paused_partitions(before, request, self.spec)
+            case "parked":
+                _put(self.parked, event.name, value if isinstance(value, Parked) else None)
             case "spec":
                 self.spec = value if isinstance(value, StreamSpec) else None
         return set()

@@ -7,11 +7,13 @@ and :func:`script` prints it as ``etcdctl``/``rabbitmqctl`` commands.
 component      etcd (under /partq/v1/streams/S/)           RabbitMQ (configure / write / read)
 =============  ==========================================  ===================================
 producer       read ``spec``                               - / exchange ``partq.S`` / -
-consumer       read all; write ``members/ID`` (or          - / ``partq.S.dlx`` / the partition
-               ``members/``) and ``claims/``                 queues ``partq.S.pNNNNN``
+consumer       read all; write ``members/ID`` (or          parking queues ``partq.S.park.*`` /
+               ``members/``), ``claims/`` and ``parked/``    ``partq.S.dlx`` and parking queues /
+                                                             partition and parking queues, dlx
 coordinator    read all; write ``assignment/``,            - / - / -   (queue depths are
                ``leader/``, ``requests/`` (clears them)      passive declares: no rights)
-operator       read all; write ``requests/``               - / - / -
+operator       read all; write ``requests/``               - / ``partq.S`` (dlq control
+                                                             messages) / ``partq.S.dlq`` (purge)
 admin          read and write all of the stream            the stream's exchanges and queues
 =============  ==========================================  ===================================
 
@@ -39,6 +41,7 @@ from producer.contract import (
     dead_letter_exchange,
     dead_letter_queue,
     exchange_name,
+    park_queue_pattern,
     queue_pattern,
     validate_stream_name,
 )
@@ -80,6 +83,11 @@ class Role:
     member: str | None = None
 
 
+def _either(*patterns: str) -> str:
+    """One pattern matching what any of the anchored ``patterns`` matches."""
+    return "^(" + "|".join(p.removeprefix("^").removesuffix("$") for p in patterns) + ")$"
+
+
 def _exactly(*names: str) -> str:
     return "^(" + "|".join(re.escape(n) for n in names) + ")$"
 
@@ -97,8 +105,15 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
     base = keys.stream_prefix(stream)
     read_all = EtcdRight("read", base, prefix=True)
     queues = queue_pattern(stream)
-    consumer_amqp = AmqpRights(write=_exactly(dead_letter_exchange(stream)), read=queues)
+    parking = park_queue_pattern(stream)  # declared, bound, read and deleted by consumers
+    dlx = _exactly(dead_letter_exchange(stream))
+    consumer_amqp = AmqpRights(
+        configure=parking,
+        write=_either(dlx, parking),
+        read=_either(queues, parking, dlx),  # binding to the dlx reads it
+    )
     claims = EtcdRight("readwrite", keys.claims(stream), prefix=True)
+    parked = EtcdRight("readwrite", keys.parked_keys(stream), prefix=True)
 
     def role(component: str, etcd: Sequence[EtcdRight], amqp: AmqpRights) -> Role:
         return Role(f"partq-{stream}-{component}", component, stream, tuple(etcd), amqp)
@@ -112,13 +127,14 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
              EtcdRight("readwrite", keys.standbys(stream), prefix=True),
              EtcdRight("readwrite", keys.requests(stream), prefix=True)], AmqpRights()),
         role("operator", [read_all, EtcdRight("readwrite", keys.requests(stream), prefix=True)],
-             AmqpRights()),
+             AmqpRights(write=_exactly(exchange_name(stream)),  # dlq redrive/purge requests
+                        read=_exactly(dead_letter_queue(stream)))),  # dlq purge
         role("admin", [EtcdRight("readwrite", base, prefix=True)],
              AmqpRights(*[_admin_pattern(stream, queues)] * 3)),
     ]  # fmt: skip
     if not named:
         members_right = EtcdRight("readwrite", keys.members(stream), prefix=True)
-        found.append(role("consumer", [read_all, members_right, claims], consumer_amqp))
+        found.append(role("consumer", [read_all, members_right, claims, parked], consumer_amqp))
     for member in named:
         own = EtcdRight("readwrite", keys.member(stream, member))
         found.append(
@@ -126,7 +142,7 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
                 f"partq-{stream}-consumer-{member}",
                 "consumer",
                 stream,
-                (read_all, own, claims),
+                (read_all, own, claims, parked),
                 consumer_amqp,
                 member,
             )
@@ -135,9 +151,10 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
 
 
 def _admin_pattern(stream: str, queues: str) -> str:
-    """The stream's exchange, dead-letter exchange and queue, and its partition queues."""
+    """The stream's exchange, dead-letter exchange and queue, its partition and parking queues
+    (``stream delete`` deletes the parking queues)."""
     fixed = _exactly(exchange_name(stream), dead_letter_exchange(stream), dead_letter_queue(stream))
-    return f"{fixed}|{queues}"
+    return f"{fixed}|{queues}|{park_queue_pattern(stream)}"
 
 
 def script(found: Sequence[Role], *, vhost: str = "/", secrets: str = "$SECRETS") -> str:

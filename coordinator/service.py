@@ -397,6 +397,7 @@ class StreamCoordinator(threading.Thread):
         metrics.IMBALANCE.labels(self.stream).set(policy.imbalance(spec, mirror.members, owned))
         unbound = policy.unbound_claims(mirror.members, mirror.claims)
         metrics.CLAIMS_UNBOUND.labels(self.stream).set(len(unbound))
+        metrics.PARKED_KEYS.labels(self.stream).set(len(mirror.parked))
         if self.leading.is_set():
             self._export_assignment(
                 {(self.stream, str(p), owner, spec.queue(p)) for p, owner in owned.items()}

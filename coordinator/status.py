@@ -112,6 +112,17 @@ def snapshot_status(
         "unassigned": [p for p in range(spec.partitions) if p not in owned],
         "in_motion": moving,
         "paused": sorted(p for p in range(spec.partitions) if paused(state.requests, p)),
+        "on_failure": spec.on_failure,
+        "parked": [
+            {
+                "key": r.key_text,
+                "partition": r.partition,
+                "error": r.error.splitlines()[-1][:200] if r.error else "",
+                "member": r.member,
+                "at": r.at,
+            }
+            for r in sorted(state.parked.values(), key=lambda r: (r.at, r.key_id))
+        ],
         "rows": rows,
         "beyond_spec": [
             {
@@ -176,6 +187,18 @@ def render_html(reports: list[dict[str, Any]], refresh_seconds: int = 2) -> str:
                 f"<td>{'-' if row['consumers'] is None else row['consumers']}</td></tr>"
             )
         parts.append("</table>")
+        if r.get("parked"):
+            parts.append(
+                f"<h3>Parked keys ({len(r['parked'])}): waiting for <code>partq dlq redrive "
+                f"{e(r['stream'])}</code></h3><table class='parked'><tr><th>key</th>"
+                "<th>partition</th><th>parked by</th><th>error</th></tr>"
+            )
+            for k in r["parked"]:
+                parts.append(
+                    f"<tr><td>{e(k['key'])}</td><td>{k['partition']}</td>"
+                    f"<td>{e(k['member'])}</td><td>{e(k['error'])}</td></tr>"
+                )
+            parts.append("</table>")
         if r.get("malformed"):
             parts.append(
                 f"<h3>Malformed keys ({len(r['malformed'])}): ignored as absent</h3>"

@@ -75,6 +75,15 @@ def request(stream: str, name: str) -> str:
     return f"{requests(stream)}{name}"
 
 
+def parked_keys(stream: str) -> str:
+    return f"{stream_prefix(stream)}parked/"
+
+
+def parked(stream: str, key_id: str) -> str:
+    """A parked message key's record; ``key_id`` from :func:`producer.contract.key_id`."""
+    return f"{parked_keys(stream)}{key_id}"
+
+
 def stream_of_spec(key: str | bytes) -> str | None:
     """The stream name in a spec key, or None for any other key."""
     text = key.decode() if isinstance(key, bytes) else key

@@ -9,6 +9,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -20,12 +21,15 @@ import mmh3
 from kernel.errors import InvalidStreamName, MalformedValue, SpecMismatch, UsageError
 
 __all__ = [
+    "HEADER_CONTROL",
     "HEADER_KEY",
     "HEADER_KEY_B64",
     "HEADER_PARTITION",
     "HEADER_PUBLISHED_MS",
     "MAX_PARTITIONS",
+    "ON_FAILURE",
     "QUORUM_DELIVERY_LIMIT",
+    "OnFailure",
     "QueueType",
     "StreamSpec",
     "dead_letter_exchange",
@@ -33,6 +37,10 @@ __all__ = [
     "decode_key",
     "encode_key",
     "exchange_name",
+    "key_bytes",
+    "key_id",
+    "park_queue",
+    "park_queue_pattern",
     "partition_for",
     "queue_name",
     "queue_pattern",
@@ -41,6 +49,11 @@ __all__ = [
 
 QueueType = Literal["quorum", "classic"]
 QUEUE_TYPES: tuple[QueueType, ...] = ("quorum", "classic")
+# What a consumer does with a message that exhausted its retries: park its key (that message
+# and every later one of the key wait, in order, in the key's parking queue, until redriven)
+# or dead-letter the message alone (later messages of the key overtake it).
+OnFailure = Literal["park", "dead-letter"]
+ON_FAILURE: tuple[OnFailure, ...] = ("park", "dead-letter")
 MAX_PARTITIONS = 65_536
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 _NAME_MAX = 100
@@ -50,6 +63,9 @@ HEADER_KEY = "partq-key"
 HEADER_KEY_B64 = "partq-key-b64"
 HEADER_PARTITION = "partq-partition"
 HEADER_PUBLISHED_MS = "partq-published-ms"
+# A control message of `partq dlq` for the key in its headers: "redrive" or "purge". The
+# partition's worker acts on it in queue order and never hands it to the handler.
+HEADER_CONTROL = "x-partq-control"
 
 # Quorum partition queues carry an explicit delivery limit, far above partq's own retries
 # (which count handler attempts in the consumer, not broker deliveries), and dead-letter to
@@ -107,8 +123,29 @@ def queue_pattern(stream: str) -> str:
     return rf"^{re.escape(_PREFIX)}\.{re.escape(stream)}\.p\d{{5}}$"
 
 
+def park_queue_pattern(stream: str) -> str:
+    """A regex that matches exactly the parking queues of ``stream`` (see :func:`park_queue`)."""
+    return rf"^{re.escape(_PREFIX)}\.{re.escape(stream)}\.park\.[0-9a-f]{{16}}$"
+
+
 def dead_letter_queue(stream: str) -> str:
     return f"{_PREFIX}.{stream}.dlq"
+
+
+def key_bytes(key: str | bytes) -> bytes:
+    """A key as the bytes it is hashed as (a ``str`` key is its UTF-8)."""
+    return key.encode("utf-8") if isinstance(key, str) else bytes(key)
+
+
+def key_id(key: str | bytes) -> str:
+    """A key as one etcd key segment: unpadded URL-safe base64 of its bytes."""
+    return base64.urlsafe_b64encode(key_bytes(key)).rstrip(b"=").decode("ascii")
+
+
+def park_queue(stream: str, key: str | bytes) -> str:
+    """The parking queue of one key, e.g. ``partq.orders.park.3f0c9a1b2d4e5f60``."""
+    digest = hashlib.sha256(key_bytes(key)).hexdigest()[:16]
+    return f"{_PREFIX}.{stream}.park.{digest}"
 
 
 def dead_letter_exchange(stream: str) -> str:
@@ -144,6 +181,8 @@ class StreamSpec:
     partitions: int
     queue_type: QueueType = "quorum"
     version: int = 1
+    # "dead-letter" for specs written before parking existed; `partq stream create` parks
+    on_failure: OnFailure = "dead-letter"
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name)
@@ -156,6 +195,10 @@ class StreamSpec:
         if self.queue_type not in QUEUE_TYPES:
             raise UsageError(
                 f"queue type must be one of {', '.join(QUEUE_TYPES)}, got {self.queue_type!r}"
+            )
+        if self.on_failure not in ON_FAILURE:
+            raise UsageError(
+                f"on-failure must be one of {', '.join(ON_FAILURE)}, got {self.on_failure!r}"
             )
 
     def partition_for(self, key: str | bytes) -> int:
@@ -180,16 +223,19 @@ class StreamSpec:
     def dead_letter_exchange(self) -> str:
         return dead_letter_exchange(self.name)
 
+    def park_queue(self, key: str | bytes) -> str:
+        return park_queue(self.name, key)
+
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "v": self.version,
-                "name": self.name,
-                "partitions": self.partitions,
-                "queue_type": self.queue_type,
-            },
-            sort_keys=True,
-        )
+        doc: dict[str, Any] = {
+            "v": self.version,
+            "name": self.name,
+            "partitions": self.partitions,
+            "queue_type": self.queue_type,
+        }
+        if self.on_failure != "dead-letter":  # an older spec reads back unchanged
+            doc["on_failure"] = self.on_failure
+        return json.dumps(doc, sort_keys=True)
 
     @classmethod
     def from_json(cls, raw: str | bytes, key: str = "") -> StreamSpec:
@@ -213,6 +259,7 @@ class StreamSpec:
                 partitions=doc["partitions"],
                 queue_type=doc["queue_type"],
                 version=version,
+                on_failure=doc.get("on_failure", "dead-letter"),
             )
         except KeyError as e:
             raise MalformedValue(f"malformed stream spec{where}: no {e.args[0]!r}") from None

@@ -48,6 +48,7 @@ __all__ = [
     "delete_stream",
     "detect_queue_type",
     "message_properties",
+    "park_queue_arguments",
     "queue_arguments",
     "queue_stats",
     "scan_partition_queues",
@@ -92,6 +93,14 @@ def queue_arguments(spec: StreamSpec) -> dict[str, Any]:
     if spec.queue_type == "quorum":  # see QUORUM_DELIVERY_LIMIT: returns to the head, never dropped
         arguments.update(dead_letter_arguments(spec))
         arguments["x-delivery-limit"] = QUORUM_DELIVERY_LIMIT
+    return arguments
+
+
+def park_queue_arguments(spec: StreamSpec) -> dict[str, Any]:
+    """A key's parking queue: a partition queue's arguments without single-active-consumer
+    (a replay reads it with basic.get; a returned message goes back to its head)."""
+    arguments = queue_arguments(spec)
+    del arguments["x-single-active-consumer"]
     return arguments
 
 

@@ -11,6 +11,7 @@ import pytest
 from coordinator import admin
 from kernel.settings import Settings
 from producer import StreamSpec
+from producer.contract import OnFailure
 from producer.registry import Registry
 
 from .groups.harness import Fleet
@@ -19,13 +20,14 @@ from .groups.harness import Fleet
 @pytest.fixture
 def quorum_fleet(
     registry: Registry, settings: Settings, rabbitmq: str, stream_name: str, tmp_path: Path
-) -> Iterator[Callable[[int], Fleet]]:
-    """``quorum_fleet(P)``: a quorum stream of P partitions and a Fleet on it, both removed
-    (the processes ended by PID) after the test."""
+) -> Iterator[Callable[..., Fleet]]:
+    """``quorum_fleet(P[, on_failure])``: a quorum stream of P partitions and a Fleet on it,
+    both removed (the processes ended by PID) after the test."""
     fleets: list[Fleet] = []
 
-    def make(partitions: int) -> Fleet:
-        admin.create_stream(registry, rabbitmq, StreamSpec(stream_name, partitions, "quorum"))
+    def make(partitions: int, on_failure: OnFailure = "dead-letter") -> Fleet:
+        spec = StreamSpec(stream_name, partitions, "quorum", on_failure=on_failure)
+        admin.create_stream(registry, rabbitmq, spec)
         fleet = Fleet(
             stream_name, tmp_path, settings.etcd_endpoints, rabbitmq, tmp_path / "rec.jsonl"
         )

@@ -147,15 +147,18 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
     # When: the admin creates the stream; a coordinator and two consumers start
     site.partq("admin", "stream", "create", STREAM, "--partitions", str(PARTITIONS))
     record = site.tmp / "records.jsonl"
+    flag = site.tmp / "poisoned"  # k07's messages from seq 5 on fail until it is deleted
+    flag.touch()
+    poison = {"PARTQ_POISON_KEY": "k07", "PARTQ_POISON_SEQ": "5", "PARTQ_POISON_FLAG": str(flag)}
     fleets = [
-        Fleet(STREAM, site.tmp, site.etcd.endpoint, "", record, env=site.env(who))
+        Fleet(STREAM, site.tmp, site.etcd.endpoint, "", record, env={**site.env(who), **poison})
         for who in ("coordinator", *MEMBERS)
     ]
     admin = Registry.connect(site.settings("admin"))
     try:
         fleets[0].coordinator(ttl=3)
         for fleet, member in zip(fleets[1:], MEMBERS, strict=True):
-            fleet.consumer(member, ttl=3)
+            fleet.consumer(member, ttl=3, handler="poison_key", extra=("--max-attempts", "1"))
         group = Group(admin.client, admin.where, STREAM)
         wait_until(lambda: balanced(group, PARTITIONS, set(MEMBERS)), 60, 0.2, "balanced")
         cmdlines = [
@@ -176,6 +179,14 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
         def handled() -> set[tuple[str, int]]:
             return {(r["key"], r["seq"]) for r in audit.load(record)} if record.exists() else set()
 
+        poisoned = {(k, n) for k, n in sent if k == "k07" and n >= 5}
+        wait_until(lambda: handled() >= sent - poisoned, 60, 0.2, "the others handled")
+        wait_until(group.parked, 30, 0.2, "k07 parked by the consumer's own rights")
+        assert not handled() & poisoned
+        # ... and the operator redrives k07 once the handler is fixed
+        flag.unlink()
+        redriven = site.partq("operator", "dlq", "redrive", STREAM, "--key", "k07")
+        assert "k07 redriven and unparked" in redriven
         wait_until(lambda: handled() >= sent, 60, 0.2, "all messages handled")
         assert audit.order_violations(audit.load(record)) == []
 

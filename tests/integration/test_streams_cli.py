@@ -98,7 +98,7 @@ def test_create_is_idempotent_and_describe_shows_every_partition(partq: Run, str
     second = partq("stream", "create", stream, "-p", "8", "--queue-type", "classic")
     # Then both succeed, the second saying nothing changed
     assert first.returncode == 0, first.stderr
-    assert f"stream {stream} created 8 partitions, classic queues" in first.stdout
+    assert f"stream {stream} created 8 partitions, classic queues, on failure park" in first.stdout
     assert second.returncode == 0, second.stderr
     assert "exists, unchanged" in second.stdout
     # And describe --json shows the spec and every partition's empty queue
@@ -112,9 +112,8 @@ def test_create_is_idempotent_and_describe_shows_every_partition(partq: Run, str
     # And list shows it
     listed = partq("stream", "list", "--json")
     assert listed.returncode == 0
-    assert {"v": 1, "name": stream, "partitions": 8, "queue_type": "classic"} in json.loads(
-        listed.stdout
-    )
+    listed_spec = {"v": 1, "name": stream, "partitions": 8, "queue_type": "classic"}
+    assert {**listed_spec, "on_failure": "park"} in json.loads(listed.stdout)
 
 
 def test_create_with_another_partition_count_exits_2(partq: Run, created: StreamSpec) -> None:

@@ -157,6 +157,7 @@ class SequenceProducer(threading.Thread):
         self.failed: list[str] = []
         self._lock = threading.Lock()
         self.sent = 0
+        self.started = 0  # rounds begun
 
     def run(self) -> None:
         pause = len(self.keys) / self.rate
@@ -164,6 +165,7 @@ class SequenceProducer(threading.Thread):
             seq = 0
             while not self.halt.is_set() and (self.rounds is None or seq < self.rounds):
                 began = time.monotonic()
+                self.started = seq + 1
                 for key in self.keys:
                     body = json.dumps({"key": key, "seq": seq}).encode()
                     future = producer.publish(key, body, message_id=f"{key}:{seq}")

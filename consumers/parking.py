@@ -1,0 +1,257 @@
+"""Per-key parking (``on_failure = park``): a key whose message exhausted its retries waits.
+
+That message and every later message of its key go, in order, to the key's own parking
+queue (``partq.S.park.<hash>``, bound to the stream's dead-letter exchange) while other
+keys flow on; the key's record in etcd (``parked/<key id>``) makes every later owner of the
+partition park it too. ``partq dlq redrive`` publishes a *control message* into the key's
+partition; the partition's worker, the only writer of the parking queue, replays the queue
+through the handler in order, ahead of everything newer of that key (queued behind the
+control message), then deletes the record and the queue. ``partq dlq purge`` does the same
+without the handler. A crash anywhere leaves the control message or the parked message
+unacked: the next owner goes on where it stopped; nothing is lost or copied by the replay.
+
+Order of writes when a key is parked: the etcd record first, then the message is published
+to the parking queue (with a confirm), then acked. A later owner sees the record before it
+can see the claim released (etcd's revision order), so it never handles the key's next
+message ahead of the parked ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import pika
+import pika.exceptions
+
+from consumers.broker import Delivery
+from coordinator.codec import Parked
+from coordinator.group import Group
+from kernel.amqp import AmqpURL, connect_blocking
+from producer.contract import StreamSpec, key_id
+from producer.topology import park_queue_arguments
+
+__all__ = ["ParkedKeys", "Parking"]
+
+log = logging.getLogger("partq.consumer.parking")
+
+PARKED_HEADER = "x-partq-parked"  # on a parked message: why ("failed" or "key parked")
+
+
+class ParkedKeys:
+    """The stream's parked keys as this process knows them: the daemon's snapshot and watch
+    events, and the workers' own writes; for each key the latest revision wins (a watch
+    event older than our own write is stale)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[str, Parked] = {}
+        self._revisions: dict[str, int] = {}
+
+    def reset(self, records: dict[str, Parked], revision: int) -> None:
+        """A snapshot at ``revision``; our own writes after it stand."""
+        with self._lock:
+            for name in set(self._records) | set(records):
+                if self._revisions.get(name, 0) > revision:
+                    continue
+                self._set(name, records.get(name), revision)
+
+    def apply(self, name: str, record: Parked | None, revision: int) -> None:
+        with self._lock:
+            if revision > self._revisions.get(name, 0):
+                self._set(name, record, revision)
+
+    def _set(self, name: str, record: Parked | None, revision: int) -> None:
+        self._revisions[name] = revision
+        if record is None:
+            self._records.pop(name, None)
+        else:
+            self._records[name] = record
+
+    def get(self, name: str) -> Parked | None:
+        with self._lock:
+            return self._records.get(name)
+
+    def on(self, partition: int) -> list[Parked]:
+        with self._lock:
+            return [r for r in self._records.values() if r.partition == partition]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._records)
+
+
+class Parking:
+    """The I/O of parking for one consumer: records in etcd, parking queues in RabbitMQ.
+
+    One blocking AMQP connection, shared by the workers under a lock and opened again
+    after a failure; every method raises on failure and the caller keeps its delivery.
+    """
+
+    def __init__(
+        self, url: AmqpURL, spec: StreamSpec, member: str, group: Group, parked: ParkedKeys
+    ) -> None:
+        self.url = url
+        self.spec = spec
+        self.member = member
+        self.group = group
+        self.parked = parked
+        self._lock = threading.Lock()
+        self._connection: pika.BlockingConnection | None = None
+        self._channel: Any = None
+        self._declared: set[str] = set()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    # -- parking ---------------------------------------------------------------------------
+
+    def park(
+        self,
+        delivery: Delivery,
+        key: str | bytes,
+        error: BaseException | None,
+        attempts: int,
+    ) -> None:
+        """Park ``delivery`` (its key's record first when ``error`` parks the key now)."""
+        name = key_id(key)
+        if error is not None and self.parked.get(name) is None:
+            record = Parked(
+                name,
+                delivery.partition,
+                "".join(traceback.format_exception_only(error)).strip()[:2000],
+                type(error).__name__,
+                str(delivery.properties.message_id or ""),
+                self.member,
+                time.time(),
+            )
+            revision = self.group.park(record)
+            self.parked.apply(name, record, revision)
+        headers = dict(delivery.properties.headers or {})
+        headers[PARKED_HEADER] = "failed" if error is not None else "key parked"
+        headers["x-partq-partition"] = delivery.partition
+        headers["x-partq-member"] = self.member
+        if error is not None:
+            headers["x-partq-error"] = "".join(traceback.format_exception_only(error)).strip()[
+                :2000
+            ]
+            headers["x-partq-error-type"] = type(error).__name__
+            headers["x-partq-attempts"] = attempts
+        props = delivery.properties
+        properties = pika.BasicProperties(
+            delivery_mode=2,
+            message_id=props.message_id,
+            timestamp=props.timestamp,
+            headers=headers,
+            app_id=props.app_id,
+            content_type=props.content_type,
+            content_encoding=props.content_encoding,
+            correlation_id=props.correlation_id,
+            type=props.type,
+        )
+        queue = self.spec.park_queue(key)
+        with self._lock:
+            self._with_channel(
+                lambda channel: self._publish(channel, queue, delivery.body, properties)
+            )
+
+    def _publish(self, channel: Any, queue: str, body: bytes, properties: Any) -> None:
+        if queue not in self._declared:
+            channel.queue_declare(queue, durable=True, arguments=park_queue_arguments(self.spec))
+            channel.queue_bind(queue, self.spec.dead_letter_exchange, routing_key=queue)
+            self._declared.add(queue)
+        channel.basic_publish(
+            self.spec.dead_letter_exchange, queue, body, properties, mandatory=True
+        )
+
+    # -- replaying -------------------------------------------------------------------------
+
+    def replay(
+        self,
+        partition: int,
+        key: str | bytes,
+        handle: Callable[[Delivery], bool],
+        stopped: threading.Event,
+    ) -> bool:
+        """Hand the key's parked messages to ``handle`` in order, each acked once handled;
+        then delete the record and the queue. False (the key stays parked) when ``handle``
+        fails (its message stays at the head) or ``stopped`` is set."""
+        queue = self.spec.park_queue(key)
+        name = key_id(key)
+        with self._lock:
+            connection = connect_blocking(self.url, name=f"partq-redrive-{self.member}")
+        try:
+            channel = connection.channel()
+            replayed = 0
+            while not stopped.is_set():
+                try:
+                    method, header, body = channel.basic_get(queue, auto_ack=False)
+                except pika.exceptions.ChannelClosedByBroker as e:
+                    if e.reply_code != 404:  # NOT_FOUND: nothing was ever parked in it
+                        raise
+                    break
+                if method is None:
+                    break
+                delivery = Delivery(partition, channel, method.delivery_tag, True, header, body)
+                if not handle(delivery):
+                    channel.basic_nack(method.delivery_tag, requeue=True)  # back to the head
+                    return False
+                channel.basic_ack(method.delivery_tag)
+                replayed += 1
+            if stopped.is_set():
+                return False
+            log.info("key %s: %d parked messages replayed", name, replayed)
+        finally:
+            if connection.is_open:
+                connection.close()
+        self._forget(key)
+        return True
+
+    def purge(self, key: str | bytes) -> None:
+        """Drop the key's parked messages, then its record: the key flows again."""
+        self._forget(key)
+
+    def _forget(self, key: str | bytes) -> None:
+        queue = self.spec.park_queue(key)
+        with self._lock:
+            self._with_channel(lambda channel: channel.queue_delete(queue))
+            self._declared.discard(queue)
+        name = key_id(key)
+        revision = self.group.unpark(name)
+        self.parked.apply(name, None, revision)
+
+    # -- the connection ------------------------------------------------------------------
+
+    def _with_channel(self, action: Callable[[Any], None]) -> None:
+        """``action(channel)`` on a confirming channel, once more on a new connection if the
+        first try failed on a broken one (the lock is held)."""
+        for last in (False, True):
+            try:
+                if self._channel is None or not self._channel.is_open:
+                    self._open()
+                action(self._channel)
+                return
+            except (pika.exceptions.AMQPError, OSError):
+                self._drop()
+                if last:
+                    raise
+
+    def _open(self) -> None:
+        if self._connection is None or not self._connection.is_open:
+            self._connection = connect_blocking(self.url, name=f"partq-park-{self.member}")
+            self._declared.clear()
+        self._channel = self._connection.channel()
+        self._channel.confirm_delivery()
+
+    def _drop(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        self._declared.clear()
+        if connection is not None and connection.is_open:
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                connection.close()

@@ -1,0 +1,125 @@
+"""``partq dlq``: parked keys and the dead-letter queue, read and acted on by an operator.
+
+Parked keys (``on_failure = park``) are listed from etcd with the depth of each key's
+parking queue. A redrive or purge is a *control message* published into the key's own
+partition: the partition's owner acts on it in queue order (see
+:mod:`consumers.parking`), so everything newer of the key waits behind the replay, and an
+interrupted redrive is finished by whoever owns the partition next. Running it again is
+harmless: a key that is no longer parked is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import pika
+import pika.exceptions
+
+from coordinator.group import Group, Parked
+from kernel.amqp import AmqpURL, blocking_connection
+from producer.contract import (
+    HEADER_CONTROL,
+    HEADER_PARTITION,
+    StreamSpec,
+    encode_key,
+    key_id,
+)
+from producer.registry import Registry
+
+__all__ = ["ParkedKey", "dead_letter_depth", "parked_keys", "request", "wait_unparked"]
+
+Action = Literal["redrive", "purge"]
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedKey:
+    record: Parked
+    queue: str
+    messages: int | None  # None: the parking queue is missing
+
+    def to_dict(self) -> dict[str, object]:
+        r = self.record
+        return {
+            "key": r.key_text,
+            "key_id": r.key_id,
+            "partition": r.partition,
+            "messages": self.messages,
+            "queue": self.queue,
+            "error_type": r.error_type,
+            "error": r.error,
+            "message_id": r.message_id,
+            "member": r.member,
+            "parked_at": r.at,
+        }
+
+
+def parked_keys(
+    registry: Registry, amqp_url: AmqpURL, spec: StreamSpec, key: str | bytes | None = None
+) -> list[ParkedKey]:
+    """The stream's parked keys (or only ``key``), with their parking queues' depths."""
+    records = Group(registry.client, registry.where, spec.name, report=False).parked()
+    if key is not None:
+        records = {n: r for n, r in records.items() if n == key_id(key)}
+    found: list[ParkedKey] = []
+    with blocking_connection(amqp_url) as connection:
+        for record in sorted(records.values(), key=lambda r: (r.at, r.key_id)):
+            queue = spec.park_queue(record.key)
+            found.append(ParkedKey(record, queue, _depth(connection, queue)))
+    return found
+
+
+def dead_letter_depth(amqp_url: AmqpURL, spec: StreamSpec) -> int | None:
+    with blocking_connection(amqp_url) as connection:
+        return _depth(connection, spec.dead_letter_queue)
+
+
+def _depth(connection: pika.BlockingConnection, queue: str) -> int | None:
+    channel = connection.channel()
+    try:
+        frame = channel.queue_declare(queue, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as e:
+        if e.reply_code == 404:
+            return None
+        raise
+    channel.close()
+    return int(frame.method.message_count)
+
+
+def request(amqp_url: AmqpURL, spec: StreamSpec, record: Parked, action: Action) -> None:
+    """Publish the control message for ``record``'s key into its partition (confirmed)."""
+    key: str | bytes = record.key
+    with contextlib.suppress(UnicodeDecodeError):
+        key = record.key.decode("utf-8")
+    headers: dict[str, object] = {
+        **encode_key(key),
+        HEADER_PARTITION: record.partition,
+        HEADER_CONTROL: action,
+    }
+    properties = pika.BasicProperties(
+        delivery_mode=2,
+        message_id=f"partq-{action}-{record.key_id}-{time.time_ns()}",
+        headers=headers,
+        app_id="partq",
+    )
+    with blocking_connection(amqp_url) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish(spec.exchange, str(record.partition), b"", properties, mandatory=True)
+
+
+def wait_unparked(
+    registry: Registry, stream: str, names: set[str], timeout: float, interval: float = 0.25
+) -> set[str]:
+    """Wait until none of the key ids ``names`` is parked; those still parked at the end."""
+    group = Group(registry.client, registry.where, stream, report=False)
+    deadline = time.monotonic() + timeout
+    left = set(names)
+    for _ in range(int(timeout / interval) + 2):
+        left &= set(group.parked())
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    return left
