@@ -14,11 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 
 from kernel.local import LocalEtcd
 from kernel.settings import Settings
 from producer.registry import Registry
+from tests.rabbit import TreeRabbit
 
 DATA = Path(__file__).resolve().parent / "data"
 AMQP_URL = os.environ.get("PARTQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -101,13 +103,30 @@ def etcd_server() -> Iterator[LocalEtcd]:
 
 
 @pytest.fixture(scope="session")
-def rabbitmq() -> str:
+def rabbitmq(request: pytest.FixtureRequest) -> str:
+    """The machine's RabbitMQ; with PARTQ_TEST_RABBITMQ=4.0.5 a private 4.0.5 node for
+    the whole run (CI runs the invariant suite on both: tests/integration/groups)."""
+    if os.environ.get("PARTQ_TEST_RABBITMQ") == "4.0.5":
+        return str(request.getfixturevalue("rabbitmq_40"))
     try:
         with socket.create_connection(("127.0.0.1", 5672), timeout=2):
             pass
     except OSError:
         _unavailable("RabbitMQ on 127.0.0.1:5672")
     return AMQP_URL
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_40() -> Iterator[str]:
+    """A private RabbitMQ 4.0.5 node (tests/rabbit.py: TreeRabbit), one per session."""
+    node = TreeRabbit().start()
+    try:
+        with pika.BlockingConnection(pika.URLParameters(node.url)) as connection:
+            version = connection._impl.server_properties["version"]
+        assert str(version).startswith("4.0."), f"the tree's node is RabbitMQ {version}"
+        yield node.url
+    finally:
+        node.stop()
 
 
 @pytest.fixture
