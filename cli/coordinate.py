@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+from typing import Any
 
 import click
 
@@ -13,6 +15,7 @@ from consumers.signals import on_stop_signals
 from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
 from coordinator.service import CoordinatorConfig, StreamCoordinator
 from coordinator.status import render_html, snapshot_status
+from producer.contract import key_from_id
 
 log = logging.getLogger("partq.cli")
 
@@ -73,10 +76,23 @@ def coordinator(
     etcd = EtcdHealth(registry)
 
     def page() -> str:
-        reports = [
-            snapshot_status(registry, ctx.settings.amqp, s, depths=depths.stats) for s in streams
-        ]
-        return render_html(reports)
+        return render_html([console_report(t) for t in threads])
+
+    def console_report(thread: StreamCoordinator) -> dict[str, Any]:
+        """The stream's report, with what this process saw lately (coordinator.history)."""
+        report = snapshot_status(registry, ctx.settings.amqp, thread.stream, depths=depths.stats)
+        rows = report["rows"]
+        found = {row["partition"]: row["messages"] for row in rows if row["messages"] is not None}
+        rates = thread.history.depths(found)
+        for row in rows:
+            row["rate"] = rates.get(row["partition"])
+        report["timeline"] = [dataclasses.asdict(e) for e in thread.history.entries()]
+        spec = thread.spec
+        if spec is not None:
+            report["dead_letters"] = depths.messages(spec.dead_letter_queue)
+            for key in report["parked"]:
+                key["messages"] = depths.messages(spec.park_queue(key_from_id(key["key_id"])))
+        return report
 
     def ready() -> bool:
         etcd.check()  # raises with the reason: 503

@@ -28,6 +28,12 @@ def stream() -> None:
     help="Queue type [default: quorum; with --adopt: detected from the queues].",
 )
 @click.option(
+    "--replicas",
+    type=int,
+    help="Quorum queues: nodes each partition queue is replicated on "
+    "(x-quorum-initial-group-size; at most the cluster's size) [default: the broker's].",
+)
+@click.option(
     "--on-failure",
     type=click.Choice(ON_FAILURE),
     help="A message that exhausts its retries: park its key (later messages of the key wait "
@@ -46,6 +52,7 @@ def create(
     name: str,
     partitions: int | None,
     queue_type: str | None,
+    replicas: int | None,
     on_failure: str | None,
     adopt: bool,
 ) -> None:
@@ -74,12 +81,19 @@ def create(
             on_failure = ctx.registry().read_spec(name).on_failure
         except StreamNotFound:
             on_failure = "park"
-    spec = StreamSpec(name, partitions, queue_type or "quorum", on_failure=on_failure)  # type: ignore[arg-type]
+    spec = StreamSpec(
+        name,
+        partitions,
+        queue_type or "quorum",  # type: ignore[arg-type]
+        on_failure=on_failure,  # type: ignore[arg-type]
+        replicas=replicas,
+    )
     created = admin.create_stream(ctx.registry(), ctx.settings.amqp, spec)
     verb = "created" if created else "exists, unchanged:"
     click.echo(
-        f"stream {name} {verb} {partitions} partitions, {spec.queue_type} queues, "
-        f"on failure {spec.on_failure}"
+        f"stream {name} {verb} {partitions} partitions, {spec.queue_type} queues"
+        + (f" on {spec.replicas} replicas" if spec.replicas else "")
+        + f", on failure {spec.on_failure}"
     )
 
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from kernel.errors import InvalidMemberId, MalformedValue, UsageError
-from producer.contract import MAX_PARTITIONS, StreamSpec
+from producer.contract import MAX_PARTITIONS, StreamSpec, key_from_id
 
 __all__ = [
     "KINDS",
@@ -218,7 +218,7 @@ class Parked:
 
     @property
     def key(self) -> bytes:
-        return base64.urlsafe_b64decode(self.key_id + "=" * (-len(self.key_id) % 4))
+        return key_from_id(self.key_id)
 
     @property
     def key_text(self) -> str:

@@ -70,6 +70,7 @@ class QueueDepths:
         self._lock = threading.Lock()
         self._connection: pika.BlockingConnection | None = None
         self._cache: dict[str, tuple[float, StreamSpec, list[QueueStats] | str]] = {}
+        self._counts: dict[str, tuple[float, int | None]] = {}
         self._warner = _Warner("queue depths unavailable")
         self.connections_opened = 0
 
@@ -88,6 +89,29 @@ class QueueDepths:
         if isinstance(result, str):
             raise BrokerUnavailable(result)
         return result
+
+    def messages(self, queue: str) -> int | None:
+        """Ready messages in one more queue (a dead-letter or parking queue), cached as
+        long; None if it does not exist or the broker cannot be asked."""
+        with self._lock:
+            now = self._clock()
+            cached = self._counts.get(queue)
+            if cached is not None and now - cached[0] < self.max_age:
+                return cached[1]
+            count: int | None = None
+            try:
+                channel = self._connect().channel()
+                try:
+                    count = int(channel.queue_declare(queue, passive=True).method.message_count)
+                    channel.close()
+                except pika.exceptions.ChannelClosedByBroker:
+                    count = None  # NOT_FOUND: no such queue (the channel is closed)
+            except (BrokerUnavailable, pika.exceptions.AMQPError, OSError):
+                self._drop()
+            if len(self._counts) > 10_000:
+                self._counts.clear()
+            self._counts[queue] = (now, count)
+            return count
 
     def _refresh(self, spec: StreamSpec) -> list[QueueStats] | str:
         """Under the lock: the stats, or the reason they cannot be had."""

@@ -27,10 +27,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from coordinator import codec, metrics, policy
-from coordinator.codec import Member
+from coordinator.codec import Claim, Member
 from coordinator.election import Election
 from coordinator.events import LeaseLost, Settled, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
+from coordinator.history import History
 from coordinator.mirror import GroupMirror
 from coordinator.session import Session
 from kernel import keys, logs
@@ -97,6 +98,7 @@ class StreamCoordinator(threading.Thread):
         self.missing: str | None = None  # why the stream is missing, while it is
         self.failure: BaseException | None = None  # what ended the thread, if anything did
         self.mirror = GroupMirror()
+        self.history = History()  # for the status page: rebalances, handoffs, depth rates
         self._settle_at: float | None = None
         self._assigned_once = False
         self._going = False  # this campaign reached its event loop
@@ -196,6 +198,7 @@ class StreamCoordinator(threading.Thread):
             if state.spec != self.spec:
                 raise NotLeader(f"{self.stream}: its spec changed to {state.spec}")
             self.mirror = GroupMirror.of(state)
+            self.history.seed({p: c.member for p, c in state.claims.items()})
             if self.mirror.candidates.get(fence.name) != fence.revision:
                 raise NotLeader(f"{self.stream}: our candidate key {fence.key} is gone")
             watch_id = self.group.watch(state.revision, self._watched)
@@ -259,6 +262,10 @@ class StreamCoordinator(threading.Thread):
     def _apply(self, event: WatchEvent) -> None:
         """Mirror one change, and react to what is about the campaign itself."""
         self.mirror.apply(event)
+        if event.kind == "claim":
+            self.history.claim(
+                event.partition, event.value if isinstance(event.value, Claim) else None
+            )
         fence = self.election.fence
         match event:
             case WatchEvent(kind="member", value=Member(leaving=True)):
@@ -379,6 +386,7 @@ class StreamCoordinator(threading.Thread):
         moved = sum(1 for p in changed if p in self.mirror.claims)
         metrics.REBALANCES.labels(self.stream, reason).inc()
         metrics.PARTITIONS_MOVED.labels(self.stream).inc(moved)
+        self.history.rebalanced(reason, len(changed))
         log.info(
             "%s: assignment %s: %d partitions changed owner", self.stream, reason, len(changed)
         )

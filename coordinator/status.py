@@ -5,6 +5,7 @@ Keys whose values partq did not write are listed under ``malformed`` (and ignore
 
 from __future__ import annotations
 
+import hashlib
 import html
 import time
 from collections.abc import Callable
@@ -116,6 +117,7 @@ def snapshot_status(
         "parked": [
             {
                 "key": r.key_text,
+                "key_id": r.key_id,
                 "partition": r.partition,
                 "error": r.error.splitlines()[-1][:200] if r.error else "",
                 "member": r.member,
@@ -144,74 +146,160 @@ def beyond_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def owner_colour(member: str) -> str:
+    """A stable, light colour per member (the same on every page and coordinator)."""
+    hue = int(hashlib.sha256(member.encode()).hexdigest()[:4], 16) % 360
+    return f"hsl({hue},62%,78%)"
+
+
+_CSS = (
+    "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}"
+    "table{border-collapse:collapse;margin-bottom:1em}"
+    "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}"
+    ".consuming{background:#e6f4ea}.moving{background:#fff4ce}.unassigned{background:#fde2e1}"
+    ".grid{display:flex;flex-wrap:wrap;gap:4px;margin:.5em 0 1em}"
+    ".cell{width:92px;height:54px;border:2px solid #8889;border-radius:4px;padding:2px 4px;"
+    "box-sizing:border-box;font-size:12px;line-height:16px;overflow:hidden}"
+    ".cell b{font-size:13px}.cell .depth{float:right}"
+    ".cell.moving{border:2px dashed #c60}"
+    ".cell.paused{background-image:repeating-linear-gradient(45deg,#0000 0 6px,#fff8 6px 12px)}"
+    ".cell.unassigned{background:#ddd!important;border-color:#c00}"
+    ".swatch{display:inline-block;width:12px;height:12px;border:1px solid #888;"
+    "margin-right:4px;vertical-align:middle}"
+    ".legend span.m{margin-right:1.2em;white-space:nowrap}"
+    ".summary{display:flex;gap:2em;flex-wrap:wrap}.summary div{white-space:nowrap}"
+)
+
+
+def _rate(rate: float | None) -> str:
+    if rate is None:
+        return ""
+    return f"{rate:+.0f}/s"
+
+
+def _when(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(at))
+
+
 def render_html(reports: list[dict[str, Any]], refresh_seconds: int = 2) -> str:
-    """A self-refreshing page: one partition table per stream."""
-    e = html.escape
+    """A self-refreshing console, no script and nothing fetched from elsewhere: per stream a
+    partition grid coloured by owner (depth, and its change per second), the members with
+    their colour, recent rebalances and handoffs with their claim gaps, parked keys and
+    dead letters; then the detailed tables."""
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<meta http-equiv='refresh' content='{refresh_seconds}'>",
-        "<title>partq status</title><style>",
-        "body{font:14px system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}",
-        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}",
-        ".consuming{background:#e6f4ea}.moving{background:#fff4ce}.unassigned{background:#fde2e1}",
-        "</style></head><body><h1>partq status</h1>",
+        f"<title>partq status</title><style>{_CSS}</style></head><body><h1>partq status</h1>",
     ]
     for r in reports:
-        parts.append(
-            f"<h2 id='stream-{e(r['stream'])}'>{e(r['stream'])}</h2><p>{r['partitions']} "
-            f"partitions, {e(r['queue_type'])} queues; leader: {e(str(r['leader'] or '-'))}; "
-            f"unassigned: {len(r['unassigned'])}; moving: {len(r['in_motion'])}</p>"
-        )
-        parts.extend(f"<p class='beyond'>{e(line)}</p>" for line in beyond_lines(r))
-        parts.append(
-            "<h3>Members</h3><table><tr><th>member</th><th>weight</th><th>owns</th>"
-            "<th>age (s)</th><th>host</th><th>pid</th></tr>"
-        )
-        for m in r["members"]:
-            parts.append(
-                f"<tr><td>{e(m['id'])}</td><td>{m['weight']}</td><td>{m['owns']}</td>"
-                f"<td>{m['age_s']:.0f}</td><td>{e(m['host'])}</td><td>{m['pid']}</td></tr>"
-            )
-        parts.append(
-            "</table><h3>Partitions</h3><table class='partitions'><tr><th>partition</th>"
-            "<th>owner</th><th>state</th><th>claimed by</th><th>standby</th><th>queue</th>"
-            "<th>messages</th><th>consumers</th></tr>"
-        )
-        for row in r["rows"]:
-            parts.append(
-                f"<tr class='{row['state']}'><td>{row['partition']}</td>"
-                f"<td>{e(row['owner'] or '-')}</td><td>{row['state']}</td>"
-                f"<td>{e(row['claim'] or '-')}</td><td>{e(row.get('standby') or '-')}</td>"
-                f"<td>{e(row['queue'])}</td>"
-                f"<td>{'-' if row['messages'] is None else row['messages']}</td>"
-                f"<td>{'-' if row['consumers'] is None else row['consumers']}</td></tr>"
-            )
-        parts.append("</table>")
-        if r.get("parked"):
-            parts.append(
-                f"<h3>Parked keys ({len(r['parked'])}): waiting for <code>partq dlq redrive "
-                f"{e(r['stream'])}</code></h3><table class='parked'><tr><th>key</th>"
-                "<th>partition</th><th>parked by</th><th>error</th></tr>"
-            )
-            for k in r["parked"]:
-                parts.append(
-                    f"<tr><td>{e(k['key'])}</td><td>{k['partition']}</td>"
-                    f"<td>{e(k['member'])}</td><td>{e(k['error'])}</td></tr>"
-                )
-            parts.append("</table>")
-        if r.get("malformed"):
-            parts.append(
-                f"<h3>Malformed keys ({len(r['malformed'])}): ignored as absent</h3>"
-                "<table class='malformed'><tr><th>key</th><th>kind</th><th>error</th></tr>"
-            )
-            for m in r["malformed"]:
-                parts.append(
-                    f"<tr><td>{e(m['key'])}</td><td>{e(m['kind'])}</td>"
-                    f"<td>{e(m['error'])}</td></tr>"
-                )
-            parts.append("</table>")
+        parts.extend(_stream_html(r))
+    parts.append(f"<p><small>refreshed every {refresh_seconds}s; times UTC</small></p>")
     parts.append("</body></html>")
     return "".join(parts)
+
+
+def _stream_html(r: dict[str, Any]) -> list[str]:
+    e = html.escape
+    stream = e(r["stream"])
+    dead = r.get("dead_letters")
+    parts = [
+        f"<h2 id='stream-{stream}'>{stream}</h2>",
+        "<div class='summary'>"
+        f"<div>{r['partitions']} partitions, {e(r['queue_type'])} queues</div>"
+        f"<div>leader: {e(str(r['leader'] or '-'))}</div>"
+        f"<div>members: {len(r['members'])}</div>"
+        f"<div>unassigned: {len(r['unassigned'])}</div>"
+        f"<div>moving: {len(r['in_motion'])}</div>"
+        f"<div>paused: {len(r.get('paused', []))}</div>"
+        f"<div>parked keys: {len(r.get('parked', []))}</div>"
+        f"<div>dead letters: {'-' if dead is None else dead}</div>"
+        f"<div>ready messages: {sum(row['messages'] or 0 for row in r['rows'])}</div>"
+        "</div>",
+    ]
+    parts.extend(f"<p class='beyond'>{e(line)}</p>" for line in beyond_lines(r))
+    parts.append("<div class='legend'>")
+    for m in r["members"]:
+        parts.append(
+            f"<span class='m'><span class='swatch' style='background:{owner_colour(m['id'])}'>"
+            f"</span>{e(m['id'])} ({m['owns']})</span>"
+        )
+    parts.append("</div><div class='grid'>")
+    for row in r["rows"]:
+        owner = row["owner"]
+        colour = f" style='background:{owner_colour(owner)}'" if owner else ""
+        depth = "-" if row["messages"] is None else row["messages"]
+        title = f"partition {row['partition']}: {owner or 'unassigned'}, {row['state']}"
+        parts.append(
+            f"<div class='cell {row['state']}' data-partition='{row['partition']}'"
+            f" data-owner='{e(owner or '')}'{colour} title='{e(title)}'>"
+            f"<b>{row['partition']}</b><span class='depth'>{depth}</span><br>"
+            f"{e(owner or 'unassigned')}<br><span class='rate'>{_rate(row.get('rate'))}</span>"
+            "</div>"
+        )
+    parts.append("</div>")
+    timeline = r.get("timeline") or []
+    parts.append(
+        f"<h3>Recent rebalances and handoffs ({len(timeline)})</h3>"
+        "<table class='timeline'><tr><th>time</th><th>what</th><th>partition</th>"
+        "<th>detail</th><th>claim gap</th></tr>"
+    )
+    for t in timeline:
+        gap = "" if t.get("gap") is None else f"{t['gap'] * 1000:.0f} ms"
+        partition = "" if t.get("partition") is None else t["partition"]
+        parts.append(
+            f"<tr class='{e(t['kind'])}'><td>{_when(t['at'])}</td><td>{e(t['kind'])}</td>"
+            f"<td>{partition}</td><td>{e(t['detail'])}</td><td>{gap}</td></tr>"
+        )
+    parts.append("</table>")
+    if r.get("parked"):
+        parts.append(
+            f"<h3>Parked keys ({len(r['parked'])}): waiting for <code>partq dlq redrive "
+            f"{stream}</code></h3><table class='parked'><tr><th>key</th>"
+            "<th>partition</th><th>messages</th><th>parked by</th><th>error</th></tr>"
+        )
+        for k in r["parked"]:
+            count = k.get("messages")
+            parts.append(
+                f"<tr><td>{e(k['key'])}</td><td>{k['partition']}</td>"
+                f"<td>{'-' if count is None else count}</td>"
+                f"<td>{e(k['member'])}</td><td>{e(k['error'])}</td></tr>"
+            )
+        parts.append("</table>")
+    parts.append(
+        "<h3>Members</h3><table><tr><th>member</th><th>weight</th><th>owns</th>"
+        "<th>age (s)</th><th>host</th><th>pid</th></tr>"
+    )
+    for m in r["members"]:
+        parts.append(
+            f"<tr><td>{e(m['id'])}</td><td>{m['weight']}</td><td>{m['owns']}</td>"
+            f"<td>{m['age_s']:.0f}</td><td>{e(m['host'])}</td><td>{m['pid']}</td></tr>"
+        )
+    parts.append(
+        "</table><h3>Partitions</h3><table class='partitions'><tr><th>partition</th>"
+        "<th>owner</th><th>state</th><th>claimed by</th><th>standby</th><th>queue</th>"
+        "<th>messages</th><th>consumers</th></tr>"
+    )
+    for row in r["rows"]:
+        parts.append(
+            f"<tr class='{row['state']}'><td>{row['partition']}</td>"
+            f"<td>{e(row['owner'] or '-')}</td><td>{row['state']}</td>"
+            f"<td>{e(row['claim'] or '-')}</td><td>{e(row.get('standby') or '-')}</td>"
+            f"<td>{e(row['queue'])}</td>"
+            f"<td>{'-' if row['messages'] is None else row['messages']}</td>"
+            f"<td>{'-' if row['consumers'] is None else row['consumers']}</td></tr>"
+        )
+    parts.append("</table>")
+    if r.get("malformed"):
+        parts.append(
+            f"<h3>Malformed keys ({len(r['malformed'])}): ignored as absent</h3>"
+            "<table class='malformed'><tr><th>key</th><th>kind</th><th>error</th></tr>"
+        )
+        for m in r["malformed"]:
+            parts.append(
+                f"<tr><td>{e(m['key'])}</td><td>{e(m['kind'])}</td><td>{e(m['error'])}</td></tr>"
+            )
+        parts.append("</table>")
+    return parts
 
 
 def malformed_lines(report: dict[str, Any]) -> list[str]:

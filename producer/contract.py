@@ -38,6 +38,7 @@ __all__ = [
     "encode_key",
     "exchange_name",
     "key_bytes",
+    "key_from_id",
     "key_id",
     "park_queue",
     "park_queue_pattern",
@@ -142,6 +143,11 @@ def key_id(key: str | bytes) -> str:
     return base64.urlsafe_b64encode(key_bytes(key)).rstrip(b"=").decode("ascii")
 
 
+def key_from_id(name: str) -> bytes:
+    """The key bytes of a :func:`key_id`."""
+    return base64.urlsafe_b64decode(name + "=" * (-len(name) % 4))
+
+
 def park_queue(stream: str, key: str | bytes) -> str:
     """The parking queue of one key, e.g. ``partq.orders.park.3f0c9a1b2d4e5f60``."""
     digest = hashlib.sha256(key_bytes(key)).hexdigest()[:16]
@@ -183,6 +189,9 @@ class StreamSpec:
     version: int = 1
     # "dead-letter" for specs written before parking existed; `partq stream create` parks
     on_failure: OnFailure = "dead-letter"
+    # quorum queues: members of each queue's Raft group (x-quorum-initial-group-size);
+    # None: the broker's default (no argument, as before this field existed)
+    replicas: int | None = None
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name)
@@ -196,6 +205,16 @@ class StreamSpec:
             raise UsageError(
                 f"queue type must be one of {', '.join(QUEUE_TYPES)}, got {self.queue_type!r}"
             )
+        if self.replicas is not None:
+            if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
+                raise UsageError(f"replicas must be a whole number, got {self.replicas!r}")
+            if self.replicas < 1:
+                raise UsageError(f"replicas must be at least 1, got {self.replicas}")
+            if self.queue_type != "quorum":
+                raise UsageError(
+                    "replicas apply to quorum queues only (classic queues are not replicated "
+                    "since RabbitMQ 4.0): drop --replicas or use --queue-type quorum"
+                )
         if self.on_failure not in ON_FAILURE:
             raise UsageError(
                 f"on-failure must be one of {', '.join(ON_FAILURE)}, got {self.on_failure!r}"
@@ -235,6 +254,8 @@ class StreamSpec:
         }
         if self.on_failure != "dead-letter":  # an older spec reads back unchanged
             doc["on_failure"] = self.on_failure
+        if self.replicas is not None:
+            doc["replicas"] = self.replicas
         return json.dumps(doc, sort_keys=True)
 
     @classmethod
@@ -260,6 +281,7 @@ class StreamSpec:
                 queue_type=doc["queue_type"],
                 version=version,
                 on_failure=doc.get("on_failure", "dead-letter"),
+                replicas=doc.get("replicas"),
             )
         except KeyError as e:
             raise MalformedValue(f"malformed stream spec{where}: no {e.args[0]!r}") from None

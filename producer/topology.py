@@ -93,6 +93,8 @@ def queue_arguments(spec: StreamSpec) -> dict[str, Any]:
     if spec.queue_type == "quorum":  # see QUORUM_DELIVERY_LIMIT: returns to the head, never dropped
         arguments.update(dead_letter_arguments(spec))
         arguments["x-delivery-limit"] = QUORUM_DELIVERY_LIMIT
+        if spec.replicas is not None:  # checked on every redeclare: it lives in the spec
+            arguments["x-quorum-initial-group-size"] = spec.replicas
     return arguments
 
 
@@ -160,9 +162,10 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
     """
     channel = connection.channel()
     channel.exchange_declare(spec.exchange, exchange_type="direct", durable=True)
-    channel.queue_declare(
-        spec.dead_letter_queue, durable=True, arguments={"x-queue-type": spec.queue_type}
-    )
+    dlq_arguments: dict[str, Any] = {"x-queue-type": spec.queue_type}
+    if spec.replicas is not None:
+        dlq_arguments["x-quorum-initial-group-size"] = spec.replicas
+    channel.queue_declare(spec.dead_letter_queue, durable=True, arguments=dlq_arguments)
     channel.exchange_declare(spec.dead_letter_exchange, exchange_type="direct", durable=True)
     channel.queue_bind(
         spec.dead_letter_queue, spec.dead_letter_exchange, routing_key=spec.dead_letter_queue

@@ -22,6 +22,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,14 @@ from kernel.local import LocalEtcd, free_port
 from producer.contract import StreamSpec
 from tests.rabbit import RABBIT_BIN, node_env
 
-__all__ = ["RABBIT_BIN", "EtcdCluster", "RabbitCluster"]
+__all__ = [
+    "RABBIT_BIN",
+    "EtcdCluster",
+    "RabbitCluster",
+    "SparkStandalone",
+    "kill_session",
+    "session_processes",
+]
 
 
 @dataclass
@@ -128,6 +136,14 @@ class RabbitCluster:
         except subprocess.CalledProcessError:
             tail = (node.directory / "server.out").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"RabbitMQ node {node.nodename} did not start: {tail}") from None
+
+    def upgrade_ctl(self, node: _Node, *args: str, timeout: float = 180.0) -> str:
+        """``rabbitmq-upgrade`` against ``node`` (e.g. ``await_online_quorum_plus_one``)."""
+        done = subprocess.run(
+            [str(RABBIT_BIN / "rabbitmq-upgrade"), "-n", node.nodename, *args],
+            env=self.env(node), capture_output=True, text=True, timeout=timeout, check=True,
+        )  # fmt: skip
+        return done.stdout
 
     def ctl(self, node: _Node, *args: str, timeout: float = 60.0) -> str:
         done = subprocess.run(
@@ -283,3 +299,124 @@ class EtcdCluster:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class SparkStandalone:
+    """A Spark standalone master and one-core workers on loopback, from pyspark's own
+    ``bin/spark-class``. Each worker runs in its own session with its executors, so
+    :meth:`kill_worker` is a kill -9 of the worker and everything it started; every
+    process is stopped by PID (its session) in :meth:`stop`."""
+
+    def __init__(self, directory: Path) -> None:
+        import pyspark
+
+        self.home = Path(pyspark.__file__).parent
+        self.directory = directory
+        self.port = free_port()
+        self.master: subprocess.Popen[bytes] | None = None
+        self.workers: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "SPARK_HOME": str(self.home),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_DIRS": str(self.directory / "local"),
+            "PYSPARK_PYTHON": sys.executable,
+            "JDK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        }
+
+    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with (self.directory / f"{name}.out").open("ab") as log:
+            return subprocess.Popen(
+                [str(self.home / "bin" / "spark-class"), *args], env=self.env, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def start(self, timeout: float = 60.0) -> SparkStandalone:
+        self.master = self._spawn(
+            "master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+            "--port", str(self.port), "--webui-port", str(free_port()),
+        )  # fmt: skip
+        try:
+            self.start_worker(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_worker(self, timeout: float = 60.0) -> subprocess.Popen[bytes]:
+        """A worker with 1 core and 1 GB, registered with the master when this returns."""
+        index = len(self.workers) + 1
+        worker = self._spawn(
+            f"worker{index}", "org.apache.spark.deploy.worker.Worker", self.url,
+            "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
+            "--webui-port", str(free_port()), "--work-dir", str(self.directory / f"work{index}"),
+        )  # fmt: skip
+        self.workers.append(worker)
+        log = self.directory / "master.out"
+        deadline = time.monotonic() + timeout
+        while log.read_text(errors="replace").count("Registering worker") < index:
+            if time.monotonic() > deadline or worker.poll() is not None:
+                tail = (self.directory / f"worker{index}.out").read_text(errors="replace")
+                raise RuntimeError(f"Spark worker {index} did not register: {tail[-2000:]}")
+            time.sleep(0.2)
+        return worker
+
+    def kill_worker(self, worker: subprocess.Popen[bytes]) -> None:
+        """kill -9 of the worker, its executors and their Python workers (its session)."""
+        kill_session(worker.pid)
+        worker.wait(timeout=10)
+
+    def stop(self) -> None:
+        for process in [*self.workers, *([self.master] if self.master else [])]:
+            kill_session(process.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+        self.workers = []
+        self.master = None
+
+    def __enter__(self) -> SparkStandalone:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def kill_session(session: int, timeout: float = 30.0) -> None:
+    """SIGKILL every process of ``session`` (a process we started in its own session)."""
+    deadline = time.monotonic() + timeout
+    for _ in range(int(timeout / 0.1) + 1):
+        pids = session_processes(session)
+        if not pids or time.monotonic() > deadline:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def session_processes(session: int) -> list[int]:
+    """Live processes of the session ``session``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids

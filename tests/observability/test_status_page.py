@@ -38,6 +38,7 @@ class PageParser(HTMLParser):
         super().__init__()
         self.tables: list[Table] = []
         self.metas: list[dict[str, str]] = []
+        self.cells: list[dict[str, str]] = []  # the console grid's partition cells
         self._row: tuple[str, list[str]] | None = None
         self._cell: list[str] | None = None
         self._header = False
@@ -46,6 +47,8 @@ class PageParser(HTMLParser):
         a = {k: v or "" for k, v in attrs}
         if tag == "meta":
             self.metas.append(a)
+        elif tag == "div" and "cell" in a.get("class", "").split():
+            self.cells.append(a)
         elif tag == "table":
             self.tables.append(Table(a.get("class", "")))
         elif tag == "tr" and self.tables:
@@ -90,6 +93,17 @@ def members_table(page: PageParser) -> Table:
     tables = [t for t in page.tables if t.header[:1] == ["member"]]
     assert len(tables) == 1, f"{len(tables)} members tables"
     return tables[0]
+
+
+def grid(page: PageParser) -> dict[int, tuple[str, str]]:
+    """partition -> (owner, background) of the console's grid cells."""
+    return {int(c["data-partition"]): (c["data-owner"], c.get("style", "")) for c in page.cells}
+
+
+def timeline(page: PageParser) -> list[dict[str, str]]:
+    tables = [t for t in page.tables if t.cls == "timeline"]
+    assert len(tables) == 1, f"{len(tables)} timeline tables"
+    return [row for _, row in tables[0].rows]
 
 
 def owners(page: PageParser) -> dict[int, tuple[str, str, str]]:
@@ -174,8 +188,15 @@ def test_status_page_in_chromium(
     assert counts == {m: PARTITIONS // 2 for m in MEMBERS}, counts
     listed = {r["member"]: int(r["owns"]) for _, r in members_table(page).rows}
     assert listed == counts, listed
+    # the console's grid: one cell per partition, coloured by its owner, two colours
+    cells = grid(page)
+    assert {p: o for p, (o, _) in cells.items()} == {p: o for p, (o, _, _) in rows.items()}
+    colours = {o: {bg for oo, bg in cells.values() if oo == o} for o in MEMBERS}
+    assert all(len(c) == 1 for c in colours.values()), colours
+    assert colours["obs-a"] != colours["obs-b"]
 
     # one member leaves (SIGTERM, by PID): a later load shows the other owning all 8
+    rows_before = rows
     leaving, staying = consumers["obs-b"], "obs-a"
     assert leaving.terminate(timeout=20) == 0, leaving.tail()
     wait_until(lambda: settled(url, {staying}), 30, what=f"all partitions owned by {staying}")
@@ -185,3 +206,9 @@ def test_status_page_in_chromium(
     assert all(v == (staying, "consuming", "consuming") for v in rows.values()), rows
     listed = {r["member"]: int(r["owns"]) for _, r in members_table(page).rows}
     assert listed == {staying: PARTITIONS}, listed
+    assert {o for o, _ in grid(page).values()} == {staying}
+    # and the timeline shows the leaver's partitions handed over, each with its claim gap
+    handoffs = [t for t in timeline(page) if t["what"] == "handoff"]
+    moved = {int(t["partition"]) for t in handoffs if t["detail"] == f"obs-b → {staying}"}
+    assert moved == {p for p, (o, _, _) in rows_before.items() if o == "obs-b"}, handoffs
+    assert all(t["claim gap"].endswith(" ms") for t in handoffs if t["detail"].startswith("obs-b"))

@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +25,7 @@ from coordinator import admin
 from kernel.amqp import blocking_connection
 from producer.contract import StreamSpec
 from producer.registry import Registry
+from tests.cluster import kill_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -158,3 +162,70 @@ def committed_batches(checkpoint: Path) -> list[int]:
 
 
 ROW_SCHEMA = "key STRING, order BIGINT, n BIGINT, pad STRING"
+
+
+PARTQ = str(Path(sys.executable).parent / "partq")
+
+
+@contextmanager
+def job_process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``partq ARGS`` in its own session, logging to ``log``; every process of the session
+    is SIGKILLed on the way out."""
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [PARTQ, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **FAST_JVM},
+        )
+    try:
+        yield process
+    finally:
+        kill_session(process.pid)
+        process.wait()
+
+
+def wait_for_job(
+    condition: object, what: str, timeout: float, process: subprocess.Popen[bytes]
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        assert process.poll() is None, f"the job exited ({process.returncode}) while waiting {what}"
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting {what}")
+
+
+def assert_every_row_once_but_replays(
+    amqp_url: Any, spec: StreamSpec, rows: int, batches: set[int]
+) -> dict[str, list[Delivered]]:
+    """Every row (``order`` 0..rows-1) is in the queues; every extra copy is a replay of a
+    batch in ``batches`` (same message id, same body, one query id over every run); and,
+    dropping replays, each key's rows are in order in their queue. The replays, by id."""
+    from producer.spark import ReplayId
+
+    queues = read_all(amqp_url, spec)
+    delivered = [m for messages in queues.values() for m in messages]
+    copies: dict[str, list[Delivered]] = defaultdict(list)
+    for m in delivered:
+        copies[m.message_id].append(m)
+    assert sorted(m[0].row["order"] for m in copies.values()) == list(range(rows))
+    replayed = {message_id: ms for message_id, ms in copies.items() if len(ms) > 1}
+    assert len(delivered) - len(copies) == sum(len(ms) - 1 for ms in replayed.values())
+    for message_id, ms in replayed.items():
+        assert {m.body for m in ms} == {ms[0].body}, f"{message_id}: a replay with another body"
+        assert ReplayId.parse(message_id).batch_id in batches
+    assert len({ReplayId.parse(m.message_id).query_id for m in delivered}) == 1
+    for messages in queues.values():
+        seen: set[str] = set()
+        last: dict[str, int] = {}
+        for m in messages:
+            if m.message_id in seen:
+                continue
+            seen.add(m.message_id)
+            key, order = m.headers["partq-key"], m.row["order"]
+            assert order > last.get(key, -1), f"{key} out of order"
+            last[key] = order
+    return replayed

@@ -131,3 +131,19 @@ def _utf8(key: str | bytes) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def test_replicas_are_stored_and_declared_for_quorum_streams_only() -> None:
+    from kernel.errors import UsageError
+    from producer.topology import park_queue_arguments, queue_arguments
+
+    spec = StreamSpec("s", 4, "quorum", replicas=3)
+    assert StreamSpec.from_json(spec.to_json()) == spec
+    assert queue_arguments(spec)["x-quorum-initial-group-size"] == 3
+    assert park_queue_arguments(spec)["x-quorum-initial-group-size"] == 3
+    assert "x-quorum-initial-group-size" not in queue_arguments(StreamSpec("s", 4, "quorum"))
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(UsageError, match="replicas"):
+            StreamSpec("s", 4, "quorum", replicas=bad)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="quorum queues only"):
+        StreamSpec("s", 4, "classic", replicas=2)
