@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,16 +119,43 @@ def rabbitmq(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def rabbitmq_40() -> Iterator[str]:
+def rabbit_40_node() -> Iterator[TreeRabbit]:
     """A private RabbitMQ 4.0.5 node (tests/rabbit.py: TreeRabbit), one per session."""
     node = TreeRabbit().start()
     try:
         with pika.BlockingConnection(pika.URLParameters(node.url)) as connection:
             version = connection._impl.server_properties["version"]
         assert str(version).startswith("4.0."), f"the tree's node is RabbitMQ {version}"
-        yield node.url
+        yield node
     finally:
         node.stop()
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_40(rabbit_40_node: TreeRabbit) -> str:
+    return rabbit_40_node.url
+
+
+Ctl = Callable[..., str]
+
+
+@pytest.fixture(scope="session")
+def rabbitmqctl(request: pytest.FixtureRequest) -> Ctl:
+    """``ctl(*args, timeout=60) -> stdout``: rabbitmqctl for the broker of the run (the
+    machine's, or the 4.0 node's with PARTQ_TEST_RABBITMQ=4.0.5)."""
+    if os.environ.get("PARTQ_TEST_RABBITMQ") == "4.0.5":
+        node: TreeRabbit = request.getfixturevalue("rabbit_40_node")
+        return node.ctl
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("needs the machine's rabbitmqctl")
+
+    def ctl(*args: str, timeout: float = 60.0) -> str:
+        done = subprocess.run(
+            ["rabbitmqctl", *args], capture_output=True, text=True, timeout=timeout, check=True
+        )
+        return done.stdout
+
+    return ctl
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import contextlib
 import shutil
 import subprocess
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,8 @@ def test_a_list_whose_first_node_is_down_works_for_every_component(
         assert all(f.exception() is None for f in futures)
         # Then every message is handled, and the consumer says which node it uses
         wait_until(lambda: len(fleet.records()) >= 50, 30, 0.1, "all 50 handled")
-        assert "connected to RabbitMQ at amqp://guest:***@127.0.0.1:5672" in consumer.tail(300)
+        port = urllib.parse.urlsplit(rabbitmq).port
+        assert f"connected to RabbitMQ at amqp://guest:***@127.0.0.1:{port}" in consumer.tail(300)
     finally:
         fleet.close()
         with contextlib.suppress(Exception):

@@ -11,9 +11,7 @@ dead owner had not acked.
 
 from __future__ import annotations
 
-import shutil
 import signal
-import subprocess
 from collections.abc import Callable
 
 import pytest
@@ -22,6 +20,7 @@ from consumers import audit
 from coordinator.group import Group
 from producer import StreamSpec
 from producer.registry import Registry
+from tests.conftest import Ctl
 
 from .groups.harness import Fleet, SequenceProducer, balanced, wait_until
 
@@ -30,22 +29,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.fault]
 P = 4
 
 
-def consumers_per_queue(spec: StreamSpec) -> list[int]:
+def consumers_per_queue(rabbitmqctl: Ctl, spec: StreamSpec) -> list[int]:
     """Consumers per partition queue, waiting ones included (a passive declare counts only
     the active one of a single-active-consumer quorum queue)."""
-    done = subprocess.run(
-        ["rabbitmqctl", "list_consumers", "-q", "--no-table-headers"],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    queues = [line.split("\t", 1)[0] for line in done.stdout.splitlines()]
+    out = rabbitmqctl("list_consumers", "-q", "--no-table-headers")
+    queues = [line.split("\t", 1)[0] for line in out.splitlines()]
     return [queues.count(spec.queue(p)) for p in range(spec.partitions)]
 
 
 def test_a_standby_takes_over_a_killed_owner_before_its_lease_expires(
-    quorum_fleet: Callable[[int], Fleet], registry: Registry, rabbitmq: str
+    quorum_fleet: Callable[[int], Fleet], registry: Registry, rabbitmq: str, rabbitmqctl: Ctl
 ) -> None:
-    if shutil.which("rabbitmqctl") is None:
-        pytest.skip("needs rabbitmqctl to count the waiting consumers")
     fleet = quorum_fleet(P)
     spec = StreamSpec(fleet.stream, P, "quorum")
     group = Group(registry.client, registry.where, fleet.stream)
@@ -55,7 +49,9 @@ def test_a_standby_takes_over_a_killed_owner_before_its_lease_expires(
     wait_until(lambda: balanced(group, P, set(members)), 30, 0.1, "balanced")
     # Given every partition has its owner and a standby subscribed behind it
     wait_until(lambda: len(group.snapshot().standbys) == P, 20, 0.1, "a standby per partition")
-    wait_until(lambda: consumers_per_queue(spec) == [2] * P, 20, 0.2, "2 consumers each")
+    wait_until(
+        lambda: consumers_per_queue(rabbitmqctl, spec) == [2] * P, 20, 0.2, "2 consumers each"
+    )
     load = SequenceProducer(spec, rabbitmq, keys=16, rate=300.0)
     load.start()
     try:

@@ -3,8 +3,6 @@ a reconnect after the broker closes it, a cached failure when it cannot be reach
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 
@@ -17,6 +15,7 @@ from kernel.amqp import blocking_connection
 from kernel.local import free_port
 from producer import BrokerUnavailable, StreamSpec
 from producer.topology import declare_stream, delete_stream
+from tests.conftest import Ctl
 
 pytestmark = [pytest.mark.integration]
 
@@ -67,36 +66,24 @@ def test_refreshes_at_most_once_per_max_age_over_one_connection(
         depths.close()
 
 
-def connection_pid(name: str) -> str | None:
-    listed = subprocess.run(
-        ["rabbitmqctl", "-q", "list_connections", "pid", "client_properties"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    for line in listed.stdout.splitlines():
+def connection_pid(rabbitmqctl: Ctl, name: str) -> str | None:
+    for line in rabbitmqctl("-q", "list_connections", "pid", "client_properties").splitlines():
         if f'{{"connection_name","{name}"}}' in line:
             return line.split("\t", 1)[0]
     return None
 
 
-def test_reconnects_after_the_broker_closes_its_connection(rabbitmq: str, spec: StreamSpec) -> None:
-    if shutil.which("rabbitmqctl") is None:
-        pytest.skip("rabbitmqctl is not installed")
+def test_reconnects_after_the_broker_closes_its_connection(
+    rabbitmq: str, rabbitmqctl: Ctl, spec: StreamSpec
+) -> None:
     clock = Clock()
     name = f"partq-test-{uuid.uuid4().hex[:8]}"
     depths = QueueDepths(rabbitmq, name=name, clock=clock)
     try:
         depths.stats(spec)
-        pid = connection_pid(name)
+        pid = connection_pid(rabbitmqctl, name)
         assert pid is not None
-        subprocess.run(
-            ["rabbitmqctl", "-q", "close_connection", pid, "closed by a partq test"],
-            capture_output=True,
-            timeout=60,
-            check=True,
-        )
+        rabbitmqctl("-q", "close_connection", pid, "closed by a partq test")
         clock.now += 5
         assert [q.messages for q in depths.stats(spec)] == [0, 0, 0]
         assert depths.connections_opened == 2
