@@ -52,6 +52,7 @@ __all__ = ["CoordinatorConfig", "CoordinatorEvent", "StreamCoordinator"]
 
 log = logging.getLogger("partq.coordinator")
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
+_EXPORT_EVERY = 1.0  # seconds: the gauges' refresh while watch events keep coming
 _BACKOFF = Backoff()  # between campaigns: 0.2 s doubling to 5 s, reset once one got going
 
 CoordinatorEvent = WatchEvent | WatchFailed | LeaseLost | Settled | Stop
@@ -104,6 +105,7 @@ class StreamCoordinator(threading.Thread):
         self._going = False  # this campaign reached its event loop
         self._last_error: str | None = None
         self._exported: set[tuple[str, str, str, str]] = set()  # our partq_assignment_info
+        self._exported_at = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -257,7 +259,12 @@ class StreamCoordinator(threading.Thread):
             self._update_leadership()
             if self.leading.is_set():
                 self._lead(event)
-            self._export()
+            # The gauges cost O(P): once per burst of events (a rebalance's claims arrive
+            # together), and at least every second while events keep coming.
+            now = time.monotonic()
+            if self.events.empty() or now - self._exported_at >= _EXPORT_EVERY:
+                self._export()
+                self._exported_at = now
 
     def _apply(self, event: WatchEvent) -> None:
         """Mirror one change, and react to what is about the campaign itself."""

@@ -132,3 +132,50 @@ def test_a_failing_key_is_parked_across_a_crash_then_redriven_in_order(
         producer.publish(POISON_KEY, json.dumps({"seq": 10_000}).encode()).result(30)
     wait_until(lambda: 10_000 in seqs(fleet.records(), POISON_KEY), 30, 0.1, "handled again")
     assert group.parked() == {}
+
+
+def test_a_redrive_interrupted_by_a_crash_is_finished_by_the_next_owner(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str, tmp_path: Path
+) -> None:
+    # Given a parked key with 100 messages waiting, and a handler that is slow for it
+    fleet = quorum_fleet(P, "park")
+    flag = tmp_path / "poisoned"
+    flag.touch()
+    fleet.env.update(
+        PARTQ_POISON_KEY=POISON_KEY, PARTQ_POISON_SEQ="0", PARTQ_POISON_FLAG=str(flag),
+        PARTQ_POISON_SLOW="0.05",
+    )  # fmt: skip
+    spec = StreamSpec(fleet.stream, P, "quorum", on_failure="park")
+    group = Group(registry.client, registry.where, fleet.stream)
+    fleet.coordinator(settle=0.5)
+    extra = ("--max-attempts", "1")
+    members = {m: fleet.consumer(m, handler="poison_key", extra=extra) for m in ("c1", "c2")}
+    wait_until(lambda: balanced(group, P, set(members)), 30, 0.1, "balanced")
+    with Producer(spec, amqp_url=rabbitmq) as producer:
+        for seq in range(100):
+            producer.publish(POISON_KEY, json.dumps({"seq": seq}).encode(), message_id=f"p:{seq}")
+        producer.flush(30)
+    wait_until(
+        lambda: dlq.parked_keys(registry, rabbitmq, spec)[0].messages == 100, 30, 0.2, "parked"
+    )
+    flag.unlink()
+    # When a redrive starts and the owner is killed -9 in the middle of the replay
+    first = partq(fleet, "dlq", "redrive", fleet.stream, "--timeout", "0.5", check=False)
+    assert first.returncode == 1 and "still parked" in first.stderr, first.stderr
+    wait_until(lambda: len(seqs(fleet.records(), POISON_KEY)) >= 10, 30, 0.05, "replaying")
+    owner = group.snapshot().claims[spec.partition_for(POISON_KEY)].member
+    members[owner].signal(signal.SIGKILL)
+    members[owner].popen.wait(10)
+    replayed_before = len(seqs(fleet.records(), POISON_KEY))
+    # And the redrive is run again, twice
+    again = partq(fleet, "dlq", "redrive", fleet.stream, check=False)
+    partq(fleet, "dlq", "redrive", fleet.stream)
+    # Then the next owner finished the replay: every message handled, in order, none lost;
+    # only the one in flight at the kill may be handled twice (at-least-once)
+    assert group.parked() == {}, again.stderr
+    handled = seqs(fleet.records(), POISON_KEY)
+    assert sorted(set(handled)) == list(range(100))
+    assert len(handled) - 100 <= 1, f"{len(handled) - 100} handled twice"
+    assert 10 <= replayed_before < 100, "the kill did not interrupt the replay"
+    deduplicated = [s for i, s in enumerate(handled) if s not in handled[:i]]
+    assert deduplicated == list(range(100))

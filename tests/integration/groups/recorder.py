@@ -4,13 +4,14 @@
 to ``$PARTQ_RECORD``); ``poison`` raises for bodies containing ``poison``;
 ``poison_key`` raises for ``$PARTQ_POISON_KEY``'s messages from seq
 ``$PARTQ_POISON_SEQ`` on while the file ``$PARTQ_POISON_FLAG`` exists (delete it to
-"fix the handler").
+"fix the handler"), and takes ``$PARTQ_POISON_SLOW`` seconds per message of that key.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 
 from consumers.examples import record_handler as record
 from consumers.message import Message
@@ -31,4 +32,6 @@ def poison_key(message: Message) -> None:
     )
     if poisoned and json.loads(message.body)["seq"] >= int(os.environ["PARTQ_POISON_SEQ"]):
         raise ValueError(f"poisoned message {message.message_id}")
+    if key == os.environ.get("PARTQ_POISON_KEY"):  # once fixed, slower: a replay takes time
+        time.sleep(float(os.environ.get("PARTQ_POISON_SLOW", "0")))
     record(message)
