@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from kernel.errors import PartqError
 from kernel.local import LocalEtcd, free_port
@@ -66,7 +66,28 @@ class _Node:
         return None
 
 
-class RabbitCluster:
+class _Managed:
+    """``with X(...) as x``: started on entry, stopped (by PID) on exit."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class RabbitCluster(_Managed):
     def __init__(self, directory: Path, size: int = 3) -> None:
         self.directory = directory
         self.epmd_port = free_port()
@@ -214,19 +235,8 @@ class RabbitCluster:
             epmd.terminate()
             epmd.wait(timeout=10)
 
-    def __enter__(self) -> RabbitCluster:
-        return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class EtcdCluster:
+class EtcdCluster(_Managed):
     """Three (``size``) members of etcd on loopback, each a :class:`LocalEtcd`:
     ``endpoints`` for PARTQ_ETCD_ENDPOINTS, ``kill`` one by PID, ``leader()``. Stopped by
     PID in ``__exit__``; a killed member's ``process`` is None."""
@@ -289,19 +299,8 @@ class EtcdCluster:
         for member in self.members:
             member.stop()
 
-    def __enter__(self) -> EtcdCluster:
-        return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class SparkStandalone:
+class SparkStandalone(_Managed):
     """A Spark standalone master and one-core workers on loopback, from pyspark's own
     ``bin/spark-class``. Each worker runs in its own session with its executors, so
     :meth:`kill_worker` is a kill -9 of the worker and everything it started; every
@@ -381,17 +380,6 @@ class SparkStandalone:
                 process.wait(timeout=10)
         self.workers = []
         self.master = None
-
-    def __enter__(self) -> SparkStandalone:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def kill_session(session: int, timeout: float = 30.0) -> None:

@@ -48,6 +48,27 @@ def node_env(
     }
 
 
+def stop_node(
+    server: subprocess.Popen[bytes] | None, pid_file: Path, epmd: subprocess.Popen[bytes] | None
+) -> None:
+    """Stop a node we started: its Erlang VM (PID from ``pid_file``), what its start script
+    left in its session, then its epmd."""
+    if server is not None:
+        with contextlib.suppress(OSError, ValueError):  # the Erlang VM
+            os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+        with contextlib.suppress(OSError):  # the script's session: what it left
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)
+        time.sleep(0.2)
+    if epmd is not None:
+        epmd.terminate()
+        epmd.wait(timeout=10)
+
+
 @dataclass
 class PrivateRabbit:
     directory: Path
@@ -115,23 +136,8 @@ class PrivateRabbit:
         return done.stdout
 
     def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            pid_file = self.directory / "rabbit.pid"
-            with contextlib.suppress(OSError, ValueError):  # the Erlang VM
-                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
-            with contextlib.suppress(OSError):  # the script's session: what it left
-                os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait(timeout=10)
-            time.sleep(0.2)
-        epmd, self._epmd = self._epmd, None
-        if epmd is not None:
-            epmd.terminate()
-            epmd.wait(timeout=10)
+        stop_node(self._server, self.directory / "rabbit.pid", self._epmd)
+        self._server = self._epmd = None
 
 
 RABBITMQ_40_TREE = Path(os.environ.get("PARTQ_RABBITMQ_40_TREE", "/var/cache/partq/rabbitmq-4.0.5"))
@@ -233,21 +239,8 @@ class TreeRabbit:
         return done.stdout
 
     def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            with contextlib.suppress(OSError, ValueError):  # the Erlang VM
-                os.kill(int((self.outside / "rabbit.pid").read_text().strip()), signal.SIGTERM)
-            with contextlib.suppress(OSError):
-                os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait(timeout=10)
-        epmd, self._epmd = self._epmd, None
-        if epmd is not None:
-            epmd.terminate()
-            epmd.wait(timeout=10)
+        stop_node(self._server, self.outside / "rabbit.pid", self._epmd)
+        self._server = self._epmd = None
         if self._mounted:
             self._mounted = False
             subprocess.run(["umount", str(self.tree / "proc")], check=False)

@@ -44,6 +44,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]
         yield cluster
 
 
+MEMBERS = {"c1", "c2", "c3"}
+
+
+def start_group(fleet: Fleet, registry: Registry, partitions: int) -> Group:
+    """2 coordinators and 3 consumers (``MEMBERS``) on the fleet's stream, balanced."""
+    fleet.coordinator("k1")
+    fleet.coordinator("k2")
+    for member in sorted(MEMBERS):
+        fleet.consumer(member)
+    group = Group(registry.client, registry.where, fleet.stream)
+    wait_until(lambda: balanced(group, partitions, MEMBERS), 60, 0.2, "balanced")
+    return group
+
+
 def queue_members(cluster: RabbitCluster) -> dict[str, int]:
     """How many nodes hold each queue (its quorum members; 1 for a classic queue)."""
     out = cluster.ctl(
@@ -84,14 +98,8 @@ def test_a_rolling_restart_of_every_node_loses_nothing(
     spec = StreamSpec(stream_name, P, "quorum", replicas=3)
     admin.create_stream(registry, urls, spec)
     fleet = Fleet(stream_name, tmp_path, settings.etcd_endpoints, urls, tmp_path / "r.jsonl")
-    members = {"c1", "c2", "c3"}
     try:
-        fleet.coordinator("k1")
-        fleet.coordinator("k2")
-        for member in sorted(members):
-            fleet.consumer(member)
-        group = Group(registry.client, registry.where, stream_name)
-        wait_until(lambda: balanced(group, P, members), 60, 0.2, "balanced")
+        group = start_group(fleet, registry, P)
         load = SequenceProducer(spec, urls, keys=24, rate=300.0)
         load.start()
         took = []
@@ -109,7 +117,7 @@ def test_a_rolling_restart_of_every_node_loses_nothing(
             # Then publishing went on throughout, and the group is whole again
             before = len(load.published())
             wait_until(lambda: len(load.published()) > before + 300, 60, 0.05, "confirms after")
-            wait_until(lambda: balanced(group, P, members), 60, 0.2, "balanced after")
+            wait_until(lambda: balanced(group, P, MEMBERS), 60, 0.2, "balanced after")
         finally:
             load.stop()
         sent = load.published()
@@ -141,14 +149,8 @@ def test_killing_the_node_that_leads_most_queues_loses_nothing(
     members = queue_members(cluster)
     assert [members.get(spec.queue(p)) for p in range(P)] == [3] * P  # default: on each node
     fleet = Fleet(stream_name, tmp_path, settings.etcd_endpoints, urls, tmp_path / "r.jsonl")
-    members = {"c1", "c2", "c3"}
     try:
-        fleet.coordinator("k1")
-        fleet.coordinator("k2")
-        for member in sorted(members):
-            fleet.consumer(member)
-        group = Group(registry.client, registry.where, stream_name)
-        wait_until(lambda: balanced(group, P, members), 60, 0.2, "balanced")
+        start_group(fleet, registry, P)
         load = SequenceProducer(spec, urls, keys=24, rate=300.0)
         load.start()
         try:
@@ -257,15 +259,9 @@ def test_the_group_waits_out_a_lost_etcd_quorum_and_loses_nothing(
         spec = StreamSpec(stream_name, 6, "quorum")
         admin.create_stream(registry, rabbitmq, spec)
         fleet = Fleet(stream_name, tmp_path, etcd.endpoints, rabbitmq, tmp_path / "r.jsonl")
-        members = {"c1", "c2", "c3"}
         frozen: list[LocalEtcd] = []
         try:
-            fleet.coordinator("k1")
-            fleet.coordinator("k2")
-            for member in sorted(members):
-                fleet.consumer(member)
-            group = Group(registry.client, registry.where, stream_name)
-            wait_until(lambda: balanced(group, 6, members), 60, 0.2, "balanced")
+            group = start_group(fleet, registry, 6)
             load = SequenceProducer(spec, rabbitmq, keys=12, rate=200.0)
             load.start()
             try:
@@ -285,7 +281,7 @@ def test_the_group_waits_out_a_lost_etcd_quorum_and_loses_nothing(
                 frozen = []
                 resumed_at = time.monotonic()
                 # Then the group is whole again: same members, balanced, claims held
-                wait_until(lambda: balanced(group, 6, members), 60, 0.2, "balanced after")
+                wait_until(lambda: balanced(group, 6, MEMBERS), 60, 0.2, "balanced after")
                 recovered = time.monotonic() - resumed_at
             finally:
                 load.stop()

@@ -229,3 +229,26 @@ def assert_every_row_once_but_replays(
             assert order > last.get(key, -1), f"{key} out of order"
             last[key] = order
     return replayed
+
+
+def file_job_args(
+    settings: Any, spec: StreamSpec, source: Path, checkpoint: Path, *extra: str
+) -> list[str]:
+    """``partq`` arguments of a spark-job publishing ``source``'s JSON rows (``keyed_rows``),
+    one file per micro-batch, in ``order`` per key."""
+    return [
+        "--etcd-endpoints", settings.etcd_endpoints,
+        "--amqp-url", settings.amqp.url,
+        "spark-job",
+        "--stream", spec.name,
+        "--source", str(source),
+        "--format", "json",
+        "--schema", ROW_SCHEMA,
+        "--key-column", "key",
+        "--order-column", "order",
+        "--checkpoint", str(checkpoint),
+        "--max-files-per-trigger", "1",
+        "--trigger-seconds", "0",
+        *[arg for key, value in SPARK_CONF.items() for arg in ("--spark-conf", f"{key}={value}")],
+        *extra,
+    ]  # fmt: skip

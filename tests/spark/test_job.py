@@ -16,10 +16,9 @@ from producer.contract import StreamSpec
 from tests.cluster import kill_session
 from tests.spark.conftest import (
     PARTQ,
-    ROW_SCHEMA,
-    SPARK_CONF,
     assert_every_row_once_but_replays,
     committed_batches,
+    file_job_args,
     job_process,
     keyed_rows,
     queue_depths,
@@ -41,24 +40,12 @@ def test_a_job_killed_mid_batch_resumes_from_its_checkpoint_with_identifiable_re
     write_json_rows(tmp_path / "in", keyed_rows(ROWS, 500), FILES)
     checkpoint = tmp_path / "chk"
     metrics_port = free_port()
-    args = [
-        "--etcd-endpoints", settings.etcd_endpoints,
-        "--amqp-url", settings.amqp.url,
-        "spark-job",
-        "--stream", spark_stream.name,
-        "--source", str(tmp_path / "in"),
-        "--format", "json",
-        "--schema", ROW_SCHEMA,
-        "--key-column", "key",
-        "--order-column", "order",
-        "--checkpoint", str(checkpoint),
-        "--max-files-per-trigger", "1",
-        "--trigger-seconds", "0",
+    args = file_job_args(
+        settings, spark_stream, tmp_path / "in", checkpoint,
         "--partitions", str(spark_stream.partitions),
         "--metrics-port", str(metrics_port),
         "--metrics-addr", "127.0.0.1",
-        *[arg for key, value in SPARK_CONF.items() for arg in ("--spark-conf", f"{key}={value}")],
-    ]  # fmt: skip
+    )  # fmt: skip
     log = tmp_path / "job.log"
 
     def depth() -> int:

@@ -15,10 +15,9 @@ from kernel.settings import Settings
 from producer.contract import StreamSpec
 from tests.cluster import SparkStandalone
 from tests.spark.conftest import (
-    ROW_SCHEMA,
-    SPARK_CONF,
     assert_every_row_once_but_replays,
     committed_batches,
+    file_job_args,
     job_process,
     keyed_rows,
     queue_depths,
@@ -40,22 +39,9 @@ def test_killing_the_spark_worker_mid_batch_loses_nothing(
     write_json_rows(tmp_path / "in", keyed_rows(ROWS, 500), FILES)
     checkpoint = tmp_path / "chk"
     with SparkStandalone(tmp_path / "spark") as spark:
-        args = [
-            "--etcd-endpoints", settings.etcd_endpoints,
-            "--amqp-url", settings.amqp.url,
-            "spark-job",
-            "--master", spark.url,
-            "--stream", spark_stream.name,
-            "--source", str(tmp_path / "in"),
-            "--format", "json",
-            "--schema", ROW_SCHEMA,
-            "--key-column", "key",
-            "--order-column", "order",
-            "--checkpoint", str(checkpoint),
-            "--max-files-per-trigger", "1",
-            "--trigger-seconds", "0",
-            *[a for k, v in SPARK_CONF.items() for a in ("--spark-conf", f"{k}={v}")],
-        ]  # fmt: skip
+        args = file_job_args(
+            settings, spark_stream, tmp_path / "in", checkpoint, "--master", spark.url
+        )
         log = tmp_path / "job.log"
 
         def depth() -> int:
