@@ -190,6 +190,12 @@ class Broker(threading.Thread):
     def ack(self, partition: int, channel: Channel, delivery_tag: int) -> None:
         self._call(lambda: self._ack(partition, channel, delivery_tag))
 
+    def close_channel(self, partition: int, channel: Channel) -> None:
+        """Close ``channel`` (the broker requeues what was not acked on it): a worker left
+        a delivery unhandled. If it is the partition's subscription, the partition is
+        reported lost as for any closed channel."""
+        self._call(lambda: channel.close() if channel.is_open else None)
+
     def finish(self, partition: int, channel: Channel) -> None:
         """The worker handled everything up to END: send the held acks, then report."""
         if not self._call(lambda: self._finish(partition, channel)):

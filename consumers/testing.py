@@ -124,6 +124,9 @@ class StubBroker(Broker):
             with self._lock:
                 self._acked.setdefault(partition, []).append(delivery_tag)
 
+    def close_channel(self, partition: int, channel: Channel) -> None:
+        self._record("close_channel", partition)
+
     def finish(self, partition: int, channel: Channel) -> None:
         self._record("finish", partition)
         with self._lock:

@@ -204,6 +204,7 @@ class Worker(threading.Thread):
         self._timed_out = False
         self._finished = threading.Event()
         self._replay_outcome = _Outcome.ACK  # TIMED_OUT: a handler timed out during a replay
+        self._given_back: set[int] = set()  # channels closed to return what we left unacked
 
     def stop(self) -> None:
         """Stop without handling what is queued (the broker requeues it)."""
@@ -249,10 +250,9 @@ class Worker(threading.Thread):
                 self.broker.finish(self.partition, item[1])
                 return
             delivery: Delivery = item
-            if self.stopped.is_set() or not delivery.channel.is_open:
+            if self.stopped.is_set() or not self._may_handle(delivery):
+                self._give_back(delivery)
                 continue
-            if not self._may_handle(delivery):
-                continue  # fenced: the channel is closed, the broker redelivers it
             if first and self.freed_at is not None:
                 metrics.HANDOFF_GAP_SECONDS.labels(*self._labels).observe(
                     max(0.0, time.time() - self.freed_at)
@@ -261,8 +261,24 @@ class Worker(threading.Thread):
             outcome = self._handle(delivery)
             if outcome is _Outcome.ACK:
                 self.broker.ack(self.partition, delivery.channel, delivery.delivery_tag)
+            elif outcome is _Outcome.KEEP:
+                self._give_back(delivery)
             elif outcome is _Outcome.TIMED_OUT:
                 return  # the watchdog gave up on the handler: nothing more of this partition
+
+    def _give_back(self, delivery: Delivery) -> None:
+        """A delivery left unacked (stopped, fenced) must not stay so on an open channel:
+        behind later ones it would never be handled while the channel lives (a drained
+        channel is kept for reuse). Closing the channel makes the broker requeue it, in
+        order; the daemon hears the channel is gone and subscribes again if the
+        partition is still ours."""
+        channel = delivery.channel
+        if channel.is_open and id(channel) not in self._given_back:
+            self._given_back.add(id(channel))
+            log.info(
+                "partition %d: a delivery was left unhandled: closing its channel", self.partition
+            )
+            self.broker.close_channel(self.partition, channel)
 
     def _may_handle(self, delivery: Delivery) -> bool:
         """Handle only while our lease is fresh (not right after a freeze or while etcd
@@ -273,7 +289,7 @@ class Worker(threading.Thread):
         closes (seen: 3 messages unhandled after a kill -9 of the etcd leader)."""
         while not self.session.wait_fresh(self.session.ttl):
             if self.stopped.is_set() or not delivery.channel.is_open or self.session.lost.is_set():
-                return False  # lost: the fence (consumers.daemon) is closing every channel
+                return False  # lost: the fence (consumers.daemon) closes every channel too
         return True
 
     def _message(self, delivery: Delivery) -> Message:

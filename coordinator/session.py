@@ -67,12 +67,14 @@ class Session:
                 if self._on_failure:
                     self._on_failure()
                 remaining = None
+            if remaining is not None and remaining <= 0:
+                # lost before the tick: a waiter woken by it must not take it for a renewal
+                log.warning("lease %x is gone (expired or revoked)", self.id)
+                self._lose()
             with self._ticked:
                 self.last_tick = started
                 self._ticked.notify_all()
-            if remaining is not None and remaining <= 0:
-                log.warning("lease %x is gone (expired or revoked)", self.id)
-                self._lose()
+            if self.lost.is_set():
                 return
 
     def _lose(self) -> None:

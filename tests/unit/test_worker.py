@@ -28,6 +28,7 @@ class Channel:
 class Broker:
     def __init__(self) -> None:
         self.acked: list[int] = []
+        self.closed: list[int] = []
         self.finished = threading.Event()
 
     def ack(self, partition: int, channel: Any, tag: int) -> None:
@@ -36,6 +37,9 @@ class Broker:
 
     def finish(self, partition: int, channel: Any) -> None:
         self.finished.set()
+
+    def close_channel(self, partition: int, channel: Any) -> None:
+        self.closed.append(partition)
 
 
 class Session:
@@ -288,6 +292,41 @@ def test_a_lost_lease_leaves_the_delivery_to_the_broker() -> None:
     run.session.lost.set()
     run.deliver("first")
     run.end()
-    # Then it is neither handled nor acked: the broker requeues it for the next owner
+    # Then it is neither handled nor acked, and its channel is closed: the broker requeues
+    # it (for the next owner) instead of keeping it unacked behind later deliveries
     assert run.handled == []
     assert run.broker.acked == []
+    assert run.broker.closed == [PARTITION]
+
+
+def test_a_waiter_never_takes_an_expired_lease_for_a_renewal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from coordinator.session import Session as RealSession
+
+    class Client:
+        """A lease that expires at its first renewal (etcd says TTL 0)."""
+
+        def lease(self, ttl: int) -> Any:
+            return SimpleNamespace(id=1)
+
+        def refresh_lease(self, lease_id: int) -> Any:
+            return [SimpleNamespace(TTL=0)]
+
+    lose = RealSession._lose
+
+    def slow_lose(self: RealSession) -> None:  # a busy machine: the waiter runs first
+        time.sleep(0.3)
+        lose(self)
+
+    monkeypatch.setattr(RealSession, "_lose", slow_lose)
+    session = RealSession(Client(), "test", ttl=1)
+    session.last_tick -= 10  # stale, as after a freeze
+    try:
+        # When a waiter wakes at the refresher's tick, the lease is already known lost
+        assert session.wait_fresh(5) is False
+        assert session.lost.is_set()
+    finally:
+        session.close(revoke=False)
