@@ -86,8 +86,16 @@ class Bench:
         self.registry = Registry.connect(settings)
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def stream(self, tag: str, partitions: int, queue_type: str, amqp: str = AMQP) -> StreamSpec:
-        spec = StreamSpec(f"bench-{tag}-{uuid.uuid4().hex[:6]}", partitions, queue_type)  # type: ignore[arg-type]
+    def stream(
+        self,
+        tag: str,
+        partitions: int,
+        queue_type: str,
+        amqp: str = AMQP,
+        on_failure: str = "dead-letter",
+    ) -> StreamSpec:
+        name = f"bench-{tag}-{uuid.uuid4().hex[:6]}"
+        spec = StreamSpec(name, partitions, queue_type, on_failure=on_failure)  # type: ignore[arg-type]
         create_stream(self.registry, amqp, spec)
         return spec
 
@@ -205,10 +213,11 @@ class Run:
         rate: float,
         amqp: str = AMQP,
         coordinator_args: tuple[str, ...] = (),
+        on_failure: str = "dead-letter",
         **consumer: Any,
     ) -> None:
         self.b, self.queue_type, self.amqp, self.options = b, queue_type, amqp, consumer
-        self.spec = b.stream(tag, P, queue_type, amqp)
+        self.spec = b.stream(tag, P, queue_type, amqp, on_failure)
         self.record = b.dir / f"{self.spec.name}.jsonl"
         self.procs = {"coordinator": b.coordinator(self.spec, amqp, 1.0, *coordinator_args)}
         for member in members:

@@ -53,6 +53,7 @@ __all__ = ["CoordinatorConfig", "CoordinatorEvent", "StreamCoordinator"]
 log = logging.getLogger("partq.coordinator")
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
 _EXPORT_EVERY = 1.0  # seconds: the gauges' refresh while watch events keep coming
+_BATCH = 10_000  # watch events mirrored before one plan, at most
 _BACKOFF = Backoff()  # between campaigns: 0.2 s doubling to 5 s, reset once one got going
 
 CoordinatorEvent = WatchEvent | WatchFailed | LeaseLost | Settled | Stop
@@ -242,29 +243,43 @@ class StreamCoordinator(threading.Thread):
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
-            event = self._next()
-            match event:
-                case Stop():
-                    return
-                case LeaseLost():
-                    raise EtcdUnavailable("our lease is lost")
-                case WatchFailed(error=EtcdUnavailable() as error):
-                    raise error
-                case WatchFailed(error=error):
-                    raise EtcdUnavailable(str(error))
-                case WatchEvent():
-                    self._apply(event)
-                case Settled():
-                    pass
+            # Every event already queued is mirrored before one plan: planning is O(P), and
+            # a rebalance's own writes come back as a burst of watch events (10,000 after a
+            # first assignment of P = 10,000: one plan each took minutes of CPU).
+            batch = [self._next(), *self._ready(_BATCH)]
+            lead: CoordinatorEvent = batch[-1]
+            for event in batch:
+                match event:
+                    case Stop():
+                        return
+                    case LeaseLost():
+                        raise EtcdUnavailable("our lease is lost")
+                    case WatchFailed(error=EtcdUnavailable() as error):
+                        raise error
+                    case WatchFailed(error=error):
+                        raise EtcdUnavailable(str(error))
+                    case WatchEvent():
+                        self._apply(event)
+                        if event.kind == "claim":
+                            lead = event  # a new owner took a partition: the next step
+                    case Settled():
+                        pass
             self._update_leadership()
             if self.leading.is_set():
-                self._lead(event)
-            # The gauges cost O(P): once per burst of events (a rebalance's claims arrive
-            # together), and at least every second while events keep coming.
+                self._lead(lead)
+            # The gauges cost O(P) too: once per batch, and at least every second.
             now = time.monotonic()
             if self.events.empty() or now - self._exported_at >= _EXPORT_EVERY:
                 self._export()
                 self._exported_at = now
+
+    def _ready(self, limit: int) -> list[CoordinatorEvent]:
+        """The events already queued (at most ``limit``), without waiting."""
+        found: list[CoordinatorEvent] = []
+        with contextlib.suppress(queue.Empty):
+            while len(found) < limit:
+                found.append(self.events.get_nowait())
+        return found
 
     def _apply(self, event: WatchEvent) -> None:
         """Mirror one change, and react to what is about the campaign itself."""
