@@ -50,16 +50,25 @@ def seqs(records: list[dict[str, Any]], key: str) -> list[int]:
     return [r["seq"] for r in records if r["key"] == key]
 
 
-def test_a_failing_key_is_parked_across_a_crash_then_redriven_in_order(
-    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str, tmp_path: Path
-) -> None:
+def poisoned_stream(
+    quorum_fleet: Callable[..., Fleet], tmp_path: Path, seq: int, slow: float = 0.0
+) -> tuple[Fleet, StreamSpec, Path]:
+    """A parking stream whose consumers' handler fails POISON_KEY's messages from ``seq``
+    on while the returned flag file exists (and takes ``slow`` s for each of them)."""
     fleet = quorum_fleet(P, "park")
     flag = tmp_path / "poisoned"
     flag.touch()
     fleet.env.update(
-        PARTQ_POISON_KEY=POISON_KEY, PARTQ_POISON_SEQ=str(POISON_SEQ), PARTQ_POISON_FLAG=str(flag)
-    )
-    spec = StreamSpec(fleet.stream, P, "quorum", on_failure="park")
+        PARTQ_POISON_KEY=POISON_KEY, PARTQ_POISON_SEQ=str(seq), PARTQ_POISON_FLAG=str(flag),
+        PARTQ_POISON_SLOW=str(slow),
+    )  # fmt: skip
+    return fleet, StreamSpec(fleet.stream, P, "quorum", on_failure="park"), flag
+
+
+def test_a_failing_key_is_parked_across_a_crash_then_redriven_in_order(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str, tmp_path: Path
+) -> None:
+    fleet, spec, flag = poisoned_stream(quorum_fleet, tmp_path, POISON_SEQ)
     group = Group(registry.client, registry.where, fleet.stream)
     fleet.coordinator(settle=0.5)
     extra = ("--max-attempts", "2")
@@ -138,14 +147,7 @@ def test_a_redrive_interrupted_by_a_crash_is_finished_by_the_next_owner(
     quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str, tmp_path: Path
 ) -> None:
     # Given a parked key with 100 messages waiting, and a handler that is slow for it
-    fleet = quorum_fleet(P, "park")
-    flag = tmp_path / "poisoned"
-    flag.touch()
-    fleet.env.update(
-        PARTQ_POISON_KEY=POISON_KEY, PARTQ_POISON_SEQ="0", PARTQ_POISON_FLAG=str(flag),
-        PARTQ_POISON_SLOW="0.05",
-    )  # fmt: skip
-    spec = StreamSpec(fleet.stream, P, "quorum", on_failure="park")
+    fleet, spec, flag = poisoned_stream(quorum_fleet, tmp_path, 0, slow=0.05)
     group = Group(registry.client, registry.where, fleet.stream)
     fleet.coordinator(settle=0.5)
     extra = ("--max-attempts", "1")
