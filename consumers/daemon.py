@@ -371,12 +371,12 @@ class Consumer:
         if self.deleted:
             return
         self.deleted = True
-        self.ready.clear()
         log.warning(
             "stream %s was deleted: stopped consuming; waiting for it to be recreated "
             "(not ready until then)",
             self.spec.name,
         )
+        self.ready.clear()  # after the line: whoever sees /readyz false finds the reason
         self.partitions.drop()
         self.partitions.forget()
         if self.session is not None:  # our member key and claims went with the stream
