@@ -1,7 +1,7 @@
 # ruff: noqa: E501  (report lines)
 """Crash failover with and without hot standby (``coordinator --standby``), same run.
 
-    .venv/bin/python -m benchmarks.failover [--rounds 3] [--rate 2000] [--ttl 5]
+    .venv/bin/python -m benchmarks.failover [--rounds 3] [--rate 2000] [--ttl 5] [--freeze]
 
 Each round and mode: ``benchmarks.groups.failover``: a fresh P = 12 quorum stream, a
 coordinator, consumers c1 and c2 (lease TTL ``--ttl``) recording with the product's
@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=2000.0)
     ap.add_argument("--ttl", type=int, default=5)
     ap.add_argument("--dwell", type=float, default=3.0)
+    ap.add_argument(
+        "--freeze",
+        action="store_true",
+        help="SIGSTOP the member instead of kill -9: bounded by the AMQP heartbeat",
+    )
     args = ap.parse_args(argv)
     load_before = os.getloadavg()
 
@@ -39,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     def run(b: Bench, standby: bool) -> dict[str, Any]:
-        return failover(b, "quorum", args.ttl, args.rate, args.dwell, standby=standby)
+        return failover(
+            b, "quorum", args.ttl, args.rate, args.dwell, standby=standby, freeze=args.freeze
+        )
 
     results = alternate(args.rounds, run, say)
     load_after = os.getloadavg()
@@ -47,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\nload average {load_before[0]:.2f} → {load_after[0]:.2f} (1 min), {args.rate:.0f} msg/s, P = 12, TTL {args.ttl} s, rounds {args.rounds}\n"
     )
     print(
-        "| after kill -9 of one of 2 consumers | partitions | failover p50 | p99 | max | lost | order violations | overlaps | redelivered |"
+        f"| after {'SIGSTOP' if args.freeze else 'kill -9'} of one of 2 consumers | partitions | failover p50 | p99 | max | lost | order violations | overlaps | redelivered |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for standby in (True, False):

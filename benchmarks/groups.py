@@ -289,16 +289,24 @@ def handoff(b: Bench, queue_type: str, rate: float, dwell: float) -> dict[str, A
 
 
 def failover(
-    b: Bench, queue_type: str, ttl: int, rate: float, dwell: float, standby: bool = False
+    b: Bench,
+    queue_type: str,
+    ttl: int,
+    rate: float,
+    dwell: float,
+    standby: bool = False,
+    freeze: bool = False,
 ) -> dict[str, Any]:
-    """``kill -9`` of one of two consumers: when its partitions are handled again, and the steps."""
+    """``kill -9`` (or, ``freeze``, SIGSTOP) of one of two consumers: when its partitions are
+    handled again, and the steps. A frozen member is killed once that is measured."""
     extra = ("--standby",) if standby else ()
     run = Run(b, f"failover{ttl}", queue_type, ["c1", "c2"], rate, coordinator_args=extra, ttl=ttl)
     time.sleep(dwell)
     orphans = sorted(p for p, m in b.snapshot(run.spec).assignment.items() if m == "c2")
     t_kill = time.time()
-    run.procs["c2"].send_signal(signal.SIGKILL)
-    run.procs["c2"].wait()
+    run.procs["c2"].send_signal(signal.SIGSTOP if freeze else signal.SIGKILL)
+    if not freeze:
+        run.procs["c2"].wait()
     marks: dict[str, float] = {}  # member key gone (lease expiry) → reassigned → claimed
     deadline = time.monotonic() + ttl + 60
     while time.monotonic() < deadline and "claimed" not in marks:
@@ -312,6 +320,9 @@ def failover(
                 marks.setdefault("claimed", now)
         time.sleep(0.02)
     time.sleep(dwell)
+    if freeze:  # measured: end it (its connection was dropped by the broker long ago)
+        run.procs["c2"].send_signal(signal.SIGKILL)
+        run.procs["c2"].wait()
     records, summary = run.finish()
     first: dict[int, float] = {}
     for r in records:
