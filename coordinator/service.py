@@ -271,15 +271,21 @@ class StreamCoordinator(threading.Thread):
     # -- the event loop ------------------------------------------------------------------
 
     def _next(self) -> CoordinatorEvent:
-        timers = [t for t in (self._settle_at, self._load_at) if t is not None]
-        timeout = max(0.0, min(timers) - time.monotonic()) if timers else None
-        try:
-            return self.events.get(timeout=timeout)
-        except queue.Empty:
-            if self._load_at is not None and time.monotonic() >= self._load_at:
-                self._load_at = time.monotonic() + self.config.load_interval
+        """The next event; a due load measurement first (a busy watch must not starve it),
+        :class:`Settled` when the settle timer runs out with nothing else to do."""
+        for _ in range(2):
+            now = time.monotonic()
+            if self._load_at is not None and now >= self._load_at:
+                self._load_at = now + self.config.load_interval
                 return LoadTick()
-            return Settled()
+            timers = [t for t in (self._settle_at, self._load_at) if t is not None]
+            timeout = max(0.0, min(timers) - now) if timers else None
+            try:
+                return self.events.get(timeout=timeout)
+            except queue.Empty:
+                if self._settle_at is not None and time.monotonic() >= self._settle_at:
+                    return Settled()
+        return Settled()
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
@@ -300,9 +306,11 @@ class StreamCoordinator(threading.Thread):
                         raise EtcdUnavailable(str(error))
                     case WatchEvent():
                         self._apply(event)
-                        if event.kind == "claim":
+                        if event.kind == "claim" and not isinstance(lead, LoadTick):
                             lead = event  # a new owner took a partition: the next step
-                    case Settled() | LoadTick():
+                    case LoadTick():
+                        lead = event  # measure and plan by load, whatever else came
+                    case Settled():
                         pass
             self._update_leadership()
             if self.leading.is_set():
