@@ -14,9 +14,9 @@ lowers the higher of the two by a clear margin, at most ``max_moves`` partitions
    member with the least load (then the fewest partitions, then the lowest id).
 2. **Hot to cold.** Then the best single move or swap between the most and the least
    loaded member is made, as long as it lowers the higher of their two loads by at least
-   ``margin`` of the mean partition load (smaller wins are noise in measured rates, and a
-   move costs a handoff). A swap counts two moves against ``max_moves``. The most loaded
-   member's load never rises.
+   ``margin`` (half) of the mean partition load (smaller wins are noise in measured
+   rates, and a move costs a handoff). A swap counts two moves against ``max_moves``.
+   The most loaded member's load never rises.
 
 Every partition carries at least ``floor`` of the mean partition load (at least a tiny
 constant), so partitions that carry nothing are still spread by count: with no reports
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["estimate", "member_loads", "spread"]
+__all__ = ["estimate", "member_loads", "smooth", "spread"]
 
 _TINY = 1e-6
 
@@ -60,6 +60,20 @@ def estimate(
     return out
 
 
+def smooth(
+    before: Mapping[int, float], now: Mapping[int, float], weight: float = 0.5
+) -> dict[int, float]:
+    """An exponential moving average: ``weight`` of the new estimate, the rest of the
+    previous one (a partition new to either side takes the value it has)."""
+    out: dict[int, float] = {}
+    for p in sorted(set(before) | set(now)):
+        if p in before and p in now:
+            out[p] = weight * now[p] + (1 - weight) * before[p]
+        else:
+            out[p] = now[p] if p in now else before[p]
+    return out
+
+
 def member_loads(
     owners: Mapping[int, str], loads: Mapping[int, float], weights: Mapping[str, int]
 ) -> dict[str, float]:
@@ -78,7 +92,7 @@ def spread(
     loads: Mapping[int, float],
     *,
     max_moves: int | None = None,
-    margin: float = 0.25,
+    margin: float = 0.5,
     floor: float = 0.05,
 ) -> dict[int, str]:
     """Every partition ``0..partitions-1`` given to a member of ``weights`` (module docstring).

@@ -78,7 +78,7 @@ class CoordinatorConfig:
     balance: Literal["count", "load"] = "count"  # what plans even out (the module docstring)
     load_interval: float = 10.0  # seconds between load measurements (balance = "load")
     load_moves: int = 2  # partitions moved from a live owner per load tick, at most
-    horizon: float = 30.0  # a backlog counts as load spread over this many seconds
+    horizon: float = 60.0  # a backlog counts as load spread over this many seconds
 
     def __post_init__(self) -> None:
         if self.balance not in ("count", "load"):
@@ -428,7 +428,8 @@ class StreamCoordinator(threading.Thread):
             previous = self._depth_sample[1]
         if depths:
             self._depth_sample = (time.monotonic(), depths)
-        self.loads = loads.estimate(rates, depths, previous, elapsed, self.config.horizon)
+        measured = loads.estimate(rates, depths, previous, elapsed, self.config.horizon)
+        self.loads = loads.smooth(self.loads or {}, measured)  # rates are noisy: an average
 
     def _write_standbys(self, target: Mapping[int, str]) -> None:
         """Put (and delete) the standby keys that differ from ``target``, fenced."""
