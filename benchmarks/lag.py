@@ -1,7 +1,7 @@
 # ruff: noqa: E501  (report lines)
 """Lag with Zipf-skewed keys: lag-aware assignment (``--balance load``) against count-based.
 
-    .venv/bin/python -m benchmarks.lag [--rounds 2] [--rate 1000] [--warmup 30] [--seconds 60] [--cost 0.002]
+    .venv/bin/python -m benchmarks.lag [--rounds 2] [--rate 600] [--warmup 45] [--seconds 60] [--cost 0.003]
 
 Per round and mode: a fresh P = 12 quorum stream, a coordinator (``--balance count``, or
 ``--balance load --load-interval 5 --load-moves 2``), consumers c1-c3 whose handler has a
@@ -145,10 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--rate", type=float, default=1000.0)
-    ap.add_argument("--warmup", type=float, default=30.0, help="seconds before the window")
+    ap.add_argument("--rate", type=float, default=600.0)
+    ap.add_argument("--warmup", type=float, default=45.0, help="seconds before the window")
     ap.add_argument("--seconds", type=float, default=60.0, help="seconds of the window")
-    ap.add_argument("--cost", type=float, default=0.002, help="handler seconds per message")
+    ap.add_argument("--cost", type=float, default=0.003, help="handler seconds per message")
     ap.add_argument("--keys", type=int, default=200)
     ap.add_argument("--zipf", type=float, default=1.1)
     args = ap.parse_args(argv)

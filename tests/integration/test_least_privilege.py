@@ -189,6 +189,8 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
         assert "k07 redriven and unparked" in redriven
         wait_until(lambda: handled() >= sent, 60, 0.2, "all messages handled")
         assert audit.order_violations(audit.load(record)) == []
+        # ... and each member put its load report with its own rights (every 5 s)
+        wait_until(lambda: set(group.loads()) == set(MEMBERS), 20, 0.2, "both load reports")
 
         # ... and each identity is refused what it must not do (etcd)
         state = group.snapshot()
@@ -196,6 +198,7 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
         denied = {
             ("c-1", "put", keys.assignment(STREAM, 0), 0),  # the assignment
             ("c-1", "put", keys.member(STREAM, "c-2"), 0),  # another member's key
+            ("c-1", "put", keys.load(STREAM, "c-2"), 0),  # another member's load report
             ("c-1", "put", keys.claim(STREAM, 0), c2_lease),  # another member's lease
             ("c-1", "put", keys.spec(STREAM), 0),
             ("producer", "get", keys.members(STREAM), 0),
