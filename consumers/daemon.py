@@ -275,15 +275,19 @@ class Consumer:
                 self._update_ready()
 
     def _report_load(self) -> None:
-        """Put what we handled per partition since the last report (never while stopping,
-        fenced or without the stream: the key would outlive nothing useful)."""
+        """Put what we handled per partition since the last report; skipped while stopping,
+        fenced, without the stream, or while etcd does not answer (this thread must not
+        wait on a report)."""
         workers = dict(self.partitions.workers)
         rates, elapsed = self.load.rates({p: (w, w.handled) for p, w in workers.items()})
-        if self.stopping or self.deleted or self.session is None or self.session.lost.is_set():
+        session = self.session
+        if self.stopping or self.deleted or session is None or session.lost.is_set():
+            return
+        if not session.fresh():  # etcd has not answered lately: no report to wait on
             return
         report = LoadReport(self.member, rates, time.time(), round(elapsed, 3))
         try:
-            self.group.report_load(report, self.session)
+            self.group.report_load(report, session)
         except PartqError as e:  # etcd away, or the role may not write it: consuming goes on
             log.warning("cannot report load: %s", e)
 
