@@ -93,7 +93,6 @@ class RabbitCluster(_Managed):
     def __init__(self, directory: Path, size: int = 3, install: Install = MACHINE) -> None:
         self.install = install
         self.directory = directory = install.home(directory, "partqc")
-        self._mounted = False
         self.epmd_port = free_port()
         self.cookie = secrets.token_hex(16)
         self.nodes = [_Node(f"partqc{i + 1}", directory / f"n{i + 1}") for i in range(size)]
@@ -130,7 +129,7 @@ class RabbitCluster(_Managed):
 
     def start(self, timeout: float = 120.0) -> RabbitCluster:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._mounted = self.install.mount()
+        self.install.mount()
         with (self.directory / "epmd.out").open("wb") as log:
             self._epmd = subprocess.Popen(
                 self.install.command("epmd", "-port", str(self.epmd_port)), stdout=log,
@@ -241,9 +240,7 @@ class RabbitCluster(_Managed):
         if epmd is not None:
             epmd.terminate()
             epmd.wait(timeout=10)
-        if self._mounted:
-            self._mounted = False
-            self.install.unmount()
+        self.install.unmount()
         if self.install.chrooted:
             shutil.rmtree(self.directory, ignore_errors=True)
 

@@ -94,20 +94,18 @@ class Install:
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
         }
 
-    def mount(self) -> bool:
-        """Mount ``/proc`` in the tree unless it is; True if this call mounted it."""
+    def mount(self) -> None:
+        """Mount ``/proc`` in the tree (a node needs it) unless it is."""
         proc = self.root / "proc"
-        if not self.chrooted or os.path.ismount(proc):
-            return False
-        subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
-        return True
+        if self.chrooted and not os.path.ismount(proc):
+            subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
 
     def unmount(self) -> None:
-        """Unmount the tree's ``/proc`` (that :meth:`mount` mounted) unless a process still
-        runs in the tree (another session's node, say)."""
-        if not self.chrooted or _processes_in(self.root):
-            return
-        subprocess.run(["umount", str(self.root / "proc")], check=False)
+        """Unmount the tree's ``/proc`` once no process runs in the tree (a node of this
+        test, another test's, or another session's keeps it mounted)."""
+        proc = self.root / "proc"
+        if self.chrooted and os.path.ismount(proc) and not _processes_in(self.root):
+            subprocess.run(["umount", str(proc)], check=False)
 
 
 def _processes_in(root: Path) -> list[int]:
@@ -197,7 +195,6 @@ class PrivateRabbit:
     epmd_port: int = field(default_factory=free_port)
     _epmd: subprocess.Popen[bytes] | None = None
     _server: subprocess.Popen[bytes] | None = None
-    _mounted: bool = False
 
     def __post_init__(self) -> None:
         self.directory = self.install.home(self.directory, self.name)
@@ -252,7 +249,7 @@ class PrivateRabbit:
             "loopback_users = none\n"
             f"{self.extra_config}"
         )
-        self._mounted = self.install.mount()
+        self.install.mount()
         with (d / "server.out").open("wb") as log:  # the children keep their copies
             self._epmd = subprocess.Popen(
                 self.install.command("epmd", "-port", str(self.epmd_port)),
@@ -278,13 +275,13 @@ class PrivateRabbit:
         )  # fmt: skip
         return done.stdout
 
-    def stop(self) -> None:
+    def stop(self, *, keep_data: bool = False) -> None:
+        """Stop the node; a chrooted node's files are removed from the shared tree unless
+        ``keep_data`` (to start it again with its queues)."""
         stop_node(self._server, self.directory / "rabbit.pid", self._epmd)
         self._server = self._epmd = None
-        if self._mounted:
-            self._mounted = False
-            self.install.unmount()
-        if self.install.chrooted:
+        self.install.unmount()
+        if self.install.chrooted and not keep_data:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 

@@ -142,7 +142,7 @@ def test_the_producer_moves_to_the_next_node_and_loses_nothing(
     try:
         # Given the producer confirmed messages on A, when A stops
         wait_until(lambda: len(confirmed) > 500, 30, 0.05, "confirms from A")
-        a.stop()
+        a.stop(keep_data=True)
         at_stop = len(confirmed)
         # Then it goes on with B
         wait_until(lambda: len(confirmed) > at_stop + 500, 60, 0.1, "confirms from B")
