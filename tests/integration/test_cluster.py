@@ -159,7 +159,7 @@ def test_a_rolling_restart_of_every_node_loses_nothing(
     tmp_path: Path, with_spark: bool,
 ) -> None:  # fmt: skip
     # Given 2 coordinators and 3 consumers on a stream replicated on all 3 nodes, the SDK
-    # and the Spark job publishing keyed sequences, both given the three URLs
+    # (and in the sdk+spark case the Spark job) publishing keyed sequences to the 3 URLs
     urls = ",".join(cluster.urls)
     spec = StreamSpec(stream_name, P, "quorum", replicas=3)
     admin.create_stream(registry, urls, spec)
@@ -221,16 +221,20 @@ def test_killing_the_node_that_leads_most_queues_loses_nothing(
     assert [members.get(spec.queue(p)) for p in range(P)] == [3] * P  # default: on each node
     fleet = Fleet(stream_name, tmp_path, settings.etcd_endpoints, urls, tmp_path / "r.jsonl")
     try:
-        with SparkSequences(spec, settings.etcd_endpoints, urls, tmp_path / "spark") as job:
+        # batches of 6000 rows, so that the kill can fall while one is being published
+        spark = tmp_path / "spark"
+        with SparkSequences(spec, settings.etcd_endpoints, urls, spark, rows_per_key=500) as job:
             start_group(fleet, registry, P)
             job.wait_publishing()
             load = SequenceProducer(spec, urls, keys=24, rate=300.0)
             load.start()
             try:
                 wait_until(lambda: len(load.published()) > 300, 30, 0.1, "confirms")
-                # When the node leading most partition queues is killed
+                # When the node leading most partition queues is killed, while the Spark
+                # job's tasks publish a batch
                 counts = collections.Counter(cluster.leaders(spec).values())
                 victim = cluster.node(counts.most_common(1)[0][0])
+                in_flight = job.wait_in_flight(fleet.record)
                 before, batches = len(load.published()), job.committed() + 1
                 killed_at, killed_wall = time.monotonic(), time.time()
                 cluster.kill(victim)
@@ -247,8 +251,9 @@ def test_killing_the_node_that_leads_most_queues_loses_nothing(
         # reports them failed, to be sent again; a Spark task with one fails and is retried
         print(
             f"\nkilled {victim.nodename} (leader of {counts[victim.nodename]} of {P} queues); "
-            f"SDK confirms resumed within {resumed:.1f}s; Spark's first commit {first_commit:.1f}s "
-            f"after the kill, longest pause between commits {pause:.1f}s; {summary}"
+            f"SDK confirms resumed within {resumed:.1f}s; killed while Spark published batch "
+            f"{in_flight}: its first commit {first_commit:.1f}s after the kill, longest pause "
+            f"between commits {pause:.1f}s; {summary}"
         )
     finally:
         fleet.close()

@@ -18,8 +18,11 @@ consumers' record handler reads ``seq`` from the body, as for the SDK's sequence
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import re
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -40,6 +43,9 @@ _RETRIED = re.compile(r"PublishFailed: batch (\d+):")
 
 
 class SparkSequences:
+    """The job and its feeder (module docstring); ``with`` starts both and ends every
+    process of the job's session by PID."""
+
     def __init__(
         self,
         spec: StreamSpec,
@@ -72,8 +78,8 @@ class SparkSequences:
         self.files = 0
         self._halt = threading.Event()
         self._feeder = threading.Thread(target=self._feed, name="spark-feeder", daemon=True)
-        self._job: Any = None
-        self._process: Any = None
+        self._stack = contextlib.ExitStack()
+        self._process: subprocess.Popen[bytes] | None = None
 
     def _rows(self, file: int) -> list[dict[str, Any]]:
         first = file * self.rows_per_key
@@ -101,13 +107,14 @@ class SparkSequences:
     def start(self) -> Self:
         self.source.mkdir(parents=True, exist_ok=True)
         self._write(0)
-        self._job = job_process(self.args, self.log)
-        self._process = self._job.__enter__()
+        self._process = self._stack.enter_context(job_process(self.args, self.log))
         self._feeder.start()
         return self
 
     def _alive(self) -> bool:
-        assert self._process.poll() is None, f"the Spark job exited: {self.tail()}"
+        assert self._process is not None and self._process.poll() is None, (
+            f"the Spark job exited: {self.tail()}"
+        )
         return True
 
     def committed(self) -> int:
@@ -119,6 +126,27 @@ class SparkSequences:
             lambda: self._alive() and self.committed() >= batches, timeout, 0.2,
             f"the Spark job committing {batches} batches",
         )  # fmt: skip
+
+    def wait_in_flight(self, records: Path, timeout: float = 60.0) -> int:
+        """Until the consumers handle a message of a batch not yet committed: its tasks are
+        publishing now. Returns that batch's id."""
+
+        def publishing() -> int | None:
+            self._alive()
+            batch = self.committed()
+            with contextlib.suppress(FileNotFoundError), records.open("rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 65536))
+                tail = f.read().decode(errors="replace")
+                seen = f'"message_id": "{self._query_id()}:{batch}:' in tail
+                if seen and batch == self.committed():
+                    return batch + 1  # 0 is falsy
+            return None
+
+        return int(wait_until(publishing, timeout, 0.01, "a Spark batch being published")) - 1
+
+    def _query_id(self) -> str:
+        """The query's id (in every message id), from the checkpoint's metadata."""
+        return str(json.loads((self.checkpoint / "metadata").read_text())["id"])
 
     def commit_times(self) -> list[float]:
         """Wall-clock time of each batch's commit, in batch order."""
@@ -163,9 +191,8 @@ class SparkSequences:
         self._halt.set()
         if self._feeder.is_alive():
             self._feeder.join(30)
-        job, self._job = self._job, None
-        if job is not None:
-            job.__exit__(None, None, None)  # every process of the job's session, by PID
+        self._stack.close()  # every process of the job's session, by PID
+        self._process = None
 
     def __enter__(self) -> Self:
         return self.start()
