@@ -152,6 +152,7 @@ class Partitions:
         paused = policy.paused(self.mirror.requests, partition)
         if paused != self.states[partition].paused:
             self._process(_Step(partition, Event.PAUSED if paused else Event.RESUMED))
+        self._sync_standby(partition)  # stood down before a freed claim is taken the usual way
         holder = self._holder(partition)
         if holder is not self.states[partition].holder:
             if holder is Holder.NOBODY:
@@ -162,18 +163,31 @@ class Partitions:
         self._sync_standby(partition)
 
     def _sync_standby(self, partition: int) -> None:
-        """Stand by for ``partition`` while the leader names us and its owner consumes it."""
+        """Stand by for ``partition`` while the leader names us and its owner consumes it;
+        and keep standing by once the leader gave it to us from an owner whose connection
+        died (a suspect: it lost another partition to a takeover) while that owner's claim
+        lasts: RabbitMQ activates us when it notices the same death, and we take it over
+        (``consumers.standby``) instead of waiting out the dead owner's lease. (Seen: the
+        assignment reached us before the activation did, we stood down, and the partition
+        waited 10 s for the lease.)"""
         mirror, state = self.mirror, self.states[partition]
         owner = mirror.assignment.get(partition)
         claim = mirror.claims.get(partition)
+        usable = not self.leaving and self.session is not None
         want = (
             mirror.standbys.get(partition) == self.member
             and owner not in (None, self.member)
             and claim is not None
             and claim.member == owner
             and state.phase is Phase.IDLE
-            and not self.leaving
-            and self.session is not None
+            and usable
+        ) or (
+            partition in self.standing
+            and owner == self.member
+            and claim is not None
+            and claim.member != self.member
+            and usable
+            and claim.member in policy.suspects(mirror.claims)
         )
         if want and partition not in self.standing:
             if self.broker.stand_by(partition):

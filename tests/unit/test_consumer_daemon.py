@@ -330,3 +330,39 @@ def test_a_member_reports_what_it_handled_per_partition(env: Env) -> None:
     assert counted(1) == pytest.approx(30, abs=0.5) and counted(3) == 0.0
     assert env.fake.lease_of(keys.load(env.stream, "c1")) == c1.lease
     eventually("a quiet report", lambda: env.group.loads()["c1"].total == 0.0)
+
+
+@pytest.mark.parametrize("suspect", [True, False], ids=["owner-suspect", "owner-alive"])
+def test_a_standby_given_the_partition_from_a_suspect_owner_keeps_standing_by(
+    env: Env, suspect: bool
+) -> None:
+    # Given c1 (played by a session) owning partition 1 with c2 named its standby, and c2
+    # standing by behind it
+    c1 = Session(env.fake, "fake", ttl=30)
+    others: list[Session] = [c1]
+    try:
+        env.group.join(c1, "c1")
+        env.assign(1, "c1")
+        assert env.group.claim(1, "c1", c1)
+        env.fake.put(keys.standby(env.stream, 1), codec.encode_standby("c2"))
+        c2 = env.consumer("c2")
+        eventually("standing by", lambda: c2.broker.count("stand_by", 1) == 1)
+        if suspect:  # c1's connection died: another standby (c3) took partition 2 from it
+            c3 = Session(env.fake, "fake", ttl=30)
+            others.append(c3)
+            env.group.join(c3, "c3")
+            env.assign(2, "c1")
+            assert env.group.claim(2, "c1", c1)
+            _, seen = env.group.read_claim(2)
+            assert env.group.take_over(2, "c3", c3, seen, "c1")
+
+        # When the leader gives partition 1 to c2 while c1's claim is still there
+        env.assign(1, "c2")
+        eventually("waiting for c1's claim", lambda: c2.phase(1) is Phase.WAITING)
+
+        # Then c2 keeps its standby subscription when c1 is a suspect (RabbitMQ activates
+        # it as c1's connection is gone), and stands down for an ordinary planned move
+        assert c2.broker.count("stand_down", 1) == (0 if suspect else 1)
+    finally:
+        for session in others:
+            session.close()
