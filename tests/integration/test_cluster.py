@@ -261,11 +261,14 @@ def test_killing_the_node_that_leads_most_queues_loses_nothing(
             admin.delete(registry, urls, stream_name)
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("with_spark", [pytest.param(False, id="sdk"), WITH_SPARK])
 @pytest.mark.parametrize("victim", ["first endpoint", "leader"])
 def test_the_group_goes_on_when_an_etcd_member_dies(
-    tmp_path: Path, rabbitmq: str, stream_name: str, victim: str
+    tmp_path: Path, rabbitmq: str, stream_name: str, victim: str, with_spark: bool
 ) -> None:
-    # Given a 3-member etcd, a coordinator and a consumer given all three endpoints
+    # Given a 3-member etcd, coordinators and consumers given all three endpoints (and in
+    # the sdk+spark case the Spark job publishing too)
     with EtcdCluster(tmp_path / "etcd") as etcd:
         settings = Settings.load(etcd_endpoints=etcd.endpoints, amqp_url=rabbitmq)
         registry = Registry.connect(settings)
@@ -286,12 +289,18 @@ def test_the_group_goes_on_when_an_etcd_member_dies(
             finally:
                 observer.close()
 
+        spark = contextlib.ExitStack()
         try:
             fleet.coordinator("k1")
             fleet.coordinator("k2")
             fleet.consumer("c1")
             fleet.consumer("c2")
             wait_until(lambda: settled({"c1", "c2"}), 30, 0.2, "c1 and c2 sharing")
+            job = spark.enter_context(
+                spark_publisher(with_spark, spec, settings, rabbitmq, tmp_path / "spark")
+            )
+            if job:
+                job.wait_publishing()
             load = SequenceProducer(spec, rabbitmq, keys=8, rate=100.0)
             load.start()
             # When the member the clients use first (or the leader) is killed
@@ -303,33 +312,34 @@ def test_the_group_goes_on_when_an_etcd_member_dies(
             fleet.consumer("c3")
             wait_until(lambda: settled({"c1", "c2", "c3"}), 60, 0.2, "rebalanced")
             recovered = time.monotonic() - killed_at
+            if job:  # and the Spark job went on committing batches
+                batches = job.committed() + 1
+                wait_until(lambda: job.committed() > batches, 120, 0.1, "batches after")
+                job.finish()
             load.stop()
-            sent = load.published()
             try:
-                wait_until(lambda: not audit.lost(sent, fleet.records()), 30, 0.25, "all handled")
+                summary = assert_nothing_lost(fleet, load, job)
             except AssertionError as failure:
-                missing = audit.lost(sent, fleet.records())
-                raise AssertionError(
-                    f"{len(missing)} lost, e.g. {missing[:5]}\n{fleet.logs()}"
-                ) from failure
-            records = fleet.records()
-            assert audit.overlaps(records) == []
-            assert audit.order_violations(records, except_redelivered=True) == []
+                raise AssertionError(f"{failure}\n{fleet.logs()}") from failure
             print(
                 f"\netcd {victim} killed: a consumer joining at once had its share "
-                f"{recovered:.1f}s after the kill; {len(sent)} confirmed, 0 lost"
+                f"{recovered:.1f}s after the kill; {summary}"
             )
         finally:
+            spark.close()
             fleet.close()
             with contextlib.suppress(Exception):
                 admin.delete(registry, rabbitmq, stream_name)
             registry.close()
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("with_spark", [pytest.param(False, id="sdk"), WITH_SPARK])
 def test_the_group_waits_out_a_lost_etcd_quorum_and_loses_nothing(
-    tmp_path: Path, rabbitmq: str, stream_name: str
+    tmp_path: Path, rabbitmq: str, stream_name: str, with_spark: bool
 ) -> None:
-    # Given a 3-member etcd, 2 coordinators and 3 consumers under load
+    # Given a 3-member etcd, 2 coordinators and 3 consumers under load (the SDK, and in
+    # the sdk+spark case the Spark job, which reads etcd only when it starts)
     with EtcdCluster(tmp_path / "etcd") as etcd:
         settings = Settings.load(etcd_endpoints=etcd.endpoints, amqp_url=rabbitmq)
         registry = Registry.connect(settings)
@@ -337,8 +347,14 @@ def test_the_group_waits_out_a_lost_etcd_quorum_and_loses_nothing(
         admin.create_stream(registry, rabbitmq, spec)
         fleet = Fleet(stream_name, tmp_path, etcd.endpoints, rabbitmq, tmp_path / "r.jsonl")
         frozen: list[LocalEtcd] = []
+        spark = contextlib.ExitStack()
         try:
             group = start_group(fleet, registry, 6)
+            job = spark.enter_context(
+                spark_publisher(with_spark, spec, settings, rabbitmq, tmp_path / "spark")
+            )
+            if job:
+                job.wait_publishing()
             load = SequenceProducer(spec, rabbitmq, keys=12, rate=200.0)
             load.start()
             try:
@@ -360,21 +376,23 @@ def test_the_group_waits_out_a_lost_etcd_quorum_and_loses_nothing(
                 # Then the group is whole again: same members, balanced, claims held
                 wait_until(lambda: balanced(group, 6, MEMBERS), 60, 0.2, "balanced after")
                 recovered = time.monotonic() - resumed_at
+                if job:  # and the Spark job went on committing batches
+                    batches = job.committed() + 1
+                    wait_until(lambda: job.committed() > batches, 120, 0.1, "batches after")
             finally:
                 load.stop()
-            sent = load.published()
-            wait_until(lambda: not audit.lost(sent, fleet.records()), 60, 0.25, "all handled")
-            records = fleet.records()
-            assert audit.overlaps(records) == []
-            assert audit.order_violations(records, except_redelivered=True) == []
+                if job:
+                    job.finish()
+            summary = assert_nothing_lost(fleet, load, job)
             print(
                 f"\netcd quorum lost 15 s: {handled_during} handled by its end, group whole "
-                f"{recovered:.1f}s after; {len(sent)} confirmed, 0 lost"
+                f"{recovered:.1f}s after; {summary}"
             )
         finally:
             for member in frozen:
                 if member.process is not None:
                     member.process.send_signal(signal.SIGCONT)
+            spark.close()
             fleet.close()
             with contextlib.suppress(Exception):
                 admin.delete(registry, rabbitmq, stream_name)
