@@ -326,7 +326,10 @@ class Partitions:
             log.info("partition %d: consuming", partition)
         if before.phase is Phase.DRAINING and after.phase is not Phase.DRAINING:
             metrics.HANDOFFS.labels(*self._labels, "released").inc()
-            log.info("partition %d: drained and released", partition)
+            if after.phase is Phase.HANDING:
+                log.info("partition %d: every delivery handled: released, cancelling", partition)
+            else:
+                log.info("partition %d: drained and released", partition)
         metrics.PARTITIONS_OWNED.labels(*self._labels).set(len(self.owned()))
         paused = sum(1 for state in self.states.values() if state.phase is Phase.PAUSED)
         metrics.PARTITIONS_PAUSED.labels(*self._labels).set(paused)
@@ -334,7 +337,11 @@ class Partitions:
 
     def _do(self, partition: int, command: Command) -> list[_Step]:
         """Carry out ``command``; its outcome, if the state machine needs to hear it."""
-        if partition in self.abandoned and command in (Command.SUBSCRIBE, Command.CANCEL):
+        if partition in self.abandoned and command in (
+            Command.SUBSCRIBE,
+            Command.CANCEL,
+            Command.CUT,
+        ):
             return []
         match command:
             case Command.SUBSCRIBE:
@@ -344,6 +351,9 @@ class Partitions:
                 return []
             case Command.CANCEL:
                 self.broker.cancel(partition)
+                return []
+            case Command.CUT:
+                self.broker.cut(partition)
                 return []
             case Command.CLAIM:
                 return [_Step(partition, self._claim(partition))]
