@@ -115,6 +115,13 @@ class _Subscription:
 
 
 @dataclass
+class _Warm:
+    """A channel opening for :meth:`Broker.warm` (I/O thread only)."""
+
+    subscribe: bool = False  # subscribe was asked meanwhile: consume once it is warm
+
+
+@dataclass
 class _Standby:
     """A hot standby subscription: the queue's waiting consumer until the owner's goes.
 
@@ -174,6 +181,7 @@ class Broker(threading.Thread):
         self._connection: SelectConnection | None = None
         self._subs: dict[int, _Subscription] = {}
         self._opening: set[int] = set()
+        self._warming: dict[int, _Warm] = {}  # channels opening for ``warm``
         # partition -> (retry not before, its delays): its queue was NOT_FOUND
         self._missing: dict[int, tuple[float, Delays]] = {}
         self._deferred: dict[int, object] = {}  # partition -> its pending deferred subscribe
@@ -196,6 +204,12 @@ class Broker(threading.Thread):
     def subscribe(self, partition: int) -> bool:
         """Start consuming ``partition``; False while disconnected (call again on reconnect)."""
         return self._call(lambda: self._subscribe(partition))
+
+    def warm(self, partition: int) -> None:
+        """Open ``partition``'s channel and set its prefetch now, without consuming, so that
+        :meth:`subscribe` costs one round trip (``basic.consume``) once the claim is ours.
+        Nothing is delivered on it before then."""
+        self._call(lambda: self._warm(partition))
 
     def cancel(self, partition: int) -> None:
         """Begin draining ``partition``: the worker gets END after its last delivery."""
@@ -248,6 +262,7 @@ class Broker(threading.Thread):
 
         def do() -> None:
             self._deferred.clear()
+            self._warming.clear()
             subs, self._subs = self._subs, {}
             for _partition, sub in sorted(subs.items()):
                 if sub.channel.is_open:
@@ -296,10 +311,12 @@ class Broker(threading.Thread):
             self.connected.clear()
             self._on_connection(False)
             lost = sorted(p for p, sub in self._subs.items() if sub.consuming or sub.holding)
-            lost = sorted({*lost, *self._opening, *self._deferred})
+            pending = {p for p, warm in self._warming.items() if warm.subscribe}
+            lost = sorted({*lost, *self._opening, *self._deferred, *pending})
             self._subs.clear()
             self._opening.clear()
             self._deferred.clear()
+            self._warming.clear()
             standbys, self._standbys = self._standbys, {}
             for partition in lost:
                 self._on_channel_lost(partition)
@@ -341,6 +358,9 @@ class Broker(threading.Thread):
 
             self._connection.ioloop.call_later(wait, later)
             return
+        if partition in self._warming:  # its channel is opening: consume once it is warm
+            self._warming[partition].subscribe = True
+            return
         parked = self._subs.get(partition)
         if partition in self._opening or (parked is not None and parked.consuming):
             return  # already (being) subscribed on this connection
@@ -351,6 +371,7 @@ class Broker(threading.Thread):
         self._connection.channel(on_open_callback=lambda ch: self._consume(partition, ch))
 
     def _consume(self, partition: int, channel: Channel, *, new: bool = True) -> None:
+        """Consume on ``channel``; a parked or warm one (not ``new``) has its prefetch."""
         self._opening.discard(partition)
         sub = _Subscription(channel, consuming=True)
         self._subs[partition] = sub
@@ -365,7 +386,41 @@ class Broker(threading.Thread):
                 callback=lambda _f: self._subscribed(partition),
             )
 
-        channel.basic_qos(prefetch_count=self.prefetch, callback=on_qos)
+        if new:
+            channel.basic_qos(prefetch_count=self.prefetch, callback=on_qos)
+        else:  # every channel is parked right after a basic.qos with our prefetch
+            on_qos(None)
+
+    def _warm(self, partition: int) -> None:
+        assert self._connection is not None
+        if partition in self._subs or partition in self._opening or partition in self._warming:
+            return
+        warm = self._warming[partition] = _Warm()
+
+        def ready(channel: Channel) -> None:
+            if self._warming.get(partition) is not warm or not channel.is_open:
+                return  # reset (fence, reconnect) meanwhile, or closed: see closed()
+            del self._warming[partition]
+            if warm.subscribe:
+                self._consume(partition, channel, new=False)
+            else:
+                self._subs[partition] = _Subscription(channel)  # parked, warm
+
+        def closed(_channel: Channel, _reason: BaseException) -> None:
+            if self._warming.get(partition) is warm:  # closed before it was warm
+                del self._warming[partition]
+                if warm.subscribe:
+                    self._on_channel_lost(partition)
+
+        def opened(channel: Channel) -> None:
+            if self._warming.get(partition) is not warm:
+                channel.close()
+                return
+            channel.add_on_close_callback(closed)
+            self._watch(partition, channel)
+            channel.basic_qos(prefetch_count=self.prefetch, callback=lambda _f: ready(channel))
+
+        self._connection.channel(on_open_callback=opened)
 
     def _watch(self, partition: int, channel: Channel) -> None:
         channel.add_on_close_callback(

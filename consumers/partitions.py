@@ -321,6 +321,8 @@ class Partitions:
                 after.phase.value,
                 event.value,
             )
+        if after.phase is Phase.WAITING and before.phase is not Phase.WAITING:
+            self.broker.warm(partition)  # ours once the claim goes: a channel ready for it
         if after.phase is Phase.ACTIVE and before.phase is not Phase.ACTIVE:
             metrics.HANDOFFS.labels(*self._labels, "acquired").inc()
             log.info("partition %d: consuming", partition)
@@ -356,6 +358,7 @@ class Partitions:
                 self.broker.cut(partition)
                 return []
             case Command.CLAIM:
+                self.broker.warm(partition)  # the channel opens while the claim is written
                 return [_Step(partition, self._claim(partition))]
             case Command.RELEASE:
                 return self._release(partition)

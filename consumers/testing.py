@@ -122,6 +122,9 @@ class StubBroker(Broker):
         elif self.auto:
             self.end(partition)
 
+    def warm(self, partition: int) -> None:
+        self._record("warm", partition)
+
     def cut(self, partition: int) -> None:
         """After :meth:`empty`: the cancel, the held acks, then drained (at once)."""
         self._record("cut", partition)

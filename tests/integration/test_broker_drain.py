@@ -304,3 +304,26 @@ def test_an_emptied_drain_hands_over_to_a_subscriber_waiting_behind_it(
     assert b_seqs[:300] == list(range(len(a_seqs), len(a_seqs) + 300))
     assert not any(redelivered for _, redelivered, _ in a.handled + b.handled)
     assert not lost
+
+
+def test_a_warm_channel_consumes_nothing_until_subscribed(spec: StreamSpec, rabbitmq: str) -> None:
+    # Given 100 messages and a broker asked to warm the partition's channel
+    with Producer(spec, amqp_url=rabbitmq) as producer:
+        for seq in range(100):
+            producer.publish("k", str(seq))
+        producer.flush(30)
+    owner = _Owner("warm", spec, rabbitmq, 20)
+    try:
+        owner.broker.warm(0)
+        time.sleep(0.5)
+        # Then nothing is delivered on it
+        assert not owner.handled and not owner.subscribed.is_set()
+        # When it subscribes / Then it gets everything, in order, on that channel
+        owner.broker.subscribe(0)
+        assert owner.subscribed.wait(10)
+        deadline = time.monotonic() + 20
+        while len(owner.handled) < 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        owner.stop()
+    assert [seq for seq, _, _ in owner.handled] == list(range(100))

@@ -158,6 +158,7 @@ def test_a_partition_claimed_by_another_member_waits_for_its_release(env: Env) -
         eventually("waiting", lambda: c1.phase(1) is Phase.WAITING)
         time.sleep(0.1)
         assert c1.broker.count("subscribe", 1) == 0
+        assert c1.broker.count("warm", 1) == 1  # a channel ready, nothing consumed
         # When the old owner releases it / Then c1 claims it and consumes
         env.group.release(1, other)
         eventually("consuming", lambda: c1.consumer.owned() == [1])
