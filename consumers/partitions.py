@@ -347,9 +347,12 @@ class Partitions:
             return []
         match command:
             case Command.SUBSCRIBE:
-                self._start_worker(partition)
+                # The worker's inbox takes deliveries before its thread runs: subscribe
+                # first, start the thread after (a start waits for the thread to run).
+                worker = self._start_worker(partition, start=False)
                 if not self.broker.subscribe(partition):
                     log.info("partition %d: subscribing once RabbitMQ is back", partition)
+                worker.start()
                 return []
             case Command.CANCEL:
                 self.broker.cancel(partition)
@@ -363,7 +366,7 @@ class Partitions:
             case Command.RELEASE:
                 return self._release(partition)
 
-    def _start_worker(self, partition: int) -> None:
+    def _start_worker(self, partition: int, *, start: bool = True) -> Worker:
         old = self.workers.get(partition) or self.retired.pop(partition, None)
         if old is not None:
             old.stop()
@@ -384,7 +387,9 @@ class Partitions:
             parking=self.parking,
         )
         self.workers[partition] = worker
-        worker.start()
+        if start:
+            worker.start()
+        return worker
 
     def _claim(self, partition: int) -> Event:
         session = self.session
