@@ -67,6 +67,14 @@ log = logging.getLogger("partq.cli")
     "consumes them (planned handoffs), then leave; without it, drain everything and leave at "
     "once (the others take over after the leader's settle time) [PARTQ_ANNOUNCE_LEAVE].",
 )
+@click.option(
+    "--load-report",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds between this member's load reports in etcd (what it handled per "
+    "partition: for `coordinator --balance load` and the status page). 0: none.",
+)
 @http_options(default_port=9401)
 @pass_context
 def consume(
@@ -82,6 +90,7 @@ def consume(
     handler_timeout: float,
     partitions: int | None,
     announce_leave: bool,
+    load_report: float,
     http_host: str,
     http_port: int,
 ) -> None:
@@ -112,6 +121,7 @@ def consume(
         partitions=partitions,
         handler_timeout=handler_timeout or None,
         announce_leave=announce_leave,
+        load_report=load_report,
     )
     consumer = Consumer(ctx.registry(), function, config, amqp_url=ctx.settings.amqp)
     server = serve_http(

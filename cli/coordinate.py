@@ -15,7 +15,7 @@ from consumers.signals import on_stop_signals
 from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
 from coordinator.service import CoordinatorConfig, StreamCoordinator
 from coordinator.status import render_html, snapshot_status
-from producer.contract import key_from_id
+from producer.contract import StreamSpec, key_from_id
 
 log = logging.getLogger("partq.cli")
 
@@ -39,6 +39,28 @@ log = logging.getLogger("partq.cli")
     help="Name a hot standby member per partition: it subscribes as the queue's waiting "
     "consumer and takes over within milliseconds when the owner's connection dies.",
 )
+@click.option(
+    "--balance",
+    type=click.Choice(["count", "load"]),
+    default="count",
+    show_default=True,
+    help="What to even out: partition counts, or (opt-in, lag-aware) the partitions' loads "
+    "measured from the members' handling rates and the queue depths.",
+)
+@click.option(
+    "--load-interval",
+    type=click.FloatRange(min=0.5),
+    default=10.0,
+    show_default=True,
+    help="With --balance load: seconds between load measurements (and load moves).",
+)
+@click.option(
+    "--load-moves",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="With --balance load: partitions moved from a live owner per measurement, at most.",
+)
 @http_options(default_port=9400)
 @pass_context
 def coordinator(
@@ -50,6 +72,9 @@ def coordinator(
     manual: bool,
     ttl: int,
     standby: bool,
+    balance: str,
+    load_interval: float,
+    load_moves: int,
     http_host: str,
     http_port: int,
 ) -> None:
@@ -66,12 +91,23 @@ def coordinator(
         manual=manual,
         ttl=ttl,
         standby=standby,
+        balance="load" if balance == "load" else "count",
+        load_interval=load_interval,
+        load_moves=load_moves,
     )
-    threads = [StreamCoordinator(registry, s, config) for s in streams]
-    stop = threading.Event()
-    # One AMQP connection for every scrape and page load, refreshed at most every 2 s;
-    # etcd asked for /readyz at most as often. Failures: 503 with one line (cli.http).
+    # One AMQP connection for every scrape, page load and load measurement, refreshed at
+    # most every 2 s; etcd asked for /readyz at most as often. Failures: 503 with one line.
     depths = QueueDepths(ctx.settings.amqp, name="partq-coordinator-depth")
+
+    def ready_messages(spec: StreamSpec) -> dict[int, int]:
+        return {
+            q.partition: q.messages
+            for q in depths.stats(spec)
+            if q.messages is not None and q.partition < spec.partitions
+        }
+
+    threads = [StreamCoordinator(registry, s, config, depths=ready_messages) for s in streams]
+    stop = threading.Event()
     exporter = DepthExporter(depths)
     etcd = EtcdHealth(registry)
 

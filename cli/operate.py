@@ -10,7 +10,7 @@ import click
 from cli.context import Context, pass_context
 from coordinator.group import Drain, Group, Move, Pause, Rebalance, validate_member_id
 from coordinator.policy import plan
-from coordinator.status import beyond_lines, malformed_lines, snapshot_status
+from coordinator.status import beyond_lines, malformed_lines, per_second, snapshot_status
 from producer.contract import StreamSpec
 
 log = logging.getLogger("partq.cli")
@@ -32,7 +32,8 @@ def status(ctx: Context, stream: str, as_json: bool) -> None:
     for m in report["members"]:
         click.echo(
             f"  {m['id']:<30} weight {m['weight']}  age {m['age_s']:.0f}s  "
-            f"owns {m['owns']}  host {m['host']} pid {m['pid']}"
+            f"owns {m['owns']}  handled {per_second(m.get('handled_per_s'))}  "
+            f"host {m['host']} pid {m['pid']}"
         )
     for line in beyond_lines(report):
         click.echo(line)

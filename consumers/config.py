@@ -55,6 +55,9 @@ class ConsumerConfig:
     # ``announce_wait`` seconds whatever is still ours is drained and released as without it.
     announce_leave: bool = True
     announce_wait: float = 5.0
+    # Seconds between load reports (what this member handled per partition, put in etcd for
+    # the leader's lag-aware assignment and the status page); 0: no reports.
+    load_report: float = 5.0
 
     def __post_init__(self) -> None:
         if self.member_id is not None:  # InvalidMemberId: a usage error, exit code 2
@@ -65,6 +68,8 @@ class ConsumerConfig:
             raise ValueError(f"prefetch must be at least 1, got {self.prefetch}")
         if self.max_attempts < 1:
             raise ValueError(f"max attempts must be at least 1, got {self.max_attempts}")
+        if not self.load_report >= 0:
+            raise ValueError(f"load report interval must be 0 or more, got {self.load_report}")
         if self.handler_timeout is not None and not self.handler_timeout >= 0:
             raise ValueError(f"handler timeout must be 0 or more, got {self.handler_timeout}")
 

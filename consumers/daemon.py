@@ -63,6 +63,7 @@ from consumers.events import (
     ControllerEvent,
     Handoff,
     LeaveNow,
+    ReportLoad,
     Resync,
     RetryRelease,
     SettleTakeover,
@@ -70,17 +71,19 @@ from consumers.events import (
     WorkerFailed,
 )
 from consumers.handoff import Event
+from consumers.load import LoadMeter
 from consumers.message import Handler
 from consumers.parking import ParkedKeys, Parking
 from consumers.partitions import Partitions
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
+from coordinator.codec import LoadReport
 from coordinator.events import LeaseLost, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
 from coordinator.session import Session
 from kernel import logs
 from kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
 from kernel.backoff import Backoff
-from kernel.errors import EtcdUnavailable, StreamNotFound
+from kernel.errors import EtcdUnavailable, PartqError, StreamNotFound
 from producer.contract import StreamSpec
 from producer.registry import Registry
 
@@ -133,6 +136,7 @@ class Consumer:
         self.alive = threading.Event()
         self._retries = _BACKOFF.delays()  # of resyncs and releases, until a resync works
         self._labels = (self.spec.name, self.member)
+        self.load = LoadMeter()
         self.dead_letters = DeadLetters(amqp_url, self.spec, self.member)
         self.parking = (
             Parking(amqp_url, self.spec, self.member, self.group, ParkedKeys())
@@ -201,6 +205,8 @@ class Consumer:
         self.alive.set()
         self.broker.start()
         self._join()
+        if self.config.load_report > 0:
+            self._after(self.config.load_report, ReportLoad())
         try:
             while True:
                 deadline = self._deadline
@@ -265,6 +271,9 @@ class Consumer:
                 if self.stopping and not self.partitions.leaving:
                     log.info("stop announced %.0fs ago: leaving now", self.config.announce_wait)
                     self._leave_now()
+            case ReportLoad():
+                self._report_load()
+                self._after(self.config.load_report, ReportLoad())
             case BrokerRefused(partition=partition, reason=reason):
                 self.partitions.abandon(partition)  # never subscribed again: it would spin
                 self._fail(EXIT_PERMISSION_DENIED, reason)
@@ -272,6 +281,23 @@ class Consumer:
                 if up:
                     self.partitions.resubscribe()
                 self._update_ready()
+
+    def _report_load(self) -> None:
+        """Put what we handled per partition since the last report; skipped while stopping,
+        fenced, without the stream, or while etcd does not answer (this thread must not
+        wait on a report)."""
+        workers = dict(self.partitions.workers)
+        rates, elapsed = self.load.rates({p: (w, w.handled) for p, w in workers.items()})
+        session = self.session
+        if self.stopping or self.deleted or session is None or session.lost.is_set():
+            return
+        if not session.fresh():  # etcd has not answered lately: no report to wait on
+            return
+        report = LoadReport(self.member, rates, time.time(), round(elapsed, 3))
+        try:
+            self.group.report_load(report, session)
+        except PartqError as e:  # etcd away, or the role may not write it: consuming goes on
+            log.warning("cannot report load: %s", e)
 
     def _after(self, seconds: float, event: ControllerEvent) -> None:
         timer = threading.Timer(seconds, self.events.put, args=(event,))

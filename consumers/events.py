@@ -17,6 +17,7 @@ __all__ = [
     "ControllerEvent",
     "Handoff",
     "LeaveNow",
+    "ReportLoad",
     "Resync",
     "RetryRelease",
     "SettleTakeover",
@@ -80,6 +81,11 @@ class LeaveNow:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportLoad:
+    """Time to put this member's load report (``ConsumerConfig.load_report``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerRefused:
     """RabbitMQ refused this user a partition's queue (403); ``reason``: one line saying
     which queue, which user and what to grant."""
@@ -110,4 +116,5 @@ ControllerEvent = (
     | SettleTakeover
     | CheckTakeovers
     | BrokerRefused
+    | ReportLoad
 )

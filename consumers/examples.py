@@ -34,9 +34,10 @@ def record_handler(message: Message) -> None:
     """Append one JSON line per handling to ``$PARTQ_RECORD`` (for ``partq demo`` and tests).
 
     ``$PARTQ_RECORD_SLEEP`` (seconds, default 0.002) stands for the handler's work; the
-    line carries member, partition, key, seq, message id, redelivered, attempt, pid, start
-    and end, as :mod:`consumers.audit` reads them. One ``os.write`` per line with
-    ``O_APPEND``, so processes writing one file do not interleave lines.
+    line carries member, partition, key, seq, message id, redelivered, attempt, pid, start,
+    end and the publisher's time (``published_ms``), as :mod:`consumers.audit` reads them.
+    One ``os.write`` per line with ``O_APPEND``, so processes writing one file do not
+    interleave lines.
     """
     start = time.time()
     time.sleep(float(os.environ.get("PARTQ_RECORD_SLEEP", "0.002")))
@@ -52,6 +53,7 @@ def record_handler(message: Message) -> None:
             "redelivered": message.redelivered,
             "attempt": message.attempt,
             "pid": os.getpid(),
+            "published_ms": message.published_ms,
             "start": start,
             "end": end,
         },

@@ -203,6 +203,7 @@ class Worker(threading.Thread):
         self._running: _Running | None = None
         self._timed_out = False
         self._finished = threading.Event()
+        self.handled = 0  # messages handled (acked after the handler returned), for load reports
         self._replay_outcome = _Outcome.ACK  # TIMED_OUT: a handler timed out during a replay
         self._given_back: set[int] = set()  # channels closed to return what we left unacked
 
@@ -364,6 +365,7 @@ class Worker(threading.Thread):
             metrics.HANDLER_SECONDS.labels(*self._labels).observe(time.monotonic() - started)
             if failure is None:
                 metrics.HANDLED.labels(*self._labels, "ok").inc()
+                self.handled += 1
                 return _Outcome.ACK, None, attempt
             if attempt >= self.max_attempts:
                 return _Outcome.KEEP, failure, attempt

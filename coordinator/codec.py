@@ -33,6 +33,10 @@ key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)          
 ``spec``                              :meth:`StreamSpec.to_json`                       StreamSpec
 ====================================  ===============================================  ==========
 
+Outside the stream's keys, ``/partq/v1/load/<s>/<member id>``: ``{"v": 1, "member",
+"at", "interval", "rates": {"<partition>": messages handled per second}}``, on the
+member's lease, decoded as LoadReport (:func:`encode_load`, :func:`decode_load`).
+
 ``at`` and ``started`` are Unix times (seconds, a finite JSON number); other fields
 partq does not know are ignored (a later 1.x may add some), a missing one is an error.
 
@@ -50,6 +54,7 @@ import base64
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -65,6 +70,7 @@ __all__ = [
     "Claim",
     "Drain",
     "Kind",
+    "LoadReport",
     "Member",
     "Move",
     "Parked",
@@ -73,9 +79,11 @@ __all__ = [
     "Value",
     "check_name",
     "decode",
+    "decode_load",
     "encode_assignment",
     "encode_candidate",
     "encode_claim",
+    "encode_load",
     "encode_member",
     "encode_parked",
     "encode_request",
@@ -204,6 +212,21 @@ class Pause:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadReport:
+    """What a member handled per partition over its last ``interval`` seconds (messages per
+    second), reported at ``at`` for the lag-aware assignment and the status page."""
+
+    member: str
+    rates: Mapping[int, float]
+    at: float = 0.0
+    interval: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(self.rates.values())
+
+
+@dataclass(frozen=True, slots=True)
 class Parked:
     """A message key parked by the owner of its partition: its messages wait, in order, in
     the key's parking queue until ``partq dlq redrive`` (or ``purge``)."""
@@ -314,6 +337,42 @@ def encode_parked(parked: Parked) -> str:
         member=validate_member_id(parked.member),
         at=_time(parked.at, "at"),
     )
+
+
+def encode_load(report: LoadReport) -> str:
+    rates = {}
+    for partition, rate in sorted(report.rates.items()):
+        if _count(partition, "partition", 0) >= MAX_PARTITIONS:
+            raise ValueError(f"partition must be below {MAX_PARTITIONS}, got {partition}")
+        if _time(rate, "rate") < 0:
+            raise ValueError(f"a rate must not be negative, got {rate!r}")
+        rates[str(partition)] = round(float(rate), 3)
+    return _dumps(
+        member=validate_member_id(report.member),
+        at=_time(report.at, "at"),
+        interval=_time(report.interval, "interval"),
+        rates=rates,
+    )
+
+
+def decode_load(member_id: str, raw: bytes | str) -> LoadReport:
+    """The load report under ``member_id``'s key; :class:`MalformedValue` if partq did not
+    write it."""
+    _name_id(member_id)
+    doc = _object(raw)
+    if _id(doc, "member") != member_id:
+        raise MalformedValue(f"'member' {doc['member']!r} is not the key's {member_id!r}")
+    found = _field(doc, "rates")
+    if not isinstance(found, dict):
+        raise MalformedValue(f"'rates' is not an object: {found!r}")
+    rates: dict[int, float] = {}
+    for name, rate in found.items():
+        if not (name.isascii() and name.isdigit()) or int(name) >= MAX_PARTITIONS:
+            raise MalformedValue(f"'rates' names no partition: {name!r}")
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
+            raise MalformedValue(f"the rate of partition {name} is not a number >= 0: {rate!r}")
+        rates[int(name)] = float(rate)
+    return LoadReport(member_id, rates, _number(doc, "at"), _number(doc, "interval"))
 
 
 def encode_request(request: Request) -> tuple[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LeaseLost", "Settled", "Stop", "WatchFailed"]
+__all__ = ["LeaseLost", "LoadTick", "Settled", "Stop", "WatchFailed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,3 +28,8 @@ class WatchFailed:
 @dataclass(frozen=True, slots=True)
 class Settled:
     """The coordinator's settle timer ran out with no other event."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadTick:
+    """Time to measure the partitions' loads and rebalance by them (``--balance load``)."""

@@ -30,6 +30,7 @@ from coordinator.codec import (
     Claim,
     Drain,
     Kind,
+    LoadReport,
     Member,
     Move,
     Parked,
@@ -463,6 +464,32 @@ class Group:
     def parked(self) -> dict[str, Parked]:
         """The stream's parked keys (key id -> record); malformed records are left out."""
         return dict(self.snapshot().parked)
+
+    # -- load reports (the lag-aware assignment, the status page) -------------------------
+
+    def report_load(self, report: LoadReport, session: Session) -> None:
+        """Put ``report`` at the member's load key, on its lease (gone with the member)."""
+        value = codec.encode_load(report)
+        with etcd_errors(self.where):
+            self.client.put(keys.load(self.stream, report.member), value, lease=session.lease)
+
+    def loads(self) -> dict[str, LoadReport]:
+        """Every member's latest load report (member id -> report); malformed ones are left
+        out (and logged once, with ``report``)."""
+        prefix = keys.loads(self.stream)
+        with etcd_errors(self.where):
+            found = list(self.client.get_prefix(prefix))
+        out: dict[str, LoadReport] = {}
+        for raw, meta in found:
+            key = meta.key.decode("utf-8", errors="replace")
+            try:
+                report = codec.decode_load(key[len(prefix) :], raw)
+            except MalformedValue as e:
+                if self.report and _reported.first(key, int(meta.mod_revision)):
+                    log.warning("malformed load report at %s: %s; ignoring it", key, e)
+                continue
+            out[report.member] = report
+        return out
 
     # -- operator requests (manual mode) --------------------------------------------------
 

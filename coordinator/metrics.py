@@ -14,6 +14,7 @@ __all__ = [
     "FAILURES",
     "IMBALANCE",
     "IS_LEADER",
+    "LOAD_SPREAD",
     "MALFORMED_VALUES",
     "MEMBERS",
     "PARTITIONS_IN_MOTION",
@@ -25,6 +26,12 @@ __all__ = [
 
 IS_LEADER = Gauge(
     "partq_coordinator_is_leader", "1 while this coordinator leads the stream", ["stream"]
+)
+LOAD_SPREAD = Gauge(
+    "partq_coordinator_load_spread",
+    "The most loaded member's load over the mean member load (1: even), from the members' "
+    "load reports and the queue depths; exported by the leader with --balance load",
+    ["stream"],
 )
 MEMBERS = Gauge("partq_coordinator_members", "Live consumer members of the stream", ["stream"])
 PARTITIONS_UNASSIGNED = Gauge(

@@ -17,6 +17,11 @@ Functions of the decoded group state (:mod:`coordinator.codec` values, seen thro
 - **Settle and min members.** Membership changes (and becoming leader) restart a settle
   timer; the leader plans only once it has run out (:func:`settled`), and the first
   assignment waits for ``min_members`` members that are not draining: :func:`automatic`.
+- **Balance by load** (``--balance load``, opt-in): with ``loads`` (each partition's
+  messages per second, :mod:`coordinator.loads`), plans spread the members' loads
+  instead of their partition counts: :func:`coordinator.loads.spread`, at most
+  ``load_moves`` partitions moved from a live owner toward that (None: as many as it
+  takes), then ``max_moves`` as above.
 - **Operator requests** (:func:`requested`): ``rebalance`` plans one step and is cleared;
   ``move-<p>`` gives p to a live member and is cleared (ignored, and cleared, if the
   member is unknown or p is outside the stream); ``drain-<m>`` plans while m still owns
@@ -31,6 +36,7 @@ from typing import Literal, Protocol
 
 from coordinator.assignor import assign, limit_moves
 from coordinator.codec import Claim, Drain, Member, Move, Pause, Rebalance, Request
+from coordinator.loads import spread
 from producer.contract import StreamSpec
 
 __all__ = [
@@ -48,7 +54,9 @@ __all__ = [
 ]
 
 # The ``reason`` label of partq_coordinator_rebalances_total
-Reason = Literal["startup", "membership", "step", "manual", "move", "drain", "pause", "takeover"]
+Reason = Literal[
+    "startup", "membership", "step", "manual", "move", "drain", "pause", "takeover", "load"
+]
 
 
 class View(Protocol):
@@ -147,14 +155,24 @@ def takeovers(view: View) -> dict[int, str]:
     }
 
 
-def plan(spec: StreamSpec, view: View, max_moves: int | None) -> dict[int, str]:
-    """The next assignment step (every partition of the stream, or {} without members)."""
+def plan(
+    spec: StreamSpec,
+    view: View,
+    max_moves: int | None,
+    loads: Mapping[int, float] | None = None,
+    load_moves: int | None = None,
+) -> dict[int, str]:
+    """The next assignment step (every partition of the stream, or {} without members);
+    by partition count, or with ``loads`` by load (the module docstring)."""
     excluded = draining(view.requests) | leaving(view.members) | suspects(view.claims)
     weights = {m.id: m.weight for m in view.members.values() if m.id not in excluded}
     if not weights:
         return {}
     current = {p: o for p, o in view.assignment.items() if o in weights and p < spec.partitions}
-    target = assign(spec.partitions, weights, current)
+    if loads is None:
+        target = assign(spec.partitions, weights, current)
+    else:
+        target = spread(spec.partitions, weights, current, loads, max_moves=load_moves)
     budget = None
     if max_moves is not None:
         moving = {p for p in in_motion(current, view.claims) if view.claims.get(p) is not None}
@@ -175,24 +193,35 @@ def automatic(
     max_moves: int | None,
     first: bool,
     after_claim: bool,
+    loads: Mapping[int, float] | None = None,
+    load_moves: int | None = None,
+    reason: Reason | None = None,
 ) -> Step | None:
     """Once settled, outside manual mode: the next plan step, or None while the first
     assignment still waits for ``min_members``. ``first``: nothing was planned yet;
-    ``after_claim``: a claim changed (a new owner took a partition: the next max-moves step).
+    ``after_claim``: a claim changed (a new owner took a partition: the next max-moves step);
+    ``loads``, ``load_moves``: balance by load (:func:`plan`); ``reason``: say so instead.
     """
     out = draining(view.requests) | leaving(view.members) | suspects(view.claims)
     live = [m for m in view.members if m not in out]
     if not view.assignment and len(live) < min_members:
         return None
-    reason: Reason = "step" if after_claim else "startup" if first else "membership"
-    return Step(reason, plan(spec, view, max_moves), planned=True)
+    if reason is None:
+        reason = "step" if after_claim else "startup" if first else "membership"
+    return Step(reason, plan(spec, view, max_moves, loads, load_moves), planned=True)
 
 
-def requested(request: Request, spec: StreamSpec, view: View, max_moves: int | None) -> Step:
+def requested(
+    request: Request,
+    spec: StreamSpec,
+    view: View,
+    max_moves: int | None,
+    loads: Mapping[int, float] | None = None,
+) -> Step:
     """What an operator request stored in etcd makes the leader do (the module docstring)."""
     match request:
         case Rebalance():
-            return Step("manual", plan(spec, view, max_moves), planned=True, clear=True)
+            return Step("manual", plan(spec, view, max_moves, loads), planned=True, clear=True)
         case Move(partition=partition, to=to):
             if to in view.members and 0 <= partition < spec.partitions:
                 return Step("move", {**view.assignment, partition: to}, clear=True)
@@ -202,7 +231,7 @@ def requested(request: Request, spec: StreamSpec, view: View, max_moves: int | N
             if member not in view.members:
                 return Step("drain", clear=True)  # it left: the drain is done
             if member in view.assignment.values():
-                return Step("drain", plan(spec, view, max_moves), planned=True)
+                return Step("drain", plan(spec, view, max_moves, loads), planned=True)
             return Step("drain")
         case Pause():
             return Step("pause")  # for the owners (:func:`paused`); kept until resumed

@@ -114,6 +114,7 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
     )
     claims = EtcdRight("readwrite", keys.claims(stream), prefix=True)
     parked = EtcdRight("readwrite", keys.parked_keys(stream), prefix=True)
+    read_loads = EtcdRight("read", keys.loads(stream), prefix=True)  # load reports
 
     def role(component: str, etcd: Sequence[EtcdRight], amqp: AmqpRights) -> Role:
         return Role(f"partq-{stream}-{component}", component, stream, tuple(etcd), amqp)
@@ -121,28 +122,34 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
     found = [
         role("producer", [EtcdRight("read", keys.spec(stream))],
              AmqpRights(write=_exactly(exchange_name(stream)))),
-        role("coordinator", [read_all,
+        role("coordinator", [read_all, read_loads,
              EtcdRight("readwrite", keys.assignments(stream), prefix=True),
              EtcdRight("readwrite", keys.leader_prefix(stream), prefix=True),
              EtcdRight("readwrite", keys.standbys(stream), prefix=True),
              EtcdRight("readwrite", keys.requests(stream), prefix=True)], AmqpRights()),
-        role("operator", [read_all, EtcdRight("readwrite", keys.requests(stream), prefix=True)],
+        role("operator", [read_all, read_loads,
+                          EtcdRight("readwrite", keys.requests(stream), prefix=True)],
              AmqpRights(write=_exactly(exchange_name(stream)),  # dlq redrive/purge requests
                         read=_exactly(dead_letter_queue(stream)))),  # dlq purge
-        role("admin", [EtcdRight("readwrite", base, prefix=True)],
+        role("admin", [EtcdRight("readwrite", base, prefix=True),
+                       EtcdRight("readwrite", keys.loads(stream), prefix=True)],
              AmqpRights(*[_admin_pattern(stream, queues)] * 3)),
     ]  # fmt: skip
     if not named:
         members_right = EtcdRight("readwrite", keys.members(stream), prefix=True)
-        found.append(role("consumer", [read_all, members_right, claims, parked], consumer_amqp))
+        loads_right = EtcdRight("readwrite", keys.loads(stream), prefix=True)
+        found.append(
+            role("consumer", [read_all, members_right, claims, parked, loads_right], consumer_amqp)
+        )
     for member in named:
         own = EtcdRight("readwrite", keys.member(stream, member))
+        own_load = EtcdRight("readwrite", keys.load(stream, member))
         found.append(
             Role(
                 f"partq-{stream}-consumer-{member}",
                 "consumer",
                 stream,
-                (read_all, own, claims, parked),
+                (read_all, own, claims, parked, own_load),
                 consumer_amqp,
                 member,
             )

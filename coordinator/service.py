@@ -10,6 +10,12 @@ lease lost, a stop: :mod:`coordinator.events`) goes into the mirror
 changed partition, in transactions fenced on its candidate key
 (:meth:`coordinator.election.Fence.compare`); metrics are exported last.
 
+With ``balance = "load"`` a timer (:class:`coordinator.events.LoadTick`, every
+``load_interval`` seconds) makes the leader measure each partition's load (the members'
+load reports, :meth:`coordinator.group.Group.loads`, and the queue depths) and plan by it,
+moving at most ``load_moves`` partitions a tick; between ticks plans use the last loads,
+and move nothing by load unless the member set changed.
+
 Values come decoded from :class:`coordinator.group.Group`; a malformed one is an
 absent key (so a garbled assignment is rewritten, a garbled request ignored). A
 stream deleted, or whose spec is malformed, makes the coordinator not ready
@@ -23,13 +29,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
-from coordinator import codec, metrics, policy
+from coordinator import codec, loads, metrics, policy
 from coordinator.codec import Claim, Member
 from coordinator.election import Election
-from coordinator.events import LeaseLost, Settled, Stop, WatchFailed
+from coordinator.events import LeaseLost, LoadTick, Settled, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
 from coordinator.history import History
 from coordinator.mirror import GroupMirror
@@ -56,7 +63,8 @@ _EXPORT_EVERY = 1.0  # seconds: the gauges' refresh while watch events keep comi
 _BATCH = 10_000  # watch events mirrored before one plan, at most
 _BACKOFF = Backoff()  # between campaigns: 0.2 s doubling to 5 s, reset once one got going
 
-CoordinatorEvent = WatchEvent | WatchFailed | LeaseLost | Settled | Stop
+CoordinatorEvent = WatchEvent | WatchFailed | LeaseLost | Settled | Stop | LoadTick
+Depths = Callable[[StreamSpec], Mapping[int, int]]  # ready messages per partition queue
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,18 @@ class CoordinatorConfig:
     manual: bool = False
     ttl: int = 5
     standby: bool = False  # name a hot standby per partition (consumers subscribe as such)
+    balance: Literal["count", "load"] = "count"  # what plans even out (the module docstring)
+    load_interval: float = 10.0  # seconds between load measurements (balance = "load")
+    load_moves: int = 2  # partitions moved from a live owner per load tick, at most
+    horizon: float = 60.0  # a backlog counts as load spread over this many seconds
+
+    def __post_init__(self) -> None:
+        if self.balance not in ("count", "load"):
+            raise ValueError(f"balance must be count or load, not {self.balance!r}")
+        if not self.load_interval > 0:
+            raise ValueError(f"load interval must be above 0 s, got {self.load_interval}")
+        if self.load_moves < 1:
+            raise ValueError(f"load moves must be at least 1, got {self.load_moves}")
 
 
 class _Missing(Exception):
@@ -86,7 +106,16 @@ class StreamCoordinator(threading.Thread):
     coordinator`` exits 1.
     """
 
-    def __init__(self, registry: Registry, stream: str, config: CoordinatorConfig) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        stream: str,
+        config: CoordinatorConfig,
+        *,
+        depths: Depths | None = None,
+    ) -> None:
+        """``depths``: the partition queues' depths (for ``balance = "load"``; without it,
+        loads are what the members report handling)."""
         super().__init__(name=f"coordinator-{stream}", daemon=True)
         self.registry = registry
         self.stream = stream
@@ -107,6 +136,13 @@ class StreamCoordinator(threading.Thread):
         self._last_error: str | None = None
         self._exported: set[tuple[str, str, str, str]] = set()  # our partq_assignment_info
         self._exported_at = 0.0
+        self._depths = depths
+        # balance = "load": each partition's load (None: balance by count), when it is next
+        # measured, the depths measured last (when, what), the member set planned for last
+        self.loads: dict[int, float] | None = {} if config.balance == "load" else None
+        self._load_at: float | None = None
+        self._depth_sample: tuple[float, dict[int, int]] | None = None
+        self._planned_members: frozenset[str] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -206,6 +242,8 @@ class StreamCoordinator(threading.Thread):
                 raise NotLeader(f"{self.stream}: our candidate key {fence.key} is gone")
             watch_id = self.group.watch(state.revision, self._watched)
             self._settle_at = time.monotonic() + self.config.settle
+            if self.loads is not None:
+                self._load_at = time.monotonic() + self.config.load_interval
             self._going = True
             self._last_error = None
             self._loop()
@@ -233,13 +271,21 @@ class StreamCoordinator(threading.Thread):
     # -- the event loop ------------------------------------------------------------------
 
     def _next(self) -> CoordinatorEvent:
-        timeout = None
-        if self._settle_at is not None:
-            timeout = max(0.0, self._settle_at - time.monotonic())
-        try:
-            return self.events.get(timeout=timeout)
-        except queue.Empty:
-            return Settled()
+        """The next event; a due load measurement first (a busy watch must not starve it),
+        :class:`Settled` when the settle timer runs out with nothing else to do."""
+        for _ in range(2):
+            now = time.monotonic()
+            if self._load_at is not None and now >= self._load_at:
+                self._load_at = now + self.config.load_interval
+                return LoadTick()
+            timers = [t for t in (self._settle_at, self._load_at) if t is not None]
+            timeout = max(0.0, min(timers) - now) if timers else None
+            try:
+                return self.events.get(timeout=timeout)
+            except queue.Empty:
+                if self._settle_at is not None and time.monotonic() >= self._settle_at:
+                    return Settled()
+        return Settled()
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
@@ -260,8 +306,10 @@ class StreamCoordinator(threading.Thread):
                         raise EtcdUnavailable(str(error))
                     case WatchEvent():
                         self._apply(event)
-                        if event.kind == "claim":
+                        if event.kind == "claim" and not isinstance(lead, LoadTick):
                             lead = event  # a new owner took a partition: the next step
+                    case LoadTick():
+                        lead = event  # measure and plan by load, whatever else came
                     case Settled():
                         pass
             self._update_leadership()
@@ -321,7 +369,10 @@ class StreamCoordinator(threading.Thread):
         if taken:  # a standby took these from a dead owner: the assignment follows, at once
             self._write(taken, "takeover")
         for name, request in sorted(self.mirror.requests.items()):
-            self._carry_out(policy.requested(request, spec, self.mirror, config.max_moves), name)
+            step = policy.requested(request, spec, self.mirror, config.max_moves, self.loads)
+            self._carry_out(step, name)
+        if isinstance(event, LoadTick):
+            self._measure_loads(spec)
         if not config.manual and policy.settled(self._settle_at, time.monotonic()):
             self._plan(event)
         self._write_standbys(policy.standbys(spec, self.mirror) if config.standby else {})
@@ -330,6 +381,10 @@ class StreamCoordinator(threading.Thread):
         spec, config = self.spec, self.config
         assert spec is not None
         self._settle_at = None
+        load_moves: int | None = None  # by load: as many as it takes (a member came or went)
+        members = frozenset(self.mirror.members)
+        if self.loads is not None and members == self._planned_members:
+            load_moves = config.load_moves if isinstance(event, LoadTick) else 0
         step = policy.automatic(
             spec,
             self.mirror,
@@ -337,9 +392,44 @@ class StreamCoordinator(threading.Thread):
             max_moves=config.max_moves,
             first=not self._assigned_once,
             after_claim=isinstance(event, WatchEvent) and event.kind == "claim",
+            loads=self.loads,
+            load_moves=load_moves,
+            reason="load" if load_moves else None,
         )
         if step is not None:
             self._carry_out(step)
+            self._planned_members = members
+
+    def _measure_loads(self, spec: StreamSpec) -> None:
+        """Each partition's load now (:func:`coordinator.loads.estimate`): the rates in the
+        members' fresh load reports, and the queues' depths and growth. What cannot be had
+        (etcd or RabbitMQ away) is left out, logged at warning."""
+        now = time.time()
+        rates: dict[int, float] = {}
+        try:
+            reports = self.group.loads()
+        except EtcdUnavailable as e:
+            log.warning("%s: cannot read the load reports: %s", self.stream, e)
+            reports = {}
+        for member, report in sorted(reports.items()):
+            fresh = now - report.at <= 3 * max(report.interval, 1.0)
+            if member in self.mirror.members and fresh:
+                for p, rate in report.rates.items():
+                    rates[p] = rates.get(p, 0.0) + rate
+        depths: dict[int, int] = {}
+        if self._depths is not None:
+            try:
+                depths = dict(self._depths(spec))
+            except PartqError as e:
+                log.warning("%s: cannot read the queue depths: %s", self.stream, e)
+        previous, elapsed = {}, 0.0
+        if self._depth_sample is not None:
+            elapsed = time.monotonic() - self._depth_sample[0]
+            previous = self._depth_sample[1]
+        if depths:
+            self._depth_sample = (time.monotonic(), depths)
+        measured = loads.estimate(rates, depths, previous, elapsed, self.config.horizon)
+        self.loads = loads.smooth(self.loads or {}, measured)  # rates are noisy: an average
 
     def _write_standbys(self, target: Mapping[int, str]) -> None:
         """Put (and delete) the standby keys that differ from ``target``, fenced."""
@@ -428,10 +518,19 @@ class StreamCoordinator(threading.Thread):
         unbound = policy.unbound_claims(mirror.members, mirror.claims)
         metrics.CLAIMS_UNBOUND.labels(self.stream).set(len(unbound))
         metrics.PARKED_KEYS.labels(self.stream).set(len(mirror.parked))
+        if self.loads is not None and self.leading.is_set():
+            metrics.LOAD_SPREAD.labels(self.stream).set(self._load_spread(spec, owned))
         if self.leading.is_set():
             self._export_assignment(
                 {(self.stream, str(p), owner, spec.queue(p)) for p, owner in owned.items()}
             )
+
+    def _load_spread(self, spec: StreamSpec, owned: Mapping[int, str]) -> float:
+        """The most loaded member's load over the mean (1.0 without members or loads)."""
+        weights = {m.id: m.weight for m in self.mirror.members.values()}
+        levels = loads.member_loads(owned, self.loads or {}, weights)
+        mean = sum(levels.values()) / len(levels) if levels else 0.0
+        return max(levels.values()) / mean if mean > 0 else 1.0
 
     def _export_assignment(self, series: set[tuple[str, str, str, str]]) -> None:
         """Make this stream's ``partq_assignment_info`` series exactly ``series`` (other

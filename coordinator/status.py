@@ -12,15 +12,16 @@ from collections.abc import Callable
 from typing import Any
 
 from coordinator.admin import beyond_line
+from coordinator.codec import LoadReport
 from coordinator.group import Group
 from coordinator.policy import in_motion, paused, unbound_claims
 from kernel.amqp import AmqpURL, blocking_connection
-from kernel.errors import BrokerUnavailable
+from kernel.errors import BrokerUnavailable, PartqError
 from producer.contract import StreamSpec
 from producer.registry import Registry
 from producer.topology import QueueStats, queue_stats
 
-__all__ = ["beyond_lines", "malformed_lines", "render_html", "snapshot_status"]
+__all__ = ["beyond_lines", "malformed_lines", "per_second", "render_html", "snapshot_status"]
 
 
 def snapshot_status(
@@ -33,7 +34,10 @@ def snapshot_status(
     """The report; queue stats from ``depths`` (a daemon's cached source, whose errors
     propagate) or else from one short-lived connection (depths left out if it fails)."""
     spec = registry.read_spec(stream)
-    state = Group(registry.client, registry.where, stream, report=False).snapshot()
+    group = Group(registry.client, registry.where, stream, report=False)
+    state = group.snapshot()
+    now = time.time()
+    handled = _handled(group, set(state.members), now)
     leader = None
     if state.leaders:
         leader = state.leaders[0][1].rsplit("/", 1)[1]
@@ -51,7 +55,6 @@ def snapshot_status(
     live = set(state.members)
     owned = {p: o for p, o in state.assignment.items() if o in live}
     moving = sorted(in_motion(owned, state.claims))
-    now = time.time()
     rows = []
     for p in range(spec.partitions):
         q = stats.get(p)
@@ -75,6 +78,9 @@ def snapshot_status(
                 "standby": state.standbys.get(p),
                 "messages": q.messages if q else None,
                 "consumers": q.consumers if q else None,
+                "handled_per_s": sum(r.rates.get(p, 0.0) for r in handled.values())
+                if handled
+                else None,
             }
         )
     members = [
@@ -86,6 +92,7 @@ def snapshot_status(
             "version": m.version,
             "age_s": max(0.0, now - m.started) if m.started else 0.0,
             "owns": sum(1 for o in owned.values() if o == m.id),
+            "handled_per_s": handled[m.id].total if m.id in handled else None,
         }
         for m in sorted(state.members.values(), key=lambda m: m.id)
     ]
@@ -138,6 +145,22 @@ def snapshot_status(
     }
 
 
+def _handled(group: Group, members: set[str], now: float) -> dict[str, LoadReport]:
+    """The live members' fresh load reports (what each handled per partition lately);
+    none if etcd refuses them (an older role without the right to read them)."""
+    try:
+        reports = group.loads()
+    except PartqError:
+        return {}
+    return {
+        m: r for m, r in reports.items() if m in members and now - r.at <= 3 * max(r.interval, 1.0)
+    }
+
+
+def per_second(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.0f}/s"
+
+
 def beyond_lines(report: dict[str, Any]) -> list[str]:
     """One line per partition queue that exists beyond the stream's count."""
     return [
@@ -177,14 +200,19 @@ def _rate(rate: float | None) -> str:
     return f"{rate:+.0f}/s"
 
 
+def _handled_cell(rate: float | None) -> str:
+    return "" if rate is None else f"✓{rate:.0f}/s"
+
+
 def _when(at: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(at))
 
 
 def render_html(reports: list[dict[str, Any]], refresh_seconds: int = 2) -> str:
     """A self-refreshing console, no script and nothing fetched from elsewhere: per stream a
-    partition grid coloured by owner (depth, and its change per second), the members with
-    their colour, recent rebalances and handoffs with their claim gaps, parked keys and
+    partition grid coloured by owner (depth, its change per second, and what its owner
+    handled per second), the members with their colour and throughput (their load reports),
+    recent rebalances and handoffs with their claim gaps, parked keys and
     dead letters; then the detailed tables."""
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -221,7 +249,7 @@ def _stream_html(r: dict[str, Any]) -> list[str]:
     for m in r["members"]:
         parts.append(
             f"<span class='m'><span class='swatch' style='background:{owner_colour(m['id'])}'>"
-            f"</span>{e(m['id'])} ({m['owns']})</span>"
+            f"</span>{e(m['id'])} ({m['owns']}, {per_second(m.get('handled_per_s'))})</span>"
         )
     parts.append("</div><div class='grid'>")
     for row in r["rows"]:
@@ -234,6 +262,7 @@ def _stream_html(r: dict[str, Any]) -> list[str]:
             f" data-owner='{e(owner or '')}'{colour} title='{e(title)}'>"
             f"<b>{row['partition']}</b><span class='depth'>{depth}</span><br>"
             f"{e(owner or 'unassigned')}<br><span class='rate'>{_rate(row.get('rate'))}</span>"
+            f" <span class='handled'>{_handled_cell(row.get('handled_per_s'))}</span>"
             "</div>"
         )
     parts.append("</div>")
@@ -266,13 +295,13 @@ def _stream_html(r: dict[str, Any]) -> list[str]:
             )
         parts.append("</table>")
     parts.append(
-        "<h3>Members</h3><table><tr><th>member</th><th>weight</th><th>owns</th>"
-        "<th>age (s)</th><th>host</th><th>pid</th></tr>"
+        "<h3>Members</h3><table class='members'><tr><th>member</th><th>weight</th><th>owns</th>"
+        "<th>handled</th><th>age (s)</th><th>host</th><th>pid</th></tr>"
     )
     for m in r["members"]:
         parts.append(
             f"<tr><td>{e(m['id'])}</td><td>{m['weight']}</td><td>{m['owns']}</td>"
-            f"<td>{m['age_s']:.0f}</td><td>{e(m['host'])}</td><td>{m['pid']}</td></tr>"
+            f"<td>{per_second(m.get('handled_per_s'))}</td><td>{m['age_s']:.0f}</td><td>{e(m['host'])}</td><td>{m['pid']}</td></tr>"
         )
     parts.append(
         "</table><h3>Partitions</h3><table class='partitions'><tr><th>partition</th>"

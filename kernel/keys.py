@@ -11,6 +11,12 @@ Everything lives under ``/partq/v1/``; per stream::
     /partq/v1/streams/<stream>/requests/<name>           operator requests (manual mode)
 
 Partitions are zero-padded to 5 digits so keys sort numerically.
+
+Apart from the stream's keys, so that no member's watch receives them::
+
+    /partq/v1/load/<stream>/<member>                     what a member handled lately, per
+                                                         partition, on its lease (read by the
+                                                         leader and the status page)
 """
 
 from __future__ import annotations
@@ -90,3 +96,11 @@ def stream_of_spec(key: str | bytes) -> str | None:
     if not text.startswith(STREAMS) or not text.endswith("/spec"):
         return None
     return text[len(STREAMS) : -len("/spec")]
+
+
+def loads(stream: str) -> str:
+    return f"{ROOT}/load/{stream}/"
+
+
+def load(stream: str, member_id: str) -> str:
+    return f"{loads(stream)}{member_id}"

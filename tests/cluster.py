@@ -5,7 +5,8 @@
         cluster.kill(i)         # kill -9 of node i's Erlang VM
         cluster.leaders(spec)   # node of each partition queue's quorum leader
 
-From the installed package, never touching the machine's broker: each node has its own
+From the installed package (or, given ``install=TREE_40``, RabbitMQ 4.0.5 chrooted in the
+trixie tree; tests/rabbit.py), never touching the machine's broker: each node has its own
 name (``partqcN@localhost``), AMQP and distribution ports, ``HOME`` (the one Erlang
 cookie), data and log folders and config files; one private epmd serves them all (started
 in the foreground, so its PID is known). The nodes form the cluster at boot
@@ -20,6 +21,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +34,7 @@ from typing import Any, Self
 from kernel.errors import PartqError
 from kernel.local import LocalEtcd, free_port
 from producer.contract import StreamSpec
-from tests.rabbit import RABBIT_BIN, node_env
+from tests.rabbit import MACHINE, RABBIT_BIN, Install, node_env
 
 __all__ = [
     "RABBIT_BIN",
@@ -88,8 +90,9 @@ class _Managed:
 
 
 class RabbitCluster(_Managed):
-    def __init__(self, directory: Path, size: int = 3) -> None:
-        self.directory = directory
+    def __init__(self, directory: Path, size: int = 3, install: Install = MACHINE) -> None:
+        self.install = install
+        self.directory = directory = install.home(directory, "partqc")
         self.epmd_port = free_port()
         self.cookie = secrets.token_hex(16)
         self.nodes = [_Node(f"partqc{i + 1}", directory / f"n{i + 1}") for i in range(size)]
@@ -101,8 +104,9 @@ class RabbitCluster(_Managed):
 
     def env(self, node: _Node) -> dict[str, str]:
         return node_env(
-            node.directory, node.nodename, node.amqp_port, node.dist_port, self.epmd_port
-        )
+            self.install, node.directory, node.nodename, node.amqp_port, node.dist_port,
+            self.epmd_port,
+        )  # fmt: skip
 
     def _configure(self, node: _Node) -> None:
         d = node.directory
@@ -125,10 +129,12 @@ class RabbitCluster(_Managed):
 
     def start(self, timeout: float = 120.0) -> RabbitCluster:
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.install.mount()
         with (self.directory / "epmd.out").open("wb") as log:
             self._epmd = subprocess.Popen(
-                ["epmd", "-port", str(self.epmd_port)], stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "ERL_EPMD_ADDRESS": "127.0.0.1"},
+                self.install.command("epmd", "-port", str(self.epmd_port)), stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**self.install.base_env(), "ERL_EPMD_ADDRESS": "127.0.0.1"},
             )  # fmt: skip
         for node in self.nodes:
             self._configure(node)
@@ -144,7 +150,7 @@ class RabbitCluster(_Managed):
     def start_node(self, node: _Node, *, wait: bool = True, timeout: float = 120.0) -> None:
         with (node.directory / "server.out").open("ab") as log:
             node.server = subprocess.Popen(
-                [str(RABBIT_BIN / "rabbitmq-server")], env=self.env(node), stdout=log,
+                self.install.command("rabbitmq-server"), env=self.env(node), stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         if wait:
@@ -152,7 +158,7 @@ class RabbitCluster(_Managed):
 
     def wait(self, node: _Node, timeout: float = 120.0) -> None:
         try:
-            pid_file = str(node.directory / "rabbit.pid")
+            pid_file = str(self.install.inside(node.directory / "rabbit.pid"))
             self.ctl(node, "wait", "--timeout", str(int(timeout)), pid_file, timeout=timeout + 10)
         except subprocess.CalledProcessError:
             tail = (node.directory / "server.out").read_text(errors="replace")[-2000:]
@@ -161,14 +167,14 @@ class RabbitCluster(_Managed):
     def upgrade_ctl(self, node: _Node, *args: str, timeout: float = 180.0) -> str:
         """``rabbitmq-upgrade`` against ``node`` (e.g. ``await_online_quorum_plus_one``)."""
         done = subprocess.run(
-            [str(RABBIT_BIN / "rabbitmq-upgrade"), "-n", node.nodename, *args],
+            self.install.command("rabbitmq-upgrade", "-n", node.nodename, *args),
             env=self.env(node), capture_output=True, text=True, timeout=timeout, check=True,
         )  # fmt: skip
         return done.stdout
 
     def ctl(self, node: _Node, *args: str, timeout: float = 60.0) -> str:
         done = subprocess.run(
-            [str(RABBIT_BIN / "rabbitmqctl"), "-n", node.nodename, *args], env=self.env(node),
+            self.install.command("rabbitmqctl", "-n", node.nodename, *args), env=self.env(node),
             capture_output=True, text=True, timeout=timeout, check=True,
         )  # fmt: skip
         return done.stdout
@@ -234,6 +240,9 @@ class RabbitCluster(_Managed):
         if epmd is not None:
             epmd.terminate()
             epmd.wait(timeout=10)
+        self.install.unmount()
+        if self.install.chrooted:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class EtcdCluster(_Managed):

@@ -22,7 +22,7 @@ import pytest
 from kernel.local import LocalEtcd
 from kernel.settings import Settings
 from producer.registry import Registry
-from tests.rabbit import TreeRabbit
+from tests.rabbit import MACHINE, TREE_40, Install, PrivateRabbit, tree_rabbit
 
 DATA = Path(__file__).resolve().parent / "data"
 AMQP_URL = os.environ.get("PARTQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -119,9 +119,19 @@ def rabbitmq(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def rabbit_40_node() -> Iterator[TreeRabbit]:
-    """A private RabbitMQ 4.0.5 node (tests/rabbit.py: TreeRabbit), one per session."""
-    node = TreeRabbit().start()
+def rabbit_install() -> Install:
+    """The RabbitMQ that tests starting private nodes (TLS, least privilege, clusters) use:
+    the machine's, or 4.0.5 from the trixie tree with PARTQ_TEST_RABBITMQ=4.0.5."""
+    install = TREE_40 if os.environ.get("PARTQ_TEST_RABBITMQ") == "4.0.5" else MACHINE
+    if not install.available():
+        _unavailable(f"RabbitMQ's scripts ({install.root})")
+    return install
+
+
+@pytest.fixture(scope="session")
+def rabbit_40_node() -> Iterator[PrivateRabbit]:
+    """A private RabbitMQ 4.0.5 node (tests/rabbit.py: tree_rabbit), one per session."""
+    node = tree_rabbit().start()
     try:
         with pika.BlockingConnection(pika.URLParameters(node.url)) as connection:
             version = connection._impl.server_properties["version"]
@@ -132,7 +142,7 @@ def rabbit_40_node() -> Iterator[TreeRabbit]:
 
 
 @pytest.fixture(scope="session")
-def rabbitmq_40(rabbit_40_node: TreeRabbit) -> str:
+def rabbitmq_40(rabbit_40_node: PrivateRabbit) -> str:
     return rabbit_40_node.url
 
 
@@ -144,7 +154,7 @@ def rabbitmqctl(request: pytest.FixtureRequest) -> Ctl:
     """``ctl(*args, timeout=60) -> stdout``: rabbitmqctl for the broker of the run (the
     machine's, or the 4.0 node's with PARTQ_TEST_RABBITMQ=4.0.5)."""
     if os.environ.get("PARTQ_TEST_RABBITMQ") == "4.0.5":
-        node: TreeRabbit = request.getfixturevalue("rabbit_40_node")
+        node: PrivateRabbit = request.getfixturevalue("rabbit_40_node")
         return node.ctl
     if shutil.which("rabbitmqctl") is None:
         pytest.skip("needs the machine's rabbitmqctl")

@@ -1,5 +1,5 @@
 """Private RabbitMQ nodes on loopback, started and stopped by tests: the machine's
-version with TLS (:class:`PrivateRabbit`) and 4.0.5 from a trixie tree (:class:`TreeRabbit`).
+version (TLS optional) and 4.0.5 from a trixie tree (:class:`PrivateRabbit`, :class:`Install`).
 
 The machine's broker is never touched: the node has its own name, ports, epmd,
 data and log directories, cookie (``HOME``) and config files, and is stopped by
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -20,19 +21,122 @@ from pathlib import Path
 
 from kernel.local import free_port
 
-__all__ = ["RABBITMQ_40_TREE", "RABBIT_BIN", "PrivateRabbit", "TreeRabbit", "node_env"]
+__all__ = [
+    "MACHINE",
+    "RABBITMQ_40_TREE",
+    "RABBIT_BIN",
+    "TREE_40",
+    "Install",
+    "PrivateRabbit",
+    "node_env",
+    "tree_rabbit",
+]
 
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+RABBITMQ_40_TREE = Path(os.environ.get("PARTQ_RABBITMQ_40_TREE", "/var/cache/partq/rabbitmq-4.0.5"))
+
+
+@dataclass(frozen=True)
+class Install:
+    """Where private nodes' scripts come from: the machine's package (``root`` ``/``), or a
+    tree ``.ci/rabbitmq-4.0`` builds, whose scripts run chrooted in it. A chrooted node's
+    files must be inside the tree (:meth:`home`); :meth:`inside` is a path as it sees it."""
+
+    root: Path = Path("/")
+
+    @property
+    def chrooted(self) -> bool:
+        return self.root != Path("/")
+
+    def available(self) -> bool:
+        if self.chrooted:
+            return (self.root / ".partq-complete").exists()
+        return (RABBIT_BIN / "rabbitmq-server").exists() and shutil.which("epmd") is not None
+
+    @property
+    def version(self) -> str:
+        if self.chrooted:
+            return (self.root / ".partq-complete").read_text().strip()
+        return "machine"
+
+    def command(self, program: str, *args: str) -> list[str]:
+        """``program`` (``epmd`` or a script of ``/usr/lib/rabbitmq/bin``) with ``args``."""
+        path = program if program == "epmd" else str(RABBIT_BIN / program)
+        return [*(["chroot", str(self.root)] if self.chrooted else []), path, *args]
+
+    def program(self, script: str, directory: Path) -> Path:
+        """One executable that runs ``script`` (for a command that takes a path, such as
+        ``partq security roles --rabbitmqctl``): a wrapper in ``directory`` if chrooted."""
+        if not self.chrooted:
+            return RABBIT_BIN / script
+        wrapper = directory / f"{script}-{self.version}"
+        wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(self.command(script))} "$@"\n')
+        wrapper.chmod(0o755)
+        return wrapper
+
+    def home(self, directory: Path, name: str) -> Path:
+        """A node's directory: ``directory``, or for a chrooted node one in the tree."""
+        return (
+            self.root / "tmp" / f"{name}-{os.getpid()}-{free_port()}"
+            if self.chrooted
+            else directory
+        )
+
+    def inside(self, path: Path) -> Path:
+        return Path("/") / path.relative_to(self.root) if self.chrooted else path
+
+    def base_env(self) -> dict[str, str]:
+        if not self.chrooted:
+            return dict(os.environ)
+        return {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "LANG": "C.UTF-8",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        }
+
+    def mount(self) -> None:
+        """Mount ``/proc`` in the tree (a node needs it) unless it is."""
+        proc = self.root / "proc"
+        if self.chrooted and not os.path.ismount(proc):
+            subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
+
+    def unmount(self) -> None:
+        """Unmount the tree's ``/proc`` once no process runs in the tree (a node of this
+        test, another test's, or another session's keeps it mounted)."""
+        proc = self.root / "proc"
+        if self.chrooted and os.path.ismount(proc) and not _processes_in(self.root):
+            subprocess.run(["umount", str(proc)], check=False)
+
+
+def _processes_in(root: Path) -> list[int]:
+    """PIDs of processes whose root directory is ``root`` (chrooted in it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if Path(os.readlink(entry / "root")) == root:
+                    found.append(int(entry.name))
+    return found
+
+
+MACHINE = Install()
+TREE_40 = Install(RABBITMQ_40_TREE)
 
 
 def node_env(
-    directory: Path, nodename: str, amqp_port: int, dist_port: int, epmd_port: int
+    install: Install,
+    directory: Path,
+    nodename: str,
+    amqp_port: int,
+    dist_port: int,
+    epmd_port: int,
 ) -> dict[str, str]:
-    """The environment of a private node: its own name, ports, HOME (cookie), data, logs,
-    config files and epmd port; for its ``rabbitmq-server`` and ``rabbitmqctl``."""
-    d = directory
+    """The environment of a private node whose files are in ``directory`` (as seen from
+    outside): its own name, ports, HOME (cookie), data, logs, config files and epmd port;
+    for its ``rabbitmq-server`` and ``rabbitmqctl``."""
+    d = install.inside(directory)
     return {
-        **os.environ,
+        **install.base_env(),
         "HOME": str(d),
         "RABBITMQ_NODENAME": nodename,
         "RABBITMQ_NODE_PORT": str(amqp_port),
@@ -71,14 +175,20 @@ def stop_node(
 
 @dataclass
 class PrivateRabbit:
+    """A private node of ``install`` (the machine's RabbitMQ, or 4.0.5 chrooted in the
+    tree: ``install=TREE_40``), plain AMQP on ``amqp_port`` (``url``, guest/guest) and,
+    given ``cert``/``key``/``ca``, TLS on ``tls_port``. Files in ``directory`` (in the tree
+    for a chrooted node, TLS files copied there, all removed on stop)."""
+
     directory: Path
-    cert: Path
-    key: Path
-    ca: Path
+    cert: Path | None = None
+    key: Path | None = None
+    ca: Path | None = None
     fail_if_no_peer_cert: bool = False
     name: str = "partqtls"
     plugins: tuple[str, ...] = ()
     extra_config: str = ""
+    install: Install = MACHINE
     amqp_port: int = field(default_factory=free_port)
     tls_port: int = field(default_factory=free_port)
     dist_port: int = field(default_factory=free_port)
@@ -86,162 +196,98 @@ class PrivateRabbit:
     _epmd: subprocess.Popen[bytes] | None = None
     _server: subprocess.Popen[bytes] | None = None
 
-    @property
-    def env(self) -> dict[str, str]:
-        return node_env(
-            self.directory, f"{self.name}@localhost", self.amqp_port, self.dist_port, self.epmd_port
-        )
-
-    def start(self, timeout: float = 90.0) -> None:
-        d = self.directory
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "rabbitmq-env.conf").write_text("")
-        (d / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
-        (d / "rabbitmq.conf").write_text(
-            f"listeners.tcp.1 = 127.0.0.1:{self.amqp_port}\n"
-            f"listeners.ssl.1 = 127.0.0.1:{self.tls_port}\n"
-            f"ssl_options.cacertfile = {self.ca}\n"
-            f"ssl_options.certfile = {self.cert}\n"
-            f"ssl_options.keyfile = {self.key}\n"
-            "ssl_options.verify = verify_peer\n"
-            f"ssl_options.fail_if_no_peer_cert = {str(self.fail_if_no_peer_cert).lower()}\n"
-            "auth_mechanisms.1 = PLAIN\n"
-            "auth_mechanisms.2 = AMQPLAIN\n"
-            "auth_mechanisms.3 = EXTERNAL\n"
-            "loopback_users = none\n"
-            f"{self.extra_config}"
-        )
-        with (d / "server.out").open("wb") as log:  # the children keep their copies
-            self._epmd = subprocess.Popen(
-                ["epmd", "-port", str(self.epmd_port)],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            self._server = subprocess.Popen(
-                [str(RABBIT_BIN / "rabbitmq-server")], env=self.env, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        try:
-            self.ctl("wait", "--timeout", str(int(timeout)), str(d / "rabbit.pid"),
-                     timeout=timeout + 10)  # fmt: skip
-        except Exception:
-            self.stop()
-            tail = (d / "server.out").read_text()[-2000:]
-            raise RuntimeError(f"RabbitMQ did not start: {tail}") from None
-
-    def ctl(self, *args: str, timeout: float = 60.0) -> str:
-        done = subprocess.run(
-            [str(RABBIT_BIN / "rabbitmqctl"), *args],
-            env=self.env, capture_output=True, text=True, timeout=timeout, check=True,
-        )  # fmt: skip
-        return done.stdout
-
-    def stop(self) -> None:
-        stop_node(self._server, self.directory / "rabbit.pid", self._epmd)
-        self._server = self._epmd = None
-
-
-RABBITMQ_40_TREE = Path(os.environ.get("PARTQ_RABBITMQ_40_TREE", "/var/cache/partq/rabbitmq-4.0.5"))
-
-
-@dataclass
-class TreeRabbit:
-    """A private RabbitMQ 4.0.5 node run chrooted in the trixie tree ``.ci/rabbitmq-4.0``
-    builds: plain AMQP on a free loopback port, guest/guest, its own epmd and directory
-    inside the tree. ``/proc`` is mounted in the tree while a node runs (and unmounted
-    by the last one that mounted it); everything is stopped by PID."""
-
-    tree: Path = RABBITMQ_40_TREE
-    name: str = field(default_factory=lambda: f"partq40-{os.getpid()}-{free_port()}")
-    amqp_port: int = field(default_factory=free_port)
-    dist_port: int = field(default_factory=free_port)
-    epmd_port: int = field(default_factory=free_port)
-    _epmd: subprocess.Popen[bytes] | None = None
-    _server: subprocess.Popen[bytes] | None = None
-    _mounted: bool = False
+    def __post_init__(self) -> None:
+        self.directory = self.install.home(self.directory, self.name)
 
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
 
     @property
-    def inside(self) -> Path:
-        """The node's directory as the chrooted node sees it."""
-        return Path("/tmp") / self.name
-
-    @property
-    def outside(self) -> Path:
-        return self.tree / "tmp" / self.name
-
-    @property
-    def version(self) -> str:
-        return (self.tree / ".partq-complete").read_text().strip()
-
-    @property
     def env(self) -> dict[str, str]:
-        d = self.inside
-        return {
-            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-            "LANG": "C.UTF-8",
-            "HOME": str(d),
-            "RABBITMQ_NODENAME": f"{self.name}@localhost",
-            "RABBITMQ_DIST_PORT": str(self.dist_port),
-            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(d / "log"),
-            "RABBITMQ_PID_FILE": str(d / "rabbit.pid"),
-            "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
-            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-            "ERL_EPMD_PORT": str(self.epmd_port),
-            "ERL_EPMD_ADDRESS": "127.0.0.1",
-        }
+        return node_env(
+            self.install, self.directory, f"{self.name}@localhost", self.amqp_port,
+            self.dist_port, self.epmd_port,
+        )  # fmt: skip
 
-    def start(self, timeout: float = 90.0) -> TreeRabbit:
-        if not (self.tree / ".partq-complete").exists():
-            raise RuntimeError(
-                f"no RabbitMQ 4.0 tree at {self.tree}: run .ci/setup (or .ci/rabbitmq-4.0)"
-            )
-        proc = self.tree / "proc"
-        if not os.path.ismount(proc):
-            subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
-            self._mounted = True
-        d = self.outside
-        d.mkdir(parents=True)
-        (d / "rabbitmq-env.conf").write_text("")
-        (d / "enabled_plugins").write_text("[].\n")
-        (d / "rabbitmq.conf").write_text(
-            f"listeners.tcp.1 = 127.0.0.1:{self.amqp_port}\nloopback_users = none\n"
+    def _tls_config(self) -> str:
+        if self.cert is None or self.key is None or self.ca is None:
+            return ""
+        found = {}
+        for what, given in (
+            ("cacertfile", self.ca),
+            ("certfile", self.cert),
+            ("keyfile", self.key),
+        ):
+            # a chrooted node sees only the tree: a copy in its directory
+            path = self.directory / f"tls-{what}.pem" if self.install.chrooted else given
+            if path != given:
+                shutil.copy(given, path)
+            found[what] = self.install.inside(path)
+        return (
+            f"listeners.ssl.1 = 127.0.0.1:{self.tls_port}\n"
+            + "".join(f"ssl_options.{what} = {path}\n" for what, path in found.items())
+            + "ssl_options.verify = verify_peer\n"
+            f"ssl_options.fail_if_no_peer_cert = {str(self.fail_if_no_peer_cert).lower()}\n"
+            "auth_mechanisms.1 = PLAIN\n"
+            "auth_mechanisms.2 = AMQPLAIN\n"
+            "auth_mechanisms.3 = EXTERNAL\n"
         )
-        chroot = ["chroot", str(self.tree)]
-        with (d / "server.out").open("wb") as log:
+
+    def start(self, timeout: float = 90.0) -> PrivateRabbit:
+        if not self.install.available():
+            raise RuntimeError(
+                f"no RabbitMQ at {self.install.root}: run .ci/setup (or .ci/rabbitmq-4.0)"
+            )
+        d = self.directory
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "rabbitmq-env.conf").write_text("")
+        (d / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
+        (d / "rabbitmq.conf").write_text(
+            f"listeners.tcp.1 = 127.0.0.1:{self.amqp_port}\n"
+            f"{self._tls_config()}"
+            "loopback_users = none\n"
+            f"{self.extra_config}"
+        )
+        self.install.mount()
+        with (d / "server.out").open("wb") as log:  # the children keep their copies
             self._epmd = subprocess.Popen(
-                [*chroot, "epmd", "-port", str(self.epmd_port)],
+                self.install.command("epmd", "-port", str(self.epmd_port)),
                 env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
             self._server = subprocess.Popen(
-                [*chroot, "/usr/lib/rabbitmq/bin/rabbitmq-server"], env=self.env, stdout=log,
+                self.install.command("rabbitmq-server"), env=self.env, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         try:
-            self.ctl("wait", "--timeout", str(int(timeout)), str(self.inside / "rabbit.pid"),
-                     timeout=timeout + 10)  # fmt: skip
+            pid_file = str(self.install.inside(d / "rabbit.pid"))
+            self.ctl("wait", "--timeout", str(int(timeout)), pid_file, timeout=timeout + 10)
         except Exception:
             tail = (d / "server.out").read_text(errors="replace")[-2000:]
             self.stop()
-            raise RuntimeError(f"RabbitMQ 4.0 did not start: {tail}") from None
+            raise RuntimeError(f"RabbitMQ ({self.install.version}) did not start: {tail}") from None
         return self
 
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
         done = subprocess.run(
-            ["chroot", str(self.tree), "/usr/lib/rabbitmq/bin/rabbitmqctl", *args],
+            self.install.command("rabbitmqctl", *args),
             env=self.env, capture_output=True, text=True, timeout=timeout, check=True,
         )  # fmt: skip
         return done.stdout
 
-    def stop(self) -> None:
-        stop_node(self._server, self.outside / "rabbit.pid", self._epmd)
+    def stop(self, *, keep_data: bool = False) -> None:
+        """Stop the node; a chrooted node's files are removed from the shared tree unless
+        ``keep_data`` (to start it again with its queues)."""
+        stop_node(self._server, self.directory / "rabbit.pid", self._epmd)
         self._server = self._epmd = None
-        if self._mounted:
-            self._mounted = False
-            subprocess.run(["umount", str(self.tree / "proc")], check=False)
-        shutil.rmtree(self.outside, ignore_errors=True)
+        self.install.unmount()
+        if self.install.chrooted and not keep_data:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def tree_rabbit(install: Install = TREE_40) -> PrivateRabbit:
+    """A private RabbitMQ 4.0.5 node chrooted in the trixie tree ``.ci/rabbitmq-4.0``
+    builds: plain AMQP on a free loopback port, guest/guest, its own epmd and directory
+    inside the tree. ``/proc`` is mounted in the tree while a node runs; everything is
+    stopped by PID."""
+    return PrivateRabbit(Path("/tmp"), name=f"partq40-{os.getpid()}", install=install)

@@ -10,7 +10,6 @@ confirmed, and every confirmed message is found on A (restarted) or B.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
 import threading
 import urllib.parse
@@ -28,8 +27,7 @@ from kernel.settings import Settings
 from producer import Producer, StreamSpec
 from producer.registry import Registry
 from producer.topology import declare_stream
-from tests.pki import issue, make_ca
-from tests.rabbit import RABBIT_BIN, PrivateRabbit
+from tests.rabbit import Install, PrivateRabbit
 
 from .groups.harness import PARTQ, Fleet, balanced, wait_until
 
@@ -72,13 +70,12 @@ def test_a_list_whose_first_node_is_down_works_for_every_component(
 
 
 @pytest.fixture
-def two_nodes(tmp_path: Path) -> Iterator[tuple[PrivateRabbit, PrivateRabbit]]:
-    if shutil.which("openssl") is None or not (RABBIT_BIN / "rabbitmq-server").exists():
-        pytest.skip("needs the openssl CLI and RabbitMQ's scripts")
-    ca, _ = make_ca(tmp_path, "ca")
-    cert, key = issue(tmp_path, "ca", "node", "localhost", "DNS:localhost,IP:127.0.0.1")
+def two_nodes(
+    tmp_path: Path, rabbit_install: Install
+) -> Iterator[tuple[PrivateRabbit, PrivateRabbit]]:
     nodes = tuple(
-        PrivateRabbit(tmp_path / name, cert, key, ca, name=f"partq{name}") for name in ("a", "b")
+        PrivateRabbit(tmp_path / name, name=f"partq{name}", install=rabbit_install)
+        for name in ("a", "b")
     )
     try:
         for node in nodes:
@@ -90,7 +87,7 @@ def two_nodes(tmp_path: Path) -> Iterator[tuple[PrivateRabbit, PrivateRabbit]]:
 
 
 def url_of(node: PrivateRabbit) -> str:
-    return f"amqp://guest:guest@127.0.0.1:{node.amqp_port}/%2F"
+    return node.url
 
 
 def drain_ids(url: str, spec: StreamSpec) -> set[str]:
@@ -145,7 +142,7 @@ def test_the_producer_moves_to_the_next_node_and_loses_nothing(
     try:
         # Given the producer confirmed messages on A, when A stops
         wait_until(lambda: len(confirmed) > 500, 30, 0.05, "confirms from A")
-        a.stop()
+        a.stop(keep_data=True)
         at_stop = len(confirmed)
         # Then it goes on with B
         wait_until(lambda: len(confirmed) > at_stop + 500, 60, 0.1, "confirms from B")

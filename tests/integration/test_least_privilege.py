@@ -39,7 +39,7 @@ from producer.registry import Registry
 from tests.integration.groups.harness import PARTQ, ROOT, Fleet, balanced
 from tests.pki import issue, make_ca
 from tests.polling import wait_until
-from tests.rabbit import RABBIT_BIN, PrivateRabbit
+from tests.rabbit import Install, PrivateRabbit
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -97,9 +97,9 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    if shutil.which("openssl") is None or not (RABBIT_BIN / "rabbitmq-server").exists():
-        pytest.skip("needs the openssl CLI and RabbitMQ's scripts")
+def site(tmp_path_factory: pytest.TempPathFactory, rabbit_install: Install) -> Iterator[Site]:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl CLI")
     tmp = tmp_path_factory.mktemp("least-privilege")
     ca, _ = make_ca(tmp, "ca")
     cert, key = issue(tmp, "ca", "server", "localhost", "IP:127.0.0.1,DNS:localhost")
@@ -109,7 +109,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     for user, password in secret.items():
         (passwords / user).write_text(password + "\n")
     etcd = LocalEtcd(tls=EtcdTLS(cert, key, ca), auth_token_ttl=2)
-    rabbit = PrivateRabbit(tmp / "rabbit", cert, key, ca, name="partqlp")
+    rabbit = PrivateRabbit(tmp / "rabbit", cert, key, ca, name="partqlp", install=rabbit_install)
     etcd.start()
     try:
         etcd.etcdctl("user", "add", f"root:{secret['root']}")
@@ -141,7 +141,7 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
     applied = site.partq(
         "root", "security", "roles", STREAM, *[f"--member={m}" for m in MEMBERS],
         "--apply", "--passwords", str(site.passwords), "--rabbitmqctl",
-        str(RABBIT_BIN / "rabbitmqctl"), extra=dict(site.rabbit.env),
+        str(site.rabbit.install.program("rabbitmqctl", site.tmp)), extra=dict(site.rabbit.env),
     )  # fmt: skip
     assert f"stream {STREAM}: 6 roles applied" in applied
     # When: the admin creates the stream; a coordinator and two consumers start
@@ -189,6 +189,8 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
         assert "k07 redriven and unparked" in redriven
         wait_until(lambda: handled() >= sent, 60, 0.2, "all messages handled")
         assert audit.order_violations(audit.load(record)) == []
+        # ... and each member put its load report with its own rights (every 5 s)
+        wait_until(lambda: set(group.loads()) == set(MEMBERS), 20, 0.2, "both load reports")
 
         # ... and each identity is refused what it must not do (etcd)
         state = group.snapshot()
@@ -196,6 +198,7 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
         denied = {
             ("c-1", "put", keys.assignment(STREAM, 0), 0),  # the assignment
             ("c-1", "put", keys.member(STREAM, "c-2"), 0),  # another member's key
+            ("c-1", "put", keys.load(STREAM, "c-2"), 0),  # another member's load report
             ("c-1", "put", keys.claim(STREAM, 0), c2_lease),  # another member's lease
             ("c-1", "put", keys.spec(STREAM), 0),
             ("producer", "get", keys.members(STREAM), 0),

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from producer import Producer
 
 from .conftest import Launcher, http_get, wait_until
 
@@ -128,6 +131,15 @@ def settled(url: str, members: set[str]) -> dict[int, tuple[str, str, str]] | No
     return rows if ok else None
 
 
+def both_handling(url: str) -> bool:
+    """Whether the server's page shows a handled rate above 0 for every member."""
+    status, body = http_get(url)
+    if status != 200:
+        return False
+    rates = [r["handled"] for _, r in members_table(parse(body.decode())).rows]
+    return len(rates) == len(MEMBERS) and all(r != "-" and float(r[:-2]) > 0 for r in rates)
+
+
 def chromium(url: str, screenshot: Path, profile: Path) -> str:
     """Load ``url`` in headless Chromium: the rendered DOM, and a screenshot written."""
     screenshot.unlink(missing_ok=True)
@@ -168,16 +180,36 @@ def test_status_page_in_chromium(
 ) -> None:
     spec = make_stream(PARTITIONS)
     coordinator = launcher.coordinator(spec.name)
-    consumers = {m: launcher.consumer(spec.name, m) for m in MEMBERS}
+    consumers = {m: launcher.consumer(spec.name, m, None, "--load-report", "1") for m in MEMBERS}
     launcher.wait_ready(coordinator)
     for proc in consumers.values():
         launcher.wait_ready(proc)
     url = coordinator.base + "/"
     wait_until(lambda: settled(url, set(MEMBERS)), 30, what="8 partitions consumed by both")
 
-    # both members: what Chromium rendered
-    shot = artifacts / "status-page.png"
-    page = parse(chromium(url, shot, tmp_path / "chromium-1"))
+    # both members handling a steady load: each one's throughput is on the page
+    with Producer(spec, amqp_url=launcher.amqp) as producer:
+        stop = threading.Event()
+
+        def publish() -> None:
+            for i in range(20_000):  # bounded: 100 s at 200/s at most
+                if stop.wait(0.005):
+                    return
+                producer.publish(f"key-{i % 64}", b"{}")
+
+        thread = threading.Thread(target=publish, daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: both_handling(url), 30, what="both members' handled rate > 0")
+            # what Chromium rendered
+            shot = artifacts / "status-page.png"
+            page = parse(chromium(url, shot, tmp_path / "chromium-1"))
+        finally:
+            stop.set()
+            thread.join(10)
+        producer.flush(30)
+    handled = {r["member"]: r["handled"] for _, r in members_table(page).rows}
+    assert all(rate.endswith("/s") and float(rate[:-2]) > 0 for rate in handled.values()), handled
     refresh = [m for m in page.metas if m.get("http-equiv", "").lower() == "refresh"]
     assert refresh and refresh[0].get("content") == "2", page.metas
     rows = owners(page)
@@ -196,7 +228,7 @@ def test_status_page_in_chromium(
     assert colours["obs-a"] != colours["obs-b"]
 
     # one member leaves (SIGTERM, by PID): a later load shows the other owning all 8
-    rows_before = rows
+    rows_before, timeline_before = rows, timeline(page)
     leaving, staying = consumers["obs-b"], "obs-a"
     assert leaving.terminate(timeout=20) == 0, leaving.tail()
     wait_until(lambda: settled(url, {staying}), 30, what=f"all partitions owned by {staying}")
@@ -208,7 +240,7 @@ def test_status_page_in_chromium(
     assert listed == {staying: PARTITIONS}, listed
     assert {o for o, _ in grid(page).values()} == {staying}
     # and the timeline shows the leaver's partitions handed over, each with its claim gap
-    handoffs = [t for t in timeline(page) if t["what"] == "handoff"]
+    handoffs = [t for t in timeline(page) if t["what"] == "handoff" and t not in timeline_before]
     moved = {int(t["partition"]) for t in handoffs if t["detail"] == f"obs-b → {staying}"}
     assert moved == {p for p, (o, _, _) in rows_before.items() if o == "obs-b"}, handoffs
     assert all(t["claim gap"].endswith(" ms") for t in handoffs if t["detail"].startswith("obs-b"))

@@ -37,6 +37,9 @@ SPARK_CONF = {
     "spark.sql.shuffle.partitions": SHUFFLE_PARTITIONS,
     "spark.sql.streaming.stopTimeout": "30s",
 }
+SPARK_CONF_ARGS = [
+    arg for key, value in SPARK_CONF.items() for arg in ("--spark-conf", f"{key}={value}")
+]
 
 
 # Short test runs: C1-only JIT and the serial collector start Spark's JVM about twice as
@@ -249,6 +252,6 @@ def file_job_args(
         "--checkpoint", str(checkpoint),
         "--max-files-per-trigger", "1",
         "--trigger-seconds", "0",
-        *[arg for key, value in SPARK_CONF.items() for arg in ("--spark-conf", f"{key}={value}")],
+        *SPARK_CONF_ARGS,
         *extra,
     ]  # fmt: skip

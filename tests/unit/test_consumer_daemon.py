@@ -328,3 +328,34 @@ def test_a_deleted_stream_stops_everything_and_another_partition_count_exits_5(
     env.registry.create(StreamSpec(env.stream, P + 1))
     c1.thread.join(10)
     assert c1.code == EXIT_STREAM_CHANGED
+
+
+def test_a_member_reports_what_it_handled_per_partition(env: Env) -> None:
+    # Given a member reporting its load every 0.2 s, consuming partitions 1 and 3, and every
+    # report it puts collected
+    reports: list[codec.LoadReport] = []
+
+    def collect(response: Any) -> None:
+        for event in getattr(response, "events", []):
+            if event.value:
+                reports.append(codec.decode_load("c1", event.value))
+
+    env.fake.add_watch_prefix_callback(keys.loads(env.stream), collect)
+    c1 = env.consumer("c1", load_report=0.2)
+    env.assign(1, "c1")
+    env.assign(3, "c1")
+    eventually("consuming", lambda: c1.consumer.owned() == [1, 3])
+
+    # When the broker delivers 30 messages of partition 1 and none of partition 3
+    tags = [c1.broker.publish(1, f"m{i}".encode()) for i in range(30)]
+    eventually("handled", lambda: c1.broker.acked(1) == tags)
+
+    # Then its reports in etcd (on its lease) count the 30 for partition 1, none for 3, and
+    # the ones that follow go back to 0
+    def counted(partition: int) -> float:
+        return sum(r.rates.get(partition, 0.0) * r.interval for r in list(reports))
+
+    eventually("reports with partition 1's messages", lambda: counted(1) > 29.5)
+    assert counted(1) == pytest.approx(30, abs=0.5) and counted(3) == 0.0
+    assert env.fake.lease_of(keys.load(env.stream, "c1")) == c1.lease
+    eventually("a quiet report", lambda: env.group.loads()["c1"].total == 0.0)

@@ -1,5 +1,5 @@
 """The invariant suite runs on both RabbitMQ versions: the machine's (3.10.8 here) and
-4.0.5 from the trixie tree (tests/rabbit.py: TreeRabbit; docs/versions.md)."""
+4.0.5 from the trixie tree (tests/rabbit.py: tree_rabbit; docs/versions.md)."""
 
 from __future__ import annotations
 

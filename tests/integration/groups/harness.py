@@ -109,9 +109,16 @@ class Fleet:
         args += ["--drain-timeout", "15", *extra]
         return self._start(member, args, self._env(PARTQ_MEMBER_ID=member))
 
-    def coordinator(self, name: str = "coordinator", *, ttl: int = 2, settle: float = 0.3) -> Proc:
+    def coordinator(
+        self,
+        name: str = "coordinator",
+        *,
+        ttl: int = 2,
+        settle: float = 0.3,
+        extra: tuple[str, ...] = (),
+    ) -> Proc:
         args = ["coordinator", self.stream, "--settle", str(settle), "--ttl", str(ttl)]
-        args += ["--http-port", "0"]
+        args += ["--http-port", "0", *extra]
         return self._start(name, args, self._env())
 
     def close(self) -> None:
