@@ -153,6 +153,14 @@ class Consumer:
             deliver=self._deliver,
             on_subscribed=lambda p: put(Handoff(p, Event.SUBSCRIBED)),
             on_drained=lambda p: put(Handoff(p, Event.DRAINED)),
+            # Quorum queues only: a classic queue (RabbitMQ 3.10) does not activate a
+            # consumer waiting behind one that cancels, so its next owner must subscribe
+            # after the cancel, as before (docs/benchmarks.md, issue 12 goal 2)
+            on_emptied=(
+                (lambda p: put(Handoff(p, Event.EMPTIED)))
+                if self.spec.queue_type == "quorum"
+                else None
+            ),
             on_channel_lost=lambda p: put(Handoff(p, Event.CHANNEL_LOST)),
             on_connection=lambda up: put(BrokerConnection(up)),
             on_refused=lambda p, reason: put(BrokerRefused(p, reason)),

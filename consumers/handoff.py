@@ -6,6 +6,14 @@ revoke → drain → release → grant, as in docs/architecture.md::
       ▲    (claim held by another: WAITING until it is deleted)              │
       │                                                               unassigned
     RELEASING ◀──drained (cancel-ok, every delivery acked, channel closed)── DRAINING
+                                                                            │
+    IDLE ◀──drained── HANDING (claim released, then basic.cancel) ◀──emptied─┘
+
+``emptied``: the drain holds its acks until the broker provably has no credit left
+(nothing can be in flight) and the worker has handled every delivery; then the claim
+goes *before* the cancel, so the next owner claims while we cancel and send the acks
+(``consumers.broker``, "emptied"). A drain that cannot prove it (a quiet or trickling
+partition) cancels first and releases after ``drained``, as before.
 
 An operator's pause (``paused``) drains an ACTIVE partition the same way but keeps it:
 DRAINING ──drained──▶ PAUSED (claim held, not consumed) ──resumed──▶ SUBSCRIBING.
@@ -31,6 +39,7 @@ class Phase(Enum):
     DRAINING = "draining"
     RELEASING = "releasing"
     PAUSED = "paused"  # ours (assigned, claimed) but not consumed: an operator paused it
+    HANDING = "handing"  # emptied and released before the cancel: waiting for drained
 
 
 class Holder(Enum):
@@ -48,6 +57,7 @@ class Event(Enum):
     CLAIM_REFUSED = "claim-refused"
     SUBSCRIBED = "subscribed"  # basic.consume-ok
     DRAINED = "drained"
+    EMPTIED = "emptied"  # draining: all handled, nothing in flight, still subscribed
     RELEASED = "released"
     CHANNEL_LOST = "channel-lost"  # the broker closed our channel or connection
     PAUSED = "paused"  # an operator paused the partition
@@ -59,6 +69,7 @@ class Command(Enum):
     SUBSCRIBE = "subscribe"
     CANCEL = "cancel"  # basic.cancel, finish and ack what was delivered, close the channel
     RELEASE = "release"
+    CUT = "cut"  # after emptied: basic.cancel now, then the held acks, then drained
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +81,7 @@ class State:
 
     @property
     def consuming(self) -> bool:
-        return self.phase in (Phase.SUBSCRIBING, Phase.ACTIVE, Phase.DRAINING)
+        return self.phase in (Phase.SUBSCRIBING, Phase.ACTIVE, Phase.DRAINING, Phase.HANDING)
 
 
 def _want(state: State) -> tuple[State, list[Command]]:
@@ -145,6 +156,16 @@ def step(state: State, event: Event) -> tuple[State, list[Command]]:
         if not state.assigned or state.holder is not Holder.ME or state.paused:
             return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
         return replace(state, phase=Phase.ACTIVE), []
+    if event is Event.EMPTIED:
+        if phase is not Phase.DRAINING:
+            return state, []
+        if not state.assigned and state.holder is Holder.ME:  # moved away: release first
+            return replace(state, phase=Phase.HANDING), [Command.RELEASE, Command.CUT]
+        return state, [Command.CUT]  # kept (paused), moved back, or the claim is gone
+    if phase is Phase.HANDING and event in (Event.DRAINED, Event.CHANNEL_LOST):
+        if state.holder is Holder.ME:  # the early release failed: it is being retried
+            return replace(state, phase=Phase.RELEASING), []
+        return _want(replace(state, phase=Phase.IDLE))
     if event is Event.DRAINED:
         if phase is not Phase.DRAINING:
             return state, []
@@ -152,6 +173,8 @@ def step(state: State, event: Event) -> tuple[State, list[Command]]:
             return replace(state, phase=Phase.PAUSED), []  # kept, claim and all
         return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
     if event is Event.RELEASED:
+        if phase is Phase.HANDING:  # released before the cancel: drained comes next
+            return replace(state, holder=Holder.NOBODY), []
         return _want(replace(state, phase=Phase.IDLE, holder=Holder.NOBODY))
     if event is Event.CHANNEL_LOST:
         if phase in (Phase.SUBSCRIBING, Phase.ACTIVE):

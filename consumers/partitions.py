@@ -335,12 +335,17 @@ class Partitions:
                 after.phase.value,
                 event.value,
             )
+        if after.phase is Phase.WAITING and before.phase is not Phase.WAITING:
+            self.broker.warm(partition)  # ours once the claim goes: a channel ready for it
         if after.phase is Phase.ACTIVE and before.phase is not Phase.ACTIVE:
             metrics.HANDOFFS.labels(*self._labels, "acquired").inc()
             log.info("partition %d: consuming", partition)
         if before.phase is Phase.DRAINING and after.phase is not Phase.DRAINING:
             metrics.HANDOFFS.labels(*self._labels, "released").inc()
-            log.info("partition %d: drained and released", partition)
+            if after.phase is Phase.HANDING:
+                log.info("partition %d: every delivery handled: released, cancelling", partition)
+            else:
+                log.info("partition %d: drained and released", partition)
         metrics.PARTITIONS_OWNED.labels(*self._labels).set(len(self.owned()))
         paused = sum(1 for state in self.states.values() if state.phase is Phase.PAUSED)
         metrics.PARTITIONS_PAUSED.labels(*self._labels).set(paused)
@@ -348,23 +353,34 @@ class Partitions:
 
     def _do(self, partition: int, command: Command) -> list[_Step]:
         """Carry out ``command``; its outcome, if the state machine needs to hear it."""
-        if partition in self.abandoned and command in (Command.SUBSCRIBE, Command.CANCEL):
+        if partition in self.abandoned and command in (
+            Command.SUBSCRIBE,
+            Command.CANCEL,
+            Command.CUT,
+        ):
             return []
         match command:
             case Command.SUBSCRIBE:
-                self._start_worker(partition)
+                # The worker's inbox takes deliveries before its thread runs: subscribe
+                # first, start the thread after (a start waits for the thread to run).
+                worker = self._start_worker(partition, start=False)
                 if not self.broker.subscribe(partition):
                     log.info("partition %d: subscribing once RabbitMQ is back", partition)
+                worker.start()
                 return []
             case Command.CANCEL:
                 self.broker.cancel(partition)
                 return []
+            case Command.CUT:
+                self.broker.cut(partition)
+                return []
             case Command.CLAIM:
+                self.broker.warm(partition)  # the channel opens while the claim is written
                 return [_Step(partition, self._claim(partition))]
             case Command.RELEASE:
                 return self._release(partition)
 
-    def _start_worker(self, partition: int) -> None:
+    def _start_worker(self, partition: int, *, start: bool = True) -> Worker:
         old = self.workers.get(partition) or self.retired.pop(partition, None)
         if old is not None:
             old.stop()
@@ -385,7 +401,9 @@ class Partitions:
             parking=self.parking,
         )
         self.workers[partition] = worker
-        worker.start()
+        if start:
+            worker.start()
+        return worker
 
     def _claim(self, partition: int) -> Event:
         session = self.session

@@ -6,7 +6,8 @@ records what the daemon and the partition workers ask of it. By default it answe
 as a healthy broker does, at once: ``subscribe`` is confirmed (``on_subscribed``),
 ``cancel`` sends the partition's worker its END mark (after whatever was delivered),
 and the worker's ``finish`` reports the partition drained (``on_drained``). With
-``auto=False`` a test answers itself: :meth:`confirm`, :meth:`end`. A test also
+``auto=False`` a test answers itself: :meth:`confirm`, :meth:`end`, or :meth:`empty`
+(the drain proved nothing is left: the daemon releases, then calls ``cut``). A test also
 delivers messages (:meth:`publish`), closes a channel (:meth:`lose_channel`) and drops
 or restores the connection (:meth:`disconnect`, :meth:`reconnect`).
 
@@ -58,6 +59,7 @@ class StubBroker(Broker):
         on_refused: Callable[[int, str], None] | None = None,
         on_activated: Callable[[int], None] | None = None,
         on_standby_lost: Callable[[int], None] | None = None,
+        on_emptied: Callable[[int], None] | None = None,
         auto: bool = True,
     ) -> None:
         threading.Thread.__init__(self, name=f"{name}-stub", daemon=True)  # never started
@@ -70,6 +72,7 @@ class StubBroker(Broker):
         self.on_channel_lost = on_channel_lost
         self.on_connection = on_connection
         self.on_refused = on_refused
+        self.on_emptied = on_emptied
         self.connected = threading.Event()
         self.stopped = threading.Event()
         self.calls: list[tuple[str, int]] = []  # ("subscribe", p), ("cancel", p), ...
@@ -119,6 +122,19 @@ class StubBroker(Broker):
         elif self.auto:
             self.end(partition)
 
+    def warm(self, partition: int) -> None:
+        self._record("warm", partition)
+
+    def cut(self, partition: int) -> None:
+        """After :meth:`empty`: the cancel, the held acks, then drained (at once)."""
+        self._record("cut", partition)
+        with self._lock:
+            channel = self.channels.pop(partition, None)
+        if channel is None:
+            self.on_channel_lost(partition)
+        else:
+            self.on_drained(partition)
+
     def ack(self, partition: int, channel: Channel, delivery_tag: int) -> None:
         if channel.is_open:  # on a closed one the broker has requeued the delivery already
             with self._lock:
@@ -162,6 +178,11 @@ class StubBroker(Broker):
         with self._lock:
             channel = self.channels[partition]
         self.deliver(partition, (END, channel))
+
+    def empty(self, partition: int) -> None:
+        """A drain's window is full and every delivery handled: ``on_emptied``."""
+        assert self.on_emptied is not None
+        self.on_emptied(partition)
 
     def publish(
         self,

@@ -158,6 +158,7 @@ def test_a_partition_claimed_by_another_member_waits_for_its_release(env: Env) -
         eventually("waiting", lambda: c1.phase(1) is Phase.WAITING)
         time.sleep(0.1)
         assert c1.broker.count("subscribe", 1) == 0
+        assert c1.broker.count("warm", 1) == 1  # a channel ready, nothing consumed
         # When the old owner releases it / Then c1 claims it and consumes
         env.group.release(1, other)
         eventually("consuming", lambda: c1.consumer.owned() == [1])
@@ -184,6 +185,34 @@ def test_a_revoked_partition_is_cancelled_drained_then_released(env: Env) -> Non
     assert c1.broker.acked(0) == tags and len(c1.handled) == 3
     assert c1.broker.count("finish", 0) == 1
     assert c1.phase(0) is Phase.IDLE and c1.consumer.owned() == []
+
+
+def test_an_emptied_drain_releases_the_claim_before_the_cut(env: Env) -> None:
+    # Given c1 consuming partition 0, with a broker that lets the test end the drain,
+    # and that records whether the claim is still there when it is told to cut
+    c1 = consuming(env, "c1", 0)
+    c1.broker.auto = False
+    claim_at_cut: list[tuple[str, int] | None] = []
+    cut = c1.broker.cut
+
+    def checking(partition: int) -> None:
+        claim_at_cut.append(env.claim_of(partition))
+        cut(partition)
+
+    c1.broker.cut = checking  # type: ignore[method-assign]
+    tags = [c1.broker.publish(0, f"m{i}".encode()) for i in range(3)]
+    eventually("handled", lambda: len(c1.handled) == 3)
+    # When the leader gives the partition to c2 and the broker reports the drain emptied
+    env.assign(0, "c2")
+    eventually("draining", lambda: c1.phase(0) is Phase.DRAINING)
+    assert env.claim_of(0) == ("c1", c1.lease)  # kept while the window fills
+    c1.broker.empty(0)
+    # Then c1 releases the claim first, then cuts (no END to the worker), and is done
+    eventually("idle", lambda: c1.phase(0) is Phase.IDLE)
+    assert claim_at_cut == [None]
+    assert c1.broker.count("cut", 0) == 1 and c1.broker.count("finish", 0) == 0
+    assert c1.broker.acked(0) == tags
+    assert c1.consumer.owned() == []
 
 
 def test_a_malformed_assignment_is_no_assignment(env: Env) -> None:

@@ -74,7 +74,20 @@ def test_no_subscribe_without_our_claim_and_no_release_without_drain(events: lis
         if Command.RELEASE in commands and before.phase is Phase.ACTIVE:
             assert event is Event.CHANNEL_LOST, f"released an active partition on {event}"
         if Command.RELEASE in commands and before.phase is Phase.DRAINING:
-            assert event in (Event.DRAINED, Event.CHANNEL_LOST)
+            assert event in (Event.DRAINED, Event.CHANNEL_LOST, Event.EMPTIED)
+        # and release before the cancel only once emptied (nothing in flight, all handled),
+        # only a partition moved away, and then cut at once, after the release
+        if Command.RELEASE in commands and event is Event.EMPTIED:
+            assert commands == [Command.RELEASE, Command.CUT]
+            assert before.phase is Phase.DRAINING and not before.assigned
+            assert state.phase is Phase.HANDING
+        # and cut only a drain that reported emptied
+        if Command.CUT in commands:
+            assert (before.phase, event) == (Phase.DRAINING, Event.EMPTIED)
+        # and never consume again while the cancel of a released partition is under way
+        if before.phase is Phase.HANDING:
+            assert Command.SUBSCRIBE not in commands and Command.CLAIM not in commands
+            assert state.phase is Phase.HANDING or event in (Event.DRAINED, Event.CHANNEL_LOST)
         # and cancel only what we consume
         if Command.CANCEL in commands:
             assert before.phase in (Phase.ACTIVE, Phase.SUBSCRIBING)
@@ -113,4 +126,71 @@ def test_a_paused_partition_whose_claim_was_taken_waits_on_resume() -> None:
     assert (state.phase, state.holder) == (Phase.WAITING, Holder.OTHER)
     # When it is resumed / Then it waits for the claim instead of subscribing without it
     state, commands = step(state, Event.RESUMED)
+    assert (state.phase, commands) == (Phase.WAITING, [])
+
+
+def test_an_emptied_drain_releases_before_the_cancel() -> None:
+    # Given a partition moved away while active: it drains (acks held)
+    draining, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.UNASSIGNED])
+    assert draining.phase is Phase.DRAINING
+    # When the broker proves nothing is in flight and every delivery was handled
+    handing, commands = step(draining, Event.EMPTIED)
+    # Then the claim goes first, and only then the cancel
+    assert (handing.phase, commands) == (Phase.HANDING, [Command.RELEASE, Command.CUT])
+    released, commands = step(handing, Event.RELEASED)
+    assert (released.phase, released.holder, commands) == (Phase.HANDING, Holder.NOBODY, [])
+    # and once the cancel and the held acks are done, nothing is left
+    idle, commands = step(released, Event.DRAINED)
+    assert (idle.phase, commands) == (Phase.IDLE, [])
+
+
+def test_an_emptied_drain_whose_release_failed_releases_after_drained() -> None:
+    # Given an emptied drain whose early release failed (etcd away: the shell retries it)
+    handing, _ = run(
+        [Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.UNASSIGNED, Event.EMPTIED]
+    )
+    # When the cancel is done before the retry / Then it waits for the release
+    releasing, commands = step(handing, Event.DRAINED)
+    assert (releasing.phase, releasing.holder, commands) == (Phase.RELEASING, Holder.ME, [])
+    idle, commands = step(releasing, Event.RELEASED)
+    assert (idle.phase, commands) == (Phase.IDLE, [])
+
+
+def test_an_emptied_drain_that_keeps_the_partition_cuts_without_releasing() -> None:
+    # Given a paused partition (kept), and a move revoked mid-way (assigned back to us)
+    paused, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.PAUSED])
+    moved_back, _ = run(
+        [Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.UNASSIGNED, Event.ASSIGNED]
+    )
+    for draining in (paused, moved_back):
+        # When the drain is emptied / Then it cancels but keeps its claim until drained
+        state, commands = step(draining, Event.EMPTIED)
+        assert (state.phase, state.holder, commands) == (Phase.DRAINING, Holder.ME, [Command.CUT])
+    assert step(step(paused, Event.EMPTIED)[0], Event.DRAINED)[0].phase is Phase.PAUSED
+    # the moved-back one releases and claims again, as a drain always did
+    state, commands = step(step(moved_back, Event.EMPTIED)[0], Event.DRAINED)
+    assert (state.phase, commands) == (Phase.RELEASING, [Command.RELEASE])
+
+
+def test_a_move_back_while_handing_claims_again_once_drained() -> None:
+    # Given a released partition whose cancel is under way
+    handing, _ = run(
+        [
+            Event.ASSIGNED,
+            Event.CLAIMED,
+            Event.SUBSCRIBED,
+            Event.UNASSIGNED,
+            Event.EMPTIED,
+            Event.RELEASED,
+        ]
+    )
+    # When it is assigned back to us / Then nothing happens until drained, then we claim
+    state, commands = step(handing, Event.ASSIGNED)
+    assert (state.phase, commands) == (Phase.HANDING, [])
+    state, commands = step(state, Event.DRAINED)
+    assert (state.phase, commands) == (Phase.CLAIMING, [Command.CLAIM])
+    # and if the next owner claimed it meanwhile, we wait for its claim to go
+    state, _ = step(handing, Event.CLAIM_OTHER)
+    state, _ = step(state, Event.ASSIGNED)
+    state, commands = step(state, Event.CHANNEL_LOST)
     assert (state.phase, commands) == (Phase.WAITING, [])

@@ -1,0 +1,212 @@
+# ruff: noqa: E501  (report lines)
+"""Planned handoff gap by kind of move: joins, operator moves, drains, SIGTERM leaves (issue 12, goal 2).
+
+    .venv/bin/python -m benchmarks.planned [--rounds 2] [--rate 2000] [--queue-type quorum]
+
+Per round: a fresh P = 12 stream, a coordinator (``--settle 1``), the SDK publishing 100
+keys at ``--rate``, consumers recording with the product's recorder
+(``benchmarks.recording:record``). Phases, each waiting until the group is balanced and
+every claim is held by its assigned owner:
+
+- **join**: c1 alone, then c2, c3 and c4 join one by one (1 → 4);
+- **move**: 12 operator moves (``Group.request(Move(p, to))``, what ``partq move`` stores),
+  each partition to the next member in turn, one at a time; the leader's own rebalance
+  that follows each (it moves one partition off the member that got one too many) counts
+  here too;
+- **drain**: ``Drain("c4")`` (what ``partq drain`` stores) until c4 owns nothing; then the
+  request is cleared and a ``Rebalance`` gives c4 its share back (**rebalance**);
+- **leave**: SIGTERM c4, c3, c2 one by one (4 → 1; the stop is announced).
+
+Gap = one process's last handling of a partition → the next process's first
+(``consumers.audit.handoff_gaps``' rule), each counted in the phase in which the old
+owner's last handling fell. Prints a Markdown table with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import math
+import os
+import signal
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks import groups
+from benchmarks.groups import Bench, Run, log
+from consumers import audit
+from coordinator.codec import Drain, Move, Rebalance
+from coordinator.group import Group
+from kernel.local import LocalEtcd
+
+KINDS = ("join", "move", "drain", "rebalance", "leave")
+
+
+def gaps_at(records: list[dict[str, Any]]) -> list[tuple[float, float, int]]:
+    """(old owner's last handling ends, gap, partition) for each change of process."""
+    by_partition: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_partition[r["partition"]].append(r)
+    out = []
+    for p, rs in sorted(by_partition.items()):
+        rs.sort(key=lambda r: r["start"])
+        for prev, nxt in itertools.pairwise(rs):
+            if nxt["pid"] != prev["pid"]:
+                out.append((prev["end"], nxt["start"] - prev["end"], p))
+    return out
+
+
+class Phases:
+    def __init__(self) -> None:
+        self.windows: list[tuple[str, float, float]] = []
+
+    @contextlib.contextmanager
+    def phase(self, kind: str) -> Any:
+        t0 = time.time()
+        yield
+        self.windows.append((kind, t0, time.time()))
+
+    def kind(self, t: float) -> str | None:
+        for kind, t0, t1 in self.windows:
+            if t0 <= t <= t1:
+                return kind
+        return None
+
+
+def balanced(b: Bench, run: Run, members: list[str], timeout: float = 60) -> None:
+    if b.settled(run.spec, members, timeout) is None:
+        raise RuntimeError(f"{members} never settled")
+
+
+def done(b: Bench, run: Run, request: str, timeout: float = 30) -> None:
+    """Wait until the leader has cleared the operator request ``request``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if request not in b.snapshot(run.spec).requests:
+                return
+        time.sleep(0.02)
+    raise RuntimeError(f"the leader never took {request}")
+
+
+def one(b: Bench, queue_type: str, rate: float, dwell: float) -> dict[str, Any]:
+    phases = Phases()
+    run = Run(b, "planned", queue_type, ["c1"], rate)
+    group = Group(b.registry.client, b.registry.where, run.spec.name, report=False)
+    time.sleep(dwell)
+    members = ["c1"]
+    with phases.phase("join"):
+        for n in (2, 3, 4):
+            members.append(f"c{n}")
+            run.add(f"c{n}")
+            balanced(b, run, members)
+            time.sleep(dwell)
+    with phases.phase("move"):
+        for p in range(run.spec.partitions):
+            owner = b.snapshot(run.spec).assignment[p]
+            to = members[(members.index(owner) + 1) % len(members)]
+            group.request(Move(p, to))
+            done(b, run, Move(p, to).name)  # the leader took it (and may rebalance after)
+            balanced(b, run, members)
+            time.sleep(0.3)
+        time.sleep(dwell)
+    with phases.phase("drain"):
+        group.request(Drain("c4"))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            s = b.snapshot(run.spec)
+            if "c4" not in s.assignment.values() and all(
+                p in s.claims and s.claims[p].member == o for p, o in s.assignment.items()
+            ):
+                break
+            time.sleep(0.05)
+        time.sleep(dwell)
+    with phases.phase("rebalance"):
+        group.clear_request(Drain("c4").name)
+        group.request(Rebalance())
+        done(b, run, Rebalance().name)
+        balanced(b, run, members)
+        time.sleep(dwell)
+    with phases.phase("leave"):
+        for n in (4, 3, 2):
+            proc = run.procs.pop(f"c{n}")
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+            members.remove(f"c{n}")
+            balanced(b, run, members)
+            time.sleep(dwell)
+    records, summary = run.finish()
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for at, gap, _p in gaps_at(records):
+        by_kind[phases.kind(at) or "other"].append(gap)
+    return summary | {"gaps": dict(by_kind)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rate", type=float, default=2000.0)
+    ap.add_argument("--dwell", type=float, default=2.0)
+    ap.add_argument("--queue-type", default="quorum", choices=("quorum", "classic"))
+    ap.add_argument("--json", type=Path, help="also write the raw results here")
+    ap.add_argument("--keep", type=Path, help="keep the logs and records in this directory")
+    ap.add_argument("--debug", action="store_true", help="debug logs of every partq process")
+    args = ap.parse_args(argv)
+    if args.debug:
+        groups.PARTQ.append("--debug")  # before the subcommand
+    load_before = os.getloadavg()
+    results = []
+    with LocalEtcd() as etcd, tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp) if args.keep is None else args.keep
+        workdir.mkdir(parents=True, exist_ok=True)
+        b = Bench(etcd, workdir)
+        try:
+            for r in range(args.rounds):
+                res = one(b, args.queue_type, args.rate, args.dwell)
+                results.append(res)
+                summary = {k: len(v) for k, v in res["gaps"].items()}
+                log(
+                    f"round {r + 1}: moves {summary}, order {res['order']}, drained {res['drained']}"
+                )
+        finally:
+            b.stop(b.procs)
+    load_after = os.getloadavg()
+    if args.json:
+        args.json.write_text(json.dumps({"load": [load_before, load_after], "results": results}))
+    print(
+        f"\nqueue type {args.queue_type}, rate {args.rate:.0f} msg/s, P = 12, rounds {args.rounds}, "
+        f"load average {' '.join(f'{x:.2f}' for x in load_before)} → {' '.join(f'{x:.2f}' for x in load_after)}\n"
+    )
+    print("| planned move | moves | gap p50 | gap p99 | max |")
+    print("|---|---:|---:|---:|---:|")
+    every: list[float] = []
+    for kind in (*KINDS, "other"):
+        gaps = [g for res in results for g in res["gaps"].get(kind, [])]
+        if not gaps:
+            continue
+        every += gaps if kind != "other" else []
+        print(
+            f"| {kind} | {len(gaps)} | {audit.percentile(gaps, 50) * 1000:.0f} ms | "
+            f"{audit.percentile(gaps, 99) * 1000:.0f} ms | {max(gaps, default=math.nan) * 1000:.0f} ms |"
+        )
+    print(
+        f"| **all planned** | {len(every)} | {audit.percentile(every, 50) * 1000:.0f} ms | "
+        f"{audit.percentile(every, 99) * 1000:.0f} ms | {max(every, default=math.nan) * 1000:.0f} ms |"
+    )
+    totals = {
+        k: sum(res["order"][k] for res in results)
+        for k in ("violations", "lost", "duplicates", "overlaps", "redelivered")
+    }
+    print(f"\npublished {sum(res['published'] for res in results):,}; {totals}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
