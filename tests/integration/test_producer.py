@@ -23,7 +23,6 @@ from typing import Any
 import pika
 import pika.exceptions
 import pytest
-from pika.channel import Channel
 from prometheus_client import REGISTRY
 
 from coordinator import admin
@@ -46,6 +45,7 @@ from producer import (
 )
 from producer.contract import HEADER_PARTITION, QueueType, decode_key
 from producer.registry import Registry
+from producer.wire import Framer
 from tests.conftest import Ctl
 
 pytestmark = [pytest.mark.integration]
@@ -382,16 +382,15 @@ def close_connection(rabbitmqctl: Ctl, name: str) -> None:
 def publish_counts(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     """How many times each message id was handed to the broker (republishes count twice)."""
     counts: collections.Counter[str] = collections.Counter()
-    original = Channel.basic_publish
+    original = Framer.add
 
-    def counting(self: Channel, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        properties = kwargs.get("properties", args[3] if len(args) > 3 else None)
-        assert properties is not None
-        counts[properties.message_id] += 1
-        return result
+    def counting(self: Framer, routing_key: str, properties: bytes, body: bytes) -> None:
+        original(self, routing_key, properties, body)
+        decoded = pika.BasicProperties()
+        decoded.decode(properties)
+        counts[decoded.message_id] += 1
 
-    monkeypatch.setattr(Channel, "basic_publish", counting)
+    monkeypatch.setattr(Framer, "add", counting)
     return counts
 
 
@@ -769,7 +768,7 @@ def test_io_thread_death_fails_every_publish_and_close_returns(
             release.wait(10)
             raise boom
 
-        monkeypatch.setattr(Channel, "basic_publish", explode)
+        monkeypatch.setattr(Framer, "add", explode)
         # When four messages fill the window, a fifth publisher blocks on it, and pika fails
         pending = [producer.publish(f"k{i}", b"doomed") for i in range(4)]
         blocked: list[BaseException] = []
