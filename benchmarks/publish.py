@@ -40,6 +40,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pika
@@ -50,7 +51,7 @@ from coordinator import admin
 from kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
 from kernel.local import LocalEtcd
 from kernel.settings import Settings
-from producer import Producer, StreamSpec, partition_for
+from producer import Producer, Receipt, StreamSpec, partition_for
 from producer.contract import QueueType
 from producer.registry import Registry
 from producer.topology import message_properties
@@ -88,31 +89,43 @@ class Workload:
 
 
 def publish_sdk(url: str, spec: StreamSpec, n: int, work: Workload) -> tuple[float, float]:
-    with Producer(spec, amqp_url=url, window=work.window, name="bench-sdk") as producer:
-        futures = []
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        for i in range(n):
-            futures.append(producer.publish(work.key(i), work.body))
-        producer.flush(timeout=600)
-        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    failed = sum(1 for f in futures if f.exception() is not None)
-    if failed:
-        raise SystemExit(f"sdk: {failed} of {n} messages failed")
-    return elapsed, cpu
+    """``Producer.publish``, one call per message."""
+
+    def one_by_one(producer: Producer) -> list[Future[Receipt]]:
+        return [producer.publish(work.key(i), work.body) for i in range(n)]
+
+    return _sdk(url, spec, n, work, "sdk", one_by_one)
 
 
 def publish_sdk_many(url: str, spec: StreamSpec, n: int, work: Workload) -> tuple[float, float]:
-    with Producer(spec, amqp_url=url, window=work.window, name="bench-sdk-many") as producer:
-        futures = []
-        cpu0, t0 = time.process_time(), time.perf_counter()
+    """``Producer.publish_many``, ``work.batch`` messages per call."""
+
+    def in_batches(producer: Producer) -> list[Future[Receipt]]:
+        futures: list[Future[Receipt]] = []
         for start in range(0, n, work.batch):
             stop = min(n, start + work.batch)
             futures += producer.publish_many((work.key(i), work.body) for i in range(start, stop))
+        return futures
+
+    return _sdk(url, spec, n, work, "sdk-many", in_batches)
+
+
+def _sdk(
+    url: str,
+    spec: StreamSpec,
+    n: int,
+    work: Workload,
+    method: str,
+    publish_all: Callable[[Producer], list[Future[Receipt]]],
+) -> tuple[float, float]:
+    with Producer(spec, amqp_url=url, window=work.window, name=f"bench-{method}") as producer:
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        futures = publish_all(producer)
         producer.flush(timeout=600)
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     failed = sum(1 for f in futures if f.exception() is not None)
     if failed:
-        raise SystemExit(f"sdk-many: {failed} of {n} messages failed")
+        raise SystemExit(f"{method}: {failed} of {n} messages failed")
     return elapsed, cpu
 
 

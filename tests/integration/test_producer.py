@@ -336,10 +336,11 @@ def test_broker_down_is_broker_unavailable(stream_name: str) -> None:
         time.sleep(0.05)
 
 
-def test_unroutable_partition_fails_and_the_others_confirm(
+def unbound_partition(
     make_stream: MakeStream, rabbitmq: str
-) -> None:
-    # Given a stream whose partition 3 queue was unbound from the exchange
+) -> tuple[StreamSpec, list[str], list[str]]:
+    """A classic stream whose partition 3 queue is unbound from the exchange; 200 keys, and
+    those of them that hash to partition 3."""
     spec = make_stream(P, "classic")
     connection = pika.BlockingConnection(pika.URLParameters(rabbitmq))
     connection.channel().queue_unbind(spec.queue(3), spec.exchange, routing_key="3")
@@ -347,6 +348,14 @@ def test_unroutable_partition_fails_and_the_others_confirm(
     keys = [f"k{i}" for i in range(200)]
     lost_keys = [k for k in keys if partition_for(k, P) == 3]
     assert lost_keys
+    return spec, keys, lost_keys
+
+
+def test_unroutable_partition_fails_and_the_others_confirm(
+    make_stream: MakeStream, rabbitmq: str
+) -> None:
+    # Given a stream whose partition 3 queue was unbound from the exchange
+    spec, keys, lost_keys = unbound_partition(make_stream, rabbitmq)
     # When a key of every partition is published
     with Producer(spec, amqp_url=rabbitmq) as producer:
         futures = {key: producer.publish(key, key.encode()) for key in keys}

@@ -11,7 +11,14 @@ import pytest
 
 from producer import MessageUnroutable, Producer, ProducerClosed, UsageError, partition_for
 from producer.contract import QueueType
-from tests.integration.test_producer import MakeStream, P, drain, make_stream, settle
+from tests.integration.test_producer import (
+    MakeStream,
+    P,
+    drain,
+    make_stream,
+    settle,
+    unbound_partition,
+)
 
 __all__ = ["make_stream"]  # the fixture, used by name
 
@@ -78,13 +85,8 @@ def test_an_unroutable_message_fails_only_its_own_future(
     make_stream: MakeStream, rabbitmq: str
 ) -> None:
     # Given a stream whose partition 3 queue was unbound from the exchange
-    spec = make_stream(P, "classic")
-    connection = pika.BlockingConnection(pika.URLParameters(rabbitmq))
-    connection.channel().queue_unbind(spec.queue(3), spec.exchange, routing_key="3")
-    connection.close()
-    keys = [f"k{i}" for i in range(200)]
-    lost = {k for k in keys if partition_for(k, P) == 3}
-    assert lost
+    spec, keys, lost_keys = unbound_partition(make_stream, rabbitmq)
+    lost = set(lost_keys)
     # When a batch holds a key of every partition
     with Producer(spec, amqp_url=rabbitmq) as producer:
         futures = producer.publish_many((key, key.encode()) for key in keys)
