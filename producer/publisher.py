@@ -90,9 +90,10 @@ _FAILED_REASONS: dict[type[Exception], str] = {  # the reason label of metrics.F
     ConnectionLost: "connection",
     PublishFailed: "refused",
 }
-# What publish_many takes: (key, body), or (key, body, headers, message_id) with either None
+# What publish_many takes: (key, body), (key, body, headers) or (key, body, headers, message_id)
 BatchItem = (
     tuple[str | bytes, bytes | str]
+    | tuple[str | bytes, bytes | str, Mapping[str, Any] | None]
     | tuple[str | bytes, bytes | str, Mapping[str, Any] | None, str | None]
 )
 
@@ -120,6 +121,21 @@ class _Pending:
     future: PublishFuture[Receipt]
     published_at: float = 0.0
     returned: bool = False
+
+
+def _unpack(
+    item: BatchItem,
+) -> tuple[str | bytes, bytes | str, Mapping[str, Any] | None, str | None]:
+    if len(item) == 2:
+        return item[0], item[1], None, None
+    if len(item) == 3:
+        return item[0], item[1], item[2], None
+    if len(item) == 4:
+        return item
+    raise TypeError(
+        f"publish_many takes (key, body), (key, body, headers) or (key, body, headers, "
+        f"message_id) tuples, not {len(item)} items"
+    )
 
 
 class Producer:
@@ -248,7 +264,8 @@ class Producer:
         return pending.future
 
     def publish_many(self, messages: Iterable[BatchItem]) -> list[Future[Receipt]]:
-        """Queue a batch: ``(key, body)`` or ``(key, body, headers, message_id)`` tuples.
+        """Queue a batch of ``(key, body)``, ``(key, body, headers)`` or ``(key, body,
+        headers, message_id)`` tuples (``headers`` and ``message_id`` may be None).
 
         As many :meth:`publish` calls, in order, and cheaper: one lock and one wake-up
         of the I/O thread per window's worth instead of per message. Every message is
@@ -260,12 +277,7 @@ class Producer:
         :class:`ProducerClosed` (raised instead when nothing was queued).
         """
         now = time.time()
-        batch = [
-            self._prepare(item[0], item[1], item[2], item[3], now)
-            if len(item) == 4
-            else self._prepare(item[0], item[1], None, None, now)
-            for item in messages
-        ]
+        batch = [self._prepare(*_unpack(item), now) for item in messages]
         futures: list[Future[Receipt]] = [pending.future for pending in batch]
         limit = self._max_body
         if limit != sys.maxsize and any(len(pending.body) > limit for pending in batch):

@@ -54,10 +54,11 @@ class ConfirmingConnection(SelectConnection):  # type: ignore[misc]
 
     pika dispatches every inbound method frame through its callback registry (several
     decorators, a lookup by channel and method class); profiled on a classic queue,
-    which confirms about one message per frame, that took more of the SDK's CPU than the
-    SDK's own bookkeeping of the confirm. The broker sends ``Basic.Ack``/``Nack`` to a
-    client only as publisher confirms; every other frame goes through pika as before,
-    and the channel still enables confirms with ``confirm_delivery``.
+    which confirms about one message per frame, that took about 10 % of the SDK's CPU,
+    nearly as much as the SDK's own handling of the confirm. The broker sends
+    ``Basic.Ack``/``Nack`` to a client only as publisher confirms; every other frame goes
+    through pika as before, and the channel still enables confirms with
+    ``confirm_delivery``.
     """
 
     _confirm_channel = -1

@@ -11,6 +11,7 @@ import pytest
 
 from producer import MessageUnroutable, Producer, ProducerClosed, UsageError, partition_for
 from producer.contract import QueueType
+from producer.publisher import BatchItem
 from tests.integration.test_producer import (
     MakeStream,
     P,
@@ -65,16 +66,20 @@ def test_a_batch_arrives_in_order_with_its_ids_and_headers(
 def test_a_batch_carries_each_messages_own_headers(make_stream: MakeStream, rabbitmq: str) -> None:
     # Given a batch whose messages carry headers of their own (as the Spark sink's do)
     spec = make_stream(1, "classic")
-    items = [("k", f"{i}".encode(), {"partq-seq": i, "tag": f"t{i}"}, f"m-{i}") for i in range(3)]
+    items: list[BatchItem] = [
+        ("k", f"{i}".encode(), {"partq-seq": i, "tag": f"t{i}"}, f"m-{i}") for i in range(3)
+    ]
+    items.append(("k", b"3", {"partq-seq": 3, "tag": "t3"}))  # no id: the SDK makes one
     with Producer(spec, amqp_url=rabbitmq) as producer:
         settle(producer.publish_many(items), timeout=30)
     # Then each arrives with its own headers and id, beside partq's
     connection = pika.BlockingConnection(pika.URLParameters(rabbitmq))
     try:
         channel = connection.channel()
-        for i in range(3):
+        for i in range(4):
             _method, properties, body = channel.basic_get(spec.queue(0), auto_ack=True)
-            assert body == f"{i}".encode() and properties.message_id == f"m-{i}"
+            assert body == f"{i}".encode() and properties.message_id
+            assert i == 3 or properties.message_id == f"m-{i}"
             assert properties.headers["partq-seq"] == i and properties.headers["tag"] == f"t{i}"
             assert properties.headers["partq-key"] == "k"
     finally:
@@ -114,6 +119,8 @@ def test_a_bad_message_refuses_the_whole_batch_before_any_is_sent(
             producer.publish_many(items)
         with pytest.raises(TypeError):
             producer.publish_many([("a", 5)])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match="not 5 items"):
+            producer.publish_many([("a", b"1", None, None, None)])  # type: ignore[list-item]
         # And nothing of it was queued: the next message is the only one that arrives
         producer.publish("d", b"4").result(timeout=10)
     assert [d.body for d in drain(rabbitmq, spec)] == [b"4"]
