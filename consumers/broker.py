@@ -329,7 +329,8 @@ class Broker(threading.Thread):
             self._connection = connection
             connection.ioloop.start()
             self._connection = None
-            connection.ioloop.close()  # its wake-up socket pair
+            connection.ioloop.close()  # its wake-up socket pair (and callbacks never run)
+            self._drop_acks()
             if self.connected.is_set():
                 delays.reset()
             self.connected.clear()
@@ -572,6 +573,14 @@ class Broker(threading.Thread):
             sub.unacked.append(delivery.delivery_tag)
             self._deliver(partition, delivery)
         standby.buffer.clear()
+
+    def _drop_acks(self) -> None:
+        """The connection is gone, and a ``_send_acks`` queued on its loop with it: forget
+        the acks (their channels are closed: the broker requeues those deliveries) so that
+        the next ack schedules a send on the next connection."""
+        with self._acks_lock:
+            self._acks.clear()
+            self._acks_scheduled = False
 
     def _send_acks(self) -> None:
         with self._acks_lock:

@@ -81,3 +81,21 @@ def test_acks_of_a_draining_partition_are_held_and_of_an_old_channel_dropped() -
     b._send_acks()
     assert channel.acks == [] and old.acks == []
     assert b._subs[0].held == [1, 2]
+
+
+def test_acks_queued_on_a_connection_that_died_do_not_stop_later_acks() -> None:
+    # Given an ack whose send was queued on a connection's loop that then died unrun
+    b = broker()
+    sent: list[object] = []
+    b._call = lambda fn: sent.append(fn) or True  # type: ignore[method-assign]
+    channel = subscribed(b, 0, [1, 2])
+    b.ack(0, channel, 1)  # type: ignore[arg-type]
+    assert len(sent) == 1
+    b._drop_acks()  # as run() does once the connection's loop has stopped
+    # When the worker acks on the next connection's channel
+    new_channel = subscribed(b, 0, [1])
+    b.ack(0, new_channel, 1)  # type: ignore[arg-type]
+    # Then a send is scheduled again, and it acks only the new channel's delivery
+    assert len(sent) == 2
+    b._send_acks()
+    assert new_channel.acks == [(1, False)] and channel.acks == []
