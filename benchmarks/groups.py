@@ -30,7 +30,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -354,103 +353,7 @@ def broker_restart(
     return summary | {"stop_s": down, "start_s": up, "resumed_after_s": resumed}
 
 
-# -- throughput: partq consumer vs raw pika ---------------------------------------------
-
-
-def prefill(spec: StreamSpec, n: int, size: int) -> float:
-    t = time.monotonic()
-    with Producer(spec, amqp_url=AMQP, window=1000) as prod:
-        futures = [prod.publish(f"key-{i % 10000}", b"x" * size) for i in range(n)]
-        prod.flush(600)
-    assert not [f for f in futures if f.exception() is not None], "prefill publishes failed"
-    return n / (time.monotonic() - t)
-
-
-def metric_handled(port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-        lines = r.read().decode().splitlines()
-    prefix = "partq_consumer_messages_handled_total{"
-    return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith(prefix) and '"ok"' in x)
-
-
-def run_partq(b: Bench, spec: StreamSpec, n: int, prefetch: int) -> dict[str, float]:
-    port = free_port()
-    coord = b.coordinator(spec, settle=0.2)
-    t0 = time.time()
-    c = b.consumer(
-        spec, "tp1", b.dir / "none.jsonl", prefetch=prefetch, handler=NOOP_HANDLER, http_port=port
-    )
-    t_first = t_done = None
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and t_done is None:
-        got = 0.0
-        with contextlib.suppress(Exception):
-            got = metric_handled(port)
-        now = time.time()
-        t_first = t_first or (now if got > 0 else None)
-        t_done = now if got >= n else None
-        if c.poll() is not None:
-            raise RuntimeError(f"partq consumer exited with {c.returncode}")
-        time.sleep(0.05)
-    b.stop([c, coord])
-    assert t_first is not None and t_done is not None, "partq consumer did not finish"
-    return {"rate": n / (t_done - t_first), "total_s": t_done - t0, "startup_s": t_first - t0}
-
-
-RAW = r"""
-import json, sys, time, pika
-url, n, prefetch, queues = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
-conn = pika.BlockingConnection(pika.URLParameters(url))
-state = {"count": 0, "first": None}
-def on_message(ch, method, props, body):
-    if state["first"] is None:
-        state["first"] = time.time()
-    ch.basic_ack(method.delivery_tag)
-    state["count"] += 1
-for q in queues:
-    ch = conn.channel()
-    ch.basic_qos(prefetch_count=prefetch)
-    ch.basic_consume(q, on_message)
-t0 = time.time()
-while state["count"] < n:
-    conn.process_data_events(time_limit=0.1)
-done = time.time()
-print(json.dumps({"t0": t0, "first": state["first"], "done": done}))
-conn.close()
-"""
-
-
-def run_raw(spec: StreamSpec, n: int, prefetch: int) -> dict[str, float]:
-    queues = [spec.queue(p) for p in range(spec.partitions)]
-    t0 = time.time()
-    argv = [sys.executable, "-c", RAW, AMQP, str(n), str(prefetch), *queues]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    rate = n / (r["done"] - r["first"])
-    return {"rate": rate, "total_s": r["done"] - t0, "startup_s": r["first"] - t0}
-
-
-def throughput(b: Bench, n: int, size: int) -> list[dict[str, Any]]:
-    rows = []
-    for queue_type in ("quorum", "classic"):
-        for prefetch in (100, 1000):
-            row: dict[str, Any] = {"queue_type": queue_type, "prefetch": prefetch}
-            for impl in ("raw", "partq"):
-                spec = b.stream(f"tp-{impl}", 8, queue_type)
-                row[f"{impl}_publish_rate"] = prefill(spec, n, size)
-                measure = (
-                    run_partq(b, spec, n, prefetch)
-                    if impl == "partq"
-                    else run_raw(spec, n, prefetch)
-                )
-                row[impl] = measure
-                log(
-                    f"throughput {queue_type} prefetch={prefetch} {impl}: {measure['rate']:.0f} msg/s"
-                )
-                b.drop(spec)
-            row["ratio"] = row["partq"]["rate"] / row["raw"]["rate"]
-            rows.append(row)
-    return rows
+# -- throughput: partq consumer vs raw pika: benchmarks.consume ------------------------------
 
 
 # -- a private RabbitMQ node, for the broker restart ----------------------------------------
@@ -741,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
                     res["restart_error"] = f"{type(e).__name__}: {e}"
                     log(f"broker restart not measured: {e!r}")
             if "throughput" in only:
+                from benchmarks.consume import throughput  # it imports this module
+
                 for row in throughput(b, n, size):
                     keep("throughput", row)
         finally:

@@ -6,18 +6,24 @@ Starts a private etcd (``kernel.local.LocalEtcd``) and uses the machine's
 RabbitMQ. For each queue type, on a fresh stream of P partitions per run, it
 times, from the first publish to the last confirm:
 
-* ``sdk``       — ``producer.Producer`` (its I/O thread, window ``--window``);
+* ``sdk``       — ``producer.Producer.publish``, one call per message (its I/O
+  thread, window ``--window``);
+* ``sdk-many``  — ``producer.Producer.publish_many``, ``--batch`` messages a call;
 * ``pipelined`` — raw pika ``SelectConnection``, publisher confirms handled in a
   callback, at most ``--window`` unconfirmed (the best a hand-written loop does);
+* ``bare``      — the same raw pipelined loop, but every message carries one
+  prebuilt ``BasicProperties(delivery_mode=2)``: no headers, no message id, no
+  timestamp (the floor of a pika publisher; only the key's hash is computed, to
+  route to the same queues);
 * ``wait-each`` — raw pika ``BlockingConnection`` with ``confirm_delivery``,
   waiting for each confirm; it runs ``--wait-each-messages`` messages only (it
   is ~1.5k msg/s), and its rate is reported as it is.
 
-Every loop does the same per-message work as the SDK: hash the key with
+Every loop but ``bare`` does the same per-message work as the SDK: hash the key with
 ``partition_for``, persistent properties with key/partition headers, a fresh
 ``message_id`` and a timestamp (``producer.topology.message_properties``), and a
 ``mandatory`` publish. Each measurement is repeated ``--repeats`` times,
-interleaved (sdk, pipelined, wait-each, sdk, …) so drifting load hits all
+interleaved (sdk, sdk-many, pipelined, bare, wait-each, sdk, …) so drifting load hits all
 alike; the table shows the median. Not a test: it asserts only that every
 message was confirmed.
 """
@@ -34,6 +40,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pika
@@ -44,12 +51,12 @@ from coordinator import admin
 from kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
 from kernel.local import LocalEtcd
 from kernel.settings import Settings
-from producer import Producer, StreamSpec, partition_for
+from producer import Producer, Receipt, StreamSpec, partition_for
 from producer.contract import QueueType
 from producer.registry import Registry
 from producer.topology import message_properties
 
-METHODS = ("sdk", "pipelined", "wait-each")
+METHODS = ("sdk", "sdk-many", "pipelined", "bare", "wait-each")
 TIMES = "\N{MULTIPLICATION SIGN}"
 
 
@@ -72,6 +79,7 @@ class Workload:
     body: bytes
     partitions: int
     window: int
+    batch: int = 100
 
     def key(self, i: int) -> str:
         return self.keys[i % len(self.keys)]
@@ -81,21 +89,66 @@ class Workload:
 
 
 def publish_sdk(url: str, spec: StreamSpec, n: int, work: Workload) -> tuple[float, float]:
-    with Producer(spec, amqp_url=url, window=work.window, name="bench-sdk") as producer:
-        futures = []
+    """``Producer.publish``, one call per message."""
+
+    def one_by_one(producer: Producer) -> list[Future[Receipt]]:
+        return [producer.publish(work.key(i), work.body) for i in range(n)]
+
+    return _sdk(url, spec, n, work, "sdk", one_by_one)
+
+
+def publish_sdk_many(url: str, spec: StreamSpec, n: int, work: Workload) -> tuple[float, float]:
+    """``Producer.publish_many``, ``work.batch`` messages per call."""
+
+    def in_batches(producer: Producer) -> list[Future[Receipt]]:
+        futures: list[Future[Receipt]] = []
+        for start in range(0, n, work.batch):
+            stop = min(n, start + work.batch)
+            futures += producer.publish_many((work.key(i), work.body) for i in range(start, stop))
+        return futures
+
+    return _sdk(url, spec, n, work, "sdk-many", in_batches)
+
+
+def _sdk(
+    url: str,
+    spec: StreamSpec,
+    n: int,
+    work: Workload,
+    method: str,
+    publish_all: Callable[[Producer], list[Future[Receipt]]],
+) -> tuple[float, float]:
+    with Producer(spec, amqp_url=url, window=work.window, name=f"bench-{method}") as producer:
         cpu0, t0 = time.process_time(), time.perf_counter()
-        for i in range(n):
-            futures.append(producer.publish(work.key(i), work.body))
+        futures = publish_all(producer)
         producer.flush(timeout=600)
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     failed = sum(1 for f in futures if f.exception() is not None)
     if failed:
-        raise SystemExit(f"sdk: {failed} of {n} messages failed")
+        raise SystemExit(f"{method}: {failed} of {n} messages failed")
     return elapsed, cpu
+
+
+_BARE = pika.BasicProperties(delivery_mode=2)
 
 
 def publish_pipelined(url: str, spec: StreamSpec, n: int, work: Workload) -> tuple[float, float]:
     """Raw pika: one SelectConnection, confirms in a callback, ``window`` in flight."""
+    return _pipelined(url, spec, n, work, message_properties)
+
+
+def publish_bare(url: str, spec: StreamSpec, n: int, work: Workload) -> tuple[float, float]:
+    """Raw pika as ``pipelined``, one prebuilt persistent ``BasicProperties`` for every message."""
+    return _pipelined(url, spec, n, work, lambda _key, _partition: _BARE)
+
+
+def _pipelined(
+    url: str,
+    spec: StreamSpec,
+    n: int,
+    work: Workload,
+    properties: Callable[[str, int], pika.BasicProperties],
+) -> tuple[float, float]:
     state = {"sent": 0, "confirmed": 0, "failed": 0, "t0": 0.0, "cpu0": 0.0}
     unconfirmed: dict[int, None] = {}  # insertion-ordered by delivery tag
     exchange = spec.exchange
@@ -111,7 +164,7 @@ def publish_pipelined(url: str, spec: StreamSpec, n: int, work: Workload) -> tup
                 exchange,
                 str(partition),
                 work.body,
-                message_properties(key, partition),
+                properties(key, partition),
                 mandatory=True,
             )
             state["sent"] += 1
@@ -188,7 +241,9 @@ def publish_wait_each(url: str, spec: StreamSpec, n: int, work: Workload) -> tup
 
 PUBLISHERS: dict[str, Callable[[str, StreamSpec, int, Workload], tuple[float, float]]] = {
     "sdk": publish_sdk,
+    "sdk-many": publish_sdk_many,
     "pipelined": publish_pipelined,
+    "bare": publish_bare,
     "wait-each": publish_wait_each,
 }
 
@@ -243,26 +298,31 @@ def cpu_model() -> str:
     return platform.processor() or "?"
 
 
-def report(runs: list[Run], args: argparse.Namespace, rabbit: str, command: str) -> str:
+def report(
+    runs: list[Run], args: argparse.Namespace, rabbit: str, command: str, load: list[str]
+) -> str:
+    methods = [m for m in METHODS if any(r.method == m for r in runs)]
     lines = [
         f"- command: `{command}`",
-        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
+        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; load average "
+        f"(1 min) {' → '.join(load)} (start → end)",
         f"- machine: {os.cpu_count()} cores ({cpu_model()}), shared with the broker"
         f" and other work; Python {platform.python_version()}, pika {pika.__version__}",
         f"- RabbitMQ {rabbit} on 127.0.0.1; {args.messages:,} {TIMES} {args.size}-byte persistent "
         f"messages, mandatory, {args.keys:,} keys over P={args.partitions} partitions, "
-        f"window {args.window}; wait-each: {args.wait_each_messages:,} messages",
-        f"- median of {args.repeats} runs, each on a fresh stream (msg/s; CPU = this "
-        f"process's CPU seconds per 10k messages)",
+        f"window {args.window}; sdk-many: {args.batch} messages per `publish_many`; "
+        f"wait-each: {args.wait_each_messages:,} messages",
+        f"- median of {args.repeats} runs, each on a fresh stream, methods interleaved (msg/s; "
+        f"CPU = this process's CPU seconds per 10k messages, every thread: robust to load)",
         "",
-        "| queue type | SDK msg/s | raw pipelined msg/s | raw wait-each msg/s "
-        "| SDK / pipelined | SDK / wait-each | CPU s/10k SDK | CPU s/10k pipelined |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| queue type | method | msg/s | ÷ pipelined | ÷ bare | CPU s/10k "
+        "| CPU ÷ pipelined's | CPU ÷ bare's |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for queue_type in args.queue_types:
 
-        def median(method: str, attr: str, qt: str = queue_type) -> float:
-            values = [getattr(r, attr) for r in runs if r.queue_type == qt and r.method == method]
+        def median(method: str, qt: str = queue_type) -> float:
+            values = [r.rate for r in runs if r.queue_type == qt and r.method == method]
             return statistics.median(values) if values else float("nan")
 
         def cpu(method: str, qt: str = queue_type) -> float:
@@ -273,22 +333,30 @@ def report(runs: list[Run], args: argparse.Namespace, rabbit: str, command: str)
             ]
             return statistics.median(values) if values else float("nan")
 
-        sdk, pipe, each = (median(m, "rate") for m in METHODS)
-        lines.append(
-            f"| {queue_type} | {sdk:,.0f} | {pipe:,.0f} | {each:,.0f} | {sdk / pipe:.2f}{TIMES} "
-            f"| {sdk / each:.1f}{TIMES} | {cpu('sdk'):.2f} | {cpu('pipelined'):.2f} |"
-        )
+        for method in methods:
+            rate, pipelined, bare = median(method), median("pipelined"), median("bare")
+            lines.append(
+                f"| {queue_type} | {method} | {rate:,.0f} | {rate / pipelined:.2f}{TIMES} "
+                f"| {rate / bare:.2f}{TIMES} | {cpu(method):.3f} "
+                f"| {cpu(method) / cpu('pipelined'):.2f} | {cpu(method) / cpu('bare'):.2f} |"
+            )
     lines.append("")
-    lines.append("Every run (msg/s):")
+    lines.append("Every run (msg/s, CPU s/10k):")
     lines.append("")
     for queue_type in args.queue_types:
-        for method in METHODS:
-            rates = [
-                f"{r.rate:,.0f}" for r in runs if r.queue_type == queue_type and r.method == method
+        for method in methods:
+            cells = [
+                f"{r.rate:,.0f} ({r.cpu_seconds / r.messages * 10_000:.3f})"
+                for r in runs
+                if r.queue_type == queue_type and r.method == method
             ]
-            if rates:
-                lines.append(f"- {queue_type} {method}: {', '.join(rates)}")
+            if cells:
+                lines.append(f"- {queue_type} {method}: {', '.join(cells)}")
     return "\n".join(lines)
+
+
+def load_average() -> str:
+    return f"{os.getloadavg()[0]:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys")
     parser.add_argument("--window", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=100, help="messages per publish_many")
     parser.add_argument("--wait-each-messages", type=int, default=10_000)
     parser.add_argument("--queue-types", default="quorum,classic")
     parser.add_argument("--methods", default=",".join(METHODS))
@@ -315,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         body=os.urandom(args.size),
         partitions=args.partitions,
         window=args.window,
+        batch=args.batch,
     )
+    load = [load_average()]
     rabbit = rabbitmq_version(args.amqp_url)
     runs: list[Run] = []
     with LocalEtcd() as etcd:
@@ -336,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                         )
         finally:
             registry.close()
-    print(report(runs, args, rabbit, command))
+    load.append(load_average())
+    print(report(runs, args, rabbit, command, load))
     return 0
 
 

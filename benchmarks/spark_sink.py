@@ -14,7 +14,15 @@ fresh P = 8 quorum stream and checks that every row reached the queues:
   ``BlockingConnection`` and waits for every confirm (``--naive-rows`` rows
   only, as it is slow; its rate is reported as measured);
 * ``raw pika pipelined`` — ``benchmarks.publish.publish_pipelined``: one
-  process, ``SelectConnection``, confirms in a callback, window 1000.
+  process, ``SelectConnection``, confirms in a callback, window 1000;
+* ``task`` — ``producer.spark.publish.publish_task`` (what each Spark task runs)
+  fed the same rows in this process, without Spark: the per-task publisher
+  against the raw loop, with CPU seconds per 10k messages for both.
+
+For every Spark run the table also gives where the machine's CPU went meanwhile,
+read from ``/proc``: the broker (``beam.smp``), Spark's JVM, its Python workers,
+this driver, and everything else (other users' work), with the machine's busy
+share of all cores: what bounds ``local[N]`` when the cores are all busy.
 
 Spark rates are rows / the micro-batch's duration as Spark reports it (read,
 partition UDF, shuffle, publish, all confirms, commit). A warm-up query runs
@@ -44,13 +52,14 @@ from typing import Any
 import pika
 import pyspark
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from benchmarks.publish import Workload, cpu_model, publish_pipelined, queue_depth, rabbitmq_version
 from coordinator import admin
 from kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
 from kernel.local import LocalEtcd
 from kernel.settings import Settings
-from producer.contract import StreamSpec
+from producer.contract import StreamSpec, partition_for
 from producer.registry import Registry
 from producer.spark import (
     PARTITION_COLUMN,
@@ -59,14 +68,18 @@ from producer.spark import (
     loopback_session,
     prepare,
 )
+from producer.spark.publish import publish_task
+from producer.spark.rows import POSITION_COLUMN, RowLayout
 from producer.topology import message_properties
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 SECTION = "## Spark sink throughput (issue 4)"
 NOTES = "### Notes (hand-written; kept when the script re-runs)"
 SCHEMA = "key STRING, payload STRING"
-METHODS = ("sink", "foreach", "naive", "raw")
+METHODS = ("sink", "foreach", "naive", "raw", "task")
+GROUPS = ("broker", "spark-jvm", "python-workers", "driver", "other")
 LABELS = {
+    "task": "partq `publish_task` (1 process, no Spark)",
     "sink": 'partq sink (`format("partq")`)',
     "foreach": "partq `foreach_batch_writer`",
     "naive": "naive foreachBatch, wait for each confirm",
@@ -81,6 +94,10 @@ class Run:
     rows: int
     seconds: float  # the micro-batch's duration (Spark) or first publish → last confirm (raw)
     wall: float  # start() → the query ended (Spark) or = seconds (raw)
+    cpu: float = float("nan")  # this process's CPU seconds (raw, task)
+    # CPU seconds by process group over a Spark run, and the machine's busy share
+    breakdown: tuple[tuple[str, float], ...] = ()
+    busy: float = float("nan")
 
     @property
     def rate(self) -> float:
@@ -101,6 +118,93 @@ def write_rows(directory: Path, rows: int, keys: int, size: int, files: int = 8)
             for i in range(n * per_file, min(rows, (n + 1) * per_file))
         )
         (directory / f"part-{n:03d}.json").write_text("\n".join(lines) + "\n")
+
+
+# -- where the CPU goes: /proc --------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _group(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ")
+    except OSError:
+        return "other"
+    if pid == os.getpid():
+        return "driver"
+    if comm == "beam.smp":
+        return "broker"
+    if comm == "java" and b"spark" in cmdline.lower():
+        return "spark-jvm"
+    if b"pyspark" in cmdline:
+        return "python-workers"
+    return "other"
+
+
+def cpu_snapshot() -> tuple[dict[int, tuple[str, float]], float, float]:
+    """Every process's (group, CPU seconds), and the machine's busy and total jiffies."""
+    procs: dict[int, tuple[str, float]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        procs[int(name)] = (_group(int(name)), (int(fields[11]) + int(fields[12])) / _TICK)
+    with open("/proc/stat") as f:
+        cpu = [int(x) for x in f.readline().split()[1:]]
+    idle = cpu[3] + cpu[4]
+    return procs, sum(cpu) - idle, sum(cpu)
+
+
+def cpu_breakdown(
+    before: tuple[dict[int, tuple[str, float]], float, float],
+    after: tuple[dict[int, tuple[str, float]], float, float],
+) -> tuple[tuple[tuple[str, float], ...], float]:
+    """CPU seconds by group between two snapshots (a process born since counts from 0),
+    and the share of all cores that was busy."""
+    totals = dict.fromkeys(GROUPS, 0.0)
+    for pid, (group, seconds) in after[0].items():
+        totals[group] += seconds - before[0].get(pid, (group, 0.0))[1]
+    busy = (after[1] - before[1]) / max(1, after[2] - before[2])
+    return tuple(totals.items()), busy
+
+
+# -- the per-task publisher without Spark -------------------------------------------------------
+
+
+def publish_rows_task(url: str, spec: StreamSpec, n: int, work: Workload) -> tuple[float, float]:
+    """``publish_task`` on ``n`` rows shaped as ``prepare()`` leaves them (key, payload,
+    partition, position), in this process: (wall seconds, CPU seconds)."""
+    schema = StructType(
+        [
+            StructField("key", StringType()),
+            StructField("payload", StringType()),
+            StructField(PARTITION_COLUMN, IntegerType()),
+            StructField(POSITION_COLUMN, LongType()),
+        ]
+    )
+    options = SinkOptions(
+        spec.name, "key", value_column="payload", amqp_url=url, window=work.window
+    )
+    layout = RowLayout.from_schema(schema, options, spec.partitions)
+    payload = work.body.decode()
+    rows = [
+        (work.key(i), payload, partition_for(work.key(i), spec.partitions), i) for i in range(n)
+    ]
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    report = publish_task(
+        rows, layout=layout, spec=spec, options=options, query_id="bench", batch_id=0, task=0
+    )
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    if report.rows != n:
+        raise SystemExit(f"task: {report.rows} of {n} rows reported")
+    return elapsed, cpu
 
 
 # -- the naive sink: module level so that Spark pickles it by value from __main__ ----------
@@ -160,15 +264,17 @@ def run_query(
     else:
         writer = frame.writeStream.foreachBatch(naive_writer(spec, url))
     started = time.perf_counter()
+    before = cpu_snapshot()
     query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     query.awaitTermination()
     wall = time.perf_counter() - started
+    breakdown, busy = cpu_breakdown(before, cpu_snapshot())
     if query.exception() is not None:
         raise SystemExit(f"{method}: the query failed: {query.exception()}")
     batches = [p for p in query.recentProgress if p.numInputRows > 0]
     rows = sum(p.numInputRows for p in batches)
     seconds = sum(p.batchDuration for p in batches) / 1000
-    return Run(method, 0, rows, seconds, wall)
+    return Run(method, 0, rows, seconds, wall, breakdown=breakdown, busy=busy)
 
 
 def measure(
@@ -182,15 +288,16 @@ def measure(
     spec = StreamSpec(f"bench-spark-{method}-{uuid.uuid4().hex[:8]}", args.partitions, "quorum")
     admin.create_stream(registry, args.amqp_url, spec)
     try:
-        if method == "raw":
+        if method in ("raw", "task"):
             work = Workload(
                 keys=[f"key-{i}" for i in range(args.keys)],
                 body=b"x" * args.size,
                 partitions=args.partitions,
                 window=1000,
             )
-            seconds, _cpu = publish_pipelined(args.amqp_url, spec, args.rows, work)
-            run = Run(method, 0, args.rows, seconds, seconds)
+            publish = publish_pipelined if method == "raw" else publish_rows_task
+            seconds, cpu = publish(args.amqp_url, spec, args.rows, work)
+            run = Run(method, 0, args.rows, seconds, seconds, cpu=cpu)
         else:
             source = sources["naive" if method == "naive" else "full"]
             run = run_query(spark, method, spec, source, args.amqp_url, etcd)
@@ -246,15 +353,57 @@ def report(runs: list[Run], args: argparse.Namespace, rabbit: str, command: str)
             rate = median(method, cores)
             rows = args.naive_rows if method == "naive" else args.rows
             wall = median(method, cores, "wall")
-            if method == "raw":
+            if method in ("raw", "task"):
                 lines.append(
-                    f"| {LABELS[method]} | (during local[{cores}]) | {rows:,} | {rate:,.0f} | — | 1.00 | {wall:.1f} |"
+                    f"| {LABELS[method]} | (during local[{cores}]) | {rows:,} | {rate:,.0f} | — | {rate / raw:.2f} | {wall:.1f} |"
                 )
                 continue
             per_core = rate / cores
             lines.append(
                 f"| {LABELS[method]} | {cores} | {rows:,} | {rate:,.0f} | {per_core:,.0f} | **{per_core / raw:.2f}** | {wall:.1f} |"
             )
+    task_rows = [(c, r) for c in args.cores for r in runs if r.method == "task" and r.cores == c]
+    if task_rows:
+        lines += [
+            "",
+            "The per-task publisher without Spark against the raw loop, same phase (medians; CPU = "
+            "this process's CPU seconds per 10k messages):",
+            "",
+            "| phase | raw msg/s | `publish_task` msg/s | task ÷ raw | CPU s/10k raw | CPU s/10k task |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for cores in args.cores:
+            raw, task = median("raw", cores), median("task", cores)
+            raw_cpu = median("raw", cores, "cpu") / args.rows * 10_000
+            task_cpu = median("task", cores, "cpu") / args.rows * 10_000
+            lines.append(
+                f"| local[{cores}] | {raw:,.0f} | {task:,.0f} | **{task / raw:.2f}** "
+                f"| {raw_cpu:.3f} | {task_cpu:.3f} |"
+            )
+    spark_runs = [r for r in runs if r.breakdown]
+    if spark_runs:
+        lines += [
+            "",
+            "Where the CPU went during the Spark runs (medians, CPU seconds per run; busy = "
+            f"share of all {os.cpu_count()} cores busy over the query, from /proc/stat):",
+            "",
+            "| publisher | Spark cores | " + " | ".join(GROUPS) + " | busy | query wall (s) |",
+            "|---|---:|" + "---:|" * (len(GROUPS) + 2),
+        ]
+        for cores in args.cores:
+            for method in ("sink", "foreach", "naive"):
+                mine = [r for r in spark_runs if r.method == method and r.cores == cores]
+                if not mine:
+                    continue
+                cells = [
+                    f"{statistics.median(dict(r.breakdown)[g] for r in mine):.1f}" for g in GROUPS
+                ]
+                busy = statistics.median(r.busy for r in mine)
+                wall = statistics.median(r.wall for r in mine)
+                lines.append(
+                    f"| {LABELS[method]} | {cores} | {' | '.join(cells)} | {busy:.0%} | {wall:.1f} |"
+                )
+    lines += ["", f"Load average (1 min) at the end: {os.getloadavg()[0]:.2f}."]
     lines += ["", "Every run (rows/s):", ""]
     for cores in args.cores:
         for method in METHODS:

@@ -38,14 +38,22 @@ newer than any the old one had. The channel is *parked*, not closed (a
 close right after the last acks could return messages whose settles the
 quorum queue has not applied yet), and reused if the partition comes back;
 channels close with the connection.
+
+Acks (the per-message path): workers queue them (``ack``) and one I/O-loop callback
+sends all that queued meanwhile (one thread hop per burst, not per message). A run of
+one channel's acks that is exactly the oldest of its unacked deliveries, in delivery
+order, goes as one ``basic.ack`` with ``multiple``; anything else is acked tag by tag,
+so a multiple ack never covers a delivery the worker did not ack.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,6 +121,8 @@ class _Subscription:
     cancel_sent: bool = False
     consuming: bool = False
     emptied: bool = False  # reported emptied: the controller cuts it
+    # delivery tags handed to the worker and not acked yet, in delivery order
+    unacked: deque[int] = field(default_factory=deque)
 
 
 @dataclass
@@ -187,6 +197,9 @@ class Broker(threading.Thread):
         self._missing: dict[int, tuple[float, Delays]] = {}
         self._deferred: dict[int, object] = {}  # partition -> its pending deferred subscribe
         self._last_drain = 0.0
+        self._acks: list[tuple[int, Channel, int]] = []  # queued by workers, sent by _send_acks
+        self._acks_lock = threading.Lock()
+        self._acks_scheduled = False
         self._stopping = False
         self.connected = threading.Event()
 
@@ -223,7 +236,17 @@ class Broker(threading.Thread):
             self._on_channel_lost(partition)
 
     def ack(self, partition: int, channel: Channel, delivery_tag: int) -> None:
-        self._call(lambda: self._ack(partition, channel, delivery_tag))
+        """Queue an ack; the I/O loop sends every ack queued by then in one callback (in
+        the order queued, so before anything a worker asks for after its acks)."""
+        with self._acks_lock:
+            self._acks.append((partition, channel, delivery_tag))
+            if self._acks_scheduled:
+                return
+            self._acks_scheduled = True
+        if not self._call(self._send_acks):  # disconnected: those channels are gone anyway
+            with self._acks_lock:
+                self._acks.clear()
+                self._acks_scheduled = False
 
     def close_channel(self, partition: int, channel: Channel) -> None:
         """Close ``channel`` (the broker requeues what was not acked on it): a worker left
@@ -306,7 +329,8 @@ class Broker(threading.Thread):
             self._connection = connection
             connection.ioloop.start()
             self._connection = None
-            connection.ioloop.close()  # its wake-up socket pair
+            connection.ioloop.close()  # its wake-up socket pair (and callbacks never run)
+            self._drop_acks()
             if self.connected.is_set():
                 delays.reset()
             self.connected.clear()
@@ -444,6 +468,7 @@ class Broker(threading.Thread):
                 log.error("partition %d: a delivery after the window was full", partition)
                 channel.basic_reject(method.delivery_tag, requeue=True)
                 return
+            sub.unacked.append(method.delivery_tag)
             full = sub.holding and not sub.cancel_sent and self._window_full(sub)
             if full and self._on_emptied is None:
                 self._cancel(partition, sub)  # before handing it on: nothing else can come
@@ -545,19 +570,57 @@ class Broker(threading.Thread):
         self._watch(partition, channel)
         self._route(partition, channel, sub)
         for delivery in standby.buffer:
+            sub.unacked.append(delivery.delivery_tag)
             self._deliver(partition, delivery)
         standby.buffer.clear()
 
-    def _ack(self, partition: int, channel: Channel, delivery_tag: int) -> None:
+    def _drop_acks(self) -> None:
+        """The connection is gone, and a ``_send_acks`` queued on its loop with it: forget
+        the acks (their channels are closed: the broker requeues those deliveries) so that
+        the next ack schedules a send on the next connection."""
+        with self._acks_lock:
+            self._acks.clear()
+            self._acks_scheduled = False
+
+    def _send_acks(self) -> None:
+        with self._acks_lock:
+            acks, self._acks = self._acks, []
+            self._acks_scheduled = False
+        # Each channel's acks in the order queued (channels are independent of each other)
+        runs: dict[tuple[int, int], tuple[int, Channel, list[int]]] = {}
+        for partition, channel, tag in acks:
+            run = runs.get((partition, id(channel)))
+            if run is None:
+                runs[(partition, id(channel))] = (partition, channel, [tag])
+            else:
+                run[2].append(tag)
+        for partition, channel, tags in runs.values():
+            self._ack(partition, channel, tags)
+
+    def _ack(self, partition: int, channel: Channel, tags: list[int]) -> None:
+        """Ack ``tags`` (in the order the worker acked them) of one partition's channel."""
         sub = self._subs.get(partition)
         if sub is None or sub.channel is not channel or not channel.is_open:
-            return  # an old channel: the broker has requeued that delivery already
+            return  # an old channel: the broker has requeued those deliveries already
         if sub.holding:
-            sub.held.append(delivery_tag)
+            sub.held.extend(tags)
             self._check_emptied(partition, sub)
             return
-        channel.basic_ack(delivery_tag)
-        sub.acks_sent += 1
+        unacked = sub.unacked
+        count = len(tags)
+        if count > 1 and list(itertools.islice(unacked, count)) == tags:
+            channel.basic_ack(tags[-1], multiple=True)  # exactly the oldest `count` unacked
+            for _ in range(count):
+                unacked.popleft()
+        else:
+            for tag in tags:
+                channel.basic_ack(tag)
+                if unacked and unacked[0] == tag:
+                    unacked.popleft()
+                else:
+                    with contextlib.suppress(ValueError):
+                        unacked.remove(tag)
+        sub.acks_sent += count
 
     def _revoke(self, partition: int) -> None:
         self._deferred.pop(partition, None)

@@ -199,6 +199,9 @@ class Worker(threading.Thread):
         self.stopped = threading.Event()
         self.failure: str | None = None  # why the worker stopped for good, if it did
         self._labels = (spec.name, member)
+        # labelled children looked up once: .labels() costs a lock and a dict per call
+        self._m_handled_ok = metrics.HANDLED.labels(*self._labels, "ok")
+        self._m_handler_seconds = metrics.HANDLER_SECONDS.labels(*self._labels)
         self._lock = threading.Lock()  # guards _running and _timed_out (worker, watchdog)
         self._running: _Running | None = None
         self._timed_out = False
@@ -288,6 +291,9 @@ class Worker(threading.Thread):
         lost, and the broker requeues what was unacked. Skipping a delivery whose channel
         stays open would leave it unacked behind later ones, unhandled until the channel
         closes (seen: 3 messages unhandled after a kill -9 of the etcd leader)."""
+        session = self.session
+        if session.fresh() and not session.lost.is_set():
+            return True  # what wait_fresh answers at once, without its lock
         while not self.session.wait_fresh(self.session.ttl):
             if self.stopped.is_set() or not delivery.channel.is_open or self.session.lost.is_set():
                 return False  # lost: the fence (consumers.daemon) closes every channel too
@@ -362,9 +368,9 @@ class Worker(threading.Thread):
                 failure = self._call(delivery, message)
             except _TimedOut:
                 return _Outcome.TIMED_OUT, None, attempt
-            metrics.HANDLER_SECONDS.labels(*self._labels).observe(time.monotonic() - started)
+            self._m_handler_seconds.observe(time.monotonic() - started)
             if failure is None:
-                metrics.HANDLED.labels(*self._labels, "ok").inc()
+                self._m_handled_ok.inc()
                 self.handled += 1
                 return _Outcome.ACK, None, attempt
             if attempt >= self.max_attempts:

@@ -6,6 +6,9 @@ waited on one by one. :class:`PublishFuture` makes it only when someone waits, a
 callback or resolves a future that has one; resolving one that nobody has touched just
 stores the outcome. One module lock orders the two, so a waiter either makes the
 condition before the outcome is stored (and is notified) or finds the outcome stored.
+:func:`resolve_all` settles a confirm frame's futures under that lock once, and
+``done``/``result``/``exception`` on a settled future read the outcome without making
+the condition (the outcome is stored before the state says FINISHED).
 It relies on ``concurrent.futures.Future``'s attributes as of Python 3.11 (``_state``,
 ``_result``, ``_exception``); ``tests/unit/test_futures.py`` pins the behaviour.
 """
@@ -13,11 +16,12 @@ It relies on ``concurrent.futures.Future``'s attributes as of Python 3.11 (``_st
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import FINISHED, PENDING
 from typing import Any, TypeVar
 
-__all__ = ["PublishFuture"]
+__all__ = ["PublishFuture", "resolve_all"]
 
 T = TypeVar("T")
 _MAKING = threading.Lock()
@@ -45,6 +49,21 @@ class PublishFuture(Future[T]):
     def cancel(self) -> bool:
         return False
 
+    def done(self) -> bool:
+        return self._state == FINISHED  # never cancelled: done is finished
+
+    def result(self, timeout: float | None = None) -> T:
+        if self._state == FINISHED:  # settled: no condition needed
+            if self._exception is not None:
+                raise self._exception
+            return self._result  # type: ignore[no-any-return]
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:
+            return self._exception
+        return super().exception(timeout)
+
     def set_result(self, result: T) -> None:
         if not self._stored(result=result):
             super().set_result(result)
@@ -65,3 +84,18 @@ class PublishFuture(Future[T]):
                 setattr(self, f"_{name}", value)
             self._state = FINISHED
             return True
+
+
+def resolve_all(outcomes: Sequence[tuple[PublishFuture[T], T]]) -> None:
+    """``future.set_result(result)`` for each pair, taking the module lock once for all the
+    futures nobody has touched (the others go through ``Future``'s path, one by one)."""
+    touched = []
+    with _MAKING:
+        for future, result in outcomes:
+            if "_condition" in future.__dict__ or future._state != PENDING:
+                touched.append((future, result))
+                continue
+            future._result = result
+            future._state = FINISHED
+    for future, result in touched:
+        Future.set_result(future, result)  # notifies waiters, runs callbacks

@@ -1,9 +1,12 @@
 """The producer SDK: keyed, persistent, confirmed publishes with a bounded window.
 
 One I/O thread owns a pika ``SelectConnection``; callers from any thread hand
-it messages through an outbox and get a ``Future`` back. Confirms are
-pipelined: up to ``window`` messages are unconfirmed at once, and ``publish``
-blocks when the window is full (backpressure), so memory stays bounded.
+it messages through an outbox and get a ``Future`` back (``publish`` one,
+``publish_many`` a batch: one lock and one wake-up of the I/O thread for the batch).
+Confirms are pipelined: up to ``window`` messages are unconfirmed at once, and
+``publish`` blocks when the window is full (backpressure), so memory stays bounded.
+The I/O thread frames messages itself (:class:`producer.wire.Framer`) and settles a
+confirm frame's futures, counters and histogram in one go.
 
 On connection loss the producer reconnects with backoff and **republishes every
 unconfirmed message, in the original order, before any newer one**, with the
@@ -33,16 +36,13 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from datetime import datetime
-from decimal import Decimal
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
 import pika
-import pika.data
 import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
@@ -61,25 +61,41 @@ from kernel.errors import (
 from kernel.settings import Settings
 from producer import metrics
 from producer.contract import StreamSpec, validate_stream_name
-from producer.futures import PublishFuture
+from producer.futures import PublishFuture, resolve_all
 from producer.registry import read_spec_from_settings
 from producer.topology import check_partition_queues, encoded_properties, message_properties
+from producer.wire import (
+    HEADER_FRAME_OVERHEAD,
+    ConfirmingConnection,
+    Framer,
+    body_refused,
+    encode_properties,
+    frame_refused,
+)
 
-__all__ = ["Producer", "Receipt", "SpecSource"]
+__all__ = ["BatchItem", "Producer", "Receipt", "SpecSource"]
 
 log = logging.getLogger("partq.producer")
 
-# A header frame is 7 bytes of frame header, then class, weight and body size (12 bytes),
-# then the encoded properties, then the frame-end byte: the properties get frame_max - 20.
-_HEADER_FRAME_OVERHEAD = 20
 _NACK_RECYCLE = 5.0  # seconds between reconnects caused by nacks
-_SHORT_STRING_MAX = 255
 # How RabbitMQ refuses a body above max_message_size (it closes the channel, 406) and a
 # frame above frame_max (it closes the connection, 501; the numbers are payload sizes).
 _BODY_TOO_LARGE = re.compile(r"message size (\d+) is larger than (?:configured )?max size (\d+)")
 _FRAME_TOO_LARGE = re.compile(r"frame_too_large,\s*(\d+),\s*(\d+)")
 _HEADER_PAYLOAD_PREFIX = 12  # class, weight and body size, ahead of the properties
 _RECONNECT = Backoff(initial=0.1, maximum=2.0)  # between connection attempts
+_FAILED_REASONS: dict[type[Exception], str] = {  # the reason label of metrics.FAILED
+    MessageNacked: "nacked",
+    MessageUnroutable: "unroutable",
+    ConnectionLost: "connection",
+    PublishFailed: "refused",
+}
+# What publish_many takes: (key, body), (key, body, headers) or (key, body, headers, message_id)
+BatchItem = (
+    tuple[str | bytes, bytes | str]
+    | tuple[str | bytes, bytes | str, Mapping[str, Any] | None]
+    | tuple[str | bytes, bytes | str, Mapping[str, Any] | None, str | None]
+)
 
 
 class SpecSource(Protocol):
@@ -96,29 +112,30 @@ class Receipt:
     partition: int
 
 
-class _Encoded(pika.BasicProperties):  # type: ignore[misc]
-    """Properties encoded already (``encoded_properties``): pika sends the bytes as they are.
-
-    The SDK reads only ``message_id``; pika's header frame only calls :meth:`encode`.
-    """
-
-    def __init__(self, message_id: str, encoded: bytes) -> None:  # no other field is read
-        self.message_id = message_id
-        self._encoded = encoded
-
-    def encode(self) -> list[bytes]:
-        return [self._encoded]  # a new list each time: pika inserts into it
-
-
 @dataclass(slots=True)
 class _Pending:
     partition: int
     body: bytes
-    properties: pika.BasicProperties
-    future: Future[Receipt]
-    properties_size: int  # encoded
+    properties: bytes  # the content header's properties, encoded
+    message_id: str
+    future: PublishFuture[Receipt]
     published_at: float = 0.0
-    returned: bool = field(default=False)
+    returned: bool = False
+
+
+def _unpack(
+    item: BatchItem,
+) -> tuple[str | bytes, bytes | str, Mapping[str, Any] | None, str | None]:
+    if len(item) == 2:
+        return item[0], item[1], None, None
+    if len(item) == 3:
+        return item[0], item[1], item[2], None
+    if len(item) == 4:
+        return item
+    raise TypeError(
+        f"publish_many takes (key, body), (key, body, headers) or (key, body, headers, "
+        f"message_id) tuples, not {len(item)} items"
+    )
 
 
 class Producer:
@@ -181,6 +198,7 @@ class Producer:
         self._closing = False
         self._connection: SelectConnection | None = None
         self._channel: Channel | None = None
+        self._framer: Framer | None = None  # the channel's
         self._ready = threading.Event()
         self._first_error: BaseException | None = None
         self._connected_once = False
@@ -188,7 +206,7 @@ class Producer:
         # Encoded properties larger than this do not fit one header frame (the negotiated
         # frame_max replaces the requested one on connect); bodies larger than _max_body
         # are refused by the broker (it tells its max_message_size when it refuses one).
-        self._max_properties = self._nodes.current.frame_max - _HEADER_FRAME_OVERHEAD
+        self._max_properties = self._nodes.current.frame_max - HEADER_FRAME_OVERHEAD
         self._max_body = sys.maxsize
         self._labels = (spec.name,)
         self._id_prefix = uuid.uuid4().hex[:16]
@@ -229,32 +247,10 @@ class Producer:
         its ``max_message_size``). It cannot be cancelled: the message may already
         be on the wire.
         """
-        partition = self.spec.partition_for(key)
-        if isinstance(body, str):
-            body = body.encode("utf-8")
-        elif not isinstance(body, bytes | bytearray | memoryview):
-            raise TypeError(f"body must be bytes or str, not {type(body).__name__}")
-        if message_id is None:
-            # Producer prefix + counter: unique, and unlike uuid4() no os.urandom call, which
-            # drops the GIL and then waits for the busy I/O thread to hand it back.
-            message_id = f"{self._id_prefix}{next(self._ids):016x}"
-        now = time.time()
-        encoded = None if headers else encoded_properties(key, partition, message_id, now)
-        properties: pika.BasicProperties
-        if encoded is not None and len(encoded) <= self._max_properties:
-            properties, size = _Encoded(message_id, encoded), len(encoded)
-        else:  # pika's own encoder: user headers, or a message it refuses with a reason
-            properties = message_properties(
-                key, partition, message_id=message_id, headers=headers, now=now
-            )
-            size = len(_encode_properties(properties, self._max_properties))
-        body = bytes(body)
-        future = PublishFuture[Receipt]()
-        if len(body) > self._max_body:  # the broker refused one this large: do not send it
-            metrics.FAILED.labels(*self._labels, "refused").inc()
-            future.set_exception(_body_refused(len(body), self._max_body))
-            return future
-        pending = _Pending(partition, body, properties, future, size)
+        pending = self._prepare(key, body, headers, message_id, time.time())
+        if len(pending.body) > self._max_body:  # the broker refused one this large: unsent
+            self._refuse_unsent([pending], self._max_body)
+            return pending.future
         with self._lock:  # one lock per message: the window is counted under it too
             while self._outstanding >= self._window and not self._closing:
                 self._space.wait()
@@ -265,7 +261,87 @@ class Producer:
             wake = not self._wake_scheduled and self._connection is not None
         if wake:
             self._wake()
-        return future
+        return pending.future
+
+    def publish_many(self, messages: Iterable[BatchItem]) -> list[Future[Receipt]]:
+        """Queue a batch of ``(key, body)``, ``(key, body, headers)`` or ``(key, body,
+        headers, message_id)`` tuples (``headers`` and ``message_id`` may be None).
+
+        As many :meth:`publish` calls, in order, and cheaper: one lock and one wake-up
+        of the I/O thread per window's worth instead of per message. Every message is
+        checked before any is queued: a message ``publish`` would refuse raises here
+        (``TypeError``, :class:`UsageError`) and none of the batch is sent. Each
+        message then has its own future, in the batch's order: a message the broker
+        refuses fails only its own. Blocks while the window is full; if the producer
+        is closed before the whole batch is queued, the rest fail with
+        :class:`ProducerClosed` (raised instead when nothing was queued).
+        """
+        now = time.time()
+        batch = [self._prepare(*_unpack(item), now) for item in messages]
+        futures: list[Future[Receipt]] = [pending.future for pending in batch]
+        limit = self._max_body
+        if limit != sys.maxsize and any(len(pending.body) > limit for pending in batch):
+            self._refuse_unsent([p for p in batch if len(p.body) > limit], limit)
+            batch = [pending for pending in batch if len(pending.body) <= limit]
+        queued, total = 0, len(batch)
+        while queued < total:
+            closed = None
+            with self._lock:
+                while self._outstanding >= self._window and not self._closing:
+                    self._space.wait()
+                if self._closing:
+                    closed = self._closed_error()
+                else:
+                    take = min(total - queued, self._window - self._outstanding)
+                    self._outbox.extend(batch[queued : queued + take])
+                    self._outstanding += take
+                    queued += take
+                    wake = not self._wake_scheduled and self._connection is not None
+            if closed is not None:
+                if queued == 0:
+                    raise closed
+                for pending in batch[queued:]:
+                    pending.future.set_exception(closed)
+                break
+            if wake:
+                self._wake()
+        return futures
+
+    def _refuse_unsent(self, refused: list[_Pending], limit: int) -> None:
+        """Bodies above the broker's max_message_size (it refused one): fail, never sent."""
+        metrics.FAILED.labels(*self._labels, "refused").inc(len(refused))
+        for pending in refused:
+            pending.future.set_exception(body_refused(len(pending.body), limit))
+
+    def _prepare(
+        self,
+        key: str | bytes,
+        body: bytes | str,
+        headers: Mapping[str, Any] | None,
+        message_id: str | None,
+        now: float,
+    ) -> _Pending:
+        """One message, hashed and encoded in the caller's thread (its checks raise here)."""
+        partition = self.spec.partition_for(key)
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        elif not isinstance(body, bytes):
+            if not isinstance(body, bytearray | memoryview):
+                raise TypeError(f"body must be bytes or str, not {type(body).__name__}")
+            body = bytes(body)
+        if message_id is None:
+            # Producer prefix + counter: unique, and unlike uuid4() no os.urandom call, which
+            # drops the GIL and then waits for the busy I/O thread to hand it back.
+            message_id = f"{self._id_prefix}{next(self._ids):016x}"
+        encoded = encoded_properties(key, partition, message_id, now, headers)
+        if encoded is None or len(encoded) > self._max_properties:
+            # pika's own encoder: headers it alone encodes, or a message it refuses with a reason
+            properties = message_properties(
+                key, partition, message_id=message_id, headers=headers, now=now
+            )
+            encoded = encode_properties(properties, self._max_properties)
+            message_id = properties.message_id  # pika's path makes one up for an empty id
+        return _Pending(partition, body, encoded, message_id, PublishFuture[Receipt]())
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every message published so far is confirmed or failed."""
@@ -307,34 +383,36 @@ class Producer:
     # -- resolution (I/O thread, or the closing thread once the I/O thread is gone) ---------
 
     def _resolve(
-        self, outcomes: list[tuple[_Pending, PublishFailed | ProducerClosed | None]]
+        self,
+        confirmed: list[_Pending],
+        failed: list[tuple[_Pending, PublishFailed | ProducerClosed]] | None = None,
     ) -> None:
         """Settle each message's future, then open the window by as many (one lock, not N)."""
-        if not outcomes:
-            return
-        now = time.monotonic()
-        confirmed = 0
-        for pending, error in outcomes:
-            if error is None:
-                confirmed += 1
-                self._m_confirm_seconds.observe(now - pending.published_at)
-                pending.future.set_result(Receipt(pending.properties.message_id, pending.partition))
-            else:
-                reasons: dict[type[Exception], str] = {
-                    MessageNacked: "nacked",
-                    MessageUnroutable: "unroutable",
-                    ConnectionLost: "connection",
-                    PublishFailed: "refused",
-                }
-                reason = reasons.get(type(error), "closed")
-                metrics.FAILED.labels(*self._labels, reason).inc()
-                pending.future.set_exception(error)
+        settled = len(confirmed)
         if confirmed:
-            self._m_confirmed.inc(confirmed)
+            now = time.monotonic()
+            # A drained batch shares its published_at: one histogram update per run of them.
+            metrics.observe_runs(
+                self._m_confirm_seconds, now, [pending.published_at for pending in confirmed]
+            )
+            resolve_all(
+                [
+                    (pending.future, Receipt(pending.message_id, pending.partition))
+                    for pending in confirmed
+                ]
+            )
+            self._m_confirmed.inc(settled)
+        for pending, error in failed or ():
+            settled += 1
+            reason = _FAILED_REASONS.get(type(error), "closed")
+            metrics.FAILED.labels(*self._labels, reason).inc()
+            pending.future.set_exception(error)
+        if not settled:
+            return
         with self._lock:
-            self._outstanding -= len(outcomes)
+            self._outstanding -= settled
             self._m_in_flight.set(self._outstanding)  # here and per batch sent: not per message
-            self._space.notify(len(outcomes))
+            self._space.notify(settled)
             if self._outstanding == 0:
                 self._idle.notify_all()
 
@@ -343,7 +421,7 @@ class Producer:
             doomed = [*self._unconfirmed.values(), *self._outbox]
             self._unconfirmed.clear()
             self._outbox.clear()
-        self._resolve([(pending, error) for pending in doomed])
+        self._resolve([], [(pending, error) for pending in doomed])
 
     def _refuse(
         self, refused: Callable[[_Pending], bool], error: Callable[[_Pending], PublishFailed]
@@ -360,12 +438,12 @@ class Producer:
                 doomed += [pending for pending in self._outbox if refused(pending)]
                 self._outbox.clear()
                 self._outbox.extend(kept)
-        outcomes: list[tuple[_Pending, PublishFailed | ProducerClosed | None]] = [
+        outcomes: list[tuple[_Pending, PublishFailed | ProducerClosed]] = [
             (pending, error(pending)) for pending in doomed
         ]
         if outcomes:
             log.warning("%d message(s) failed: %s", len(outcomes), outcomes[0][1])
-        self._resolve(outcomes)
+        self._resolve([], outcomes)
 
     def _closed_error(self) -> ProducerClosed:
         crashed = self._crashed
@@ -387,6 +465,7 @@ class Producer:
             self._closing = True
             self._connection = None
             self._channel = None
+            self._framer = None
             self._space.notify_all()  # publishers blocked on a full window: ProducerClosed
         log.error("the producer's I/O thread failed: %r", error, exc_info=error)
         closed = self._closed_error()
@@ -423,6 +502,7 @@ class Producer:
             with self._lock:
                 self._connection = None
                 self._channel = None
+                self._framer = None
                 self._wake_scheduled = False
                 # Unconfirmed messages go back to the front, in publish order.
                 requeue = [self._unconfirmed[tag] for tag in sorted(self._unconfirmed)]
@@ -450,7 +530,7 @@ class Producer:
 
     def _connect_once(self) -> None:
         self._connected_once = False
-        connection = SelectConnection(
+        connection = ConfirmingConnection(
             self._nodes.current,
             on_open_callback=self._on_connection_open,
             on_open_error_callback=self._on_open_error,
@@ -510,8 +590,8 @@ class Producer:
             if found is not None:  # a header frame above frame_max: reconnecting cannot help
                 limit = int(found.group(2)) - _HEADER_PAYLOAD_PREFIX
                 self._refuse(
-                    lambda pending: pending.properties_size > limit,
-                    lambda pending: _frame_refused(pending.properties_size, limit),
+                    lambda pending: len(pending.properties) > limit,
+                    lambda pending: frame_refused(len(pending.properties), limit),
                 )
         if not self._closing:
             self._nodes.advance()
@@ -524,10 +604,12 @@ class Producer:
         channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_return_callback(self._on_return)
         channel.confirm_delivery(self._on_confirm)
-        self._max_properties = channel.connection.params.frame_max - _HEADER_FRAME_OVERHEAD
+        channel.connection.route_confirms(channel.channel_number, self._on_confirm)
+        self._max_properties = channel.connection.params.frame_max - HEADER_FRAME_OVERHEAD
         with self._lock:
             self._connection = channel.connection
             self._channel = channel
+            self._framer = Framer(channel.connection, channel.channel_number, self.spec.exchange)
             self._tag = 0
             self._wake_scheduled = False
         self._connected_once = True
@@ -558,7 +640,7 @@ class Producer:
             self._max_body = limit
             self._refuse(
                 lambda pending: len(pending.body) > limit,
-                lambda pending: _body_refused(len(pending.body), limit),
+                lambda pending: body_refused(len(pending.body), limit),
             )
 
     def _drain(self) -> None:
@@ -571,27 +653,26 @@ class Producer:
                 return
             if channel is None or not channel.is_open:
                 return
+            framer = self._framer
             batch = list(self._outbox)
             self._outbox.clear()
             self._m_in_flight.set(self._outstanding)
             # Tagged before publishing: one lock for the batch, and a publish cut short
             # by a lost channel is already in _unconfirmed, so it is republished.
+            tag = self._tag
+            unconfirmed = self._unconfirmed
             for pending in batch:
-                self._tag += 1
-                self._unconfirmed[self._tag] = pending
-        exchange = self.spec.exchange
+                tag += 1
+                unconfirmed[tag] = pending
+            self._tag = tag
+        if not batch or framer is None:
+            return
         now = time.monotonic()
         for pending in batch:
             pending.published_at = now
-            channel.basic_publish(
-                exchange,
-                str(pending.partition),
-                pending.body,
-                pending.properties,
-                mandatory=True,
-            )
-        if batch:
-            self._m_published.inc(len(batch))
+            framer.add(str(pending.partition), pending.properties, pending.body)
+        framer.send()  # the batch in one write (the channel is open: checked above)
+        self._m_published.inc(len(batch))
 
     def _on_return(
         self,
@@ -603,7 +684,7 @@ class Producer:
         # A mandatory message that no queue took comes back before its ack.
         with self._lock:
             for pending in self._unconfirmed.values():
-                if not pending.returned and pending.properties.message_id == properties.message_id:
+                if not pending.returned and pending.message_id == properties.message_id:
                     pending.returned = True
                     break
 
@@ -620,19 +701,21 @@ class Producer:
             else:
                 tags = [method.delivery_tag] if method.delivery_tag in self._unconfirmed else []
             done = [self._unconfirmed.pop(tag) for tag in tags]
-        outcomes: list[tuple[_Pending, PublishFailed | ProducerClosed | None]] = []
+        confirmed: list[_Pending] = []
+        failed: list[tuple[_Pending, PublishFailed | ProducerClosed]] = []
         for pending in done:
-            error: PublishFailed | None = None
             if nacked:
-                error = MessageNacked("the broker refused the message (nack)")
+                failed.append((pending, MessageNacked("the broker refused the message (nack)")))
             elif pending.returned:
                 error = MessageUnroutable(
                     f"no queue is bound for partition {pending.partition} of "
                     f"{self.spec.name!r}: run `partq stream create {self.spec.name} "
                     f"--partitions {self.spec.partitions}` to declare its queues"
                 )
-            outcomes.append((pending, error))
-        self._resolve(outcomes)  # all at once: one lock and one window release per confirm
+                failed.append((pending, error))
+            else:
+                confirmed.append(pending)
+        self._resolve(confirmed, failed)  # all at once: one lock and one window release
         if nacked and not self._closing:
             self._recycle_after_nack()
         if self._closing:
@@ -651,134 +734,3 @@ class Producer:
         channel = self._channel
         if channel is not None and channel.is_open:
             channel.close()  # -> _on_channel_closed -> the connection closes, then reconnects
-
-
-# -- what AMQP can carry (the caller's thread; the slow paths only run for a bad message) ----
-
-
-def _encode_properties(properties: Any, limit: int) -> bytes:
-    """``properties`` encoded as pika sends them, once: pika then sends these bytes as they are.
-
-    Raises :class:`UsageError` for what pika cannot encode, or for more than ``limit`` bytes
-    (what one header frame carries): in the I/O thread the first would end the thread and
-    the second would make the broker close the connection, again at every republish.
-    """
-    try:
-        encoded = b"".join(properties.encode())
-    except Exception as e:  # struct.error, pika's own, AssertionError, UnicodeEncodeError …
-        raise UsageError(f"cannot publish this message: {_unencodable(properties, e)}") from None
-    if len(encoded) > limit:
-        raise UsageError(
-            f"cannot publish this message: its key (sent as a header), headers and message_id "
-            f"take {len(encoded)} bytes encoded, more than the {limit} that fit one AMQP frame "
-            f"with this connection's frame_max of {limit + _HEADER_FRAME_OVERHEAD}: use a shorter "
-            f"key (e.g. a hash of a long id) or carry large values in the body"
-        )
-    # pika's header frame calls encode() and inserts into the list it gets: a new one each time
-    properties.encode = [encoded].copy
-    return encoded
-
-
-def _body_refused(size: int, limit: int) -> PublishFailed:
-    return PublishFailed(
-        f"the broker refused the message: its body of {size} bytes is above the broker's "
-        f"max_message_size of {limit} bytes: split it, or raise max_message_size in "
-        f"rabbitmq.conf"
-    )
-
-
-def _frame_refused(size: int, limit: int) -> PublishFailed:
-    return PublishFailed(
-        f"the broker refused the message: its key (sent as a header), headers and message_id "
-        f"take {size} bytes encoded, more than the {limit} that fit one AMQP frame with the "
-        f"broker's frame_max of {limit + _HEADER_FRAME_OVERHEAD} (frame too large): use a "
-        f"shorter key or carry large values in the body"
-    )
-
-
-def _unencodable(properties: Any, error: Exception) -> str:
-    """Why pika could not encode ``properties``: which field, what is wrong, what to do."""
-    message_id = properties.message_id
-    problem = _short_string_problem(f"message_id {_short(message_id)}", message_id)
-    if problem is None and properties.headers is not None:
-        problem = _table_problem(properties.headers, "")
-    return problem or f"pika cannot encode its properties ({type(error).__name__}: {error})"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:37]}…"
-
-
-def _short_string_problem(what: str, value: Any) -> str | None:
-    """What is wrong with ``value`` (described as ``what``) as an AMQP short string, if anything."""
-    if value is None:
-        return None
-    if not isinstance(value, str | bytes):
-        return f"{what} must be a str, not {type(value).__name__}"
-    try:
-        size = len(value.encode("utf-8")) if isinstance(value, str) else len(value)
-    except UnicodeEncodeError:
-        return f"{what} is not valid UTF-8 text (it holds a lone surrogate)"
-    if size > _SHORT_STRING_MAX:
-        return (
-            f"{what} is {size} bytes in UTF-8, more than the {_SHORT_STRING_MAX} an AMQP "
-            f"short string holds: make it shorter"
-        )
-    return None
-
-
-def _table_problem(table: Mapping[Any, Any], path: str) -> str | None:
-    for name, value in table.items():
-        what = f"header {path} has key {_short(name)}" if path else f"header key {_short(name)}"
-        problem = _short_string_problem(what, name)
-        if problem is None:
-            problem = _value_problem(value, f"{path}[{name!r}]" if path else repr(name))
-        if problem is not None:
-            return problem
-    return None
-
-
-def _value_problem(value: Any, path: str) -> str | None:
-    if isinstance(value, dict):
-        return _table_problem(value, path)
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            problem = _value_problem(item, f"{path}[{index}]")
-            if problem is not None:
-                return problem
-        return None
-    try:
-        pika.data.encode_value([], value)
-        return None
-    except Exception:
-        pass
-    what = f"header {path}"
-    kind = type(value).__name__
-    if isinstance(value, str):
-        return f"{what} is not valid UTF-8 text (it holds a lone surrogate): fix it, or send bytes"
-    if isinstance(value, int):
-        return (
-            f"{what} is {value}, outside AMQP's signed 64-bit integers "
-            f"(-2**63 … 2**63-1): send it as a str"
-        )
-    if isinstance(value, float):
-        return f"{what} is a float ({value!r}), which pika cannot send: send a str or a Decimal"
-    if isinstance(value, Decimal):
-        return (
-            f"{what} is Decimal({str(value)!r}), which an AMQP decimal cannot hold (a finite "
-            f"signed 32-bit integer scaled by at most 255 decimal places): send it as a str"
-        )
-    if isinstance(value, datetime):
-        return (
-            f"{what} is {value.isoformat()}: AMQP timestamps are whole seconds from 1970 on "
-            f"(unsigned 64-bit): send it as a str"
-        )
-    if isinstance(value, tuple | set | frozenset):
-        return f"{what} is a {kind}: an AMQP array is a list: send list(...)"
-    if isinstance(value, bytearray | memoryview):
-        return f"{what} is a {kind}: send bytes(...)"
-    return (
-        f"{what} is a {kind}, which an AMQP header cannot carry: use str, bytes, bool, int, "
-        f"Decimal, datetime, None, or a dict or list of those"
-    )

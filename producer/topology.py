@@ -382,24 +382,67 @@ def _table_int(value: int) -> bytes:
     return _INT32.pack(b"I", value) if -(2**31) <= value < 2**31 else _INT64.pack(b"l", value)
 
 
+_RESERVED = frozenset((HEADER_KEY, HEADER_KEY_B64, HEADER_PARTITION, HEADER_PUBLISHED_MS))
+_LONG_STRING = struct.Struct(">cI")
+_BOOL = {True: b"t\x01", False: b"t\x00"}
+
+
+def _table_entries(headers: Mapping[str, Any]) -> list[bytes] | None:
+    """``headers`` as pika encodes a table's entries, for names that are short strings
+    (not partq's own) and values that are str, bytes, bool or 64-bit int; else None."""
+    pieces: list[bytes] = []
+    for name, value in headers.items():
+        if type(name) is not str or name in _RESERVED:
+            return None
+        encoded_name = name.encode()
+        if len(encoded_name) > 255:
+            return None
+        pieces.append(bytes((len(encoded_name),)))
+        pieces.append(encoded_name)
+        kind = type(value)
+        if kind is str:
+            data = value.encode()
+            pieces.append(_LONG_STRING.pack(b"S", len(data)))
+            pieces.append(data)
+        elif kind is bytes:
+            pieces.append(_LONG_STRING.pack(b"x", len(value)))
+            pieces.append(value)
+        elif kind is bool:
+            pieces.append(_BOOL[value])
+        elif kind is int and -(2**63) <= value < 2**63:
+            pieces.append(_table_int(value))
+        else:
+            return None
+    return pieces
+
+
 def encoded_properties(
-    key: str | bytes, partition: int, message_id: str, now: float
+    key: str | bytes,
+    partition: int,
+    message_id: str,
+    now: float,
+    headers: Mapping[str, Any] | None = None,
 ) -> bytes | None:
     """The bytes pika encodes for ``message_properties(key, partition,
-    message_id=message_id, now=now)`` (no other headers), built directly: the SDK's hot
+    message_id=message_id, headers=headers, now=now)``, built directly: the SDK's hot
     path. None where only pika's own encoder gives the exact answer (then use it):
     an empty message id (pika's path makes one up) or one over 255 bytes, a key that is
-    not valid text, a partition outside a
-    32-bit int. ``tests/unit/test_contract.py`` pins the equality."""
+    not valid text, a partition outside a 32-bit int, a header named as partq's own or
+    whose value is not a str, bytes, bool or 64-bit int (exactly those types: a
+    subclass may encode otherwise). ``tests/unit/test_contract.py`` pins the equality."""
     try:
         mid = message_id.encode()
         value = key.encode() if isinstance(key, str) else base64.b64encode(key)
+        extra = _table_entries(headers) if headers else []
     except (UnicodeEncodeError, TypeError, AttributeError):
+        return None
+    if extra is None:
         return None
     if not mid or len(mid) > 255 or not 0 <= now < 2**63 / 1000 or not 0 <= partition < 2**63:
         return None
     table = b"".join(
         (
+            *extra,
             _KEY if isinstance(key, str) else _KEY_B64,
             _U32.pack(len(value)),
             value,

@@ -12,7 +12,8 @@ Order. Every partq partition of a batch is published by exactly one task
 (partition, order column, source position) order — by sorting them here, or,
 when Spark sorted them already (``presorted``), as they come — and numbered per
 partition: that number is the message's ``seq``. The SDK publishes them on one
-channel in that order, so each queue receives a key's rows in order.
+channel in that order (``publish_many``, a batch at a time), so each queue receives a
+key's rows in order.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from kernel.errors import PublishFailed, UsageError
 from producer.contract import StreamSpec
-from producer.publisher import Producer, Receipt
+from producer.publisher import BatchItem, Producer, Receipt
 from producer.spark.options import SinkOptions
 from producer.spark.replay import message_id, replay_headers
 from producer.spark.rows import Outgoing, RowLayout
 
 __all__ = ["TaskReport", "check_one_task_per_partition", "publish_task"]
+
+_BATCH = 256  # messages per Producer.publish_many: one lock and wake-up per batch, not per row
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,12 @@ class _Confirms:
         if len(self._pending) >= self._limit:
             self._reap()
 
+    def add_all(self, futures: list[Future[Receipt]]) -> int:
+        """Add a batch's futures; how many."""
+        for future in futures:
+            self.add(future)
+        return len(futures)
+
     def check_all(self) -> None:
         """Count every failure; after ``Producer.close`` every future is done."""
         self._reap()
@@ -117,23 +126,21 @@ def publish_task(
         spec, amqp_url=options.amqp_url, window=options.window, name=f"partq-spark-task-{task}"
     )
     try:
+        batch: list[BatchItem] = []
         for message in itertools.chain((first,), messages):
             seq = seqs.get(message.partition, 0)
             seqs[message.partition] = seq + 1
             headers: dict[str, Any] = dict(message.headers) if message.headers else {}
             headers.update(replay_headers(query_id, batch_id, seq))
-            confirms.add(
-                producer.publish(
-                    message.key,
-                    message.body,
-                    headers=headers,
-                    message_id=message_id(query_id, batch_id, message.partition, seq),
-                )
-            )
-            sent += 1
-            if confirms.failed:
-                break  # the task fails anyway: stop publishing
+            mid = message_id(query_id, batch_id, message.partition, seq)
+            batch.append((message.key, message.body, headers, mid))
+            if len(batch) >= _BATCH:
+                sent += confirms.add_all(producer.publish_many(batch))
+                batch = []
+                if confirms.failed:
+                    break  # the task fails anyway: stop publishing
         else:
+            sent += confirms.add_all(producer.publish_many(batch)) if batch else 0
             try:
                 producer.flush(options.confirm_timeout)
             except TimeoutError:

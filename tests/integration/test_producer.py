@@ -23,7 +23,6 @@ from typing import Any
 import pika
 import pika.exceptions
 import pytest
-from pika.channel import Channel
 from prometheus_client import REGISTRY
 
 from coordinator import admin
@@ -46,6 +45,7 @@ from producer import (
 )
 from producer.contract import HEADER_PARTITION, QueueType, decode_key
 from producer.registry import Registry
+from producer.wire import Framer
 from tests.conftest import Ctl
 
 pytestmark = [pytest.mark.integration]
@@ -336,10 +336,11 @@ def test_broker_down_is_broker_unavailable(stream_name: str) -> None:
         time.sleep(0.05)
 
 
-def test_unroutable_partition_fails_and_the_others_confirm(
+def unbound_partition(
     make_stream: MakeStream, rabbitmq: str
-) -> None:
-    # Given a stream whose partition 3 queue was unbound from the exchange
+) -> tuple[StreamSpec, list[str], list[str]]:
+    """A classic stream whose partition 3 queue is unbound from the exchange; 200 keys, and
+    those of them that hash to partition 3."""
     spec = make_stream(P, "classic")
     connection = pika.BlockingConnection(pika.URLParameters(rabbitmq))
     connection.channel().queue_unbind(spec.queue(3), spec.exchange, routing_key="3")
@@ -347,6 +348,14 @@ def test_unroutable_partition_fails_and_the_others_confirm(
     keys = [f"k{i}" for i in range(200)]
     lost_keys = [k for k in keys if partition_for(k, P) == 3]
     assert lost_keys
+    return spec, keys, lost_keys
+
+
+def test_unroutable_partition_fails_and_the_others_confirm(
+    make_stream: MakeStream, rabbitmq: str
+) -> None:
+    # Given a stream whose partition 3 queue was unbound from the exchange
+    spec, keys, lost_keys = unbound_partition(make_stream, rabbitmq)
     # When a key of every partition is published
     with Producer(spec, amqp_url=rabbitmq) as producer:
         futures = {key: producer.publish(key, key.encode()) for key in keys}
@@ -382,16 +391,15 @@ def close_connection(rabbitmqctl: Ctl, name: str) -> None:
 def publish_counts(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     """How many times each message id was handed to the broker (republishes count twice)."""
     counts: collections.Counter[str] = collections.Counter()
-    original = Channel.basic_publish
+    original = Framer.add
 
-    def counting(self: Channel, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        properties = kwargs.get("properties", args[3] if len(args) > 3 else None)
-        assert properties is not None
-        counts[properties.message_id] += 1
-        return result
+    def counting(self: Framer, routing_key: str, properties: bytes, body: bytes) -> None:
+        original(self, routing_key, properties, body)
+        decoded = pika.BasicProperties()
+        decoded.decode(properties)
+        counts[decoded.message_id] += 1
 
-    monkeypatch.setattr(Channel, "basic_publish", counting)
+    monkeypatch.setattr(Framer, "add", counting)
     return counts
 
 
@@ -769,7 +777,7 @@ def test_io_thread_death_fails_every_publish_and_close_returns(
             release.wait(10)
             raise boom
 
-        monkeypatch.setattr(Channel, "basic_publish", explode)
+        monkeypatch.setattr(Framer, "add", explode)
         # When four messages fill the window, a fifth publisher blocks on it, and pika fails
         pending = [producer.publish(f"k{i}", b"doomed") for i in range(4)]
         blocked: list[BaseException] = []

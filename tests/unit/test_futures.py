@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from producer.futures import PublishFuture
+from producer.futures import PublishFuture, resolve_all
 
 
 def test_an_outcome_stored_before_anyone_waits_is_seen() -> None:
@@ -51,3 +51,40 @@ def test_a_waiter_racing_the_resolver_never_misses_the_outcome() -> None:
         waiter.join(10)
         # Then every waiter got its result (none timed out, none hangs)
         assert got == [i]
+
+
+def test_resolve_all_settles_untouched_and_waited_on_futures_alike() -> None:
+    # Given futures nobody touched, one with a waiter, one with a callback
+    quiet = [PublishFuture[int]() for _ in range(3)]
+    waited: PublishFuture[int] = PublishFuture()
+    called: PublishFuture[int] = PublishFuture()
+    seen: list[int] = []
+    called.add_done_callback(lambda f: seen.append(f.result()))
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(waited.result(timeout=5)))
+    waiter.start()
+    # When they are resolved together
+    resolve_all([(f, i) for i, f in enumerate([*quiet, waited, called])])
+    waiter.join(5)
+    # Then each has its own result, the waiter woke and the callback ran
+    assert [f.result(timeout=0) for f in quiet] == [0, 1, 2]
+    assert got == [3] and seen == [4]
+    assert all(f.done() and f.exception(timeout=0) is None for f in [*quiet, waited, called])
+    # And a settled future is never settled twice
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        resolve_all([(quiet[0], 9)])
+    assert quiet[0].result() == 0
+
+
+def test_a_settled_future_is_read_without_making_its_condition() -> None:
+    done: PublishFuture[int] = PublishFuture()
+    failed: PublishFuture[int] = PublishFuture()
+    resolve_all([(done, 1)])
+    failed.set_exception(KeyError("k"))
+    assert done.done() and done.result() == 1 and done.exception() is None
+    assert failed.done() and isinstance(failed.exception(), KeyError)
+    with pytest.raises(KeyError):
+        failed.result()
+    assert "_condition" not in done.__dict__ and "_condition" not in failed.__dict__
+    pending: PublishFuture[int] = PublishFuture()
+    assert not pending.done()

@@ -1,0 +1,101 @@
+"""The broker's batched acks: a multiple ack only ever covers what the worker acked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from consumers.broker import Broker, _Subscription
+from producer.contract import StreamSpec
+
+
+class Channel:
+    is_open = True
+
+    def __init__(self) -> None:
+        self.acks: list[tuple[int, bool]] = []
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
+        self.acks.append((delivery_tag, multiple))
+
+
+def broker() -> Broker:
+    def nothing(*_args: Any) -> None:
+        return None
+
+    return Broker(
+        "amqp://guest:guest@127.0.0.1:1/%2F",
+        StreamSpec("orders", 4),
+        prefetch=100,
+        heartbeat=5,
+        name="test",
+        deliver=nothing,
+        on_subscribed=nothing,
+        on_drained=nothing,
+        on_channel_lost=nothing,
+        on_connection=nothing,
+    )
+
+
+def subscribed(b: Broker, partition: int, delivered: list[int]) -> Channel:
+    channel = Channel()
+    sub = _Subscription(channel, consuming=True)  # type: ignore[arg-type]
+    sub.unacked.extend(delivered)
+    sub.received = len(delivered)
+    b._subs[partition] = sub
+    return channel
+
+
+def test_the_oldest_unacked_in_order_go_as_one_multiple_ack() -> None:
+    # Given two partitions with deliveries 1-5 and 1-3 on their channels
+    b = broker()
+    one, two = subscribed(b, 0, [1, 2, 3, 4, 5]), subscribed(b, 1, [1, 2, 3])
+    # When their workers ack 1-3 and 1-2, interleaved, before the I/O loop runs
+    for partition, channel, tag in [(0, one, 1), (0, one, 2), (1, two, 1), (0, one, 3)]:
+        b._acks.append((partition, channel, tag))  # as Broker.ack queues them
+    b._acks.append((1, two, 2))
+    b._send_acks()
+    # Then each channel's acks went as one multiple ack
+    assert one.acks == [(3, True)]
+    assert two.acks == [(2, True)]
+    assert list(b._subs[0].unacked) == [4, 5] and b._subs[0].acks_sent == 3
+    assert list(b._subs[1].unacked) == [3] and b._subs[1].acks_sent == 2
+
+
+def test_a_gap_is_acked_tag_by_tag_so_the_skipped_delivery_stays_unacked() -> None:
+    # Given deliveries 1-4, of which the worker acks 2 and 3 but not 1
+    b = broker()
+    channel = subscribed(b, 0, [1, 2, 3, 4])
+    b._acks += [(0, channel, 2), (0, channel, 3)]  # type: ignore[list-item]
+    b._send_acks()
+    # Then no multiple ack covers 1: each is acked alone, and 1 stays unacked
+    assert channel.acks == [(2, False), (3, False)]
+    assert list(b._subs[0].unacked) == [1, 4]
+
+
+def test_acks_of_a_draining_partition_are_held_and_of_an_old_channel_dropped() -> None:
+    b = broker()
+    channel = subscribed(b, 0, [1, 2, 3])
+    b._subs[0].holding = True
+    old = Channel()
+    b._acks += [(0, channel, 1), (0, channel, 2), (0, old, 7)]  # type: ignore[list-item]
+    b._send_acks()
+    assert channel.acks == [] and old.acks == []
+    assert b._subs[0].held == [1, 2]
+
+
+def test_acks_queued_on_a_connection_that_died_do_not_stop_later_acks() -> None:
+    # Given an ack whose send was queued on a connection's loop that then died unrun
+    b = broker()
+    sent: list[object] = []
+    b._call = lambda fn: sent.append(fn) or True  # type: ignore[method-assign]
+    channel = subscribed(b, 0, [1, 2])
+    b.ack(0, channel, 1)  # type: ignore[arg-type]
+    assert len(sent) == 1
+    b._drop_acks()  # as run() does once the connection's loop has stopped
+    # When the worker acks on the next connection's channel
+    new_channel = subscribed(b, 0, [1])
+    b.ack(0, new_channel, 1)  # type: ignore[arg-type]
+    # Then a send is scheduled again, and it acks only the new channel's delivery
+    assert len(sent) == 2
+    b._send_acks()
+    assert new_channel.acks == [(1, False)] and channel.acks == []
