@@ -18,19 +18,18 @@ lowers the higher of the two by a clear margin, at most ``max_moves`` partitions
    rates, and a move costs a handoff). A swap counts two moves against ``max_moves``.
    The most loaded member's load never rises.
 
-Every partition carries at least ``floor`` of the mean partition load (at least a tiny
-constant), so partitions that carry nothing are still spread by count: with no reports
+Every partition carries at least ``floor`` of the mean partition load (at least a
+thousandth of a message per second), so partitions that carry nothing are still spread by count: with no reports
 at all, :func:`spread` balances counts to within one, as the count-based assignor does.
 Deterministic: members and partitions are always visited in sorted order.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 __all__ = ["estimate", "member_loads", "smooth", "spread"]
-
-_TINY = 1e-6
 
 
 def estimate(
@@ -100,6 +99,11 @@ def spread(
     ``current`` may name members that are gone and partitions outside the stream (both
     ignored); ``loads`` may lack partitions (they carry the floor). Raises ``ValueError``
     for no members, a weight below 1 or a negative ``max_moves``.
+
+    Loads are counted in whole thousandths of a message per second and members' loads
+    compared exactly (scaled by the weights' least common multiple): with float sums, the
+    order in which partitions were added decided ties, and spreading a result again could
+    move a partition (Hypothesis found it).
     """
     if not weights:
         raise ValueError("no members: wait until a consumer has joined before assigning")
@@ -108,14 +112,16 @@ def spread(
             raise ValueError(f"weight of member {member!r} must be at least 1")
     if max_moves is not None and max_moves < 0:
         raise ValueError(f"max_moves must be >= 0, got {max_moves}")
-    measured = [max(0.0, loads.get(p, 0.0)) for p in range(partitions)]
-    least = max(_TINY, floor * sum(measured) / partitions)
+    measured = [_milli(loads.get(p, 0.0)) for p in range(partitions)]
+    least = max(1, int(floor * sum(measured) / partitions))
     load = [max(least, x) for x in measured]
     mean_partition = sum(load) / partitions
+    common = math.lcm(*weights.values())
+    scale = {m: common // weights[m] for m in sorted(weights)}  # level = total * scale
 
     owner: dict[int, str] = {}
     held: dict[str, list[int]] = {m: [] for m in sorted(weights)}
-    total = dict.fromkeys(held, 0.0)
+    total = dict.fromkeys(held, 0)
     for p in range(partitions):
         m = current.get(p)
         if m in held:
@@ -123,8 +129,8 @@ def spread(
             held[m].append(p)
             total[m] += load[p]
 
-    def level(m: str) -> float:
-        return total[m] / weights[m]
+    def level(m: str) -> int:
+        return total[m] * scale[m]
 
     def give(p: int, to: str) -> None:
         was = owner.get(p)
@@ -146,9 +152,9 @@ def spread(
         cold = min(held, key=lambda m: (level(m), m))
         if hot == cold:
             break
-        best = _best_step(held[hot], held[cold], load, level(hot), level(cold), weights[hot],
-                          weights[cold], budget)  # fmt: skip
-        if best is None or level(hot) - best[0] < margin * mean_partition / weights[hot]:
+        best = _best_step(held[hot], held[cold], load, (level(hot), level(cold)),
+                          (scale[hot], scale[cold]), budget)  # fmt: skip
+        if best is None or level(hot) - best[0] < margin * mean_partition * scale[hot]:
             break
         _, out, back = best
         give(out, cold)
@@ -159,22 +165,27 @@ def spread(
     return {p: owner[p] for p in range(partitions)}
 
 
+def _milli(rate: float) -> int:
+    """A load in whole thousandths of a message per second (0 for anything not a finite
+    positive number)."""
+    return round(rate * 1000) if math.isfinite(rate) and rate > 0 else 0
+
+
 def _best_step(
     hot: list[int],
     cold: list[int],
-    load: list[float],
-    hot_level: float,
-    cold_level: float,
-    hot_weight: int,
-    cold_weight: int,
+    load: list[int],
+    levels: tuple[int, int],
+    scales: tuple[int, int],
     budget: int | None,
-) -> tuple[float, int, int | None] | None:
+) -> tuple[int, int, int | None] | None:
     """The move (hot → cold) or swap that leaves the lower maximum of the two members'
-    loads: (that maximum, the partition given, the partition taken back or None). Ties go
-    to a move over a swap, then to the lowest partition numbers."""
-    best: tuple[float, int, int, int] | None = None  # (new max, 0 move / 1 swap, out, back)
+    scaled loads: (that maximum, the partition given, the partition taken back or None).
+    Ties go to a move over a swap, then to the lowest partition numbers."""
+    (hot_level, cold_level), (hot_scale, cold_scale) = levels, scales
+    best: tuple[int, int, int, int] | None = None  # (new max, 0 move / 1 swap, out, back)
     for out in sorted(hot):
-        after = (hot_level - load[out] / hot_weight, cold_level + load[out] / cold_weight)
+        after = (hot_level - load[out] * hot_scale, cold_level + load[out] * cold_scale)
         candidate = (max(after), 0, out, -1)
         if best is None or candidate < best:
             best = candidate
@@ -184,7 +195,7 @@ def _best_step(
             delta = load[out] - load[back]
             if delta <= 0:
                 continue
-            after = (hot_level - delta / hot_weight, cold_level + delta / cold_weight)
+            after = (hot_level - delta * hot_scale, cold_level + delta * cold_scale)
             candidate = (max(after), 1, out, back)
             best = min(best, candidate)
     if best is None:
