@@ -19,8 +19,9 @@ lowers the higher of the two by a clear margin, at most ``max_moves`` partitions
    The most loaded member's load never rises.
 
 Every partition carries at least ``floor`` of the mean partition load (at least a
-thousandth of a message per second), so partitions that carry nothing are still spread by count: with no reports
-at all, :func:`spread` balances counts to within one, as the count-based assignor does.
+thousandth of a message per second), so partitions that carry nothing are still spread
+by count: with no reports at all, :func:`spread` balances counts to within one, as the
+count-based assignor does.
 Deterministic: members and partitions are always visited in sorted order.
 """
 
