@@ -225,6 +225,11 @@ class LoadReport:
     def total(self) -> float:
         return sum(self.rates.values())
 
+    def fresh(self, now: float) -> bool:
+        """Whether it is recent enough to count at Unix time ``now``: made within three
+        report intervals (at least 3 s); an older one is a member that stopped reporting."""
+        return now - self.at <= 3 * max(self.interval, 1.0)
+
 
 @dataclass(frozen=True, slots=True)
 class Parked:

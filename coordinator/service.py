@@ -412,8 +412,7 @@ class StreamCoordinator(threading.Thread):
             log.warning("%s: cannot read the load reports: %s", self.stream, e)
             reports = {}
         for member, report in sorted(reports.items()):
-            fresh = now - report.at <= 3 * max(report.interval, 1.0)
-            if member in self.mirror.members and fresh:
+            if member in self.mirror.members and report.fresh(now):
                 for p, rate in report.rates.items():
                     rates[p] = rates.get(p, 0.0) + rate
         depths: dict[int, int] = {}

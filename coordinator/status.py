@@ -152,9 +152,7 @@ def _handled(group: Group, members: set[str], now: float) -> dict[str, LoadRepor
         reports = group.loads()
     except PartqError:
         return {}
-    return {
-        m: r for m, r in reports.items() if m in members and now - r.at <= 3 * max(r.interval, 1.0)
-    }
+    return {m: r for m, r in reports.items() if m in members and r.fresh(now)}
 
 
 def per_second(rate: float | None) -> str:
