@@ -30,10 +30,12 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import tempfile
 import time
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,11 @@ KINDS = ("join", "move", "drain", "rebalance", "leave")
 
 def gaps_at(records: list[dict[str, Any]]) -> list[tuple[float, float, int]]:
     """(old owner's last handling ends, gap, partition) for each change of process."""
+    return [(prev["end"], nxt["start"] - prev["end"], p) for prev, nxt, p in changes(records)]
+
+
+def changes(records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any], int]]:
+    """(old owner's last record, next owner's first, partition) for each change of process."""
     by_partition: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by_partition[r["partition"]].append(r)
@@ -57,7 +64,61 @@ def gaps_at(records: list[dict[str, Any]]) -> list[tuple[float, float, int]]:
         rs.sort(key=lambda r: r["start"])
         for prev, nxt in itertools.pairwise(rs):
             if nxt["pid"] != prev["pid"]:
-                out.append((prev["end"], nxt["start"] - prev["end"], p))
+                out.append((prev, nxt, p))
+    return out
+
+
+SEGMENTS = (
+    "last handling -> released",
+    "released -> claiming",
+    "claiming -> subscribing",
+    "subscribing -> active",
+    "active -> first handling",
+)
+_RELEASED = ("every delivery handled: released", "drained and released")
+
+
+def _log_times(path: Path) -> dict[int, list[tuple[float, str]]]:
+    """A consumer's ``--debug`` JSON log: per partition, (time, message) in order."""
+    out: dict[int, list[tuple[float, str]]] = defaultdict(list)
+    if not path.exists():
+        return out
+    for line in path.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError, KeyError):
+            doc = json.loads(line)
+            m = re.match(r"partition (\d+): (.*)", doc["message"])
+            if m:
+                t = datetime.fromisoformat(doc["time"]).timestamp()
+                out[int(m.group(1))].append((t, m.group(2)))
+    return out
+
+
+def segments(workdir: Path, stream: str, records: list[dict[str, Any]]) -> list[list[float]]:
+    """Each change of owner split into :data:`SEGMENTS` (seconds) from both members' debug
+    logs (millisecond stamps); a change whose lines are not all there is left out."""
+    logs: dict[str, dict[int, list[tuple[float, str]]]] = {}
+
+    def lines(member: str, p: int) -> list[tuple[float, str]]:
+        if member not in logs:
+            logs[member] = _log_times(workdir / f"{stream}-{member}.log")
+        return logs[member].get(p, [])
+
+    def first(member: str, p: int, after: float, *texts: str) -> float | None:
+        for t, msg in lines(member, p):
+            if t >= after - 0.001 and any(x in msg for x in texts):
+                return t
+        return None
+
+    out = []
+    for prev, nxt, p in changes(records):
+        released = first(prev["member"], p, prev["end"], *_RELEASED)
+        claiming = released and first(nxt["member"], p, prev["end"], "-> claiming")
+        subscribing = claiming and first(nxt["member"], p, claiming, "claiming -> subscribing")
+        active = subscribing and first(nxt["member"], p, subscribing, "subscribing -> active")
+        if released is None or not claiming or not subscribing or not active:
+            continue
+        marks = [prev["end"], released, claiming, subscribing, active, nxt["start"]]
+        out.append([max(0.0, b - a) for a, b in itertools.pairwise(marks)])
     return out
 
 
@@ -144,7 +205,7 @@ def one(b: Bench, queue_type: str, rate: float, dwell: float) -> dict[str, Any]:
     by_kind: dict[str, list[float]] = defaultdict(list)
     for at, gap, _p in gaps_at(records):
         by_kind[phases.kind(at) or "other"].append(gap)
-    return summary | {"gaps": dict(by_kind)}
+    return summary | {"gaps": dict(by_kind), "segments": segments(b.dir, run.spec.name, records)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +266,14 @@ def main(argv: list[str] | None = None) -> int:
         for k in ("violations", "lost", "duplicates", "overlaps", "redelivered")
     }
     print(f"\npublished {sum(res['published'] for res in results):,}; {totals}")
+    split = [s for res in results for s in res["segments"]]
+    if split:  # only --debug logs have the lines
+        print(f"\n| segment ({len(split)} moves with every line) | p50 | p90 | p99 | max |")
+        print("|---|---:|---:|---:|---:|")
+        for i, name in enumerate(SEGMENTS):
+            xs = [s[i] for s in split]
+            cells = " | ".join(f"{audit.percentile(xs, q) * 1000:.0f} ms" for q in (50, 90, 99))
+            print(f"| {name} | {cells} | {max(xs) * 1000:.0f} ms |")
     return 0
 
 

@@ -3,7 +3,8 @@
 revoke → drain → release → grant, as in docs/architecture.md::
 
     IDLE ──assigned──▶ CLAIMING ──claimed──▶ SUBSCRIBING ──subscribed──▶ ACTIVE
-      ▲    (claim held by another: WAITING until it is deleted)              │
+      ▲    (claim held by another: WAITING until it is deleted, or handed    │
+      │     to us: granted ──▶ SUBSCRIBING)                                  │
       │                                                               unassigned
     RELEASING ◀──drained (cancel-ok, every delivery acked, channel closed)── DRAINING
                                                                             │
@@ -14,6 +15,10 @@ revoke → drain → release → grant, as in docs/architecture.md::
 goes *before* the cancel, so the next owner claims while we cancel and send the acks
 (``consumers.broker``, "emptied"). A drain that cannot prove it (a quiet or trickling
 partition) cancels first and releases after ``drained``, as before.
+
+A release hands the claim straight to the member the partition is assigned to when that
+member is alive (``Group.hand_over``: one transaction, on its lease), and deletes it
+otherwise; the heir sees ``granted`` and subscribes without a claim of its own.
 
 An operator's pause (``paused``) drains an ACTIVE partition the same way but keeps it:
 DRAINING ──drained──▶ PAUSED (claim held, not consumed) ──resumed──▶ SUBSCRIBING.
@@ -53,6 +58,7 @@ class Event(Enum):
     UNASSIGNED = "unassigned"
     CLAIM_FREE = "claim-free"  # the claim key was deleted
     CLAIM_OTHER = "claim-other"
+    GRANTED = "granted"  # a claim on our lease that we did not write: handed over to us
     CLAIMED = "claimed"  # our claim transaction succeeded
     CLAIM_REFUSED = "claim-refused"
     SUBSCRIBED = "subscribed"  # basic.consume-ok
@@ -138,6 +144,13 @@ def step(state: State, event: Event) -> tuple[State, list[Command]]:
         if phase is Phase.PAUSED:  # kept while paused, but the claim is no longer ours
             return _want(state)
         return state, []
+    if event is Event.GRANTED:
+        state = replace(state, holder=Holder.ME)
+        if phase not in (Phase.IDLE, Phase.WAITING, Phase.CLAIMING):
+            return state, []  # ours already (an echo), or a drain that goes on
+        if not state.assigned:  # moved on before it reached us: let it go
+            return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
+        return _consume(state)  # CLAIMING: its own claim's answer is stale now
     if event is Event.CLAIMED:
         if phase is not Phase.CLAIMING:  # a stale answer
             return state, []
@@ -163,8 +176,8 @@ def step(state: State, event: Event) -> tuple[State, list[Command]]:
             return replace(state, phase=Phase.HANDING), [Command.RELEASE, Command.CUT]
         return state, [Command.CUT]  # kept (paused), moved back, or the claim is gone
     if phase is Phase.HANDING and event in (Event.DRAINED, Event.CHANNEL_LOST):
-        if state.holder is Holder.ME:  # the early release failed: it is being retried
-            return replace(state, phase=Phase.RELEASING), []
+        if state.holder is Holder.ME:  # the early release failed, or it was handed back
+            return replace(state, phase=Phase.RELEASING), [Command.RELEASE]
         return _want(replace(state, phase=Phase.IDLE))
     if event is Event.DRAINED:
         if phase is not Phase.DRAINING:

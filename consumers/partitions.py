@@ -28,7 +28,7 @@ from consumers.parking import Parking
 from consumers.standby import may_take_over
 from consumers.worker import DeadLetters, Worker
 from coordinator import policy
-from coordinator.group import Claim, Group, GroupState, Parked, WatchEvent
+from coordinator.group import Claim, Group, GroupState, Member, Parked, WatchEvent
 from coordinator.mirror import GroupMirror
 from coordinator.session import Session
 from kernel.errors import EtcdUnavailable
@@ -160,6 +160,9 @@ class Partitions:
                 self._process(_Step(partition, Event.CLAIM_FREE))
             elif holder is Holder.OTHER:
                 self._process(_Step(partition, Event.CLAIM_OTHER))
+            else:  # our lease, not our write: the last owner handed it over
+                self.freed_at[partition] = time.time()
+                self._process(_Step(partition, Event.GRANTED))
         self._sync_standby(partition)
 
     def _sync_standby(self, partition: int) -> None:
@@ -277,8 +280,10 @@ class Partitions:
         self._process(_Step(partition, event))
 
     def release(self, partition: int) -> None:
-        """Try releasing the claim again (it failed while etcd was away)."""
-        self._process(_Do(partition, Command.RELEASE))
+        """Try releasing the claim again (it failed while etcd was away), unless the
+        partition has moved on meanwhile (released after all, or consumed again)."""
+        if self.states[partition].phase in (Phase.RELEASING, Phase.HANDING):
+            self._process(_Do(partition, Command.RELEASE))
 
     def abandon(self, partition: int) -> None:
         """Its worker failed: nothing is handled or drained there any more."""
@@ -427,12 +432,27 @@ class Partitions:
             self.retired[partition] = released
         session = self.session
         assert session is not None
+        heir = self._heir(partition)
         try:
-            revision = self.group.release(partition, session)
+            handed = self.group.hand_over(partition, session, heir) if heir else 0
+            revision = handed or self.group.release(partition, session)
         except EtcdUnavailable as e:
             log.warning("partition %d: cannot release the claim yet: %s", partition, e)
             self._retry_release(partition)
             return []
-        if revision > 0:  # mirror our own delete now, as for a claim
+        if handed and heir:  # mirror our own write now, as for a claim
+            self.mirror.wrote_claim(partition, Claim(heir.id, heir.lease), revision)
+            log.debug("partition %d: claim handed over to %s", partition, heir.id)
+            return [_Step(partition, Event.RELEASED), _Step(partition, Event.CLAIM_OTHER)]
+        if revision > 0:
             self.mirror.wrote_claim(partition, None, revision)
         return [_Step(partition, Event.RELEASED)]
+
+    def _heir(self, partition: int) -> Member | None:
+        """The live member the partition is assigned to, if not us: our claim goes straight
+        to it (``Group.hand_over``), so it need not claim once the claim is free."""
+        owner = self.mirror.assignment.get(partition)
+        member = self.mirror.members.get(owner) if owner and owner != self.member else None
+        if member is None or member.leaving or member.lease == 0:
+            return None
+        return member

@@ -435,6 +435,25 @@ class Group:
             )
         return int(responses[0].response_delete_range.header.revision) if ok else 0
 
+    def hand_over(self, partition: int, session: Session, to: Member) -> int:
+        """Turn our claim on ``partition`` into ``to``'s, on ``to``'s lease, in one step,
+        while ``to``'s member key still sits on that lease: the next owner finds the
+        partition claimed for it and subscribes without a claim of its own. The claim's
+        revision, or 0 (not ours, or ``to`` gone or restarted: release it instead)."""
+        key = keys.claim(self.stream, partition)
+        value = codec.encode_claim(to.id, time.time())
+        t = self.client.transactions
+        with etcd_errors(self.where):
+            ok, responses = self.client.transaction(
+                compare=[
+                    lease_is(key, session.id),
+                    lease_is(keys.member(self.stream, to.id), to.lease),
+                ],
+                success=[t.put(key, value, lease=to.lease)],
+                failure=[],
+            )
+        return int(responses[0].response_put.header.revision) if ok else 0
+
     # -- parked keys (on_failure = park) --------------------------------------------------
 
     def park(self, parked: Parked) -> int:

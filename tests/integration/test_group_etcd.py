@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import tempfile
 import threading
@@ -102,6 +103,36 @@ def test_claims_are_exclusive_and_only_the_holder_releases(client: Any, stream_n
     finally:
         a.close()
         b.close()
+
+
+def test_a_claim_is_handed_over_only_by_its_holder_to_a_live_member(
+    client: Any, stream_name: str
+) -> None:
+    group = Group(client, "test", stream_name)
+    a, b, c = (Session(client, "test", ttl=2) for _ in range(3))
+    try:
+        group.join(b, "b")
+        heir = group.snapshot().members["b"]
+        assert group.claim(0, "a", a)
+        # Only the holder hands over: c's attempt changes nothing
+        assert group.hand_over(0, c, heir) == 0
+        assert group.snapshot().claims[0].member == "a"
+        # The holder's does, in one step: b's claim, on b's lease
+        revision = group.hand_over(0, a, heir)
+        assert revision > 0
+        claim = group.snapshot().claims[0]
+        assert (claim.member, claim.lease) == ("b", b.id)
+        assert group.claim(0, "b", b) == revision  # b finds it its own
+        # A member gone or restarted (another lease) is not handed anything
+        assert group.claim(1, "a", a)
+        stale = dataclasses.replace(heir, lease=c.id)
+        assert group.hand_over(1, a, stale) == 0
+        group.leave("b", b)
+        assert group.hand_over(1, a, heir) == 0
+        assert group.snapshot().claims[1].member == "a"
+    finally:
+        for session in (a, b, c):
+            session.close()
 
 
 def test_a_watch_reports_when_etcd_goes_away() -> None:

@@ -123,17 +123,23 @@ def consuming(env: Env, member: str, *partitions: int) -> Running:
     return running
 
 
+def claims_at_subscribe(env: Env, running: Running) -> list[tuple[str, int] | None]:
+    """The partition's claim in etcd each time ``running`` subscribes, as it subscribes."""
+    seen: list[tuple[str, int] | None] = []
+    subscribe = running.broker.subscribe
+
+    def checking(partition: int) -> bool:
+        seen.append(env.claim_of(partition))
+        return subscribe(partition)
+
+    running.broker.subscribe = checking  # type: ignore[method-assign]
+    return seen
+
+
 def test_an_assigned_partition_is_claimed_then_subscribed(env: Env) -> None:
     # Given a running member, and a broker that checks the claim is there at subscribe time
     c1 = env.consumer("c1")
-    claimed_at_subscribe: list[tuple[str, int] | None] = []
-    subscribe = c1.broker.subscribe
-
-    def checking(partition: int) -> bool:
-        claimed_at_subscribe.append(env.claim_of(partition))
-        return subscribe(partition)
-
-    c1.broker.subscribe = checking  # type: ignore[method-assign]
+    claimed_at_subscribe = claims_at_subscribe(env, c1)
     # When the leader assigns it partition 2
     env.assign(2, "c1")
     # Then it claims it on its lease, then subscribes, then consumes
@@ -213,6 +219,30 @@ def test_an_emptied_drain_releases_the_claim_before_the_cut(env: Env) -> None:
     assert c1.broker.count("cut", 0) == 1 and c1.broker.count("finish", 0) == 0
     assert c1.broker.acked(0) == tags
     assert c1.consumer.owned() == []
+
+
+def test_a_revoked_claim_is_handed_to_the_next_owner_which_need_not_claim(env: Env) -> None:
+    # Given c1 consuming partition 0, and c2 a member that counts its own claims
+    c1 = consuming(env, "c1", 0)
+    c2 = env.consumer("c2")
+    claims: list[int] = []
+    claim = c2.consumer.partitions.group.claim
+
+    def counting(partition: int, member: str, session: Session) -> int:
+        claims.append(partition)
+        return claim(partition, member, session)
+
+    c2.consumer.partitions.group.claim = counting  # type: ignore[method-assign]
+    claimed_at_subscribe = claims_at_subscribe(env, c2)
+    # When the leader moves the partition to c2
+    env.assign(0, "c2")
+    # Then c1 drains, and its release hands the claim to c2, on c2's lease
+    eventually("c2 consuming", lambda: c2.consumer.owned() == [0])
+    assert claimed_at_subscribe == [("c2", c2.lease)]
+    assert claims == []  # c2 never had to claim it itself
+    assert c1.phase(0) is Phase.IDLE and c1.consumer.owned() == []
+    tags = [c2.broker.publish(0, b"after")]
+    eventually("handled by c2", lambda: c2.broker.acked(0) == tags)
 
 
 def test_a_malformed_assignment_is_no_assignment(env: Env) -> None:

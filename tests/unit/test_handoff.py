@@ -149,11 +149,50 @@ def test_an_emptied_drain_whose_release_failed_releases_after_drained() -> None:
     handing, _ = run(
         [Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.UNASSIGNED, Event.EMPTIED]
     )
-    # When the cancel is done before the retry / Then it waits for the release
+    # When the cancel is done before the retry / Then it releases again (the shell drops
+    # a retry that finds the partition released or consumed again)
     releasing, commands = step(handing, Event.DRAINED)
-    assert (releasing.phase, releasing.holder, commands) == (Phase.RELEASING, Holder.ME, [])
+    assert (releasing.phase, releasing.holder) == (Phase.RELEASING, Holder.ME)
+    assert commands == [Command.RELEASE]
     idle, commands = step(releasing, Event.RELEASED)
     assert (idle.phase, commands) == (Phase.IDLE, [])
+
+
+def test_a_claim_handed_over_to_us_is_consumed_without_a_claim_of_our_own() -> None:
+    # Given a partition assigned to us while the old owner holds its claim
+    waiting, _ = run([Event.CLAIM_OTHER, Event.ASSIGNED])
+    assert waiting.phase is Phase.WAITING
+    # When the old owner hands its claim over to us / Then we subscribe at once
+    state, commands = step(waiting, Event.GRANTED)
+    assert (state.phase, state.holder, commands) == (
+        Phase.SUBSCRIBING,
+        Holder.ME,
+        [Command.SUBSCRIBE],
+    )
+    # and the answer of a claim we had sent meanwhile changes nothing
+    claiming, _ = run([Event.ASSIGNED])
+    state, commands = step(claiming, Event.GRANTED)
+    assert (state.phase, commands) == (Phase.SUBSCRIBING, [Command.SUBSCRIBE])
+    assert step(state, Event.CLAIMED) == (state, [])
+    # A paused partition handed over is held, not consumed
+    state, commands = run([Event.PAUSED, Event.CLAIM_OTHER, Event.ASSIGNED, Event.GRANTED])
+    assert (state.phase, commands) == (Phase.PAUSED, [])
+
+
+def test_a_claim_handed_over_after_we_were_moved_on_is_released() -> None:
+    # Given a partition no longer assigned to us (the old owner's view lagged ours)
+    state, _ = run([Event.CLAIM_OTHER, Event.ASSIGNED, Event.UNASSIGNED])
+    # When its claim is handed over to us / Then we let it go at once
+    state, commands = step(state, Event.GRANTED)
+    assert (state.phase, commands) == (Phase.RELEASING, [Command.RELEASE])
+    # and one handed back while our own cancel is under way goes once drained
+    handing, _ = run(
+        [Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.UNASSIGNED, Event.EMPTIED]
+    )
+    handing, _ = step(step(handing, Event.RELEASED)[0], Event.GRANTED)
+    assert (handing.phase, handing.holder) == (Phase.HANDING, Holder.ME)
+    state, commands = step(handing, Event.DRAINED)
+    assert (state.phase, commands) == (Phase.RELEASING, [Command.RELEASE])
 
 
 def test_an_emptied_drain_that_keeps_the_partition_cuts_without_releasing() -> None:
