@@ -70,8 +70,8 @@ def changes(records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[st
 
 SEGMENTS = (
     "last handling -> released",
-    "released -> claiming",
-    "claiming -> subscribing",
+    "released -> heir claims (or is granted)",
+    "claims -> subscribing",
     "subscribing -> active",
     "active -> first handling",
 )
@@ -112,8 +112,9 @@ def segments(workdir: Path, stream: str, records: list[dict[str, Any]]) -> list[
     out = []
     for prev, nxt, p in changes(records):
         released = first(prev["member"], p, prev["end"], *_RELEASED)
-        claiming = released and first(nxt["member"], p, prev["end"], "-> claiming")
-        subscribing = claiming and first(nxt["member"], p, claiming, "claiming -> subscribing")
+        # the heir either claims (the claim was deleted) or was handed it (granted)
+        claiming = released and first(nxt["member"], p, prev["end"], "-> claiming", "on granted")
+        subscribing = claiming and first(nxt["member"], p, claiming, "-> subscribing")
         active = subscribing and first(nxt["member"], p, subscribing, "subscribing -> active")
         if released is None or not claiming or not subscribing or not active:
             continue
