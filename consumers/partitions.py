@@ -450,7 +450,13 @@ class Partitions:
 
     def _heir(self, partition: int) -> Member | None:
         """The live member the partition is assigned to, if not us: our claim goes straight
-        to it (``Group.hand_over``), so it need not claim once the claim is free."""
+        to it (``Group.hand_over``), so it need not claim once the claim is free.
+
+        None while the partition has a hot standby: a standby reads a live owner's claim
+        when RabbitMQ activates it as a dying owner's, and the heir's claim would be there
+        the moment our cancel could activate it; a deleted claim tells it to give back."""
+        if self.mirror.standbys.get(partition):
+            return None
         owner = self.mirror.assignment.get(partition)
         member = self.mirror.members.get(owner) if owner and owner != self.member else None
         if member is None or member.leaving or member.lease == 0:

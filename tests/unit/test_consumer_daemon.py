@@ -136,6 +136,20 @@ def claims_at_subscribe(env: Env, running: Running) -> list[tuple[str, int] | No
     return seen
 
 
+def own_claims(running: Running) -> list[int]:
+    """The partitions ``running`` claims itself (etcd put-if-absent), in order."""
+    claimed: list[int] = []
+    group = running.consumer.partitions.group
+    claim = group.claim
+
+    def counting(partition: int, member: str, session: Session) -> int:
+        claimed.append(partition)
+        return claim(partition, member, session)
+
+    group.claim = counting  # type: ignore[method-assign]
+    return claimed
+
+
 def test_an_assigned_partition_is_claimed_then_subscribed(env: Env) -> None:
     # Given a running member, and a broker that checks the claim is there at subscribe time
     c1 = env.consumer("c1")
@@ -225,14 +239,7 @@ def test_a_revoked_claim_is_handed_to_the_next_owner_which_need_not_claim(env: E
     # Given c1 consuming partition 0, and c2 a member that counts its own claims
     c1 = consuming(env, "c1", 0)
     c2 = env.consumer("c2")
-    claims: list[int] = []
-    claim = c2.consumer.partitions.group.claim
-
-    def counting(partition: int, member: str, session: Session) -> int:
-        claims.append(partition)
-        return claim(partition, member, session)
-
-    c2.consumer.partitions.group.claim = counting  # type: ignore[method-assign]
+    claims = own_claims(c2)
     claimed_at_subscribe = claims_at_subscribe(env, c2)
     # When the leader moves the partition to c2
     env.assign(0, "c2")
@@ -243,6 +250,26 @@ def test_a_revoked_claim_is_handed_to_the_next_owner_which_need_not_claim(env: E
     assert c1.phase(0) is Phase.IDLE and c1.consumer.owned() == []
     tags = [c2.broker.publish(0, b"after")]
     eventually("handled by c2", lambda: c2.broker.acked(0) == tags)
+
+
+def test_a_claim_is_deleted_not_handed_over_while_the_partition_has_a_standby(
+    env: Env,
+) -> None:
+    # Given c1 consuming partition 0, c2 a member, and c3 named 0's hot standby
+    c1 = consuming(env, "c1", 0)
+    c2 = env.consumer("c2")
+    env.fake.put(keys.standby(env.stream, 0), codec.encode_standby("c3"))
+    eventually("c1 sees the standby", lambda: 0 in c1.consumer.partitions.mirror.standbys)
+    claims = own_claims(c2)
+    claimed_at_subscribe = claims_at_subscribe(env, c2)
+    # When the leader moves the partition to c2
+    env.assign(0, "c2")
+    # Then c1 deletes its claim (a standby activated by its cancel must find no live
+    # owner's claim), and c2 claims it itself
+    eventually("c2 consuming", lambda: c2.consumer.owned() == [0])
+    assert claimed_at_subscribe == [("c2", c2.lease)]
+    assert claims == [0]
+    assert c1.consumer.owned() == []
 
 
 def test_a_malformed_assignment_is_no_assignment(env: Env) -> None:
