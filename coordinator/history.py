@@ -2,7 +2,8 @@
 
 Bounded, in memory, per process: rebalances (when, why, how many partitions changed
 owner), handoffs (a claim released by one member, then taken by another: the *claim gap*
-between the two, as this coordinator's watch saw them; the consumer's own
+between the two, as this coordinator's watch saw them, 0 for a claim handed over in one
+put; the consumer's own
 ``partq_consumer_handoff_gap_seconds`` adds its subscribe time), and the depth of each
 partition queue at the last two page loads, for a rate. Every coordinator records, led
 or not: a standby coordinator's page shows the same history.
@@ -71,6 +72,9 @@ class History:
                 self._entries.append(
                     Entry(now, "handoff", f"{source} → {claim.member}", partition, now - when)
                 )
+            elif holder is not None:  # one put: the old owner handed its claim over
+                detail = f"{holder} → {claim.member} (handed over)"
+                self._entries.append(Entry(now, "handoff", detail, partition, 0.0))
 
     def depths(self, depths: dict[int, int], at: float | None = None) -> dict[int, float]:
         """Record the partition queues' depths now: each one's change per second since the

@@ -19,13 +19,15 @@ def test_a_release_then_another_members_claim_is_a_handoff_with_its_gap() -> Non
     history.claim(0, claim("b"), at=100.25)  # b claimed it
     history.claim(1, claim("a"), at=101.0)  # a first claim: nobody handed it over
     history.claim(2, claim("c", taken_from="a"), at=102.0)  # a hot standby took it
+    history.claim(1, claim("b"), at=103.0)  # a handed its claim on 1 over to b
     entries = history.entries()
     assert [(e.kind, e.partition, e.detail) for e in entries] == [
+        ("handoff", 1, "a → b (handed over)"),
         ("handoff", 2, "a → c (hot standby takeover)"),
         ("handoff", 0, "a → b"),
         ("rebalance", None, "membership: 1 partitions"),
     ]
-    assert entries[1].gap == 0.25
+    assert (entries[0].gap, entries[2].gap) == (0.0, 0.25)
 
 
 def test_depth_rates_need_a_second_between_samples() -> None:
