@@ -9,6 +9,8 @@ through the handler in order, ahead of everything newer of that key (queued behi
 control message), then deletes the record and the queue. ``partq dlq purge`` does the same
 without the handler. A crash anywhere leaves the control message or the parked message
 unacked: the next owner goes on where it stopped; nothing is lost or copied by the replay.
+An owner killed between parking a message and acking it leaves it to be parked twice; the
+replay drops the second copy (same message id and body).
 
 Order of writes when a key is parked: the etcd record first, then the message is published
 to the parking queue (with a confirm), then acked. A later owner sees the record before it
@@ -19,6 +21,7 @@ message ahead of the parked ones.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import threading
 import time
@@ -188,7 +191,8 @@ class Parking:
             connection = connect_blocking(self.url, name=f"partq-redrive-{self.member}")
         try:
             channel = connection.channel()
-            replayed = 0
+            replayed = copies = 0
+            seen: set[tuple[str, bytes]] = set()  # (message id, body digest) replayed
             while not stopped.is_set():
                 try:
                     method, header, body = channel.basic_get(queue, auto_ack=False)
@@ -198,15 +202,29 @@ class Parking:
                     break
                 if method is None:
                     break
+                # An owner killed between parking a message and acking it leaves the
+                # message to the next owner, which parks it again: the same id and body
+                # twice in the queue. The copy is dropped, not handled a second time.
+                copy = (str(header.message_id or ""), hashlib.sha256(body).digest())
+                if header.message_id and copy in seen:
+                    channel.basic_ack(method.delivery_tag)
+                    copies += 1
+                    continue
                 delivery = Delivery(partition, channel, method.delivery_tag, True, header, body)
                 if not handle(delivery):
                     channel.basic_nack(method.delivery_tag, requeue=True)  # back to the head
                     return False
                 channel.basic_ack(method.delivery_tag)
+                seen.add(copy)
                 replayed += 1
             if stopped.is_set():
                 return False
-            log.info("key %s: %d parked messages replayed", name, replayed)
+            log.info(
+                "key %s: %d parked messages replayed (%d copies left by a crash dropped)",
+                name,
+                replayed,
+                copies,
+            )
         finally:
             if connection.is_open:
                 connection.close()

@@ -241,6 +241,7 @@ def test_status_page_in_chromium(
     assert {o for o, _ in grid(page).values()} == {staying}
     # and the timeline shows the leaver's partitions handed over, each with its claim gap
     handoffs = [t for t in timeline(page) if t["what"] == "handoff" and t not in timeline_before]
-    moved = {int(t["partition"]) for t in handoffs if t["detail"] == f"obs-b → {staying}"}
+    via = {f"obs-b → {staying}", f"obs-b → {staying} (handed over)"}  # deleted, or handed
+    moved = {int(t["partition"]) for t in handoffs if t["detail"] in via}
     assert moved == {p for p, (o, _, _) in rows_before.items() if o == "obs-b"}, handoffs
     assert all(t["claim gap"].endswith(" ms") for t in handoffs if t["detail"].startswith("obs-b"))
