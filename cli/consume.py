@@ -9,7 +9,7 @@ import threading
 import click
 
 from cli.context import Context, pass_context
-from cli.http import base_url, http_options, serve_http, server_context
+from cli.web import base_url, http_options, serve_http, server_context
 from consumers.daemon import (
     DEFAULT_HANDLER_TIMEOUT,
     EXIT_HANDLER_TIMEOUT,

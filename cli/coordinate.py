@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from cli.context import Context, pass_context
-from cli.http import base_url, http_options, serve_http, server_context
+from cli.web import base_url, http_options, serve_http, server_context
 from consumers.signals import on_stop_signals
 from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
 from coordinator.service import CoordinatorConfig, StreamCoordinator

@@ -338,7 +338,7 @@ def test_the_coordinator_is_not_ready_while_its_stream_is_missing(
         wait_until(lambda: daemons.get("coordinator", "/readyz")[0] == 503, WAIT, what="not ready")
         assert coordinator.alive()
         wait_until(lambda: "missing" in coordinator.log.read_text(), WAIT, what="a log line")
-        # (the status page answers 503 with the reason: cli.http)
+        # (the status page answers 503 with the reason: cli.web)
         status, page = daemons.get("coordinator", "/")
         assert status == 503, page
         assert ("does not exist" if how == "deleted" else keys.spec(stream)) in page, page

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cli.http import serve
+from cli.web import serve
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""cli.http: a failure behind an endpoint is a one-line answer, never a traceback."""
+"""cli.web: a failure behind an endpoint is a one-line answer, never a traceback."""
 
 from __future__ import annotations
 

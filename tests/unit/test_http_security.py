@@ -1,4 +1,4 @@
-"""cli.http: the bearer token (which paths it guards, what a refusal looks like) and the
+"""cli.web: the bearer token (which paths it guards, what a refusal looks like) and the
 start-up warning. TLS against real certificates: tests/observability/test_http_security.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from cli.http import exposure_warning, server_context
+from cli.web import exposure_warning, server_context
 from kernel.errors import UsageError
 from kernel.settings import HttpSecurity, Settings
 from tests.unit.http_server import get

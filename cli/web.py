@@ -278,7 +278,7 @@ def http_options(default_port: int) -> Callable[[F], F]:
 def serve_http(
     host: str, port: int, security: HttpSecurity, **endpoints: Any
 ) -> ThreadingHTTPServer:
-    """:func:`cli.http.serve`, with a bind failure as one line naming the flag to change
+    """:func:`cli.web.serve`, with a bind failure as one line naming the flag to change
     (a :class:`UsageError`: exit code 2); warns once when the port is open beyond this host
     without a token (or sends the token without TLS)."""
     try:
