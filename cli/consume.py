@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 
 import click
@@ -27,7 +28,11 @@ log = logging.getLogger("partq.cli")
 
 @click.command()
 @click.argument("stream")
-@click.option("--handler", required=True, help="The handler, as pkg.module:function.")
+@click.option(
+    "--handler",
+    required=True,
+    help="The handler, as pkg.module:function; modules import from the current directory too.",
+)
 @click.option(
     "--member-id",
     envvar="PARTQ_MEMBER_ID",
@@ -109,6 +114,7 @@ def consume(
     """
     security = ctx.settings.http
     server_context(security)  # a certificate that cannot be used: exit 2 before connecting
+    import_from_working_directory()
     function = load_handler(handler)
     config = ConsumerConfig(
         stream=stream,
@@ -143,6 +149,16 @@ def consume(
     ):
         exit_within(code, EXIT_GRACE)
     raise click.exceptions.Exit(code)
+
+
+def import_from_working_directory() -> None:
+    """Let handler modules import from the current directory, as gunicorn's and celery's
+    do: a console script's ``sys.path`` starts with its ``bin/`` folder, not the directory
+    it runs in. Appended, not prepended: a stray file there never hides an installed module.
+    """
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.append(here)
 
 
 EXIT_GRACE = 10.0  # seconds the interpreter may take to exit after a failure
