@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import click
 
 from cli.context import Context, pass_context
+from cli.web import LOOPBACK
 from kernel.errors import UsageError
 
 if TYPE_CHECKING:
@@ -114,7 +115,10 @@ def _conf_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     "--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port."
 )
 @click.option(
-    "--metrics-addr", default="0.0.0.0", show_default=True, help="Address for --metrics-port."
+    "--metrics-addr",
+    default=LOOPBACK,
+    show_default=True,
+    help="Address for --metrics-port (0.0.0.0 to be scraped from other hosts).",
 )
 @click.option("--master", help="Spark master [default: local[2]; spark-submit's when run by it].")
 @click.option(

@@ -37,6 +37,7 @@ from kernel.errors import PartqError, UsageError
 from kernel.settings import HttpSecurity
 
 __all__ = [
+    "LOOPBACK",
     "base_url",
     "bind_error",
     "exposure_warning",
@@ -49,6 +50,7 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger("partq.http")
+LOOPBACK = "127.0.0.1"  # every port partq serves, unless told otherwise (docs/security.md)
 _PLAIN = "text/plain; charset=utf-8"
 _OPEN = HttpSecurity()  # plain HTTP, no token
 _PROBES = ("/livez", "/readyz")  # open whatever the token: the kubelet sends none
@@ -266,7 +268,7 @@ def http_options(default_port: int) -> Callable[[F], F]:
         )(command)
         return click.option(
             "--http-host",
-            default="127.0.0.1",
+            default=LOOPBACK,
             show_default=True,
             envvar="PARTQ_HTTP_HOST",
             help="Address for /metrics, /livez, /readyz (0.0.0.0 in containers) [PARTQ_HTTP_HOST].",
