@@ -1,9 +1,24 @@
 # partq: one image for every role; the first argument picks it
 # (coordinator, consume, produce, stream, status).
-#   docker build -t partq:dev .
-#   docker run --rm partq:dev --help
+#   docker build -t partq:0.2.0 .
+#   docker run --rm partq:0.2.0 --help
 # Your own handlers: build FROM this image and `pip install` your package, then
 #   partq consume STREAM --handler your_pkg.module:function
+# (a module in the working directory imports too).
+
+# Stage 1: sdist and wheel, as `python -m build` makes them for a release; the file set is the
+# package's own (pyproject.toml's packages), not a list of folders kept here.
+FROM python:3.11-slim AS wheel
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+
+WORKDIR /src
+RUN pip install "build>=1.2"
+COPY . .
+RUN python -m build --outdir /dist .
+
+# Stage 2: the wheel installed; no source tree, no build tools.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -15,13 +30,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --system --gid 10001 partq \
  && useradd --system --uid 10001 --gid partq --no-create-home --shell /usr/sbin/nologin partq
 
-WORKDIR /opt/partq
-COPY pyproject.toml README.md ./
-COPY producer/ producer/
-COPY coordinator/ coordinator/
-COPY consumers/ consumers/
-# Installed, not run from source: the source tree goes once it is built.
-RUN pip install . && cd / && rm -rf /opt/partq
+COPY --from=wheel /dist/ /tmp/dist/
+RUN pip install /tmp/dist/partq-*.whl && rm -rf /tmp/dist
 
 USER 10001:10001
 WORKDIR /tmp

@@ -23,7 +23,7 @@ from cli.produce import produce
 from cli.security import security
 from cli.spark import spark_job
 from cli.streams import stream
-from kernel import logs
+from kernel import __version__, logs
 from kernel.amqp import has_password
 from kernel.errors import PartqError, UsageError
 
@@ -63,7 +63,7 @@ __all__ = ["cli", "main"]
     "--amqp-key", type=click.Path(path_type=Path), help="RabbitMQ client key [PARTQ_AMQP_KEY]."
 )
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
-@click.version_option(package_name="partq")
+@click.version_option(__version__, prog_name="partq")
 @click.pass_context
 def cli(ctx: click.Context, /, config: Path | None, debug: bool, **overrides: object) -> None:
     """partq: keyed, ordered, balanced consumer groups for RabbitMQ, coordinated in etcd.

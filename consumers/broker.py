@@ -11,7 +11,7 @@ and when it cannot, the queue's own settings keep the order
 queue requeues it in place; a quorum queue *with a delivery limit* (partq
 declares every quorum partition queue with one, ``QUORUM_DELIVERY_LIMIT``)
 puts it on its returns list, served before anything else; only a quorum queue
-without a limit (a stream created by partq < 0.2, see
+without a limit (a stream created before partq declared one, see
 ``upgrade_policy_command``) puts it at the back, behind newer messages of its key.
 
 So ``cancel(p)``: (1) holds the partition's acks, so the broker gets no new

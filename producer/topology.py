@@ -116,7 +116,7 @@ def dead_letter_arguments(spec: StreamSpec) -> dict[str, Any]:
 
 
 def _earlier_arguments(spec: StreamSpec) -> list[dict[str, Any]]:
-    """What partq 0.2 declared for quorum queues: dead letters through the default
+    """What an earlier partq declared for quorum queues: dead letters through the default
     exchange. Such queues work as they are (redeclaring them needs write access to
     ``amq.default``)."""
     if spec.queue_type != "quorum":
@@ -130,7 +130,7 @@ def _earlier_arguments(spec: StreamSpec) -> list[dict[str, Any]]:
 
 
 def upgrade_policy_command(spec: StreamSpec) -> str:
-    """The ``rabbitmqctl`` command that gives a stream created before partq 0.2 its delivery limit.
+    """The ``rabbitmqctl`` command that gives a stream an earlier partq created its delivery limit.
 
     Queue arguments cannot change after a queue exists; a policy can add the limit and the
     dead-lettering (``--apply-to queues``, which RabbitMQ 3.10 needs for quorum queues).

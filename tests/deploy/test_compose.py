@@ -223,9 +223,27 @@ def test_the_image_is_python_311_slim_running_partq_as_a_non_root_user() -> None
     users = [args for op, args in final if op == "USER"]
     assert users, "the image runs as root"
     assert users[-1].split(":")[0] not in {"root", "0"}
-    assert any(op == "RUN" and "pip install ." in args for op, args in final)
     exposed = {int(port) for op, args in final if op == "EXPOSE" for port in args.split()}
     assert exposed >= set(DEFAULT_PORTS.values())
+
+
+def test_the_image_installs_the_wheel_python_m_build_makes() -> None:
+    # Given the Dockerfile's stages
+    instructions = dockerfile_instructions()
+    stages = [i for i, (op, _) in enumerate(instructions) if op == "FROM"]
+    assert len(stages) >= 2, "one stage builds the wheel, the last installs it"
+    build, final = instructions[stages[0] : stages[-1]], instructions[stages[-1] :]
+    build_stage = build[0][1].split()[-1]
+    # Then the first builds the release with `python -m build`
+    assert any(op == "RUN" and "python -m build" in args for op, args in build)
+    # And the last copies only that stage's output and installs the wheel from it: the
+    # package's own file set, never folders of the source tree
+    copies = [args for op, args in final if op == "COPY"]
+    assert copies, "the final stage copies nothing"
+    assert all(f"--from={build_stage}" in args for args in copies), copies
+    installs = [args for op, args in final if op == "RUN" and "pip install" in args]
+    assert installs, "the final stage installs nothing"
+    assert all(".whl" in args for args in installs), installs
 
 
 def test_the_files_the_dockerfile_copies_are_in_the_repo() -> None:
