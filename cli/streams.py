@@ -44,7 +44,8 @@ def stream() -> None:
     "--adopt",
     is_flag=True,
     help="Restore a lost spec from the stream's queues in RabbitMQ: their count "
-    "(p00000, p00001, ... up to the first missing) and their queue type.",
+    "(p00000, p00001, ... up to the first missing) and their queue type; --on-failure and "
+    "--replicas as given (the queues cannot tell them) [default: park, the broker's].",
 )
 @pass_context
 def create(
@@ -68,9 +69,11 @@ def create(
             name,
             partitions=partitions,
             queue_type=queue_type,  # type: ignore[arg-type]
+            on_failure=on_failure,  # type: ignore[arg-type]
+            replicas=replicas,
         )
         verb = "adopted:" if created else "exists, unchanged:"
-        click.echo(f"stream {name} {verb} {spec.partitions} partitions, {spec.queue_type} queues")
+        click.echo(f"stream {name} {verb} {describe_spec(spec)}")
         return
     if partitions is None:
         raise click.UsageError(
@@ -90,8 +93,12 @@ def create(
     )
     created = admin.create_stream(ctx.registry(), ctx.settings.amqp, spec)
     verb = "created" if created else "exists, unchanged:"
-    click.echo(
-        f"stream {name} {verb} {partitions} partitions, {spec.queue_type} queues"
+    click.echo(f"stream {name} {verb} {describe_spec(spec)}")
+
+
+def describe_spec(spec: StreamSpec) -> str:
+    return (
+        f"{spec.partitions} partitions, {spec.queue_type} queues"
         + (f" on {spec.replicas} replicas" if spec.replicas else "")
         + f", on failure {spec.on_failure}"
     )

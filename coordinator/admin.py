@@ -16,7 +16,7 @@ from coordinator.group import Group
 from kernel import keys
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import SpecMismatch, StreamNotFound, UsageError
-from producer.contract import MAX_PARTITIONS, QueueType, StreamSpec, queue_name
+from producer.contract import MAX_PARTITIONS, OnFailure, QueueType, StreamSpec, queue_name
 from producer.registry import Registry
 from producer.topology import (
     QueueStats,
@@ -101,14 +101,18 @@ def adopt_stream(
     *,
     partitions: int | None = None,
     queue_type: QueueType | None = None,
+    on_failure: OnFailure | None = None,
+    replicas: int | None = None,
 ) -> tuple[StreamSpec, bool]:
     """Restore ``stream``'s spec from its queues in RabbitMQ; (spec, True if newly stored).
 
     The count is that of the queues ``p00000``, ``p00001``, … up to the first missing (at
     most ``MAX_PARTITIONS``); the queue type is detected (:func:`detect_queue_type`) or
     ``queue_type``. ``partitions`` or ``queue_type`` given and disagreeing with the queues,
-    or a stored spec that differs, is refused. The exchange, bindings and dead-letter queue
-    are declared again (idempotent).
+    or a stored spec that differs, is refused. The queues cannot tell ``on_failure`` or
+    ``replicas``: given, they are used; otherwise a stored spec's, else parking (as
+    ``create``) and the broker's default. The exchange, bindings and dead-letter queue are
+    declared again (idempotent; a quorum queue's replicas are checked by the broker).
     """
     stored = _stored(registry, stream)
     with blocking_connection(amqp_url) as connection:
@@ -138,7 +142,19 @@ def adopt_stream(
                 f"cannot tell the queue type of {found[0].queue} (its arguments are not "
                 f"partq's): give --queue-type quorum or --queue-type classic"
             )
-        spec = StreamSpec(stream, count, chosen)
+        if stored is not None:
+            on_failure = on_failure or stored.on_failure
+            replicas = replicas if replicas is not None else stored.replicas
+        spec = StreamSpec(stream, count, chosen, on_failure=on_failure or "park", replicas=replicas)
+        for flag, kept, asked in (
+            ("--on-failure", stored and stored.on_failure, spec.on_failure),
+            ("--replicas", stored and stored.replicas, spec.replicas),
+        ):
+            if stored is not None and kept != asked:
+                raise SpecMismatch(
+                    f"stream {stream!r} is stored with {flag} {kept}, not {asked}: a stream "
+                    f"keeps the settings it was created with; adopt without {flag}"
+                )
         if stored is not None and stored != spec:
             raise SpecMismatch(
                 f"stream {stream!r} has {stored.partitions} partitions ({stored.queue_type}) "

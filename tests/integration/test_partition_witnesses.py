@@ -135,7 +135,10 @@ def test_create_with_fewer_partitions_than_the_queues_is_refused_and_adopt_resto
     # Then the spec has the queues' count and queue type
     assert adopted.returncode == 0, adopted.stderr
     assert f"stream {stream_name} adopted: 8 partitions, quorum queues" in adopted.stdout
-    assert registry.read_spec(stream_name) == StreamSpec(stream_name, 8, "quorum")
+    # (parking, as a new stream: the queues cannot tell; --on-failure chooses)
+    assert registry.read_spec(stream_name) == StreamSpec(
+        stream_name, 8, "quorum", on_failure="park"
+    )
     assert depths(rabbitmq, stream_name, 9) == [3] * 8 + [None]
     # And adopting again changes nothing
     again = partq("stream", "create", stream_name, "--adopt")
@@ -176,7 +179,9 @@ def test_adopt_detects_classic_queues_and_checks_the_given_flags(
     # When adopted without flags: the classic type is detected
     adopted = partq("stream", "create", stream_name, "--adopt")
     assert adopted.returncode == 0, adopted.stderr
-    assert registry.read_spec(stream_name) == StreamSpec(stream_name, 3, "classic")
+    assert registry.read_spec(stream_name) == StreamSpec(
+        stream_name, 3, "classic", on_failure="park"
+    )
 
 
 def test_adopt_with_no_queues_exits_1(partq: Run, stream_name: str) -> None:

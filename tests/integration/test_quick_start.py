@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from coordinator import admin
+from kernel import keys
 from kernel.settings import Settings
 from producer import Producer, StreamNotFound, StreamSpec
 from producer.registry import Registry
@@ -92,3 +93,51 @@ def test_a_handler_module_in_the_working_directory_is_found(
         wait_until(lambda: len(handled()) == 3, 60, what="3 messages handled")
         assert sorted(handled()) == ["hello 0", "hello 1", "hello 2"]
         assert consumer.terminate() == 0, consumer.tail()
+
+
+def partq(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(PARTQ), *args],
+        capture_output=True,
+        text=True,
+        env=partq_env(settings),
+        timeout=60,
+        check=False,
+    )
+
+
+def test_adopting_a_parking_streams_queues_keeps_it_parking(
+    settings: Settings, registry: Registry, stream: str
+) -> None:
+    # Given a stream created parking (the default), whose spec etcd then lost
+    created = partq(settings, "stream", "create", stream, "--partitions", "3")
+    assert created.returncode == 0, created.stderr
+    assert registry.read_spec(stream).on_failure == "park"
+    registry.client.delete(keys.spec(stream))
+
+    # When its spec is restored from the queues, without and then with --on-failure
+    adopted = partq(settings, "stream", "create", stream, "--adopt")
+
+    # Then the stream parks again, and says so
+    assert adopted.returncode == 0, adopted.stderr
+    assert "adopted: 3 partitions, quorum queues, on failure park" in adopted.stdout
+    assert registry.read_spec(stream) == StreamSpec(stream, 3, "quorum", on_failure="park")
+    # And a stored spec's policy is kept, not silently changed
+    changed = partq(settings, "stream", "create", stream, "--adopt", "--on-failure", "dead-letter")
+    assert changed.returncode != 0
+    assert "stored with --on-failure park, not dead-letter" in changed.stderr
+    assert registry.read_spec(stream).on_failure == "park"
+
+
+def test_adopt_takes_on_failure_for_a_stream_etcd_lost(
+    settings: Settings, registry: Registry, stream: str
+) -> None:
+    # Given a dead-lettering stream whose spec etcd lost
+    args = ["stream", "create", stream, "--partitions", "2", "--on-failure", "dead-letter"]
+    assert partq(settings, *args).returncode == 0
+    registry.client.delete(keys.spec(stream))
+    # When it is adopted with --on-failure park (the operator's choice: nothing stored)
+    adopted = partq(settings, "stream", "create", stream, "--adopt", "--on-failure", "park")
+    # Then the flag is not ignored
+    assert adopted.returncode == 0, adopted.stderr
+    assert registry.read_spec(stream).on_failure == "park"
