@@ -145,12 +145,24 @@ def _act(
     if not records:
         click.echo(f"stream {stream}: no parked keys (on failure {spec.on_failure})")
         return
-    for record in records.values():
-        dlq.request(ctx.settings.amqp, spec, record, action)
+    requests = {
+        name: dlq.request(ctx.settings.amqp, spec, record, action)
+        for name, record in records.items()
+    }
     click.echo(
         f"{stream}: {action} of {len(records)} parked keys requested; waiting for the owners"
     )
-    left = dlq.wait_unparked(registry, stream, set(records), timeout)
+    left, failed = dlq.wait_unparked(registry, stream, requests, timeout)
+    if failed:
+        reasons = "; ".join(f"{r.key_text}: {r.redrive_error}" for r in failed.values())
+        if left:
+            reasons += f"; still parked after {timeout:g}s: " + ", ".join(
+                sorted(records[n].key_text for n in left)
+            )
+        raise click.ClickException(
+            f"the replay failed again, the key stays parked ({reasons}). Fix the handler or "
+            f"the message, then run the command again (`partq dlq show {stream} --key KEY`)"
+        )
     if left:
         names = ", ".join(sorted(records[n].key_text for n in left))
         raise click.ClickException(

@@ -21,6 +21,7 @@ message ahead of the parked ones.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -230,6 +231,21 @@ class Parking:
                 connection.close()
         self._forget(key)
         return True
+
+    def report_redrive_failed(
+        self, key: str | bytes, request: str, error: BaseException | None
+    ) -> None:
+        """Tell ``partq dlq redrive`` (waiting for ``request``) that the replay failed, in
+        the key's record: the command returns with the error instead of waiting it out."""
+        name = key_id(key)
+        record = self.parked.get(name)
+        if record is None:
+            return
+        reason = "".join(traceback.format_exception_only(error)).strip() if error else "failed"
+        failed = dataclasses.replace(record, redrive=request or "?", redrive_error=reason[:2000])
+        revision = self.group.report_redrive_failed(failed)
+        if revision:
+            self.parked.apply(name, failed, revision)
 
     def purge(self, key: str | bytes) -> None:
         """Drop the key's parked messages, then its record: the key flows again."""

@@ -208,6 +208,7 @@ class Worker(threading.Thread):
         self._finished = threading.Event()
         self.handled = 0  # messages handled (acked after the handler returned), for load reports
         self._replay_outcome = _Outcome.ACK  # TIMED_OUT: a handler timed out during a replay
+        self._replay_failure: BaseException | None = None  # why the last replay stopped
         self._given_back: set[int] = set()  # channels closed to return what we left unacked
 
     def stop(self) -> None:
@@ -466,6 +467,7 @@ class Worker(threading.Thread):
                     self.partition,
                     key,
                 )
+                self._report_redrive_failed(parking, key, delivery)
                 return _Outcome.ACK
             except Exception as e:  # etcd or broker trouble: keep the request, try again
                 log.warning("partition %d: %s of key %r failed: %s", self.partition, action, key, e)
@@ -476,12 +478,23 @@ class Worker(threading.Thread):
         """Handle one parked message during a redrive: True once handled."""
         try:
             message = self._message(delivery)
-        except MalformedHeaders:
+        except MalformedHeaders as e:
+            self._replay_failure = e
             return False
-        outcome, _failure, _count = self._attempts(delivery, message)
+        outcome, failure, _count = self._attempts(delivery, message)
         if outcome is _Outcome.TIMED_OUT:
             self._replay_outcome = outcome
+        self._replay_failure = failure
         return outcome is _Outcome.ACK
+
+    def _report_redrive_failed(self, parking: Parking, key: str | bytes, request: Delivery) -> None:
+        """Best effort: without the report, the waiting command times out instead."""
+        try:
+            parking.report_redrive_failed(
+                key, str(request.properties.message_id or ""), self._replay_failure
+            )
+        except Exception as e:
+            log.warning("partition %d: reporting the failed redrive failed: %s", self.partition, e)
 
     def _call(self, delivery: Delivery, message: Message) -> BaseException | None:
         """What the handler raised, or None; :class:`_TimedOut` if the watchdog gave up on it."""

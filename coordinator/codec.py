@@ -28,8 +28,10 @@ key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)          
 ``requests/pause``                    ``{"v": 1, "at"}`` (every partition)              Pause
 ``requests/pause-<partition>``        ``{"v": 1, "partition", "at"}``                  Pause
 ``parked/<key id>``                    ``{"v": 1, "partition", "error", "error_type",   Parked
-                                      "message_id", "member", "at"}``: a key parked
-                                      (``on_failure = park``); id: unpadded base64url
+                                      "message_id", "member", "at"}`` (+ ``"redrive",
+                                      "redrive_error"`` once a replay failed): a key
+                                      parked (``on_failure = park``); id: unpadded
+                                      base64url
 ``spec``                              :meth:`StreamSpec.to_json`                       StreamSpec
 ====================================  ===============================================  ==========
 
@@ -243,6 +245,10 @@ class Parked:
     message_id: str  # the message that failed
     member: str  # who parked it
     at: float = 0.0
+    # the last `partq dlq redrive` whose replay failed (its request's message id), and why:
+    # the command waiting for that request returns with the error instead of timing out
+    redrive: str = ""
+    redrive_error: str = ""
 
     @property
     def key(self) -> bytes:
@@ -341,6 +347,14 @@ def encode_parked(parked: Parked) -> str:
         message_id=_text(parked.message_id, "message_id")[:256],
         member=validate_member_id(parked.member),
         at=_time(parked.at, "at"),
+        **(
+            {
+                "redrive": _text(parked.redrive, "redrive")[:256],
+                "redrive_error": _text(parked.redrive_error, "redrive_error")[:2000],
+            }
+            if parked.redrive
+            else {}
+        ),
     )
 
 
@@ -435,6 +449,8 @@ def decode(kind: str, stream: str, name: str, raw: bytes | str, lease: int = 0) 
             _str(doc, "message_id"),
             _id(doc, "member"),
             _number(doc, "at"),
+            _str(doc, "redrive") if "redrive" in doc else "",
+            _str(doc, "redrive_error") if "redrive" in doc else "",
         )
     return _spec(stream, raw)
 

@@ -53,6 +53,7 @@ class ParkedKey:
             "message_id": r.message_id,
             "member": r.member,
             "parked_at": r.at,
+            "redrive_error": r.redrive_error or None,  # why the last redrive failed
         }
 
 
@@ -88,8 +89,9 @@ def _depth(connection: pika.BlockingConnection, queue: str) -> int | None:
     return int(frame.method.message_count)
 
 
-def request(amqp_url: AmqpURL, spec: StreamSpec, record: Parked, action: Action) -> None:
-    """Publish the control message for ``record``'s key into its partition (confirmed)."""
+def request(amqp_url: AmqpURL, spec: StreamSpec, record: Parked, action: Action) -> str:
+    """Publish the control message for ``record``'s key into its partition (confirmed); its
+    message id, which the owner names in the key's record if the replay fails."""
     key: str | bytes = record.key
     with contextlib.suppress(UnicodeDecodeError):
         key = record.key.decode("utf-8")
@@ -108,18 +110,29 @@ def request(amqp_url: AmqpURL, spec: StreamSpec, record: Parked, action: Action)
         channel = connection.channel()
         channel.confirm_delivery()
         channel.basic_publish(spec.exchange, str(record.partition), b"", properties, mandatory=True)
+    return str(properties.message_id)
 
 
 def wait_unparked(
-    registry: Registry, stream: str, names: set[str], timeout: float, interval: float = 0.25
-) -> set[str]:
-    """Wait until none of the key ids ``names`` is parked; those still parked at the end."""
+    registry: Registry,
+    stream: str,
+    requests: dict[str, str],
+    timeout: float,
+    interval: float = 0.25,
+) -> tuple[set[str], dict[str, Parked]]:
+    """Wait until each key id of ``requests`` (key id -> request id) is unparked, or its
+    owner reported that the replay of its request failed: (the key ids still parked with
+    no report, {key id: the record naming the failed replay}).
+    """
     group = Group(registry.client, registry.where, stream, report=False)
     deadline = time.monotonic() + timeout
-    left = set(names)
+    left, failed = set(requests), dict[str, Parked]()
     for _ in range(int(timeout / interval) + 2):
-        left &= set(group.parked())
+        parked = group.parked()
+        left &= set(parked)
+        failed |= {n: parked[n] for n in left if parked[n].redrive == requests[n]}
+        left -= set(failed)
         if not left or time.monotonic() >= deadline:
             break
         time.sleep(interval)
-    return left
+    return left, failed

@@ -471,6 +471,18 @@ class Group:
         found = responses[0][0][1] if responses and responses[0] else None
         return int(found.mod_revision) if found is not None else 0
 
+    def report_redrive_failed(self, parked: Parked) -> int:
+        """Put ``parked`` (the failed replay named in it) over the key's record if the key is
+        still parked: the put's revision, or 0."""
+        key = keys.parked(self.stream, parked.key_id)
+        value = codec.encode_parked(parked)
+        t = self.client.transactions
+        with etcd_errors(self.where):
+            ok, responses = self.client.transaction(
+                compare=[t.version(key) > 0], success=[t.put(key, value)], failure=[]
+            )
+        return int(responses[0].response_put.header.revision) if ok else 0
+
     def unpark(self, key_id: str) -> int:
         """Delete a key's parked record: the delete's revision."""
         t = self.client.transactions

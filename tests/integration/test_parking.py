@@ -14,6 +14,7 @@ import json
 import signal
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +32,7 @@ from producer import Producer, StreamSpec
 from producer.contract import key_id
 from producer.registry import Registry
 
-from .groups.harness import PARTQ, ROOT, Fleet, SequenceProducer, balanced, wait_until
+from .groups.harness import PARTQ, ROOT, Fleet, Proc, SequenceProducer, balanced, wait_until
 
 pytestmark = [pytest.mark.integration]
 
@@ -67,6 +68,35 @@ def poisoned_stream(
         PARTQ_POISON_SLOW=str(slow),
     )  # fmt: skip
     return fleet, StreamSpec(fleet.stream, P, "quorum", on_failure="park"), flag
+
+
+def parked_key(
+    quorum_fleet: Callable[..., Fleet],
+    registry: Registry,
+    rabbitmq: str,
+    tmp_path: Path,
+    messages: int,
+    slow: float = 0.0,
+) -> tuple[Fleet, StreamSpec, Path, Group, dict[str, Proc]]:
+    """POISON_KEY parked with ``messages`` messages (ids ``p:<seq>``) waiting, on a
+    coordinator and two consumers that fail it while the flag file exists."""
+    fleet, spec, flag = poisoned_stream(quorum_fleet, tmp_path, 0, slow=slow)
+    group = Group(registry.client, registry.where, fleet.stream)
+    fleet.coordinator(settle=0.5)
+    extra = ("--max-attempts", "1")
+    members = {m: fleet.consumer(m, handler="poison_key", extra=extra) for m in ("c1", "c2")}
+    wait_until(lambda: balanced(group, P, set(members)), 30, 0.1, "balanced")
+    with Producer(spec, amqp_url=rabbitmq) as producer:
+        for seq in range(messages):
+            producer.publish(POISON_KEY, json.dumps({"seq": seq}).encode(), message_id=f"p:{seq}")
+        producer.flush(30)
+    wait_until(
+        lambda: dlq.parked_keys(registry, rabbitmq, spec)[0].messages == messages,
+        30,
+        0.2,
+        "parked",
+    )
+    return fleet, spec, flag, group, members
 
 
 def test_a_failing_key_is_parked_across_a_crash_then_redriven_in_order(
@@ -187,18 +217,8 @@ def test_a_redrive_interrupted_by_a_crash_is_finished_by_the_next_owner(
     quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str, tmp_path: Path
 ) -> None:
     # Given a parked key with 100 messages waiting, and a handler that is slow for it
-    fleet, spec, flag = poisoned_stream(quorum_fleet, tmp_path, 0, slow=0.05)
-    group = Group(registry.client, registry.where, fleet.stream)
-    fleet.coordinator(settle=0.5)
-    extra = ("--max-attempts", "1")
-    members = {m: fleet.consumer(m, handler="poison_key", extra=extra) for m in ("c1", "c2")}
-    wait_until(lambda: balanced(group, P, set(members)), 30, 0.1, "balanced")
-    with Producer(spec, amqp_url=rabbitmq) as producer:
-        for seq in range(100):
-            producer.publish(POISON_KEY, json.dumps({"seq": seq}).encode(), message_id=f"p:{seq}")
-        producer.flush(30)
-    wait_until(
-        lambda: dlq.parked_keys(registry, rabbitmq, spec)[0].messages == 100, 30, 0.2, "parked"
+    fleet, spec, flag, group, members = parked_key(
+        quorum_fleet, registry, rabbitmq, tmp_path, 100, slow=0.05
     )
     flag.unlink()
     # When a redrive starts and the owner is killed -9 in the middle of the replay
@@ -221,3 +241,24 @@ def test_a_redrive_interrupted_by_a_crash_is_finished_by_the_next_owner(
     assert 10 <= replayed_before < 100, "the kill did not interrupt the replay"
     deduplicated = [s for i, s in enumerate(handled) if s not in handled[:i]]
     assert deduplicated == list(range(100))
+
+
+def test_a_redrive_whose_replay_fails_returns_at_once_with_the_error(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str, tmp_path: Path
+) -> None:
+    # Given a parked key whose handler still fails
+    fleet, spec, _flag, _group, _members = parked_key(quorum_fleet, registry, rabbitmq, tmp_path, 3)
+    # When it is redriven with a long timeout
+    started = time.monotonic()
+    done = partq(fleet, "dlq", "redrive", fleet.stream, "--timeout", "120", check=False)
+    took = time.monotonic() - started
+    # Then the command returns once the replay failed, with the handler's error
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the replay failed again, the key stays parked" in done.stderr
+    assert f"{POISON_KEY}: ValueError: poisoned message p:0" in done.stderr
+    assert took < 60, f"{took:.1f}s: the command waited for its timeout"
+    # And the key stays parked with every message, the failure on record
+    (parked,) = dlq.parked_keys(registry, rabbitmq, spec)
+    assert parked.messages == 3
+    assert parked.record.redrive_error == "ValueError: poisoned message p:0"
+    assert seqs(fleet.records(), POISON_KEY) == []
