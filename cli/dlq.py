@@ -9,7 +9,7 @@ import json
 
 import click
 
-from cli.context import Context, pass_context
+from cli.context import Context, Seconds, pass_context
 from coordinator import dlq
 from coordinator.group import Group
 from kernel.amqp import blocking_connection
@@ -92,7 +92,11 @@ def show(ctx: Context, stream: str, key_text: str, as_json: bool) -> None:
 @click.argument("stream")
 @click.option("--key", "-k", "key_text", help="Only this key [default: every parked key].")
 @click.option(
-    "--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for it."
+    "--timeout",
+    type=Seconds(),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for it.",
 )
 @pass_context
 def redrive(ctx: Context, stream: str, key_text: str | None, timeout: float) -> None:
@@ -109,7 +113,11 @@ def redrive(ctx: Context, stream: str, key_text: str | None, timeout: float) -> 
 @click.option("--key", "-k", "key_text", help="Only this key [default: every parked key].")
 @click.option("--yes", is_flag=True, help="Yes, delete the messages.")
 @click.option(
-    "--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for it."
+    "--timeout",
+    type=Seconds(),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for it.",
 )
 @pass_context
 def purge(ctx: Context, stream: str, key_text: str | None, yes: bool, timeout: float) -> None:

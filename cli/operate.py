@@ -90,7 +90,7 @@ def rebalance(ctx: Context, stream: str, dry_run: bool, max_moves: int | None) -
 
 @click.command()
 @click.argument("stream")
-@click.option("--partition", "-p", type=int, required=True)
+@click.option("--partition", "-p", type=click.IntRange(min=0), required=True)
 @click.option("--to", "member", required=True, help="The member that should own it.")
 @pass_context
 def move(ctx: Context, stream: str, partition: int, member: str) -> None:
@@ -131,7 +131,12 @@ def drain(ctx: Context, stream: str, member: str) -> None:
 
 @click.command()
 @click.argument("stream")
-@click.option("--partition", "-p", type=int, help="Only this partition [default: every one].")
+@click.option(
+    "--partition",
+    "-p",
+    type=click.IntRange(min=0),
+    help="Only this partition [default: every one].",
+)
 @pass_context
 def pause(ctx: Context, stream: str, partition: int | None) -> None:
     """Pause STREAM (or one partition): its owner drains it and stops consuming, but keeps it.
@@ -151,7 +156,12 @@ def pause(ctx: Context, stream: str, partition: int | None) -> None:
 
 @click.command()
 @click.argument("stream")
-@click.option("--partition", "-p", type=int, help="Only this partition [default: every one].")
+@click.option(
+    "--partition",
+    "-p",
+    type=click.IntRange(min=0),
+    help="Only this partition [default: every one].",
+)
 @pass_context
 def resume(ctx: Context, stream: str, partition: int | None) -> None:
     """Resume what `partq pause` paused (without --partition: every pause of STREAM)."""
