@@ -13,6 +13,7 @@ from cli.context import Context, Seconds, pass_context
 from coordinator import dlq
 from coordinator.group import Group
 from kernel.amqp import blocking_connection
+from kernel.terminal import printable
 from producer.contract import StreamSpec, key_id
 
 
@@ -61,7 +62,9 @@ def list_(ctx: Context, stream: str, as_json: bool) -> None:
             count = "?" if k.messages is None else str(k.messages)
             error = f"{r.error_type}: {r.error.splitlines()[-1] if r.error else ''}"
             click.echo(
-                f"{r.key_text:<24} {r.partition:>9} {count:>8}  {_when(r.at):<19}  {error[:80]}"
+                printable(
+                    f"{r.key_text:<24} {r.partition:>9} {count:>8}  {_when(r.at):<19}  {error[:80]}"
+                )
             )
     click.echo(f"dead letters in {spec.dead_letter_queue}: {'?' if dead is None else dead}")
 
@@ -85,7 +88,7 @@ def show(ctx: Context, stream: str, key_text: str, as_json: bool) -> None:
         return
     doc["parked_at"] = _when(found[0].record.at) + " UTC"
     for name, value in doc.items():
-        click.echo(f"{name:>11}: {value}")
+        click.echo(printable(f"{name:>11}: {value}"))
 
 
 @dlq_group.command()
@@ -168,4 +171,4 @@ def _act(
         )
     done = {"redrive": "redriven", "purge": "purged"}[action]
     names = ", ".join(sorted(r.key_text for r in records.values()))
-    click.echo(f"{stream}: {names} {done} and unparked")
+    click.echo(printable(f"{stream}: {names} {done} and unparked"))
