@@ -35,7 +35,10 @@ key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)          
 
 Outside the stream's keys, ``/partq/v1/load/<s>/<member id>``: ``{"v": 1, "member",
 "at", "interval", "rates": {"<partition>": messages handled per second}}``, on the
-member's lease, decoded as LoadReport (:func:`encode_load`, :func:`decode_load`).
+member's lease, decoded as LoadReport (:func:`encode_load`, :func:`decode_load`). And
+``/partq/v1/policy/<s>/<lease id:016x>``: ``{"v": 1, "policy": {setting: plain value}}``,
+a coordinator's settings on its candidate's lease (:func:`encode_policy`,
+:func:`decode_policy`).
 
 ``at`` and ``started`` are Unix times (seconds, a finite JSON number); other fields
 partq does not know are ignored (a later 1.x may add some), a missing one is an error.
