@@ -26,8 +26,9 @@ from cli.streams import stream
 from kernel import __version__, logs
 from kernel.amqp import has_password
 from kernel.errors import PartqError, UsageError
+from kernel.terminal import printable
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "main", "one_line", "report"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -104,17 +105,49 @@ def main(argv: list[str] | None = None) -> int:
     except click.Abort:
         click.echo("partq: aborted", err=True)
         return 130
-    except click.ClickException as e:
-        e.show()
-        return 2 if isinstance(e, click.UsageError) else int(e.exit_code)
-    except PartqError as e:
-        if debug:
-            traceback.print_exc()
-        click.echo(f"partq: error: {e}", err=True)
-        return 2 if isinstance(e, UsageError) else 1
     except KeyboardInterrupt:
         return 130
+    except click.exceptions.NoArgsIsHelpError as e:  # `partq stream`: the help, not an error
+        e.show()
+        return 2
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+        return report(e)
     return code if isinstance(code, int) else 0
+
+
+def report(error: Exception) -> int:
+    """Print ``error`` as ``partq: error: …`` on one line (and at most one hint line):
+    the exit code. A usage error's hint names the command's ``--help``; an error partq
+    did not expect says how to see its traceback."""
+    hint = None
+    if isinstance(error, click.UsageError):
+        code = 2
+        command = error.ctx.command_path if error.ctx is not None else "partq"
+        hint = f"see '{command} --help'"
+    elif isinstance(error, click.ClickException):
+        code = error.exit_code
+    elif isinstance(error, PartqError):
+        code = 2 if isinstance(error, UsageError) else 1
+    else:
+        code = 1
+        hint = "an unexpected error: run again with --debug for the traceback, and report it"
+    if isinstance(error, click.ClickException):
+        text = error.format_message()
+    elif isinstance(error, PartqError):
+        text = str(error)
+    else:
+        text = f"{type(error).__name__}: {error}"
+    click.echo(f"partq: error: {one_line(text)}", err=True)
+    if hint is not None:
+        click.echo(f"partq: hint: {hint}", err=True)
+    return code
+
+
+def one_line(text: str) -> str:
+    """``text`` on one printable line: its lines joined, control characters escaped."""
+    return printable(" ".join(text.split())) or "(no message)"
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import threading
 
 import click
 
-from cli.context import Context, pass_context
+from cli.context import Context, Seconds, pass_context
 from cli.web import base_url, http_options, serve_http, server_context
 from consumers.daemon import (
     DEFAULT_HANDLER_TIMEOUT,
@@ -52,17 +52,21 @@ log = logging.getLogger("partq.cli")
     help="Handler attempts before a message parks its key or is dead-lettered (the stream's "
     "on-failure setting).",
 )
-@click.option("--drain-timeout", type=float, default=20.0, show_default=True)
+@click.option("--drain-timeout", type=Seconds(), default=20.0, show_default=True)
 @click.option(
     "--handler-timeout",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=DEFAULT_HANDLER_TIMEOUT,
     show_default=True,
     help="Seconds a handler may take per message; past it the message is dead-lettered and "
     "the consumer leaves the group and exits with code 3 (a running handler cannot be "
     "stopped). 0: no limit.",
 )
-@click.option("--partitions", type=int, help="Expected partition count; refused if etcd differs.")
+@click.option(
+    "--partitions",
+    type=click.IntRange(min=1),
+    help="Expected partition count; refused if etcd differs.",
+)
 @click.option(
     "--announce-leave/--no-announce-leave",
     envvar="PARTQ_ANNOUNCE_LEAVE",
@@ -74,7 +78,7 @@ log = logging.getLogger("partq.cli")
 )
 @click.option(
     "--load-report",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=5.0,
     show_default=True,
     help="Seconds between this member's load reports in etcd (what it handled per "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -31,3 +32,18 @@ class Context:
 
 
 pass_context = click.make_pass_decorator(Context)
+
+
+class Seconds(click.FloatRange):
+    """A duration flag: a finite number of seconds, at least ``min`` (0 by default)."""
+
+    name = "seconds"
+
+    def __init__(self, min: float = 0.0) -> None:
+        super().__init__(min=min)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from cli.context import Context, pass_context
+from cli.context import Context, Seconds, pass_context
 from cli.web import base_url, http_options, serve_http, server_context
 from consumers.signals import on_stop_signals
 from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
@@ -25,7 +25,7 @@ log = logging.getLogger("partq.cli")
 @click.option("--min-members", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
     "--settle",
-    type=float,
+    type=Seconds(),
     default=1.0,
     show_default=True,
     help="Seconds the member set must stay unchanged before assigning.",
@@ -49,7 +49,7 @@ log = logging.getLogger("partq.cli")
 )
 @click.option(
     "--load-interval",
-    type=click.FloatRange(min=0.5),
+    type=Seconds(min=0.5),
     default=10.0,
     show_default=True,
     help="With --balance load: seconds between load measurements (and load moves).",

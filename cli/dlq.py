@@ -9,10 +9,11 @@ import json
 
 import click
 
-from cli.context import Context, pass_context
+from cli.context import Context, Seconds, pass_context
 from coordinator import dlq
 from coordinator.group import Group
 from kernel.amqp import blocking_connection
+from kernel.terminal import printable
 from producer.contract import StreamSpec, key_id
 
 
@@ -61,7 +62,9 @@ def list_(ctx: Context, stream: str, as_json: bool) -> None:
             count = "?" if k.messages is None else str(k.messages)
             error = f"{r.error_type}: {r.error.splitlines()[-1] if r.error else ''}"
             click.echo(
-                f"{r.key_text:<24} {r.partition:>9} {count:>8}  {_when(r.at):<19}  {error[:80]}"
+                printable(
+                    f"{r.key_text:<24} {r.partition:>9} {count:>8}  {_when(r.at):<19}  {error[:80]}"
+                )
             )
     click.echo(f"dead letters in {spec.dead_letter_queue}: {'?' if dead is None else dead}")
 
@@ -85,14 +88,18 @@ def show(ctx: Context, stream: str, key_text: str, as_json: bool) -> None:
         return
     doc["parked_at"] = _when(found[0].record.at) + " UTC"
     for name, value in doc.items():
-        click.echo(f"{name:>11}: {value}")
+        click.echo(printable(f"{name:>11}: {value}"))
 
 
 @dlq_group.command()
 @click.argument("stream")
 @click.option("--key", "-k", "key_text", help="Only this key [default: every parked key].")
 @click.option(
-    "--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for it."
+    "--timeout",
+    type=Seconds(),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for it.",
 )
 @pass_context
 def redrive(ctx: Context, stream: str, key_text: str | None, timeout: float) -> None:
@@ -109,7 +116,11 @@ def redrive(ctx: Context, stream: str, key_text: str | None, timeout: float) -> 
 @click.option("--key", "-k", "key_text", help="Only this key [default: every parked key].")
 @click.option("--yes", is_flag=True, help="Yes, delete the messages.")
 @click.option(
-    "--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for it."
+    "--timeout",
+    type=Seconds(),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for it.",
 )
 @pass_context
 def purge(ctx: Context, stream: str, key_text: str | None, yes: bool, timeout: float) -> None:
@@ -172,4 +183,4 @@ def _act(
         )
     done = {"redrive": "redriven", "purge": "purged"}[action]
     names = ", ".join(sorted(r.key_text for r in records.values()))
-    click.echo(f"{stream}: {names} {done} and unparked")
+    click.echo(printable(f"{stream}: {names} {done} and unparked"))

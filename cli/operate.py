@@ -1,4 +1,4 @@
-"""``partq status|rebalance|move|drain``: what an operator reads and asks for."""
+"""``partq status|rebalance|move|drain|pause|resume``: what an operator reads and asks for."""
 
 from __future__ import annotations
 
@@ -8,9 +8,19 @@ import logging
 import click
 
 from cli.context import Context, pass_context
-from coordinator.group import Drain, Group, Move, Pause, Rebalance, validate_member_id
-from coordinator.policy import plan
+from coordinator.group import (
+    Drain,
+    Group,
+    GroupState,
+    Move,
+    Pause,
+    Rebalance,
+    validate_member_id,
+)
+from coordinator.policy import differences, draining, leaving, plan
 from coordinator.status import beyond_lines, malformed_lines, per_second, snapshot_status
+from kernel.errors import PartqError, UsageError
+from kernel.terminal import printable
 from producer.contract import StreamSpec
 
 log = logging.getLogger("partq.cli")
@@ -26,37 +36,76 @@ def status(ctx: Context, stream: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True))
         return
-    click.echo(f"stream {stream}: {report['partitions']} partitions, {report['queue_type']}")
-    click.echo(f"leader: {report['leader'] or '-'}")
-    click.echo(f"members ({len(report['members'])}):")
+    say = _say
+    say(f"stream {stream}: {report['partitions']} partitions, {report['queue_type']}")
+    say(f"leader: {report['leader'] or '-'}")
+    say(f"members ({len(report['members'])}):")
     for m in report["members"]:
-        click.echo(
+        marks = " DRAINED" if m.get("draining") else ""
+        marks += " LEAVING" if m.get("leaving") else ""
+        say(
             f"  {m['id']:<30} weight {m['weight']}  age {m['age_s']:.0f}s  "
             f"owns {m['owns']}  handled {per_second(m.get('handled_per_s'))}  "
-            f"host {m['host']} pid {m['pid']}"
+            f"host {m['host']} pid {m['pid']}{marks}"
+        )
+    drained = [m["id"] for m in report["members"] if m.get("draining")]
+    if drained:
+        say(
+            f"drained (given no partitions; undo: partq drain {stream} MEMBER --cancel): "
+            + ", ".join(drained)
         )
     for line in beyond_lines(report):
-        click.echo(line)
-    click.echo(f"unassigned: {report['unassigned'] or '-'}")
-    click.echo(f"moves in progress: {report['in_motion'] or '-'}")
-    click.echo(f"paused: {report['paused'] or '-'}")
+        say(line)
+    say(f"unassigned: {report['unassigned'] or '-'}")
+    say(f"moves in progress: {report['in_motion'] or '-'}")
+    say(f"paused: {report['paused'] or '-'}")
     parked = report["parked"]
-    click.echo(
+    say(
         f"parked keys: {', '.join(k['key'] for k in parked[:10]) or '-'}"
         + (f" (+{len(parked) - 10} more; partq dlq list {stream})" if len(parked) > 10 else "")
     )
-    click.echo(
+    say(
         f"{'partition':>9}  {'owner':<30} {'claimed by':<30} {'standby':<30} "
         f"{'messages':>8} {'consumers':>9}"
     )
     for row in report["rows"]:
-        click.echo(
+        say(
             f"{row['partition']:>9}  {row['owner'] or '-':<30} {row['claim'] or '-':<30} "
             f"{row.get('standby') or '-':<30} {_num(row['messages']):>8} "
             f"{_num(row['consumers']):>9}"
         )
     for line in malformed_lines(report):
-        click.echo(line)
+        say(line)
+
+
+def _say(line: str) -> None:
+    """Print one line of a report, its keys and names made safe for a terminal."""
+    click.echo(printable(line))
+
+
+def _warn(text: str) -> None:
+    click.echo(f"partq: warning: {printable(text)}", err=True)
+
+
+def _check_coordinators(group: Group, state: GroupState, waits: str) -> None:
+    """Warn when no coordinator leads the stream (``waits``: what then happens to the
+    request), or when its coordinators run with different policies."""
+    stream = group.stream
+    if not state.leaders:
+        _warn(f"no coordinator leads {stream}: {waits} until one runs (partq coordinator {stream})")
+        return
+    try:
+        found = group.policies()
+    except PartqError as e:  # a role without the right to read them: say nothing more
+        log.debug("cannot read the coordinators' policies: %s", e)
+        return
+    live = {key.rsplit("/", 1)[1] for _revision, key in state.leaders}
+    differ = differences({name: p for name, p in found.items() if name in live})
+    if differ:
+        _warn(
+            f"the coordinators of {stream} run with different policies ({'; '.join(differ)}): "
+            f"the leader's applies, and a failover changes it: give them the same flags"
+        )
 
 
 def _num(value: int | None) -> str:
@@ -81,16 +130,17 @@ def rebalance(ctx: Context, stream: str, dry_run: bool, max_moves: int | None) -
         if state.assignment.get(p) != o
     ]
     for partition, old, new in changes:
-        click.echo(f"partition {partition}: {old or '(unassigned)'} -> {new}")
+        click.echo(printable(f"partition {partition}: {old or '(unassigned)'} -> {new}"))
     click.echo(f"{len(changes)} partitions would change owner")
     if not dry_run:
+        _check_coordinators(group, state, "the request waits in etcd")
         group.request(Rebalance())
         click.echo("rebalance requested; the leading coordinator carries it out")
 
 
 @click.command()
 @click.argument("stream")
-@click.option("--partition", "-p", type=int, required=True)
+@click.option("--partition", "-p", type=click.IntRange(min=0), required=True)
 @click.option("--to", "member", required=True, help="The member that should own it.")
 @pass_context
 def move(ctx: Context, stream: str, partition: int, member: str) -> None:
@@ -103,10 +153,12 @@ def move(ctx: Context, stream: str, partition: int, member: str) -> None:
             f"{stream} has partitions 0..{spec.partitions - 1}", param_hint="--partition"
         )
     group = Group(registry.client, registry.where, stream, report=False)
-    if member not in group.snapshot().members:
+    state = group.snapshot()
+    if member not in state.members:
         raise click.BadParameter(
             f"{member!r} is not a live member of {stream} (see partq status)", param_hint="--to"
         )
+    _check_coordinators(group, state, "the move waits in etcd")
     group.request(Move(partition, member))
     click.echo(f"move of partition {partition} to {member} requested")
 
@@ -114,24 +166,48 @@ def move(ctx: Context, stream: str, partition: int, member: str) -> None:
 @click.command()
 @click.argument("stream")
 @click.argument("member")
+@click.option("--cancel", is_flag=True, help="Undo a drain: MEMBER gets partitions again.")
+@click.option(
+    "--force", is_flag=True, help="Drain even the last member not drained (nothing consumes)."
+)
 @pass_context
-def drain(ctx: Context, stream: str, member: str) -> None:
-    """Move every partition of STREAM away from MEMBER (until it leaves)."""
+def drain(ctx: Context, stream: str, member: str, cancel: bool, force: bool) -> None:
+    """Move every partition of STREAM away from MEMBER (until it leaves, or --cancel)."""
     validate_member_id(member)
-    registry = ctx.registry()
-    registry.read_spec(stream)
-    group = Group(registry.client, registry.where, stream, report=False)
+    group, _spec = _group(ctx, stream)
+    if cancel:
+        if group.withdraw(Drain(member)):
+            click.echo(f"drain of {member} cancelled: the leader gives it partitions again")
+        else:
+            click.echo(f"{member} is not drained in {stream}: nothing to cancel")
+        return
     state = group.snapshot()
     if member not in state.members:
         raise click.BadParameter(f"{member!r} is not a live member of {stream}")
+    others = set(state.members) - draining(state.requests) - leaving(state.members) - {member}
+    if not others and not force:
+        raise UsageError(
+            f"{member} is the last member of {stream} that is not drained or leaving: "
+            f"draining it leaves every partition unassigned (nothing consumes): start "
+            f"another consumer first, or add --force"
+        )
+    _check_coordinators(group, state, "the drain waits in etcd")
     group.request(Drain(member))
     owned = sorted(p for p, o in state.assignment.items() if o == member)
-    click.echo(f"drain of {member} requested ({len(owned)} partitions to move)")
+    click.echo(
+        f"drain of {member} requested ({len(owned)} partitions to move); "
+        f"undo: partq drain {stream} {member} --cancel"
+    )
 
 
 @click.command()
 @click.argument("stream")
-@click.option("--partition", "-p", type=int, help="Only this partition [default: every one].")
+@click.option(
+    "--partition",
+    "-p",
+    type=click.IntRange(min=0),
+    help="Only this partition [default: every one].",
+)
 @pass_context
 def pause(ctx: Context, stream: str, partition: int | None) -> None:
     """Pause STREAM (or one partition): its owner drains it and stops consuming, but keeps it.
@@ -144,6 +220,7 @@ def pause(ctx: Context, stream: str, partition: int | None) -> None:
         raise click.BadParameter(
             f"{stream} has partitions 0..{spec.partitions - 1}", param_hint="--partition"
         )
+    _check_coordinators(group, group.snapshot(), "the pause holds, but nothing is reassigned")
     group.request(Pause(partition))
     what = "every partition" if partition is None else f"partition {partition}"
     click.echo(f"{stream}: {what} paused; its owner drains it and stops consuming")
@@ -151,7 +228,12 @@ def pause(ctx: Context, stream: str, partition: int | None) -> None:
 
 @click.command()
 @click.argument("stream")
-@click.option("--partition", "-p", type=int, help="Only this partition [default: every one].")
+@click.option(
+    "--partition",
+    "-p",
+    type=click.IntRange(min=0),
+    help="Only this partition [default: every one].",
+)
 @pass_context
 def resume(ctx: Context, stream: str, partition: int | None) -> None:
     """Resume what `partq pause` paused (without --partition: every pause of STREAM)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -13,7 +14,11 @@ from typing import IO, Any
 import click
 
 from cli.context import Context, pass_context
+from kernel.errors import PartqError, UsageError
+from kernel.terminal import printable
 from producer.publisher import Producer, Receipt
+from producer.topology import message_properties
+from producer.wire import encode_properties
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,10 @@ class Line:
 
 
 def parse_lines(stream: IO[str]) -> Iterator[Line | str]:
-    """Yield a :class:`Line` per valid JSON line, or an error text naming the line."""
+    """Yield a :class:`Line` per valid JSON line, or an error text naming the line.
+
+    A valid line is one the producer can send: its key and body are text, its headers
+    and message id are what AMQP carries (:func:`problem`)."""
     for number, raw in enumerate(stream, start=1):
         if not raw.strip():
             continue
@@ -35,6 +43,9 @@ def parse_lines(stream: IO[str]) -> Iterator[Line | str]:
         except json.JSONDecodeError as e:
             yield f'line {number}: not JSON ({e.msg}); expected {{"key": ..., "body": ...}}'
             continue
+        except RecursionError:
+            yield f"line {number}: JSON nested too deeply for this parser; flatten it"
+            continue
         if not isinstance(doc, dict) or "key" not in doc or "body" not in doc:
             yield f'line {number}: expected an object with "key" and "body"'
             continue
@@ -42,13 +53,51 @@ def parse_lines(stream: IO[str]) -> Iterator[Line | str]:
         if not isinstance(key, str):
             yield f'line {number}: "key" must be a string, got {type(key).__name__}'
             continue
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         headers = doc.get("headers")
         if headers is not None and not isinstance(headers, dict):
             yield f'line {number}: "headers" must be an object'
             continue
         message_id = doc.get("message_id")
-        yield Line(number, key, data, headers, None if message_id is None else str(message_id))
+        line = Line(
+            number,
+            key,
+            b"",  # the body is checked (and encoded) below
+            headers,
+            None if message_id is None else str(message_id),
+        )
+        try:
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        except UnicodeEncodeError:
+            yield f'line {number}: "body" is not valid UTF-8 text (it holds a lone surrogate)'
+            continue
+        except RecursionError:
+            yield f"line {number}: JSON nested too deeply for this parser; flatten it"
+            continue
+        wrong = problem(line)
+        if wrong is not None:
+            yield f"line {number}: {wrong}"
+            continue
+        yield dataclasses.replace(line, body=data)
+
+
+def problem(line: Line) -> str | None:
+    """What stops the producer from sending ``line`` (its body aside), or None. The one
+    check the producer makes at publish time too, made here before anything is sent."""
+    try:
+        line.key.encode("utf-8")
+    except UnicodeEncodeError:
+        return '"key" is not valid UTF-8 text (it holds a lone surrogate)'
+    properties = message_properties(
+        line.key, 0, message_id=line.message_id, headers=line.headers, now=0.0
+    )
+    try:
+        encode_properties(properties, sys.maxsize)  # the size limit is the broker's: later
+    except UsageError as e:
+        return str(e).removeprefix("cannot publish this message: ")
+    return None
+
+
+_SHOWN = 10  # invalid line numbers named in one error, at most
 
 
 @click.command()
@@ -59,9 +108,20 @@ def parse_lines(stream: IO[str]) -> Iterator[Line | str]:
     "--from",
     "source",
     type=click.File("r"),
-    help='JSON lines {"key": …, "body": …} (\'-\' = stdin; the default without --key).',
+    help='JSON lines {"key": …, "body": …} (\'-\' = stdin; the default without --key). '
+    "A file is checked whole before anything is sent; from stdin, lines are sent as read.",
 )
-@click.option("--partitions", type=int, help="Expected partition count; refused if etcd differs.")
+@click.option(
+    "--skip-invalid",
+    is_flag=True,
+    help="Send the valid lines, report the invalid ones (exit 1) [default: send nothing "
+    "from a file with an invalid line; stop at one from stdin].",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(min=1),
+    help="Expected partition count; refused if etcd differs.",
+)
 @click.option(
     "--window",
     type=click.IntRange(1, 100_000),
@@ -76,6 +136,7 @@ def produce(
     key: str | None,
     body: str | None,
     source: IO[str] | None,
+    skip_invalid: bool,
     partitions: int | None,
     window: int,
 ) -> None:
@@ -86,12 +147,22 @@ def produce(
         raise click.UsageError("give --key/--body or --from, not both")
     lines: Iterator[Line | str]
     if key is not None and body is not None:
-        lines = iter([Line(1, key, body.encode(), None, None)])
+        single = Line(1, key, body.encode("utf-8", "surrogateescape"), None, None)
+        wrong = problem(single)
+        if wrong is not None:
+            raise UsageError(f"--key: {wrong}")
+        lines = iter([single])
     else:
-        lines = parse_lines(source or sys.stdin)
+        source = source or sys.stdin
+        if source is None:  # started with stdin closed
+            raise UsageError("stdin is closed: give --from FILE, or --key and --body")
+        if not skip_invalid and _seekable(source):
+            _check_whole(source)
+        lines = parse_lines(source)
     settings = ctx.settings
     invalid = 0
     failed = 0
+    stopped: str | None = None
     futures: list[tuple[int, Future[Receipt]]] = []
     started = time.monotonic()
     with Producer(
@@ -100,22 +171,26 @@ def produce(
         for line in lines:
             if isinstance(line, str):
                 invalid += 1
-                click.echo(f"partq: skipped {line}", err=True)
+                if not skip_invalid:
+                    stopped = line
+                    break
+                click.echo(f"partq: skipped {printable(line)}", err=True)
                 continue
-            futures.append(
-                (
-                    line.number,
-                    producer.publish(
-                        line.key, line.body, headers=line.headers, message_id=line.message_id
-                    ),
+            try:
+                future = producer.publish(
+                    line.key, line.body, headers=line.headers, message_id=line.message_id
                 )
-            )
+            except (PartqError, TypeError) as e:  # a message this broker's frame cannot carry
+                invalid += 1
+                stopped = f"line {line.number}: {e}"
+                break
+            futures.append((line.number, future))
         producer.flush(timeout=None)
-    for number, future in futures:
-        error = future.exception()
+    for number, result in futures:
+        error = result.exception()
         if error is not None:
             failed += 1
-            click.echo(f"partq: line {number} failed: {error}", err=True)
+            click.echo(f"partq: line {number} failed: {printable(str(error))}", err=True)
     elapsed = time.monotonic() - started
     confirmed = len(futures) - failed
     rate = confirmed / elapsed if elapsed > 0 else 0.0
@@ -123,5 +198,30 @@ def produce(
         f"sent {len(futures)}, confirmed {confirmed}, failed {failed}, invalid {invalid}, "
         f"{elapsed:.2f}s, {rate:,.0f} msg/s"
     )
+    if stopped is not None:
+        raise UsageError(
+            f"{stopped}; stopped there: the {len(futures)} lines before it were sent "
+            f"({confirmed} confirmed): fix it and send from it on, or add --skip-invalid"
+        )
     if failed or invalid:
         raise click.exceptions.Exit(1)
+
+
+def _seekable(source: IO[str]) -> bool:
+    try:
+        return source.seekable()
+    except (OSError, ValueError):
+        return False
+
+
+def _check_whole(source: IO[str]) -> None:
+    """Refuse a file with an invalid line before anything is sent (then rewind it)."""
+    bad = [line for line in parse_lines(source) if isinstance(line, str)]
+    if bad:
+        numbers = [text.split(":", 1)[0].removeprefix("line ") for text in bad]
+        shown = ", ".join(numbers[:_SHOWN]) + (", …" if len(numbers) > _SHOWN else "")
+        raise UsageError(
+            f"{bad[0]}; {len(bad)} invalid lines in all (lines {shown}): nothing sent: "
+            f"fix them, or add --skip-invalid to send the valid ones"
+        )
+    source.seek(0)

@@ -10,6 +10,7 @@ import click
 
 from cli.context import Context, pass_context
 from coordinator import grants, rights
+from kernel.etcd import etcd_errors
 
 
 @click.group()
@@ -87,7 +88,9 @@ def roles(
         return
     done: list[str] = []
     if to_etcd:
-        done += grants.apply_etcd(ctx.registry().client, found, passwords, no_password=no_password)
+        registry = ctx.registry()
+        with etcd_errors(registry.where):  # refused unless etcd's root: one line, not a trace
+            done += grants.apply_etcd(registry.client, found, passwords, no_password=no_password)
     if to_rabbitmq:
         done += grants.apply_rabbitmq(found, passwords, vhost=vhost, rabbitmqctl=rabbitmqctl)
     for line in done:

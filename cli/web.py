@@ -121,6 +121,9 @@ def is_loopback(host: str) -> bool:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # The listen backlog (the kernel caps it at net.core.somaxconn). socketserver's 5 made
+    # clients of a scrape burst wait for SYN retransmits: seconds, past a minute for some.
+    request_queue_size = 1024
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away mid-answer is not worth a traceback on stderr."""
@@ -150,11 +153,28 @@ def serve(
     class Handler(BaseHTTPRequestHandler):
         timeout = 30  # seconds a client may stall (a TLS handshake, a request line)
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
+        def __getattr__(self, name: str) -> Any:
+            """``do_POST``, ``do_FOO``…: every method but GET gets :meth:`_not_get` (the
+            base class answers one it has no ``do_`` for with a 501 page of its own)."""
+            if name.startswith("do_"):
+                return self._not_get
+            raise AttributeError(name)
+
+        def _denied(self, path: str) -> bool:
+            """Whether the request lacks the token ``path`` needs (then it was answered)."""
             guarded = token is not None and path not in open_paths
             if guarded and not _authorized(self.headers.get("Authorization"), token or ""):
                 self._send(401, _UNAUTHORIZED, challenge=True)
+                return True
+            return False
+
+        def _not_get(self) -> None:
+            if not self._denied(self.path.split("?", 1)[0]):
+                self._send(405, b"", allow="GET")
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if self._denied(path):
                 return
             try:
                 code, body, ctype = self._answer(path)
@@ -196,8 +216,11 @@ def serve(
             *,
             refresh: bool = False,
             challenge: bool = False,
+            allow: str | None = None,
         ) -> None:
             self.send_response(code)
+            if allow is not None:
+                self.send_header("Allow", allow)
             if challenge:
                 self.send_header("WWW-Authenticate", 'Bearer realm="partq"')
             self.send_header("Content-Type", ctype)
@@ -206,6 +229,21 @@ def serve(
                 self.send_header("Refresh", "2")
             self.end_headers()
             self.wfile.write(body)
+
+        def send_response(self, code: int, message: str | None = None) -> None:
+            """The status line and a Date: no ``Server`` header naming Python's version."""
+            self.log_request(code)
+            self.send_response_only(code, message)
+            self.send_header("Date", self.date_time_string())
+
+        def send_error(
+            self, code: int, message: str | None = None, explain: str | None = None
+        ) -> None:
+            """A request the base class cannot parse (bad request line, header too long…):
+            the code and one plain line, not its HTML page."""
+            self.close_connection = True
+            reason = self.responses.get(code, ("error",))[0].lower()
+            self._send(code, f"{reason}\n".encode())
 
         def log_message(self, format: str, *args: object) -> None:
             pass

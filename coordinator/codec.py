@@ -37,7 +37,10 @@ key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)          
 
 Outside the stream's keys, ``/partq/v1/load/<s>/<member id>``: ``{"v": 1, "member",
 "at", "interval", "rates": {"<partition>": messages handled per second}}``, on the
-member's lease, decoded as LoadReport (:func:`encode_load`, :func:`decode_load`).
+member's lease, decoded as LoadReport (:func:`encode_load`, :func:`decode_load`). And
+``/partq/v1/policy/<s>/<lease id:016x>``: ``{"v": 1, "policy": {setting: plain value}}``,
+a coordinator's settings on its candidate's lease (:func:`encode_policy`,
+:func:`decode_policy`).
 
 ``at`` and ``started`` are Unix times (seconds, a finite JSON number); other fields
 partq does not know are ignored (a later 1.x may add some), a missing one is an error.
@@ -76,18 +79,21 @@ __all__ = [
     "Member",
     "Move",
     "Parked",
+    "Policy",
     "Rebalance",
     "Request",
     "Value",
     "check_name",
     "decode",
     "decode_load",
+    "decode_policy",
     "encode_assignment",
     "encode_candidate",
     "encode_claim",
     "encode_load",
     "encode_member",
     "encode_parked",
+    "encode_policy",
     "encode_request",
     "valid_name",
     "validate_member_id",
@@ -284,6 +290,13 @@ def validate_member_id(member_id: object) -> str:
 # -- encoding ----------------------------------------------------------------------------------
 
 
+Policy = bool | int | float | str | None
+
+
+def _plain(value: object) -> bool:
+    return value is None or isinstance(value, bool | int | float | str)
+
+
 def _dumps(**fields: Any) -> str:
     return json.dumps({"v": VERSION, **fields}, sort_keys=True, allow_nan=False)
 
@@ -372,6 +385,24 @@ def encode_load(report: LoadReport) -> str:
         interval=_time(report.interval, "interval"),
         rates=rates,
     )
+
+
+def encode_policy(policy: Mapping[str, Policy]) -> str:
+    """A coordinator's policy: its settings by name (numbers, booleans, text, null)."""
+    for name, value in policy.items():
+        if not _plain(value):
+            raise ValueError(f"policy setting {name} is not a plain value: {value!r}")
+    return _dumps(policy=dict(sorted(policy.items())))
+
+
+def decode_policy(raw: bytes | str) -> dict[str, Policy]:
+    """A coordinator's policy; :class:`MalformedValue` if partq did not write it."""
+    found = _field(_object(raw), "policy")
+    if not isinstance(found, dict) or not all(
+        isinstance(k, str) and _plain(v) for k, v in found.items()
+    ):
+        raise MalformedValue(f"'policy' is not an object of plain values: {found!r}")
+    return dict(found)
 
 
 def decode_load(member_id: str, raw: bytes | str) -> LoadReport:

@@ -17,7 +17,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -533,3 +533,42 @@ class Group:
     def clear_request(self, name: str) -> None:
         with etcd_errors(self.where):
             self.client.delete(keys.request(self.stream, name))
+
+    def withdraw(self, request: Request) -> bool:
+        """Delete ``request``'s key if it holds that kind of request (for a drain: of that
+        member) at the revision read: False if there was none, or it changed meanwhile."""
+        key = keys.request(self.stream, request.name)
+        with etcd_errors(self.where):
+            raw, meta = self.client.get(key)
+        if raw is None:
+            return False
+        found = self._decode("request", request.name, key, raw, 0, meta.mod_revision)
+        if type(found) is not type(request):
+            return False
+        t = self.client.transactions
+        with etcd_errors(self.where):
+            ok, _ = self.client.transaction(
+                compare=[t.mod(key) == meta.mod_revision], success=[t.delete(key)], failure=[]
+            )
+        return bool(ok)
+
+    # -- coordinators' policies (``partq rebalance``/``pause`` compare them) ---------------
+
+    def announce_policy(self, session: Session, policy: Mapping[str, codec.Policy]) -> None:
+        """Put a coordinator's policy beside its candidate key, on the same lease."""
+        value = codec.encode_policy(policy)
+        with etcd_errors(self.where):
+            self.client.put(keys.policy(self.stream, session.id), value, lease=session.lease)
+
+    def policies(self) -> dict[str, dict[str, codec.Policy]]:
+        """The coordinators' policies by candidate name (lease in hex); malformed ones are
+        left out."""
+        prefix = keys.policies(self.stream)
+        with etcd_errors(self.where):
+            found = list(self.client.get_prefix(prefix))
+        out: dict[str, dict[str, codec.Policy]] = {}
+        for raw, meta in found:
+            name = meta.key.decode("utf-8", errors="replace")[len(prefix) :]
+            with contextlib.suppress(MalformedValue):
+                out[name] = codec.decode_policy(raw)
+        return out

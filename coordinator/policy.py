@@ -30,6 +30,7 @@ Functions of the decoded group state (:mod:`coordinator.codec` values, seen thro
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -44,6 +45,7 @@ __all__ = [
     "Step",
     "View",
     "automatic",
+    "differences",
     "draining",
     "imbalance",
     "in_motion",
@@ -235,6 +237,21 @@ def requested(
             return Step("drain")
         case Pause():
             return Step("pause")  # for the owners (:func:`paused`); kept until resumed
+
+
+def differences(policies: Mapping[str, Mapping[str, object]]) -> list[str]:
+    """Where coordinators' policies (candidate -> settings) disagree, one text per setting:
+    ``"balance: count (1), load (2)"``; [] when they all agree (or there is one)."""
+    names = sorted({name for policy in policies.values() for name in policy})
+    out = []
+    for name in names:
+        counts: dict[str, int] = {}
+        for policy in policies.values():
+            shown = json.dumps(policy.get(name))
+            counts[shown] = counts.get(shown, 0) + 1
+        if len(counts) > 1:
+            out.append(f"{name}: " + ", ".join(f"{v} ({n})" for v, n in sorted(counts.items())))
+    return out
 
 
 def owned(spec: StreamSpec, view: View) -> dict[int, str]:

@@ -11,9 +11,10 @@ consumer       read all; write ``members/ID`` (or          parking queues ``part
                ``members/``), ``claims/`` and ``parked/``    ``partq.S.dlx`` and parking queues /
                                                              partition and parking queues, dlx
 coordinator    read all; write ``assignment/``,            - / - / -   (queue depths are
-               ``leader/``, ``requests/`` (clears them)      passive declares: no rights)
-operator       read all; write ``requests/``               - / ``partq.S`` (dlq control
-                                                             messages) / ``partq.S.dlq`` (purge)
+               ``leader/``, ``requests/`` (clears them),     passive declares: no rights)
+               ``/partq/v1/policy/S/``
+operator       read all (and the policies); write          - / ``partq.S`` (dlq control
+               ``requests/``                                 messages) / ``partq.S.dlq`` (purge)
 admin          read and write all of the stream            the stream's exchanges and queues
 =============  ==========================================  ===================================
 
@@ -115,6 +116,7 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
     claims = EtcdRight("readwrite", keys.claims(stream), prefix=True)
     parked = EtcdRight("readwrite", keys.parked_keys(stream), prefix=True)
     read_loads = EtcdRight("read", keys.loads(stream), prefix=True)  # load reports
+    read_policies = EtcdRight("read", keys.policies(stream), prefix=True)  # coordinators'
 
     def role(component: str, etcd: Sequence[EtcdRight], amqp: AmqpRights) -> Role:
         return Role(f"partq-{stream}-{component}", component, stream, tuple(etcd), amqp)
@@ -126,13 +128,15 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
              EtcdRight("readwrite", keys.assignments(stream), prefix=True),
              EtcdRight("readwrite", keys.leader_prefix(stream), prefix=True),
              EtcdRight("readwrite", keys.standbys(stream), prefix=True),
-             EtcdRight("readwrite", keys.requests(stream), prefix=True)], AmqpRights()),
-        role("operator", [read_all, read_loads,
+             EtcdRight("readwrite", keys.requests(stream), prefix=True),
+             EtcdRight("readwrite", keys.policies(stream), prefix=True)], AmqpRights()),
+        role("operator", [read_all, read_loads, read_policies,
                           EtcdRight("readwrite", keys.requests(stream), prefix=True)],
              AmqpRights(write=_exactly(exchange_name(stream)),  # dlq redrive/purge requests
                         read=_exactly(dead_letter_queue(stream)))),  # dlq purge
         role("admin", [EtcdRight("readwrite", base, prefix=True),
-                       EtcdRight("readwrite", keys.loads(stream), prefix=True)],
+                       EtcdRight("readwrite", keys.loads(stream), prefix=True),
+                       EtcdRight("readwrite", keys.policies(stream), prefix=True)],
              AmqpRights(*[_admin_pattern(stream, queues)] * 3)),
     ]  # fmt: skip
     if not named:

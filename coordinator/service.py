@@ -25,6 +25,7 @@ stream deleted, or whose spec is malformed, makes the coordinator not ready
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -44,6 +45,7 @@ from coordinator.session import Session
 from kernel import keys, logs
 from kernel.backoff import Backoff
 from kernel.errors import (
+    EtcdPermissionDenied,
     EtcdUnavailable,
     MalformedValue,
     NotLeader,
@@ -133,6 +135,7 @@ class StreamCoordinator(threading.Thread):
         self._settle_at: float | None = None
         self._assigned_once = False
         self._going = False  # this campaign reached its event loop
+        self._policy_refused = False  # etcd refused our policy key (logged once)
         self._last_error: str | None = None
         self._exported: set[tuple[str, str, str, str]] = set()  # our partq_assignment_info
         self._exported_at = 0.0
@@ -231,6 +234,7 @@ class StreamCoordinator(threading.Thread):
         watch_id = None
         try:
             fence = self.election.campaign(session)
+            self._announce_policy(session)
             state = self.group.snapshot()
             if state.spec is None:  # deleted (or garbled) since we read it
                 raise _Missing(f"stream {self.stream!r} was deleted")
@@ -349,6 +353,17 @@ class StreamCoordinator(threading.Thread):
             case WatchEvent(kind="spec", value=None, malformed=malformed):
                 why = f"its spec is malformed: {malformed}" if malformed else ""
                 raise _Missing(why or f"stream {self.stream!r} was deleted")
+
+    def _announce_policy(self, session: Session) -> None:
+        """Show our settings beside our candidacy: `partq rebalance` warns when the
+        coordinators of a stream differ (a failover would change how it is balanced).
+        Optional: a role without the right to the policy key still coordinates."""
+        try:
+            self.group.announce_policy(session, dataclasses.asdict(self.config))
+        except EtcdPermissionDenied as e:
+            if not self._policy_refused:
+                log.warning("%s: not announcing this coordinator's policy: %s", self.stream, e)
+            self._policy_refused = True
 
     def _update_leadership(self) -> None:
         leading = self.election.is_leader(self.mirror.candidates)

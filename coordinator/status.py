@@ -14,7 +14,7 @@ from typing import Any
 from coordinator.admin import beyond_line
 from coordinator.codec import LoadReport
 from coordinator.group import Group
-from coordinator.policy import in_motion, paused, unbound_claims
+from coordinator.policy import draining, in_motion, paused, unbound_claims
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import BrokerUnavailable, PartqError
 from producer.contract import StreamSpec
@@ -83,6 +83,7 @@ def snapshot_status(
                 else None,
             }
         )
+    drained = draining(state.requests)
     members = [
         {
             "id": m.id,
@@ -92,6 +93,8 @@ def snapshot_status(
             "version": m.version,
             "age_s": max(0.0, now - m.started) if m.started else 0.0,
             "owns": sum(1 for o in owned.values() if o == m.id),
+            "draining": m.id in drained,
+            "leaving": m.leaving,
             "handled_per_s": handled[m.id].total if m.id in handled else None,
         }
         for m in sorted(state.members.values(), key=lambda m: m.id)

@@ -676,9 +676,8 @@ def translate(error: BaseException, where: str) -> EtcdUnavailable:
     if code == grpc.StatusCode.PERMISSION_DENIED:
         what = f"{op} {key}" if op and key else (op or "do this")
         return EtcdPermissionDenied(
-            f"etcd at {where}: permission denied: {identity.who()} may not {what}: grant its "
-            "role readwrite on the /partq/ prefix (etcdctl role grant-permission ROLE "
-            "--prefix=true readwrite /partq/)"
+            f"etcd at {where}: permission denied: {identity.who()} may not {what}: "
+            f"{_narrow_right(op, key)}"
         )
     if code == grpc.StatusCode.UNAVAILABLE:
         tls = _tls_problem(details, identity, where)
@@ -687,6 +686,28 @@ def translate(error: BaseException, where: str) -> EtcdUnavailable:
     return EtcdUnavailable(
         f"cannot reach etcd at {where}: is it running? (set PARTQ_ETCD_ENDPOINTS or "
         f"--etcd-endpoints) ({detail})"
+    )
+
+
+def _narrow_right(op: str, key: str | None) -> str:
+    """What to grant for ``op`` on ``key``, and no more: the key itself, with the
+    permission the operation needs (a watch of ``…/*`` needs read on that prefix)."""
+    if key is None or ", " in key or key.endswith(" …"):
+        keys = f" on {key}" if key else ""
+        return (
+            f"use an etcd user whose role allows it{keys}; `partq security roles STREAM` "
+            "prints each component's rights"
+        )
+    permission = (
+        "read" if op in ("read", "watch") else "readwrite" if "transaction" in op else "write"
+    )
+    prefix = key.endswith("*")
+    target = key.removesuffix("*")
+    flag = " --prefix=true" if prefix else ""
+    return (
+        f"grant its role {permission} on {'the prefix ' if prefix else ''}{target} "
+        f"(etcdctl role grant-permission ROLE{flag} {permission} {target}), or use the "
+        "role `partq security roles STREAM` prints for this component"
     )
 
 

@@ -17,6 +17,9 @@ Apart from the stream's keys, so that no member's watch receives them::
     /partq/v1/load/<stream>/<member>                     what a member handled lately, per
                                                          partition, on its lease (read by the
                                                          leader and the status page)
+    /partq/v1/policy/<stream>/<lease hex>                a coordinator's policy (its flags), on
+                                                         its candidate's lease (read by
+                                                         ``partq rebalance`` and ``pause``)
 """
 
 from __future__ import annotations
@@ -104,3 +107,12 @@ def loads(stream: str) -> str:
 
 def load(stream: str, member_id: str) -> str:
     return f"{loads(stream)}{member_id}"
+
+
+def policies(stream: str) -> str:
+    return f"{ROOT}/policy/{stream}/"
+
+
+def policy(stream: str, lease_id: int) -> str:
+    """The policy of the coordinator whose candidate key is on lease ``lease_id``."""
+    return f"{policies(stream)}{lease_id:016x}"

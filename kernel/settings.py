@@ -7,6 +7,7 @@ Built once by the entry point, frozen, validated when built; passwords are
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,16 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_etcd(self) -> Settings:
+        if (self.etcd_cert is None) != (self.etcd_key is None):
+            raise ValueError(
+                "set both --etcd-cert and --etcd-key (PARTQ_ETCD_CERT, PARTQ_ETCD_KEY), or neither"
+            )
+        if not self.etcd_timeout > 0:
+            raise ValueError(f"the etcd timeout must be above 0 s, got {self.etcd_timeout}")
+        return self
+
+    @model_validator(mode="after")
     def _check_http(self) -> Settings:
         if (self.http_cert is None) != (self.http_key is None):
             raise ValueError(
@@ -204,6 +215,12 @@ class Settings(BaseSettings):
 
         try:
             loaded = _FromFile(**given)
+        except tomllib.TOMLDecodeError as e:
+            raise UsageError(f"config file {config_file} is not valid TOML: {e}: fix it") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"config file {config_file} is not UTF-8 text: fix it") from None
+        except OSError as e:
+            raise UsageError(f"cannot read config file {config_file}: {e.strerror or e}") from None
         except ValidationError as e:
             problems = "; ".join(_problem(err["loc"], err["msg"]) for err in e.errors())
             raise UsageError(f"invalid settings: {problems}") from None

@@ -45,6 +45,13 @@ class Members:
     def claim_assigned(self) -> None:
         claim_assigned(self.group, self.sessions)
 
+    def balanced_pair(self) -> None:
+        """Members a and b join, are given 4 partitions each, and claim them."""
+        self.join("a")
+        self.join("b")
+        eventually("balance", lambda: counts(self.assignment()) == {"a": 4, "b": 4})
+        self.claim_assigned()
+
     def assignment(self) -> dict[int, str]:
         return self.group.snapshot().assignment
 
@@ -189,10 +196,7 @@ def test_status_shows_leader_members_assignment_and_claims(
     # Given a led stream with two members that claimed their partitions
     create_stream(registry, rabbitmq, StreamSpec(stream, P))
     run_coordinator(settle=0.1)
-    members.join("a")
-    members.join("b")
-    eventually("balance", lambda: counts(members.assignment()) == {"a": 4, "b": 4})
-    members.claim_assigned()
+    members.balanced_pair()
     # When an operator asks for the status
     result = partq(settings, "status", stream, "--json")
     # Then it reports all of it
@@ -209,3 +213,86 @@ def test_status_shows_leader_members_assignment_and_claims(
     assert text.returncode == 0
     assert "moves in progress: -" in text.stdout
     delete(registry, rabbitmq, stream)
+
+
+def test_draining_every_member_is_refused_then_forced_then_cancelled(
+    settings: Settings,
+    members: Members,
+    stream: str,
+    run_coordinator: Callable[..., StreamCoordinator],
+) -> None:
+    # Given two members consuming a balanced stream
+    run_coordinator(settle=0.1)
+    members.balanced_pair()
+    # When a is drained / Then b owns everything
+    drained = partq(settings, "drain", stream, "a")
+    assert drained.returncode == 0, drained.stderr
+    assert f"undo: partq drain {stream} a --cancel" in drained.stdout
+    eventually("the drain of a", lambda: counts(members.assignment()) == {"b": P})
+    members.claim_assigned()
+    # When b, the last member not drained, is drained too / Then it is refused in one line
+    refused = partq(settings, "drain", stream, "b")
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith("partq: error: b is the last member of")
+    assert refused.stderr.count("\n") == 1 and "--force" in refused.stderr
+    # When it is forced / Then status marks both members drained
+    forced = partq(settings, "drain", stream, "b", "--force")
+    assert forced.returncode == 0, forced.stderr
+    report = json.loads(partq(settings, "status", stream, "--json").stdout)
+    assert {m["id"]: m["draining"] for m in report["members"]} == {"a": True, "b": True}
+    text = partq(settings, "status", stream).stdout
+    assert "DRAINED" in text and "drained (given no partitions; undo:" in text
+    # When both drains are cancelled
+    for member in ("a", "b"):
+        cancelled = partq(settings, "drain", stream, member, "--cancel")
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert (
+            cancelled.stdout
+            == f"drain of {member} cancelled: the leader gives it partitions again\n"
+        )
+    # Then every partition is assigned again, balanced over both
+    eventually("all assigned again", lambda: counts(members.assignment()) == {"a": 4, "b": 4})
+    report = json.loads(partq(settings, "status", stream, "--json").stdout)
+    assert report["unassigned"] == [] and not any(m["draining"] for m in report["members"])
+    # And cancelling again says there is nothing to cancel
+    again = partq(settings, "drain", stream, "a", "--cancel")
+    assert (again.returncode, again.stdout) == (
+        0,
+        f"a is not drained in {stream}: nothing to cancel\n",
+    )
+
+
+def test_requests_warn_without_a_coordinator_and_when_policies_differ(
+    settings: Settings,
+    registry: Registry,
+    members: Members,
+    stream: str,
+    run_coordinator: Callable[..., StreamCoordinator],
+) -> None:
+    # Given a stream with a member and no coordinator
+    members.join("a")
+    # When an operator asks for a rebalance or a pause / Then each warns, and is stored
+    for args in (("rebalance", stream), ("pause", stream)):
+        result = partq(settings, *args)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.startswith(f"partq: warning: no coordinator leads {stream}: ")
+    partq(settings, "resume", stream)
+    # Given two coordinators with different policies
+    run_coordinator(settle=0.1)
+    other = StreamCoordinator(registry, stream, CoordinatorConfig(ttl=2, balance="load"))
+    other.start()
+    try:
+        group = Group(registry.client, registry.where, stream)
+        eventually("both policies announced", lambda: len(group.policies()) == 2)
+        # When a rebalance is asked for / Then it warns naming the setting that differs
+        result = partq(settings, "rebalance", stream)
+        assert result.returncode == 0, result.stderr
+        assert "run with different policies (balance: " in result.stderr
+        assert '"count" (1), "load" (1)' in result.stderr
+    finally:
+        other.stop()
+        other.join(10)
+    # And with the second one gone, no warning
+    eventually("one policy left", lambda: len(group.policies()) == 1, timeout=15)
+    quiet = partq(settings, "rebalance", stream)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr

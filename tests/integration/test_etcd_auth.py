@@ -461,3 +461,28 @@ def test_a_group_rebalances_after_idle_minutes(
             print(f"cleanup of {stream_name} failed: {e}")
         finally:
             cleanup.client.close()
+
+
+def test_security_roles_apply_as_a_non_root_user_is_one_line(
+    password_etcd: LocalEtcd,
+    pki: PKI,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given the etcd user partq, whose role may write /partq/ but not manage users
+    from cli import main
+
+    for name in ("PARTQ_ETCD_CERT", "PARTQ_ETCD_KEY", "PARTQ_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PARTQ_ETCD_PASSWORD", PARTQ_PASSWORD)
+    # When it applies a stream's roles
+    servers = ["--etcd-endpoints", password_etcd.endpoint, "--etcd-ca", str(pki.ca)]
+    code = main(
+        [*servers, "--etcd-user", "partq", "security", "roles", "s", "--apply", "--no-rabbitmq"]
+    )
+    # Then exit 1 with one line saying etcd's root role is needed, and no grant to copy
+    err = capsys.readouterr().err.splitlines()
+    assert code == 1, err
+    assert len(err) == 1 and err[0].startswith("partq: error: etcd at "), err
+    assert "may not manage users and roles (needs etcd's root role)" in err[0]
+    assert "grant-permission" not in err[0]

@@ -34,13 +34,22 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 def partq(etcd_server: LocalEtcd, rabbitmq: str) -> Run:
     """Run ``partq ARGS`` with PARTQ_ETCD_ENDPOINTS / PARTQ_AMQP_URL set (``env`` overrides)."""
 
-    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, env: dict[str, str] | None = None, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("PARTQ_")}
         environ["PARTQ_ETCD_ENDPOINTS"] = etcd_server.endpoint
         environ["PARTQ_AMQP_URL"] = rabbitmq
         environ.update(env or {})
         return subprocess.run(
-            [PARTQ, *args], capture_output=True, text=True, env=environ, timeout=60, check=False
+            [PARTQ, *args],
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=environ,
+            timeout=60,
+            check=False,
         )
 
     return run
@@ -196,6 +205,31 @@ def test_produce_from_file_prints_summary_and_fills_the_queues(
     assert {q["partition"]: q["messages"] for q in queues} == {p: expected[p] for p in range(8)}
 
 
+def test_produce_checks_a_whole_file_before_sending_any_line(
+    partq: Run, created: StreamSpec, tmp_path: Path, registry: Registry, rabbitmq: str
+) -> None:
+    # Given a file whose fourth line has a header AMQP cannot carry (a lone surrogate)
+    good = [{"key": "a", "body": "1"}, {"key": "b", "body": "2"}, {"key": "c", "body": "3"}]
+    source = tmp_path / "in.jsonl"
+    lines = [json.dumps(line) for line in good]
+    lines.append('{"key": "d", "body": "4", "headers": {"h": "\\ud800"}}')
+    source.write_text("\n".join(lines) + "\n")
+    # When it is produced
+    result = partq("produce", created.name, "--from", str(source))
+    # Then nothing is sent: one line names the bad line and what to do, exit 2
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("partq: error: line 4: header 'h' is not valid UTF-8")
+    assert "nothing sent" in result.stderr and result.stderr.count("\n") == 1
+    assert queued(registry, rabbitmq, created.name) == 0
+    # And from stdin the lines before it are sent, and the error says so
+    piped = partq("produce", created.name, stdin="\n".join(lines) + "\n")
+    assert piped.returncode == 2, piped.stderr
+    assert piped.stdout.startswith("sent 3, confirmed 3, failed 0, invalid 1, ")
+    assert piped.stderr.startswith("partq: error: line 4: header 'h'")
+    assert "the 3 lines before it were sent (3 confirmed)" in piped.stderr
+    assert queued(registry, rabbitmq, created.name) == 3
+
+
 def test_produce_with_an_invalid_line_exits_nonzero(
     partq: Run, created: StreamSpec, tmp_path: Path, registry: Registry, rabbitmq: str
 ) -> None:
@@ -204,8 +238,8 @@ def test_produce_with_an_invalid_line_exits_nonzero(
         tmp_path / "in.jsonl",
         [{"key": "a", "body": "1"}, "{not json", {"key": "b", "body": "2"}, {"key": "c"}],
     )
-    # When it is produced
-    result = partq("produce", created.name, "--from", str(source))
+    # When it is produced with --skip-invalid
+    result = partq("produce", created.name, "--from", str(source), "--skip-invalid")
     # Then the valid lines are sent, the summary counts the invalid ones, and it exits 1
     assert "sent 2, confirmed 2, failed 0, invalid 2, " in result.stdout
     assert "partq: skipped line 2: not JSON" in result.stderr

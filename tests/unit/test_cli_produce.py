@@ -117,3 +117,28 @@ def test_parsing_is_lazy() -> None:
     # Then it is there without reading further (so stdin can be streamed)
     assert isinstance(first, Line)
     assert first.body == b"1"
+
+
+def test_a_line_the_producer_cannot_send_is_invalid_with_its_number() -> None:
+    # Given lines with a lone surrogate in the key, the body, a header; a header AMQP cannot
+    # carry; and JSON nested 5,000 deep
+    deep = '{"key": "k", "body": ' + "[" * 5000 + "]" * 5000 + "}"
+    text = "\n".join(
+        [
+            '{"key": "\\ud800", "body": "b"}',
+            '{"key": "k", "body": "\\udfff"}',
+            '{"key": "k", "body": "b", "headers": {"h": "\\ud800"}}',
+            '{"key": "k", "body": "b", "headers": {"h": 1.5}}',
+            deep,
+            '{"key": "k", "body": "fine"}',
+        ]
+    )
+    # When parsed
+    lines = parse(text + "\n")
+    # Then each bad one is an error text naming its line and what is wrong; the last is sent
+    assert lines[0] == 'line 1: "key" is not valid UTF-8 text (it holds a lone surrogate)'
+    assert lines[1] == 'line 2: "body" is not valid UTF-8 text (it holds a lone surrogate)'
+    assert isinstance(lines[2], str) and lines[2].startswith("line 3: header 'h' is not valid")
+    assert isinstance(lines[3], str) and lines[3].startswith("line 4: header 'h' is a float")
+    assert lines[4] == "line 5: JSON nested too deeply for this parser; flatten it"
+    assert lines[5] == Line(6, "k", b"fine", None, None)

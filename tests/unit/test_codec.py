@@ -295,3 +295,14 @@ def test_a_leaving_member_round_trips_and_an_old_value_is_not_leaving() -> None:
     garbled = json.dumps({**json.loads(leaving), "leaving": "yes"})
     with pytest.raises(MalformedValue, match="'leaving' is not true or false"):
         codec.decode("member", "s", "c-1", garbled, 7)
+
+
+def test_a_policy_round_trips_and_a_foreign_one_is_malformed() -> None:
+    from coordinator import codec
+    from kernel.errors import MalformedValue
+
+    policy = {"balance": "load", "manual": False, "max_moves": None, "settle": 0.5, "ttl": 5}
+    assert codec.decode_policy(codec.encode_policy(policy)) == policy
+    for raw in ('{"v": 1, "policy": [1]}', '{"v": 1, "policy": {"x": {"nested": 1}}}', "nope"):
+        with pytest.raises(MalformedValue):
+            codec.decode_policy(raw)

@@ -160,3 +160,20 @@ def test_password_with_a_ca_is_not_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     with pytest.raises(EtcdUnavailable):  # it got as far as dialling (nothing listens)
         connect(settings)
+
+
+def test_permission_denied_hint_names_the_narrow_right_not_the_whole_tree() -> None:
+    # a write to one key: write on that key
+    text = failed(Code.PERMISSION_DENIED, "etcdserver: permission denied", op="write",
+                  key="/partq/v1/streams/s/requests/rebalance")  # fmt: skip
+    assert "grant its role write on /partq/v1/streams/s/requests/rebalance" in text
+    assert "readwrite /partq/ " not in text and "/partq/)" not in text
+    # a watch of a prefix: read on that prefix
+    text = failed(Code.PERMISSION_DENIED, "etcdserver: permission denied", op="watch",
+                  key="/partq/v1/streams/s/*")  # fmt: skip
+    assert "--prefix=true read /partq/v1/streams/s/" in text
+    # managing users and roles: no key to grant, the root role is what it needs
+    text = failed(Code.PERMISSION_DENIED, "etcdserver: permission denied",
+                  op="manage users and roles (needs etcd's root role)")  # fmt: skip
+    assert "may not manage users and roles (needs etcd's root role)" in text
+    assert "grant" not in text

@@ -253,3 +253,15 @@ def test_a_member_that_announced_its_stop_gets_no_partitions() -> None:
     )
     assert set(policy.plan(SPEC, view, None).values()) == {"a"}
     assert policy.leaving(view.members) == {"b"}
+
+
+def test_differences_name_each_setting_coordinators_disagree_on() -> None:
+    from coordinator.policy import differences
+
+    # Given three coordinators, two alike, one balancing by load and manual
+    alike = {"balance": "count", "manual": False, "settle": 1.0}
+    found = {"a": alike, "b": dict(alike), "c": {**alike, "balance": "load", "manual": True}}
+    # Then each differing setting is named with how many run each value; none when alike
+    assert differences(found) == ['balance: "count" (2), "load" (1)', "manual: false (2), true (1)"]
+    assert differences({"a": alike, "b": dict(alike)}) == []
+    assert differences({}) == []

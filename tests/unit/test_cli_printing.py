@@ -1,0 +1,94 @@
+"""What `partq status` and `partq dlq list` print of keys and etcd names holding terminal
+escape sequences: escaped, never raw. The servers are replaced by fixed reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import cli.dlq
+import cli.operate
+from cli import main
+from cli.context import Context
+from coordinator import dlq
+from coordinator.codec import Parked
+from producer.contract import StreamSpec, key_id
+
+EVIL = "\x1b]0;pwned\x07\x1b[2J"
+SHOWN = r"\x1b]0;pwned\x07\x1b[2J"
+
+
+class _Registry:
+    def read_spec(self, stream: str) -> StreamSpec:
+        return StreamSpec(stream, 2)
+
+
+@pytest.fixture(autouse=True)
+def no_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Context, "registry", lambda self: _Registry())
+
+
+def _report() -> dict[str, Any]:
+    return {
+        "partitions": 2,
+        "queue_type": "quorum",
+        "leader": None,
+        "members": [
+            {
+                "id": "a",
+                "weight": 1,
+                "age_s": 1.0,
+                "owns": 2,
+                "host": f"h{EVIL}",
+                "pid": 1,
+                "draining": True,
+                "leaving": False,
+            },
+        ],
+        "unassigned": [],
+        "in_motion": [],
+        "paused": [],
+        "parked": [{"key": f"k{EVIL}"}],
+        "rows": [],
+        "malformed": [
+            {
+                "key": f"/partq/v1/streams/s/members/{EVIL}",
+                "kind": "member",
+                "error": "bad",
+                "revision": 3,
+            }
+        ],
+    }
+
+
+def test_status_escapes_keys_hosts_and_etcd_names(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a report whose parked key, member host and a malformed etcd key hold escapes
+    monkeypatch.setattr(cli.operate, "snapshot_status", lambda *_a, **_k: _report())
+    # When status prints it
+    assert main(["status", "s"]) == 0
+    out = capsys.readouterr().out
+    # Then no escape character reaches the terminal, each is shown escaped
+    assert "\x1b" not in out and "\x07" not in out
+    assert out.count(SHOWN) == 3
+    # And the drained member is marked, with how to undo it
+    assert " DRAINED" in out and "undo: partq drain s MEMBER --cancel" in out
+
+
+def test_dlq_list_escapes_parked_keys_and_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a parked key and its error holding escapes
+    record = Parked(key_id(f"k{EVIL}"), 0, f"ValueError: {EVIL}", "ValueError", "m1", "c1", 1.0)
+    found = [dlq.ParkedKey(record, "q", 1)]
+    monkeypatch.setattr(cli.dlq.dlq, "parked_keys", lambda *_a, **_k: found)
+    monkeypatch.setattr(cli.dlq.dlq, "dead_letter_depth", lambda *_a, **_k: 0)
+    # When dlq list and dlq show print it
+    assert main(["dlq", "list", "s"]) == 0
+    assert main(["dlq", "show", "s", "--key", "k"]) == 0
+    out = capsys.readouterr().out
+    # Then the escapes are shown escaped
+    assert "\x1b" not in out and "\x07" not in out
+    assert out.count(SHOWN) >= 4
