@@ -290,8 +290,9 @@ class Partitions:
         self.abandoned.add(partition)
 
     def drop(self) -> None:
-        """Stop every partition now, without a drain: the broker requeues what was unacked."""
-        self.broker.close_all()
+        """Stop every partition now, without a drain: the broker requeues what was unacked,
+        ahead of anything newer (``Broker.fence`` aborts the connection)."""
+        self.broker.fence()
         for partition, worker in self.workers.items():
             worker.stop()
             self.retired[partition] = worker

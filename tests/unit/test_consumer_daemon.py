@@ -290,7 +290,7 @@ def test_a_lost_lease_fences_every_partition_then_the_member_rejoins(env: Env) -
     # tell of the claims first, and a drain begin)
     env.fake.expire(first)
     # Then once its session hears of it, it drops every channel at once, and rejoins
-    eventually("the fence", lambda: c1.broker.count("close_all") == 1)
+    eventually("the fence", lambda: c1.broker.count("fence") == 1)
     eventually("a new lease", lambda: c1.consumer.session is not None and c1.lease != first)
     eventually("the member back", lambda: "c1" in env.group.snapshot().members)
     assert env.fake.lease_of(keys.member(env.stream, "c1")) == c1.lease
@@ -379,7 +379,7 @@ def test_a_deleted_stream_stops_everything_and_another_partition_count_exits_5(
     # When the stream is deleted / Then every partition stops and the member is not ready
     env.registry.delete(env.stream)
     eventually("not ready", lambda: not c1.consumer.ready.is_set())
-    eventually("dropped", lambda: c1.broker.count("close_all") == 1)
+    eventually("dropped", lambda: c1.broker.count("fence") == 1)
     assert c1.consumer.owned() == []
     # When it is created again with another partition count / Then the member exits 5
     env.registry.create(StreamSpec(env.stream, P + 1))
