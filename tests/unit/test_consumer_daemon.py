@@ -282,6 +282,24 @@ def test_a_malformed_assignment_is_no_assignment(env: Env) -> None:
     eventually("consuming again", lambda: c1.consumer.owned() == [3])
 
 
+def test_a_frozen_member_fences_instead_of_draining_what_the_watch_shows_gone(
+    env: Env,
+) -> None:
+    # Given c1 consuming two partitions, then frozen: its lease not renewed since
+    c1 = consuming(env, "c1", 0, 1)
+    session = c1.consumer.session
+    assert session is not None
+    session._closed.set()  # the refresher stops, as in a freeze
+    session._thread.join(5)
+    session.last_tick -= 10
+    # When etcd expires its lease and the watch shows its claims gone before any renewal
+    env.fake.expire(c1.lease)
+    # Then it asks etcd, finds the lease lost, and fences: no partition is cancelled (a
+    # cancel lets the next owner be served newer messages before the ones it holds)
+    eventually("the fence", lambda: c1.broker.count("fence") == 1)
+    assert c1.broker.count("cancel", 0) == 0 and c1.broker.count("cancel", 1) == 0
+
+
 def test_a_lost_lease_fences_every_partition_then_the_member_rejoins(env: Env) -> None:
     # Given c1 consuming two partitions
     c1 = consuming(env, "c1", 0, 1)
