@@ -183,19 +183,23 @@ def main() -> None:
             f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores\n"
         )
         print(
-            "| RabbitMQ | queue | A goes away by | B's first deliveries | A's back first, in order | redelivered of B's first window |"
+            "| RabbitMQ | queue | A goes away by | B's deliveries, in the order received | runs with A's back first, in order | redelivered of B's first window |"
         )
         print("|---|---|---|---|---|---|")
         for queue_type in ("quorum", "classic"):
             for way in WAYS:
-                for _ in range(args.runs):
-                    o = probe(url, queue_type, way, args.window, args.timeout)
-                    verdict = "yes" if o.owner_first else "**no**"
-                    if not o.complete:
-                        verdict += " (incomplete)"
-                    print(
-                        f"| {version} | {queue_type} | {way} | {ranges(o.order)} | {verdict} | {o.redelivered_first}/{o.window} |"
-                    )
+                runs = [
+                    probe(url, queue_type, way, args.window, args.timeout) for _ in range(args.runs)
+                ]
+                seen = sorted({ranges(o.order) for o in runs})
+                first = sum(1 for o in runs if o.owner_first and o.complete)
+                verdict = (
+                    f"{first}/{len(runs)}" if first == len(runs) else f"**{first}/{len(runs)}**"
+                )
+                redelivered = ", ".join(sorted({f"{o.redelivered_first}/{o.window}" for o in runs}))
+                print(
+                    f"| {version} | {queue_type} | {way} | {'; '.join(seen)} | {verdict} | {redelivered} |"
+                )
 
 
 if __name__ == "__main__":
