@@ -7,15 +7,18 @@ violations (empty: the invariant holds), so a failing test shows what broke.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "Crash",
     "balance_problems",
     "handoff_gaps",
     "load",
@@ -25,6 +28,7 @@ __all__ = [
     "order_violations",
     "overlaps",
     "percentile",
+    "redelivered_out_of_order",
 ]
 
 Record = Mapping[str, Any]
@@ -84,38 +88,99 @@ def overlaps(
     return problems
 
 
-def order_violations(records: Iterable[Record], *, except_redelivered: bool = False) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class Crash:
+    """A consumer that went away without acking what it had been delivered, at wall-clock
+    time ``at``: the process ``pid`` killed, or (``pid`` None) every consumer whose
+    connection a broker fault cut. ``window``: its prefetch, the most it can have held
+    unacked per partition."""
+
+    at: float
+    window: int
+    pid: int | None = None
+
+
+def order_violations(records: Iterable[Record], crashes: Sequence[Crash] = ()) -> list[str]:
     """Per key, first handlings (exact repeats of (key, seq) removed) must be in seq order.
 
-    ``except_redelivered``: a message whose first handling was a broker redelivery (it was
-    delivered to a consumer that then crashed or froze, unacked) may come after newer
-    messages of its key; such violations are left out (count them with
-    :func:`redelivered_out_of_order`). Every other violation is reported.
+    A crash is the one excuse (``crashes``): what the crashed owner held unacked is
+    redelivered, after the next owner may have handled newer messages of its key. The
+    records show what a handler handled, not what a consumer had been delivered, so the
+    bound is the prefetch window: a first handling after a newer one of its key is
+    excused only if it is a broker redelivery (its ``redelivered`` flag), started after a
+    crash, of a message published before it, on a partition whose last handler before it
+    was the crashed process (any, for ``pid`` None), and at most ``window`` such per crash
+    and partition. Every other out-of-order first handling is reported.
     """
-    first: dict[tuple[str, int], tuple[float, bool]] = {}
+    records = list(records)
+    excuse = _Excuses(records, crashes)
+    return [
+        f"key {r['key']}: seq {r['seq']} first handled at {r['start']:.6f} after {highest}"
+        for r, highest in _late(records)
+        if not excuse(r)
+    ]
+
+
+def _late(records: Iterable[Record]) -> Iterator[tuple[Record, int]]:
+    """First handlings that came after a newer message of their key, with that newer seq."""
+    first: dict[tuple[str, int], Record] = {}
     for r in records:
         k = (r["key"], r["seq"])
         seen = first.get(k)
-        if seen is None or r["start"] < seen[0]:
-            first[k] = (r["start"], bool(r.get("redelivered", False)))
-    by_key: dict[str, list[tuple[float, int, bool]]] = defaultdict(list)
-    for (key, seq), (start, redelivered) in first.items():
-        by_key[key].append((start, seq, redelivered))
-    problems = []
-    for key, handled in sorted(by_key.items()):
-        handled.sort()
+        if seen is None or r["start"] < seen["start"]:
+            first[k] = r
+    by_key: dict[str, list[Record]] = defaultdict(list)
+    for (key, _seq), r in first.items():
+        by_key[key].append(r)
+    for _key, handled in sorted(by_key.items()):
+        handled.sort(key=lambda r: (r["start"], r["seq"]))
         highest = -1
-        for at, seq, redelivered in handled:
-            if seq < highest and not (except_redelivered and redelivered):
-                problems.append(f"key {key}: seq {seq} first handled at {at:.6f} after {highest}")
-            highest = max(highest, seq)
-    return problems
+        for r in handled:
+            if r["seq"] < highest:
+                yield r, highest
+            highest = max(highest, r["seq"])
+
+
+class _Excuses:
+    """Which late first handlings the crashes explain, charging each to one crash's window
+    on its partition (``order_violations``)."""
+
+    def __init__(self, records: Iterable[Record], crashes: Sequence[Crash]) -> None:
+        self.crashes = sorted(crashes, key=lambda c: c.at, reverse=True)  # latest first
+        self.used: dict[tuple[int, int], int] = defaultdict(int)  # (crash, partition) -> n
+        self.starts: dict[int, list[tuple[float, int]]] = defaultdict(list)  # partition
+        if self.crashes:
+            for r in records:
+                self.starts[r["partition"]].append((r["start"], r["pid"]))
+            for starts in self.starts.values():
+                starts.sort()
+
+    def _last_handler(self, partition: int, at: float) -> int | None:
+        starts = self.starts[partition]
+        i = bisect.bisect_right(starts, (at, math.inf)) - 1
+        return starts[i][1] if i >= 0 else None
+
+    def __call__(self, r: Record) -> bool:
+        if not r.get("redelivered"):
+            return False
+        published_ms = r.get("published_ms")
+        partition = r["partition"]
+        for n, crash in enumerate(self.crashes):
+            if crash.at > r["start"]:
+                continue
+            if published_ms is not None and published_ms / 1000 > crash.at:
+                continue  # published after the crash: the crashed owner never had it
+            if crash.pid is not None and self._last_handler(partition, crash.at) != crash.pid:
+                continue
+            if self.used[(n, partition)] < crash.window:
+                self.used[(n, partition)] += 1
+                return True
+        return False
 
 
 def redelivered_out_of_order(records: Iterable[Record]) -> int:
     """How many first handlings came after a newer message of their key as a redelivery."""
-    records = list(records)
-    return len(order_violations(records)) - len(order_violations(records, except_redelivered=True))
+    return sum(1 for r, _ in _late(records) if r.get("redelivered"))
 
 
 def balance_problems(

@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import socket
 import threading
 import time
 from collections import deque
@@ -66,7 +67,7 @@ from kernel.amqp import AmqpURL, Nodes, access_refused, unavailable
 from kernel.backoff import Backoff, Delays
 from producer.contract import StreamSpec
 
-__all__ = ["END", "Broker", "Delivery"]
+__all__ = ["END", "Broker", "Delivery", "abort_connection"]
 
 log = logging.getLogger("partq.consumer.broker")
 _STOP_GRACE = 1.0  # seconds between the last drain's acks and closing the connection
@@ -105,6 +106,16 @@ class Delivery:
 
 
 END = object()  # follows the last delivery of a cancelled subscription
+
+
+def abort_connection(connection: Any) -> None:
+    """Drop ``connection``'s TCP stream (a pika connection, asynchronous or a blocking one's
+    ``_impl``) without an AMQP close, as a kill -9 would: ``shutdown`` sends the broker a FIN
+    at once, and pika, reading EOF, reports the connection lost and closes the socket."""
+    sock = getattr(getattr(connection, "_transport", None), "_sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 @dataclass
@@ -201,13 +212,14 @@ class Broker(threading.Thread):
         self._acks_lock = threading.Lock()
         self._acks_scheduled = False
         self._stopping = False
+        self._fenced: SelectConnection | None = None  # being aborted: nothing more on it
         self.connected = threading.Event()
 
     # -- thread-safe API -----------------------------------------------------------------
 
     def _call(self, fn: Callable[[], None]) -> bool:
         connection = self._connection
-        if connection is None or not connection.is_open:
+        if connection is None or not connection.is_open or connection is self._fenced:
             return False
         try:
             connection.ioloop.add_callback_threadsafe(fn)
@@ -251,7 +263,9 @@ class Broker(threading.Thread):
     def close_channel(self, partition: int, channel: Channel) -> None:
         """Close ``channel`` (the broker requeues what was not acked on it): a worker left
         a delivery unhandled. If it is the partition's subscription, the partition is
-        reported lost as for any closed channel."""
+        reported lost as for any closed channel. Nothing once fenced (``_call`` refuses): a
+        graceful close would let the next owner be served first (``fence``)."""
+
         self._call(lambda: channel.close() if channel.is_open else None)
 
     def finish(self, partition: int, channel: Channel) -> None:
@@ -277,26 +291,39 @@ class Broker(threading.Thread):
         """Return the activated standby's deliveries in order, then cancel it."""
         self._call(lambda: self._give_back(partition))
 
-    def close_all(self) -> None:
-        """Fence: drop every channel now; the broker requeues what was not acked.
+    def fence(self) -> None:
+        """Our lease is gone: drop the connection, and every partition on it, by aborting its
+        socket (no AMQP close), then connect again.
 
-        Silent: the caller starts its partitions over, so a late ``on_channel_lost`` for
-        one of these channels would be taken for the loss of its new subscription.
+        Not ``channel.close`` or ``connection.close``: when a single-active-consumer queue's
+        active consumer closes gracefully, RabbitMQ (3.10 quorum, 4.0 quorum and classic)
+        serves the waiting consumer (our partition's next owner) a window of *newer*
+        messages before the ones we held unacked; when the socket just drops, as with a
+        kill -9, it serves the held ones first, in order (docs/benchmarks.md, "Fencing").
+
+        Silent: the caller starts its partitions over, so no ``on_channel_lost`` or
+        ``on_standby_lost`` is reported for what was on this connection. Acks for its
+        channels are dropped (their sub is gone), so a handler still running for a fenced
+        partition never acks onto the next connection.
         """
+
+        connection = self._connection
+        if connection is None or not connection.is_open:
+            return  # nothing is subscribed: run() has reported every partition lost
 
         def do() -> None:
             self._deferred.clear()
             self._warming.clear()
-            subs, self._subs = self._subs, {}
-            for _partition, sub in sorted(subs.items()):
-                if sub.channel.is_open:
-                    sub.channel.close()
-            standbys, self._standbys = self._standbys, {}
-            for standby in standbys.values():
-                if standby is not None and standby.channel.is_open:
-                    standby.channel.close()
+            self._opening.clear()
+            self._subs.clear()
+            self._standbys.clear()
+            abort_connection(connection)
 
-        self._call(do)
+        # From here on _call refuses this connection: a subscribe waits for the next one,
+        # and a worker's close_channel or ack never reaches the broker.
+        self._fenced = connection
+        with contextlib.suppress(Exception):  # its loop is closing: gone anyway
+            connection.ioloop.add_callback_threadsafe(do)
 
     def stop(self) -> None:
         self._stopping = True
@@ -362,7 +389,9 @@ class Broker(threading.Thread):
         self._on_connection(True)
 
     def _closed(self, connection: SelectConnection, reason: BaseException) -> None:
-        if not self._stopping:
+        if connection is self._fenced:
+            log.info("fenced: RabbitMQ connection aborted; connecting again")
+        elif not self._stopping:
             log.warning("lost the RabbitMQ connection: %r", reason)
         connection.ioloop.stop()
 

@@ -140,7 +140,7 @@ class Partitions:
     def sync(self, partition: int) -> None:
         """Feed the state machine whatever differs between it and the mirror: whether the
         partition is assigned to us first, then (after that has played out) who holds it."""
-        if partition >= self.spec.partitions:
+        if partition >= self.spec.partitions or self._fencing():
             return
         state = self.states[partition]
         owner = self.mirror.assignment.get(partition)
@@ -164,6 +164,20 @@ class Partitions:
                 self.freed_at[partition] = time.time()
                 self._process(_Step(partition, Event.GRANTED))
         self._sync_standby(partition)
+
+    def _fencing(self) -> bool:
+        """True when our lease is gone, asking etcd first if the session has not been
+        renewed lately (the process was frozen or starved): the watch then shows our claims
+        gone and our partitions reassigned before the refresher has run. Nothing is drained
+        then: a cancel lets a partition's next owner, waiting at the broker, be served newer
+        messages before the ones we hold unacked. The daemon's fence (``LeaseLost``, queued
+        by the session) aborts the connection instead, which gives them back first."""
+        session = self.session
+        if session is None:
+            return False
+        if not session.lost.is_set() and not session.fresh():
+            session.renew()
+        return session.lost.is_set()
 
     def _sync_standby(self, partition: int) -> None:
         """Stand by for ``partition`` while the leader names us and its owner consumes it;
@@ -290,8 +304,9 @@ class Partitions:
         self.abandoned.add(partition)
 
     def drop(self) -> None:
-        """Stop every partition now, without a drain: the broker requeues what was unacked."""
-        self.broker.close_all()
+        """Stop every partition now, without a drain: the broker requeues what was unacked,
+        ahead of anything newer (``Broker.fence`` aborts the connection)."""
+        self.broker.fence()
         for partition, worker in self.workers.items():
             worker.stop()
             self.retired[partition] = worker

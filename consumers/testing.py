@@ -155,8 +155,8 @@ class StubBroker(Broker):
         else:
             self.on_channel_lost(partition)
 
-    def close_all(self) -> None:
-        self._record("close_all", -1)
+    def fence(self) -> None:
+        self._record("fence", -1)
         with self._lock:
             for channel in self.channels.values():
                 channel.is_open = False

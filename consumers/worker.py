@@ -272,11 +272,16 @@ class Worker(threading.Thread):
                 return  # the watchdog gave up on the handler: nothing more of this partition
 
     def _give_back(self, delivery: Delivery) -> None:
-        """A delivery left unacked (stopped, fenced) must not stay so on an open channel:
-        behind later ones it would never be handled while the channel lives (a drained
-        channel is kept for reuse). Closing the channel makes the broker requeue it, in
-        order; the daemon hears the channel is gone and subscribes again if the
-        partition is still ours."""
+        """A delivery left unacked (stopped) must not stay so on an open channel: behind
+        later ones it would never be handled while the channel lives (a drained channel is
+        kept for reuse). Closing the channel makes the broker requeue it; the daemon hears
+        the channel is gone and subscribes again if the partition is still ours. Closing
+        gracefully does not keep the order if another consumer waits on the queue: it is
+        served newer messages first (docs/benchmarks.md, "Fencing"); that is why a lost
+        lease is never handled here but by the daemon's fence (``Broker.fence``), which
+        aborts the connection so that the next owner gets these deliveries first."""
+        if self.session.lost.is_set():
+            return  # the fence aborts the connection (and refuses this close once begun)
         channel = delivery.channel
         if channel.is_open and id(channel) not in self._given_back:
             self._given_back.add(id(channel))
@@ -289,9 +294,10 @@ class Worker(threading.Thread):
         """Handle only while our lease is fresh (not right after a freeze or while etcd
         elects a leader). A stale lease is waited out until it is renewed (handle the
         delivery) or the delivery's channel closes: the daemon fences when the lease is
-        lost, and the broker requeues what was unacked. Skipping a delivery whose channel
-        stays open would leave it unacked behind later ones, unhandled until the channel
-        closes (seen: 3 messages unhandled after a kill -9 of the etcd leader)."""
+        lost (aborting the connection), and the broker requeues what was unacked. Skipping
+        a delivery whose channel stays open would leave it unacked behind later ones,
+        unhandled until the channel closes (seen: 3 messages unhandled after a kill -9 of
+        the etcd leader)."""
         session = self.session
         if session.fresh() and not session.lost.is_set():
             return True  # what wait_fresh answers at once, without its lock

@@ -57,31 +57,39 @@ class Session:
 
     def _refresh(self) -> None:
         while not self._closed.wait(self.interval):
-            started = time.monotonic()
-            try:
-                with etcd_errors(self.where):
-                    responses = list(self.client.refresh_lease(self.id))
-                remaining = responses[0].TTL if responses else 0
-            except EtcdUnavailable as e:
-                log.warning("cannot renew lease %x: %s", self.id, e)
-                if self._on_failure:
-                    self._on_failure()
-                remaining = None
-            if remaining is not None and remaining <= 0:
-                # lost before the tick: a waiter woken by it must not take it for a renewal
-                log.warning("lease %x is gone (expired or revoked)", self.id)
-                self._lose()
-            with self._ticked:
-                self.last_tick = started
-                self._ticked.notify_all()
+            self.renew()
             if self.lost.is_set():
                 return
 
+    def renew(self) -> None:
+        """Renew the lease now (the refresher does every interval; a consumer that was
+        frozen asks at once, before acting on what it missed). Sets ``lost`` if etcd says
+        the lease is gone; an etcd that does not answer is logged and counted."""
+        started = time.monotonic()
+        try:
+            with etcd_errors(self.where):
+                responses = list(self.client.refresh_lease(self.id))
+            remaining = responses[0].TTL if responses else 0
+        except EtcdUnavailable as e:
+            log.warning("cannot renew lease %x: %s", self.id, e)
+            if self._on_failure:
+                self._on_failure()
+            remaining = None
+        if remaining is not None and remaining <= 0:
+            # lost before the tick: a waiter woken by it must not take it for a renewal
+            log.warning("lease %x is gone (expired or revoked)", self.id)
+            self._lose()
+        with self._ticked:
+            self.last_tick = max(self.last_tick, started)
+            self._ticked.notify_all()
+
     def _lose(self) -> None:
-        if not self.lost.is_set():
+        with self._ticked:  # the refresher and renew() may find it at once: tell once
+            if self.lost.is_set():
+                return
             self.lost.set()
-            if self._on_lost:
-                self._on_lost()
+        if self._on_lost:
+            self._on_lost()
 
     def fresh(self) -> bool:
         """True while the refresher ran within the last two intervals."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pika
 import pytest
@@ -15,6 +15,7 @@ from coordinator.admin import create_stream, delete
 from producer.contract import StreamSpec
 from producer.publisher import Producer
 from producer.registry import Registry
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration]
 
@@ -327,3 +328,90 @@ def test_a_warm_channel_consumes_nothing_until_subscribed(spec: StreamSpec, rabb
     finally:
         owner.stop()
     assert [seq for seq, _, _ in owner.handled] == list(range(100))
+
+
+# A fenced owner never reorders: given A holding a full window unacked and B waiting
+# behind it (single active consumer), when A is fenced (its lease is gone) B's first
+# deliveries are A's, in order. A graceful channel.close (the fence before) serves B newer
+# messages first on 3.10 quorum and on 4.0 (docs/benchmarks.md, "Fencing").
+FENCE_WINDOW = 20
+FENCE_TOTAL = 3 * FENCE_WINDOW
+
+
+def fence_consumer(
+    rabbitmq: str,
+    spec: StreamSpec,
+    name: str,
+    deliver: Callable[[Broker, Delivery], None],
+    events: list[str],
+) -> Broker:
+    broker: Broker
+
+    def on_delivery(partition: int, item: Delivery | object) -> None:
+        if isinstance(item, Delivery):
+            deliver(broker, item)
+
+    broker = Broker(
+        rabbitmq,
+        spec,
+        prefetch=FENCE_WINDOW,
+        heartbeat=30,  # a frozen owner's broker would notice late: the fence comes first
+        name=name,
+        deliver=on_delivery,
+        on_subscribed=lambda p: events.append(f"subscribed {p}"),
+        on_drained=lambda p: events.append(f"drained {p}"),
+        on_channel_lost=lambda p: events.append(f"lost {p}"),
+        on_connection=lambda up: events.append("up" if up else "down"),
+    )
+    broker.start()
+    assert broker.connected.wait(10)
+    return broker
+
+
+def test_a_fenced_owner_gives_back_its_window_first_in_order(
+    spec: StreamSpec, rabbitmq: str
+) -> None:
+    with Producer(spec, amqp_url=rabbitmq) as producer:
+        for n in range(FENCE_TOTAL):
+            producer.publish("k", str(n)).result(10)
+    held: list[Delivery] = []
+    got: list[tuple[int, bool]] = []
+    a_events: list[str] = []
+    b_events: list[str] = []
+    lock = threading.Lock()
+
+    def hold(_broker: Broker, delivery: Delivery) -> None:  # A: handles nothing, acks nothing
+        held.append(delivery)
+
+    def handle(broker: Broker, delivery: Delivery) -> None:
+        with lock:
+            got.append((int(delivery.body), delivery.redelivered))
+        broker.ack(delivery.partition, delivery.channel, delivery.delivery_tag)
+
+    a = fence_consumer(rabbitmq, spec, "fence-a", hold, a_events)
+    b = fence_consumer(rabbitmq, spec, "fence-b", handle, b_events)
+    try:
+        # Given A holding a full window unacked and B subscribed behind it
+        assert a.subscribe(0)
+        wait_until(lambda: len(held) == FENCE_WINDOW, 10, what="A's window full")
+        assert b.subscribe(0)
+        wait_until(lambda: "subscribed 0" in b_events, 10, what="B subscribed")
+        assert got == []  # waiting: A is the active consumer
+        # When A is fenced
+        a.fence()
+        # Then B gets A's window first, in order, then the rest, and A's are redeliveries
+        wait_until(lambda: len(got) >= FENCE_TOTAL, 20, what="B handled everything")
+        order = [n for n, _ in got]
+        assert order[:FENCE_WINDOW] == list(range(FENCE_WINDOW)), order
+        assert order == list(range(FENCE_TOTAL)), order
+        assert all(redelivered for _, redelivered in got[:FENCE_WINDOW])
+        # And A connects again without reporting its partition lost (the caller starts over)
+        wait_until(lambda: a_events.count("up") == 2, 10, what="A connected again")
+        assert "lost 0" not in a_events
+        # And an ack for a fenced delivery goes nowhere (its channel went with the connection)
+        a.ack(0, held[0].channel, held[0].delivery_tag)
+        assert not held[0].channel.is_open
+    finally:
+        for broker in (a, b):
+            broker.stop()
+            broker.join(10)

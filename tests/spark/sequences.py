@@ -26,7 +26,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -210,15 +210,16 @@ def replayed_batch(record: dict[str, Any], batches: set[int]) -> bool:
 
 
 def order_apart_from_replays(
-    records: list[dict[str, Any]], retried: set[int]
+    records: list[dict[str, Any]], retried: set[int], crashes: Sequence[audit.Crash] = ()
 ) -> tuple[list[str], int]:
-    """Per-key order violations (broker redeliveries excepted) outside the batches a task
-    of which was tried again, and how many more there are inside them. A retried task
-    publishes its messages again, after newer ones of their key when the first attempt
-    had some nacked: those are counted, every other violation is a failure."""
+    """Per-key order violations (what ``crashes`` excuse apart: ``audit.order_violations``)
+    outside the batches a task of which was tried again, and how many more there are inside
+    them. A retried task publishes its messages again, after newer ones of their key when
+    the first attempt had some nacked: those are counted, every other violation is a
+    failure."""
     rest = [r for r in records if not replayed_batch(r, retried)]
-    outside = audit.order_violations(rest, except_redelivered=True)
-    every = audit.order_violations(records, except_redelivered=True)
+    outside = audit.order_violations(rest, crashes)
+    every = audit.order_violations(records, crashes)
     return outside, max(0, len(every) - len(outside))
 
 

@@ -65,18 +65,45 @@ def test_flags_an_order_violation_but_allows_redelivered_repeats() -> None:
     assert checker.order_violations(repeated) == []
 
 
-def test_a_redelivery_after_newer_messages_is_counted_apart_from_real_violations() -> None:
-    # Given seq 1 delivered to a consumer that died unacked, redelivered after seq 2 and 3
-    late = {**rec(2, 0, "a", 1, 5, 6), "redelivered": True}
-    records = [rec(1, 0, "a", 0, 0, 1), rec(2, 0, "a", 2, 3, 4), rec(2, 0, "a", 3, 4, 5), late]
-    # Then it is a violation, explained by the redelivery, and counted as such
+def late(pid: int, seq: int, start: float, published: float = 0.5) -> dict[str, Any]:
+    """A redelivery of ``seq`` on partition 0 (key "a"), published at ``published`` s."""
+    return {**rec(pid, 0, "a", seq, start, start + 0.1), "redelivered": True,
+            "published_ms": int(published * 1000)}  # fmt: skip
+
+
+def test_a_redelivery_after_newer_messages_is_excused_only_by_a_crash_of_its_owner() -> None:
+    # Given pid 1 owning partition 0, killed at 2.0 holding seq 1 unacked; pid 2 handles
+    # seq 2 and 3, then the redelivered seq 1
+    records = [rec(1, 0, "a", 0, 0, 1), rec(2, 0, "a", 2, 3, 4), rec(2, 0, "a", 3, 4, 5)]
+    records.append(late(2, 1, 5))
+    killed = checker.Crash(at=2.0, window=10, pid=1)
+    # Then it is a violation unless the crash explains it, and counted as a redelivery
     assert len(checker.order_violations(records)) == 1
-    assert checker.order_violations(records, except_redelivered=True) == []
+    assert checker.order_violations(records, [killed]) == []
     assert checker.redelivered_out_of_order(records) == 1
+    # And not if the killed process was not the partition's owner
+    assert len(checker.order_violations(records, [checker.Crash(2.0, 10, pid=7)])) == 1
+    # nor if it was handled before the crash, or published after it
+    assert len(checker.order_violations(records, [checker.Crash(5.5, 10, pid=1)])) == 1
+    assert len(checker.order_violations([*records[:3], late(2, 1, 5, 2.5)], [killed])) == 1
     # And a late message that was not a redelivery stays a violation either way
     fresh = [*records[:3], rec(2, 0, "a", 1, 5, 6)]
-    assert len(checker.order_violations(fresh, except_redelivered=True)) == 1
+    assert len(checker.order_violations(fresh, [killed])) == 1
     assert checker.redelivered_out_of_order(fresh) == 0
+
+
+def test_a_crash_excuses_at_most_a_prefetch_window_per_partition() -> None:
+    # Given pid 1 killed at 2.0 and 5 of its messages redelivered after newer ones
+    records = [rec(1, 0, "a", 0, 0, 1), rec(2, 0, "a", 10, 3, 4)]
+    records += [late(2, seq, 5 + seq) for seq in range(1, 6)]
+    # Then a window of 3 excuses 3 of them, a window of 5 all; a broker fault (no pid)
+    # cuts whoever owned the partition
+    assert len(checker.order_violations(records, [checker.Crash(2.0, 3, pid=1)])) == 2
+    assert checker.order_violations(records, [checker.Crash(2.0, 5, pid=1)]) == []
+    assert checker.order_violations(records, [checker.Crash(2.0, 5)]) == []
+    # And two crashes each have their own window
+    two = [checker.Crash(2.0, 3, pid=1), checker.Crash(2.5, 2, pid=1)]
+    assert checker.order_violations(records, two) == []
 
 
 def test_balance() -> None:

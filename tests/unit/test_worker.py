@@ -285,17 +285,29 @@ def test_a_stale_lease_is_waited_out_not_skipped() -> None:
     assert run.broker.acked == [1, 2]
 
 
-def test_a_lost_lease_leaves_the_delivery_to_the_broker() -> None:
-    # Given a worker whose lease is lost (the daemon is fencing: it closes every channel)
+def test_a_lost_lease_leaves_the_delivery_to_the_fence() -> None:
+    # Given a worker whose lease is lost (the daemon is fencing: it aborts the connection)
     run = Run()
     run.session.renewed.clear()
     run.session.lost.set()
     run.deliver("first")
     run.end()
-    # Then it is neither handled nor acked, and its channel is closed: the broker requeues
-    # it (for the next owner) instead of keeping it unacked behind later deliveries
+    # Then it is neither handled nor acked, and its channel is not closed gracefully: that
+    # would let a waiting next owner be served newer messages first (docs/benchmarks.md,
+    # "Fencing"); the aborted connection gives it back to the next owner, first
     assert run.handled == []
     assert run.broker.acked == []
+    assert run.broker.closed == []
+
+
+def test_a_stopped_worker_gives_back_by_closing_its_channel() -> None:
+    # Given a worker stopped (not fenced) with a delivery it has not handled
+    run = Run()
+    run.worker.stopped.set()
+    run.deliver("first")
+    run.end()
+    # Then its channel is closed so that the broker requeues it
+    assert run.handled == []
     assert run.broker.closed == [PARTITION]
 
 

@@ -24,11 +24,12 @@ from coordinator.group import Group, GroupState
 from producer import Producer, StreamSpec
 from tests.polling import wait_until
 
-__all__ = ["Fleet", "Proc", "SequenceProducer", "balanced", "wait_until"]
+__all__ = ["PREFETCH", "Fleet", "Proc", "SequenceProducer", "balanced", "wait_until"]
 
 ROOT = Path(__file__).resolve().parents[3]
 PARTQ = ROOT / ".venv" / "bin" / "partq"
 HANDLERS = "tests.integration.groups.recorder"
+PREFETCH = 100  # every consumer's: a crash leaves at most this many unacked per partition
 
 
 @dataclass
@@ -106,7 +107,7 @@ class Fleet:
     ) -> Proc:
         args = ["--debug", "consume", self.stream, "--handler", f"{HANDLERS}:{handler}"]
         args += ["--member-id", member, "--ttl", str(ttl), "--http-port", "0"]
-        args += ["--drain-timeout", "15", *extra]
+        args += ["--drain-timeout", "15", "--prefetch", str(PREFETCH), *extra]
         return self._start(member, args, self._env(PARTQ_MEMBER_ID=member))
 
     def coordinator(
