@@ -13,6 +13,8 @@ from typing import IO, Any
 import click
 
 from cli.context import Context, pass_context
+from kernel.errors import UsageError
+from producer.contract import refuse_control_headers
 from producer.publisher import Producer, Receipt
 
 
@@ -46,6 +48,11 @@ def parse_lines(stream: IO[str]) -> Iterator[Line | str]:
         headers = doc.get("headers")
         if headers is not None and not isinstance(headers, dict):
             yield f'line {number}: "headers" must be an object'
+            continue
+        try:
+            refuse_control_headers(headers)
+        except UsageError as e:
+            yield f"line {number}: {e}"
             continue
         message_id = doc.get("message_id")
         yield Line(number, key, data, headers, None if message_id is None else str(message_id))
