@@ -11,10 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from consumers.broker import Delivery
-from consumers.control import senders
+from consumers.control import senders, users_of
 from consumers.parking import ParkedKeys, too_many
 from coordinator import codec
 from coordinator.codec import Parked
+from kernel.amqp import AmqpTarget, AmqpTLS
 from kernel.errors import MalformedValue
 from producer.contract import StreamSpec, key_id, park_queue
 
@@ -227,3 +228,15 @@ def test_past_the_parked_key_limit_a_failing_key_is_dead_lettered_and_flows_on()
     assert parking.parked.get(key_id("b")) is None
     assert run.handled == ["b2"]
     assert run.broker.acked == [1, 2, 3]
+
+
+def test_the_senders_are_the_operator_admin_and_each_of_the_consumers_own_users() -> None:
+    url = "amqp://guest:guest@h1/%2F,amqps://app%40corp:pw@h2/%2F"
+    assert senders("orders", users_of(url)) == {
+        "partq-orders-operator",
+        "partq-orders-admin",
+        "guest",
+        "app@corp",
+    }
+    external = AmqpTarget("amqps://h1/%2F", AmqpTLS(external_auth=True))
+    assert senders("orders", users_of(external)) == {"partq-orders-operator", "partq-orders-admin"}
