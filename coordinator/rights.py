@@ -47,7 +47,7 @@ from producer.contract import (
     role_name,
 )
 
-__all__ = ["COMPONENTS", "AmqpRights", "EtcdRight", "Role", "amqp_table", "roles", "script"]
+__all__ = ["COMPONENTS", "AmqpRights", "EtcdRight", "Role", "roles", "script"]
 
 COMPONENTS = ("producer", "consumer", "coordinator", "operator", "admin")
 Permission = Literal["read", "write", "readwrite"]
