@@ -80,8 +80,9 @@ LEASE_RENEWAL_FAILURES = Counter(
 )
 HEADER_PROBLEMS = Counter(
     "partq_consumer_header_problems",
-    "Deliveries whose partq headers are malformed (dead-lettered unhandled) or name another "
-    "partition (handled), by problem (malformed, wrong_partition)",
+    "Deliveries whose partq headers are malformed (dead-lettered unhandled), name another "
+    "partition (handled) or are a control message from a user that may not send one "
+    "(dead-lettered unobeyed), by problem (malformed, wrong_partition, forged_control)",
     ["stream", "member", "problem"],
 )
 WORKER_FAILURES = Counter(

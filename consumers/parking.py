@@ -12,6 +12,11 @@ unacked: the next owner goes on where it stopped; nothing is lost or copied by t
 An owner killed between parking a message and acking it leaves it to be parked twice; the
 replay drops the second copy (same message id and body).
 
+At most :data:`MAX_PARKED_KEYS` keys of a stream are parked (each has a queue): past that, a
+key whose message exhausts its retries is not parked; the message goes to the dead-letter
+queue (``x-partq-error-type: TooManyParkedKeys``, the handler's error in the text), and the
+key's later messages flow on, as with ``on_failure = dead-letter``.
+
 Order of writes when a key is parked: the etcd record first, then the message is published
 to the parking queue (with a confirm), then acked. A later owner sees the record before it
 can see the claim released (etcd's revision order), so it never handles the key's next
@@ -33,18 +38,38 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from consumers import control
 from consumers.broker import Delivery
 from coordinator.codec import Parked
 from coordinator.group import Group
 from kernel.amqp import AmqpURL, connect_blocking
+from kernel.errors import PartqError
 from producer.contract import StreamSpec, key_id
 from producer.topology import park_queue_arguments
 
-__all__ = ["ParkedKeys", "Parking"]
+__all__ = ["MAX_PARKED_KEYS", "ParkedKeys", "Parking", "TooManyParkedKeys", "too_many"]
 
 log = logging.getLogger("partq.consumer.parking")
 
 PARKED_HEADER = "x-partq-parked"  # on a parked message: why ("failed" or "key parked")
+# Parking queues per stream: each parked key has one, and a broker slows down with tens of
+# thousands of queues. A consumer's AMQP rights cannot count queues (see docs/security.md).
+MAX_PARKED_KEYS = 1000
+
+
+class TooManyParkedKeys(PartqError):
+    """A key was not parked: the stream has :data:`MAX_PARKED_KEYS` parked keys already."""
+
+
+def too_many(stream: str, count: int, limit: int, error: BaseException) -> TooManyParkedKeys | None:
+    """Why a key that failed with ``error`` may not be parked while ``count`` keys of
+    ``stream`` are, or None if it may."""
+    if count < limit:
+        return None
+    return TooManyParkedKeys(
+        f"{type(error).__name__}: {error} (not parked: stream {stream!r} has {count} parked "
+        f"keys, the limit; redrive or purge some with `partq dlq`)"
+    )
 
 
 class ParkedKeys:
@@ -98,10 +123,19 @@ class Parking:
     """
 
     def __init__(
-        self, url: AmqpURL, spec: StreamSpec, member: str, group: Group, parked: ParkedKeys
+        self,
+        url: AmqpURL,
+        spec: StreamSpec,
+        member: str,
+        group: Group,
+        parked: ParkedKeys,
+        *,
+        limit: int = MAX_PARKED_KEYS,
     ) -> None:
         self.url = url
         self.spec = spec
+        self.limit = limit
+        self.senders = control.senders(spec.name, control.users_of(url))
         self.member = member
         self.group = group
         self.parked = parked
@@ -113,6 +147,10 @@ class Parking:
     def close(self) -> None:
         with self._lock:
             self._drop()
+
+    def refuse(self, error: BaseException) -> TooManyParkedKeys | None:
+        """Why a key that failed with ``error`` may not be parked now, or None if it may."""
+        return too_many(self.spec.name, len(self.parked), self.limit, error)
 
     # -- parking ---------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from consumers import metrics
+from consumers import control, metrics
 from consumers.broker import END, Broker, Delivery
 from consumers.message import Handler, MalformedHeaders, Message, message_from
 from consumers.parking import Parking
@@ -359,7 +359,10 @@ class Worker(threading.Thread):
         if failure is None:
             return outcome
         if parking is not None and key is not None:
-            return self._park(delivery, key, failure, attempts)
+            refused = parking.refuse(failure)
+            if refused is None:
+                return self._park(delivery, key, failure, attempts)
+            failure = refused  # too many parked keys: dead-lettered, the key flows on
         return self._dead_letter(delivery, failure, attempts)
 
     def _attempts(
@@ -427,8 +430,16 @@ class Worker(threading.Thread):
         return _Outcome.KEEP
 
     def _control(self, delivery: Delivery, message: Message, action: Any) -> _Outcome:
-        """A redrive or purge request of ``partq dlq`` for the message's key."""
+        """A redrive or purge request of ``partq dlq`` for the message's key; dead-lettered
+        unobeyed unless the stream's operator or admin sent it (:mod:`consumers.control`)."""
         key, parking = message.key, self.parking
+        if parking is not None:
+            try:
+                control.verify(action, delivery.properties.user_id, parking.senders)
+            except control.ForgedControl as forged:
+                metrics.HEADER_PROBLEMS.labels(*self._labels, "forged_control").inc()
+                log.error("partition %d: %s: dead-lettering it", self.partition, forged)
+                return self._dead_letter(delivery, forged, 0)
         if (
             key is None
             or parking is None

@@ -11,13 +11,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from consumers.broker import Delivery
-from consumers.parking import ParkedKeys
+from consumers.control import senders, users_of
+from consumers.parking import ParkedKeys, too_many
 from coordinator import codec
 from coordinator.codec import Parked
+from kernel.amqp import AmqpTarget, AmqpTLS
 from kernel.errors import MalformedValue
 from producer.contract import StreamSpec, key_id, park_queue
 
-from .test_worker import PARTITION, Run
+from .test_worker import PARTITION, SPEC, Run
+
+OPERATOR = f"partq-{SPEC.name}-operator"
 
 
 def parked(key: str | bytes, partition: int = PARTITION) -> Parked:
@@ -70,10 +74,15 @@ def test_the_latest_revision_of_a_key_wins() -> None:
 class FakeParking:
     """Parks into lists; replays what it holds through ``handle``."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 1000) -> None:
         self.parked = ParkedKeys()
         self.queues: dict[str, list[Delivery]] = {}
         self.revision = 0
+        self.limit = limit
+        self.senders = senders(SPEC.name, ["guest"])
+
+    def refuse(self, error: BaseException) -> Any:
+        return too_many(SPEC.name, len(self.parked), self.limit, error)
 
     def park(self, delivery: Delivery, key: Any, error: Any, attempts: int) -> None:
         name = key_id(key)
@@ -128,7 +137,7 @@ def test_a_failing_key_parks_its_later_messages_and_others_flow() -> None:
     wait_for(lambda: len(parking.queues.get(key_id("bad"), [])) == 2)
     # When the handler is fixed and a redrive request arrives
     fail.clear()
-    run.deliver("r", headers("bad", "redrive"))
+    run.deliver("r", headers("bad", "redrive"), OPERATOR)
     run.deliver("b3", headers("bad"))  # newer than the redrive: handled after the replay
     run.end()
     # Then the others flowed, the parked ones were replayed in order ahead of b3
@@ -142,8 +151,8 @@ def test_a_failing_key_parks_its_later_messages_and_others_flow() -> None:
 def test_a_control_message_is_never_handed_to_the_handler() -> None:
     parking = FakeParking()
     run = Run(parking=parking)
-    run.deliver("r", headers("k", "redrive"))  # not parked: nothing to do
-    run.deliver("p", headers("k", "purge"))
+    run.deliver("r", headers("k", "redrive"), OPERATOR)  # not parked: nothing to do
+    run.deliver("p", headers("k", "purge"), "guest")
     run.end()
     assert run.handled == []
     assert run.broker.acked == [1, 2]
@@ -160,7 +169,7 @@ def test_a_purge_drops_the_parked_messages_and_unparks() -> None:
     run = Run(behaviour, parking=parking, max_attempts=1)
     run.deliver("b1", headers("bad"))
     run.deliver("b2", headers("bad"))
-    run.deliver("p", headers("bad", "purge"))
+    run.deliver("p", headers("bad", "purge"), f"partq-{SPEC.name}-admin")
     run.end()
     assert run.handled == []
     assert parking.queues == {}
@@ -173,3 +182,61 @@ def test_without_parking_an_exhausted_message_is_dead_lettered_alone() -> None:
     run.deliver("b2", headers("bad"))
     run.end()
     assert [d[0] for d in run.dead.published] == ["b1", "b2"]
+
+
+@pytest.mark.parametrize("sender", [None, "partq-orders-producer", "partq-other-operator"])
+def test_a_control_message_from_anyone_else_is_dead_lettered_unobeyed(sender: str | None) -> None:
+    # Given a parked key
+    parking = FakeParking()
+    run = Run(lambda m: (_ for _ in ()).throw(ValueError("boom")), parking=parking, max_attempts=1)
+    run.deliver("b1", headers("bad"))
+    wait_for(lambda: len(parking.queues.get(key_id("bad"), [])) == 1)
+    # When a purge arrives from a user that is not the stream's operator, admin or own user
+    run.deliver("p", headers("bad", "purge"), sender)
+    run.end()
+    # Then it is dead-lettered as forged, acked, and the key stays parked with its message
+    ((message_id, error, attempts),) = run.dead.published
+    assert (message_id, type(error).__name__, attempts) == ("p", "ForgedControl", 0)
+    assert f"sent by user {sender!r}" in str(error)
+    assert run.broker.acked == [1, 2]
+    assert len(parking.queues[key_id("bad")]) == 1
+    assert parking.parked.get(key_id("bad")) is not None
+    assert run.metric("partq_consumer_header_problems_total", problem="forged_control") == 1
+
+
+def test_past_the_parked_key_limit_a_failing_key_is_dead_lettered_and_flows_on() -> None:
+    # Given a stream that may park one key, and key "a" parked
+    parking = FakeParking(limit=1)
+    failing = {"a", "b"}
+
+    def behaviour(message: Any) -> None:
+        if message.key in failing:
+            raise ValueError(message.message_id)
+
+    run = Run(behaviour, parking=parking, max_attempts=1)
+    run.deliver("a1", headers("a"))
+    # When key "b" fails too, then recovers
+    run.deliver("b1", headers("b"))
+    wait_for(lambda: len(run.dead.published) == 1)
+    failing.discard("b")
+    run.deliver("b2", headers("b"))
+    run.end()
+    # Then "b1" is dead-lettered (not lost) saying why, and "b" was not parked: b2 handled
+    ((message_id, error, attempts),) = run.dead.published
+    assert (message_id, type(error).__name__, attempts) == ("b1", "TooManyParkedKeys", 1)
+    assert "ValueError: b1 (not parked: stream 'orders' has 1 parked keys, the limit" in str(error)
+    assert parking.parked.get(key_id("b")) is None
+    assert run.handled == ["b2"]
+    assert run.broker.acked == [1, 2, 3]
+
+
+def test_the_senders_are_the_operator_admin_and_each_of_the_consumers_own_users() -> None:
+    url = "amqp://guest:guest@h1/%2F,amqps://app%40corp:pw@h2/%2F"
+    assert senders("orders", users_of(url)) == {
+        "partq-orders-operator",
+        "partq-orders-admin",
+        "guest",
+        "app@corp",
+    }
+    external = AmqpTarget("amqps://h1/%2F", AmqpTLS(external_auth=True))
+    assert senders("orders", users_of(external)) == {"partq-orders-operator", "partq-orders-admin"}

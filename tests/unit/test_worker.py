@@ -109,11 +109,13 @@ class Run:
         )
         self.worker.start()
 
-    def deliver(self, message_id: str, headers: dict[str, Any] | None = None) -> int:
+    def deliver(
+        self, message_id: str, headers: dict[str, Any] | None = None, user_id: str | None = None
+    ) -> int:
         self.tag += 1
         if headers is None:
             headers = {"partq-key": "k", "partq-partition": PARTITION, "partq-published-ms": 1}
-        props = pika.BasicProperties(message_id=message_id, headers=headers)
+        props = pika.BasicProperties(message_id=message_id, headers=headers, user_id=user_id)
         self.worker.inbox.put(
             Delivery(PARTITION, self.channel, self.tag, False, props, message_id.encode())  # type: ignore[arg-type]
         )
