@@ -72,7 +72,7 @@ from consumers.events import (
 )
 from consumers.handoff import Event
 from consumers.load import LoadMeter
-from consumers.message import Handler
+from consumers.message import Handler, check_handler
 from consumers.parking import ParkedKeys, Parking
 from consumers.partitions import Partitions
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
@@ -118,8 +118,8 @@ class Consumer:
         amqp_url: AmqpURL = DEFAULT_AMQP_URL,
         broker: Callable[..., Broker] = Broker,
     ) -> None:
+        self.handler = check_handler(handler)  # before anything connects: a usage error
         self.registry = registry
-        self.handler = handler
         self.config = config
         self.member = config.member
         self.spec: StreamSpec = registry.read_spec(config.stream)

@@ -7,6 +7,10 @@ What happens to a delivery (every outcome is logged and counted):
   a failed attempt. Retried with backoff up to ``max_attempts`` handler attempts,
   then published to the stream's dead-letter queue (``x-partq-error-type``,
   ``x-partq-error``, ``x-partq-attempts``) and acked; the partition goes on.
+- **Handler returned an awaitable** (a sync handler returning a coroutine; ``async def``
+  handlers are refused at start): the work never ran, so it is a failed attempt
+  (:class:`~consumers.message.AwaitableReturned`, a coroutine closed unrun), retried,
+  then parked or dead-lettered like any failure; never acked as handled.
 - **Malformed partq headers** (:class:`~consumers.message.MalformedHeaders`): never
   handed to the handler; dead-lettered at once with ``x-partq-error-type:
   MalformedHeaders`` and ``x-partq-attempts: 0``, acked, counted
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 import logging
 import queue
 import threading
@@ -47,7 +52,13 @@ import pika.exceptions
 
 from consumers import metrics
 from consumers.broker import END, Broker, Delivery
-from consumers.message import Handler, MalformedHeaders, Message, message_from
+from consumers.message import (
+    AwaitableReturned,
+    Handler,
+    MalformedHeaders,
+    Message,
+    message_from,
+)
 from consumers.parking import Parking
 from coordinator.session import Session
 from kernel import logs
@@ -209,6 +220,7 @@ class Worker(threading.Thread):
         self.handled = 0  # messages handled (acked after the handler returned), for load reports
         self._replay_outcome = _Outcome.ACK  # TIMED_OUT: a handler timed out during a replay
         self._given_back: set[int] = set()  # channels closed to return what we left unacked
+        self._awaitable_logged = False  # AwaitableReturned is logged in full once
 
     def stop(self) -> None:
         """Stop without handling what is queued (the broker requeues it)."""
@@ -488,7 +500,7 @@ class Worker(threading.Thread):
         with self._lock:
             self._running = _Running(delivery, message, time.monotonic())
         try:
-            self.handler(message)
+            self._returned(self.handler(message))
             failure: BaseException | None = None
         except BaseException as error:  # SystemExit, KeyboardInterrupt too: a failed attempt
             failure = error
@@ -497,6 +509,19 @@ class Worker(threading.Thread):
             if self._timed_out:
                 raise _TimedOut
         return failure
+
+    def _returned(self, result: object) -> None:
+        """An awaitable returned stands for work that never ran: a failure, not an ack."""
+        if not inspect.isawaitable(result):
+            return
+        close = getattr(result, "close", None)  # a coroutine: no "never awaited" warning
+        if callable(close):
+            close()
+        error = AwaitableReturned(self.handler, result)
+        if not self._awaitable_logged:
+            self._awaitable_logged = True
+            log.error("partition %d: %s", self.partition, error)
+        raise error
 
     def _watch(self) -> None:
         """The watchdog: gives up on a handler call that runs past the handler timeout."""
