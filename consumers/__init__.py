@@ -34,7 +34,10 @@ def run(
     consumer = Consumer(
         registry,
         handler,
-        ConsumerConfig(stream=stream, **config),  # type: ignore[arg-type]
+        ConsumerConfig(
+            stream=stream,
+            **{"amqp_outage_limit": settings.amqp_outage_limit, **config},  # type: ignore[arg-type]
+        ),
         amqp_url=settings.amqp,
     )
     if install_signal_handlers:

@@ -12,6 +12,7 @@ from coordinator.group import WatchEvent
 
 __all__ = [
     "BrokerConnection",
+    "BrokerOutage",
     "BrokerRefused",
     "CheckTakeovers",
     "ControllerEvent",
@@ -24,6 +25,13 @@ __all__ = [
     "Standby",
     "WorkerFailed",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerOutage:
+    """The outage limit passed since RabbitMQ became unusable (the ``outage``-th time)."""
+
+    outage: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +104,7 @@ class BrokerRefused:
 
 @dataclass(frozen=True, slots=True)
 class BrokerConnection:
-    """The connection to RabbitMQ went up or down."""
+    """The connection to RabbitMQ became usable (a channel took our prefetch) or went down."""
 
     up: bool
 
@@ -111,6 +119,7 @@ ControllerEvent = (
     | Handoff
     | WorkerFailed
     | BrokerConnection
+    | BrokerOutage
     | LeaveNow
     | Standby
     | SettleTakeover

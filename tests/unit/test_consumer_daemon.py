@@ -341,6 +341,62 @@ def test_a_lost_channel_resubscribes_and_a_lost_connection_waits_for_the_broker(
     assert c1.consumer.ready.is_set() and env.claim_of(1) == ("c1", c1.lease)
 
 
+def test_a_broker_unusable_past_the_outage_limit_makes_the_member_leave_until_it_works(
+    env: Env,
+) -> None:
+    # Given c1 consuming two partitions, with an outage limit of 1 s
+    c1 = env.consumer("c1", amqp_outage_limit=1.0)
+    for partition in (0, 1):
+        env.assign(partition, "c1")
+    eventually("consuming", lambda: c1.consumer.owned() == [0, 1])
+    first = c1.lease
+    # When the broker connection drops and stays down
+    c1.broker.disconnect()
+    # Then it is unready at once, and past the limit it leaves: member key, claims and lease
+    eventually("not ready", lambda: not c1.consumer.ready.is_set())
+    assert "c1" in env.group.snapshot().members  # within the limit it stays
+    eventually("left", lambda: "c1" not in env.group.snapshot().members, timeout=5)
+    assert env.group.snapshot().claims == {} and first not in env.fake.leases()
+    assert not c1.consumer.ready.is_set()
+    # And once the broker works again it rejoins and consumes what is assigned to it
+    c1.broker.reconnect()
+    eventually("back", lambda: "c1" in env.group.snapshot().members)
+    eventually("consuming again", lambda: c1.consumer.owned() == [0, 1])
+    assert c1.lease != first and c1.consumer.ready.is_set()
+    assert c1.stop() == EXIT_OK
+
+
+class _OfflineBroker(StubBroker):
+    """A broker that never becomes usable (a wrong password, say)."""
+
+    def start(self) -> None:
+        pass
+
+
+def test_a_member_without_a_usable_broker_never_joins_and_stops_at_once(env: Env) -> None:
+    # Given a consumer whose broker connection never works
+    consumer = Consumer(
+        env.registry,
+        lambda _m: None,
+        ConsumerConfig(env.stream, member_id="c1", ttl=1, drain_timeout=5.0),
+        broker=_OfflineBroker,
+    )
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(consumer.run()), daemon=True)
+    thread.start()
+    eventually("running", consumer.alive.is_set)
+    env.assign(0, "c1")
+    # Then it is not a member, claims nothing and is not ready
+    time.sleep(0.5)  # what it would have done by now: join, claim (a join takes ms here)
+    assert env.group.snapshot().members == {} and env.group.snapshot().claims == {}
+    assert not consumer.ready.is_set()
+    # And a stop ends it at once
+    started = time.monotonic()
+    consumer.stop()
+    thread.join(5)
+    assert codes == [EXIT_OK] and time.monotonic() - started < 2
+
+
 def test_a_failed_worker_makes_the_member_leave_and_exit_4(env: Env) -> None:
     c1 = consuming(env, "c1", 0, 1)
 
