@@ -35,6 +35,12 @@ def status(ctx: Context, stream: str, as_json: bool) -> None:
             f"owns {m['owns']}  handled {per_second(m.get('handled_per_s'))}  "
             f"host {m['host']} pid {m['pid']}"
         )
+    for m in report["members"]:
+        if m.get("parking_stalled"):
+            click.echo(
+                f"  {m['id']}: partitions {m['parking_stalled']} wait: a message cannot be "
+                "parked (its log says why)"
+            )
     for line in beyond_lines(report):
         click.echo(line)
     click.echo(f"unassigned: {report['unassigned'] or '-'}")

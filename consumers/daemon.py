@@ -71,6 +71,7 @@ from consumers.events import (
     ControllerEvent,
     Handoff,
     LeaveNow,
+    ParkStall,
     ReportLoad,
     Resync,
     RetryRelease,
@@ -152,7 +153,14 @@ class Consumer:
         self.load = LoadMeter()
         self.dead_letters = DeadLetters(amqp_url, self.spec, self.member)
         self.parking = (
-            Parking(amqp_url, self.spec, self.member, self.group, ParkedKeys())
+            Parking(
+                amqp_url,
+                self.spec,
+                self.member,
+                self.group,
+                ParkedKeys(),
+                on_stall=lambda: self.events.put(ParkStall()),
+            )
             if self.spec.on_failure == "park"
             else None
         )
@@ -294,6 +302,8 @@ class Consumer:
                 self._fail(EXIT_PERMISSION_DENIED, reason)
             case BrokerConnection(up=up):
                 self._on_broker(up)
+            case ParkStall():
+                self._update_ready()
             case BrokerOutage(outage=outage):
                 if outage == self._outages and not self._broker_up:
                     self._leave_for_broker()
@@ -309,7 +319,8 @@ class Consumer:
             return
         if not session.fresh():  # etcd has not answered lately: no report to wait on
             return
-        report = LoadReport(self.member, rates, time.time(), round(elapsed, 3))
+        stalled = tuple(self.parking.stalls.stalled()) if self.parking is not None else ()
+        report = LoadReport(self.member, rates, time.time(), round(elapsed, 3), stalled)
         try:
             self.group.report_load(report, session)
         except PartqError as e:  # etcd away, or the role may not write it: consuming goes on
@@ -546,6 +557,8 @@ class Consumer:
 
     def _update_ready(self) -> None:
         healthy = not self.stopping and not self.deleted and self.exit_code is None
+        if self.parking is not None and self.parking.stalls.stalled():
+            healthy = False  # a partition waits for a park: ParkStalls logs why
         if healthy and self.broker.connected.is_set() and self.session is not None:
             self.ready.set()
         else:

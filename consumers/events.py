@@ -18,6 +18,7 @@ __all__ = [
     "ControllerEvent",
     "Handoff",
     "LeaveNow",
+    "ParkStall",
     "ReportLoad",
     "Resync",
     "RetryRelease",
@@ -32,6 +33,11 @@ class BrokerOutage:
     """The outage limit passed since RabbitMQ became unusable (the ``outage``-th time)."""
 
     outage: int
+
+
+@dataclass(frozen=True, slots=True)
+class ParkStall:
+    """A partition began or ended waiting for a message to be parked (``/readyz``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +126,7 @@ ControllerEvent = (
     | WorkerFailed
     | BrokerConnection
     | BrokerOutage
+    | ParkStall
     | LeaveNow
     | Standby
     | SettleTakeover

@@ -59,7 +59,7 @@ from consumers.message import (
     Message,
     message_from,
 )
-from consumers.parking import Parking
+from consumers.parking import Parking, shown_key
 from coordinator.session import Session
 from kernel import logs
 from kernel.amqp import AmqpURL, blocking_connection
@@ -346,11 +346,11 @@ class Worker(threading.Thread):
         if wrong is not None and wrong != self.partition:
             metrics.HEADER_PROBLEMS.labels(*self._labels, "wrong_partition").inc()
             log.warning(
-                "partition %d: message %s (key %r) says partition %d: it was published into "
+                "partition %d: message %s (key %s) says partition %d: it was published into "
                 "the wrong queue, so its key's order is not guaranteed; handling it",
                 self.partition,
                 props.message_id,
-                message.key,
+                shown_key(message.key),
                 wrong,
             )
         control = (props.headers or {}).get(HEADER_CONTROL)
@@ -407,28 +407,31 @@ class Worker(threading.Thread):
     ) -> _Outcome:
         """ACK once the message is in its key's parking queue; KEEP if stopped first."""
         assert self.parking is not None
+        stalls = self.parking.stalls  # logs, counts and reports a failing park
         delays = _DEAD_LETTER_BACKOFF.delays()
         while not self.stopped.is_set():
             try:
                 self.parking.park(delivery, key, error, attempts)
             except Exception as e:  # etcd or broker trouble: keep the message, try again
-                log.warning("partition %d: parking failed: %s", self.partition, e)
+                stalls.failed(self.partition, key, e)
                 self.stopped.wait(delays.next())
                 continue
+            stalls.ended(self.partition, parked=True)
             metrics.HANDLED.labels(*self._labels, "parked").inc()
             metrics.PARKED.labels(*self._labels).inc()
             if error is not None:
                 log.error(
-                    "partition %d: message %s failed %d handler attempts (%r): key %r parked; "
+                    "partition %d: message %s failed %d handler attempts (%r): key %s parked; "
                     "its messages wait until `partq dlq redrive %s`",
                     self.partition,
                     delivery.properties.message_id,
                     attempts,
                     error,
-                    key,
+                    shown_key(key),
                     self.spec.name,
                 )
             return _Outcome.ACK
+        stalls.ended(self.partition, parked=False)
         return _Outcome.KEEP
 
     def _control(self, delivery: Delivery, message: Message, action: Any) -> _Outcome:
@@ -440,16 +443,19 @@ class Worker(threading.Thread):
             or action not in ("redrive", b"redrive", "purge", b"purge")
         ):
             log.warning(
-                "partition %d: ignoring control message %r for key %r (stream parks: %s)",
+                "partition %d: ignoring control message %r for key %s (stream parks: %s)",
                 self.partition,
                 action,
-                key,
+                shown_key(key),
                 parking is not None,
             )
             return _Outcome.ACK
         if parking.parked.get(key_id(key)) is None:
             log.info(
-                "partition %d: key %r is not parked: nothing to %s", self.partition, key, action
+                "partition %d: key %s is not parked: nothing to %s",
+                self.partition,
+                shown_key(key),
+                action,
             )
             return _Outcome.ACK
         purge = action in ("purge", b"purge")
@@ -459,28 +465,36 @@ class Worker(threading.Thread):
                 if purge:
                     parking.purge(key)
                     log.warning(
-                        "partition %d: key %r purged: its parked messages are gone",
+                        "partition %d: key %s purged: its parked messages are gone",
                         self.partition,
-                        key,
+                        shown_key(key),
                     )
                     return _Outcome.ACK
                 self._replay_outcome = _Outcome.ACK
                 if parking.replay(self.partition, key, self._replay_one, self.stopped):
                     metrics.REDRIVES.labels(*self._labels).inc()
-                    log.info("partition %d: key %r redriven and unparked", self.partition, key)
+                    log.info(
+                        "partition %d: key %s redriven and unparked", self.partition, shown_key(key)
+                    )
                     return _Outcome.ACK
                 if self._replay_outcome is _Outcome.TIMED_OUT:
                     return _Outcome.TIMED_OUT
                 if self.stopped.is_set():
                     return _Outcome.KEEP
                 log.error(
-                    "partition %d: a parked message of key %r failed again: the key stays parked",
+                    "partition %d: a parked message of key %s failed again: the key stays parked",
                     self.partition,
-                    key,
+                    shown_key(key),
                 )
                 return _Outcome.ACK
             except Exception as e:  # etcd or broker trouble: keep the request, try again
-                log.warning("partition %d: %s of key %r failed: %s", self.partition, action, key, e)
+                log.warning(
+                    "partition %d: %s of key %s failed: %s",
+                    self.partition,
+                    action,
+                    shown_key(key),
+                    e,
+                )
                 self.stopped.wait(delays.next())
         return _Outcome.KEEP
 

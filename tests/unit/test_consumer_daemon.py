@@ -31,7 +31,7 @@ from coordinator.group import Group
 from coordinator.session import Session
 from coordinator.testing import FakeEtcd
 from kernel import keys
-from producer.contract import StreamSpec
+from producer.contract import OnFailure, StreamSpec
 from producer.registry import Registry
 from tests.polling import eventually
 
@@ -80,11 +80,11 @@ class Running:
 
 
 class Env:
-    def __init__(self) -> None:
+    def __init__(self, on_failure: OnFailure = "dead-letter") -> None:
         self.fake = FakeEtcd()
         self.registry = Registry(self.fake, "fake")
         self.stream = f"s-{uuid.uuid4().hex[:8]}"
-        self.registry.create(StreamSpec(self.stream, P))
+        self.registry.create(StreamSpec(self.stream, P, on_failure=on_failure))
         self.group = Group(self.fake, "fake", self.stream)
         self.running: list[Running] = []
 
@@ -395,6 +395,24 @@ def test_a_member_without_a_usable_broker_never_joins_and_stops_at_once(env: Env
     consumer.stop()
     thread.join(5)
     assert codes == [EXIT_OK] and time.monotonic() - started < 2
+
+
+def test_a_partition_waiting_for_a_park_makes_the_member_unready_until_it_parks() -> None:
+    env = Env("park")
+    try:
+        c1 = consuming(env, "c1", 0)
+        stalls = c1.consumer.parking.stalls  # type: ignore[union-attr]
+        # When partition 0's worker cannot park a message / Then /readyz turns false
+        stalls.failed(0, b"k", RuntimeError("etcd refused"))
+        eventually("not ready", lambda: not c1.consumer.ready.is_set())
+        # And the load report (partq status) names the partition
+        c1.consumer._report_load()
+        assert env.group.loads()["c1"].parking_stalled == (0,)
+        # When it parks / Then ready again
+        stalls.ended(0, parked=True)
+        eventually("ready again", c1.consumer.ready.is_set)
+    finally:
+        env.close()
 
 
 def test_a_failed_worker_makes_the_member_leave_and_exit_4(env: Env) -> None:
