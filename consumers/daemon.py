@@ -553,6 +553,11 @@ class Consumer:
                 self.group.leave(self.member, self.session)
             except EtcdUnavailable as e:
                 log.warning("cannot leave the group in etcd: %s", e)
+        if not self._broker_up:
+            # Nothing can be drained: the broker requeued what we held when the connection
+            # died, and no subscription was made since (the controller makes them). Waiting
+            # would only run out the drain timeout; the claims go with the revoked lease.
+            self.partitions.drop()
         self.partitions.sync_all()
 
     def _update_ready(self) -> None:

@@ -366,6 +366,18 @@ def test_a_broker_unusable_past_the_outage_limit_makes_the_member_leave_until_it
     assert c1.stop() == EXIT_OK
 
 
+def test_a_stop_while_the_broker_is_away_ends_within_the_drain_timeout(env: Env) -> None:
+    # Given c1 consuming two partitions, and its broker connection gone (within the limit)
+    c1 = consuming(env, "c1", 0, 1)
+    c1.broker.disconnect()
+    eventually("not ready", lambda: not c1.consumer.ready.is_set())
+    # When it is stopped / Then it leaves at once and exits 0, well within its 5 s drain
+    started = time.monotonic()
+    assert c1.stop() == EXIT_OK
+    assert time.monotonic() - started < 2
+    assert env.group.snapshot().members == {} and env.group.snapshot().claims == {}
+
+
 class _OfflineBroker(StubBroker):
     """A broker that never becomes usable (a wrong password, say)."""
 
