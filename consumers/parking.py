@@ -35,6 +35,7 @@ import pika.exceptions
 from consumers.broker import Delivery
 from coordinator.codec import Parked
 from coordinator.group import Group
+from coordinator.session import Session
 from kernel.amqp import AmqpURL, connect_blocking
 from producer.contract import StreamSpec, key_id
 from producer.topology import park_queue_arguments
@@ -121,8 +122,10 @@ class Parking:
         key: str | bytes,
         error: BaseException | None,
         attempts: int,
+        session: Session,
     ) -> None:
-        """Park ``delivery`` (its key's record first when ``error`` parks the key now)."""
+        """Park ``delivery`` (its key's record first when ``error`` parks the key now, while
+        our claim on its partition is on ``session``'s lease)."""
         name = key_id(key)
         if error is not None and self.parked.get(name) is None:
             record = Parked(
@@ -134,7 +137,7 @@ class Parking:
                 self.member,
                 time.time(),
             )
-            revision = self.group.park(record)
+            revision = self.group.park(record, session)
             self.parked.apply(name, record, revision)
         headers = dict(delivery.properties.headers or {})
         headers[PARKED_HEADER] = "failed" if error is not None else "key parked"

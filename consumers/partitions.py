@@ -125,9 +125,37 @@ class Partitions:
         """Mirror one change and act on the partitions it concerns."""
         if event.kind == "parked" and self.parking is not None:
             record = event.value if isinstance(event.value, Parked) else None
-            self.parking.parked.apply(event.name, record, event.revision)
+            if record is None or self._parked_by_holder(record, event.revision):
+                self.parking.parked.apply(event.name, record, event.revision)
         for partition in sorted(self.mirror.apply(event)):
             self.sync(partition)
+
+    def _parked_by_holder(self, record: Parked, revision: int) -> bool:
+        """Whether the record put at ``revision`` is one its partition's holder wrote. The
+        mirror holds the group as it was just before (the watch delivers in revision order),
+        unless our own claim write is newer: then the leader judges it (it deletes a record
+        that fails). A record that fails is ignored: it would divert a key we may hold."""
+        mirror = self.mirror
+        if record.partition < self.spec.partitions and (
+            mirror.claim_writes.get(record.partition, 0) >= revision
+        ):
+            return True
+        ok = policy.parked_by_holder(
+            record,
+            self.spec.partitions,
+            mirror.claims.get(record.partition),
+            mirror.members.get(record.member),
+        )
+        if not ok:
+            log.warning(
+                "ignoring the parked record of key %s (revision %d): not written by the holder "
+                "of partition %d (it names %s)",
+                record.key_text,
+                revision,
+                record.partition,
+                record.member,
+            )
+        return ok
 
     def forget(self) -> None:
         """The stream is gone: so are its keys."""

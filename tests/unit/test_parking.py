@@ -75,7 +75,7 @@ class FakeParking:
         self.queues: dict[str, list[Delivery]] = {}
         self.revision = 0
 
-    def park(self, delivery: Delivery, key: Any, error: Any, attempts: int) -> None:
+    def park(self, delivery: Delivery, key: Any, error: Any, attempts: int, session: Any) -> None:
         name = key_id(key)
         if error is not None and self.parked.get(name) is None:
             self.revision += 1

@@ -235,15 +235,22 @@ def test_rebalance_dry_run_prints_the_leaders_plan() -> None:
             session.close()
 
 
-def test_unbound_claims_are_those_not_on_their_live_members_lease() -> None:
+def test_claims_not_on_their_members_lease_are_forged_or_a_restarted_members() -> None:
     members = {"a": Member("a", lease=10), "b": Member("b", lease=20)}
     claims = {
         0: Claim("a", 10, 1.0),  # on a's lease: bound
-        1: Claim("b", 10, 1.0),  # b's name on a's lease: unbound
-        2: Claim("c", 30, 1.0),  # no such member (left or crashed): not judged here
+        1: Claim("b", 10, 1.0),  # b's name on a's lease: forged
+        2: Claim("c", 30, 1.0),  # a lease no member holds: a departed member's, draining
         3: Claim("b", 20, 1.0),
+        4: Claim("b", 0, 1.0),  # on no lease: forged (it would never go)
+        5: Claim("c", 0, 1.0),  # ... whoever it names
+        6: Claim("c", 20, 1.0),  # a non-member's name on b's lease: forged
+        7: Claim("b", 30, 1.0),  # b's name on a lease no member holds: b restarted
     }
-    assert policy.unbound_claims(members, claims) == {1: Claim("b", 10, 1.0)}
+    forged = policy.forged_claims(members, claims)
+    assert sorted(forged) == [1, 4, 5, 6]
+    honoured = {p: c for p, c in claims.items() if p not in forged}
+    assert sorted(policy.unbound_claims(members, honoured)) == [2, 7]
 
 
 def test_a_member_that_announced_its_stop_gets_no_partitions() -> None:
