@@ -269,6 +269,7 @@ class StreamCoordinator(threading.Thread):
         if self.leading.is_set():
             log.info("%s: no longer leading", self.stream)
         self.leading.clear()
+        self._unbound.clear()  # its deadlines would wake a follower for nothing
         metrics.IS_LEADER.labels(self.stream).set(0)
         self._export_assignment(set())
 
