@@ -18,6 +18,7 @@ from cli.context import Context, pass_context
 from cli.web import base_url, http_options, serve_http, server_context
 from kernel.errors import PartqError, UsageError
 from kernel.terminal import printable
+from producer.contract import refuse_control_headers
 from producer.publisher import Producer, Receipt
 from producer.topology import message_properties
 from producer.wire import encode_properties
@@ -58,6 +59,11 @@ def parse_lines(stream: IO[str]) -> Iterator[Line | str]:
         headers = doc.get("headers")
         if headers is not None and not isinstance(headers, dict):
             yield f'line {number}: "headers" must be an object'
+            continue
+        try:
+            refuse_control_headers(headers)
+        except UsageError as e:
+            yield f"line {number}: {e}"
             continue
         message_id = doc.get("message_id")
         line = Line(

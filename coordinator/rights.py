@@ -44,7 +44,8 @@ from producer.contract import (
     exchange_name,
     park_queue_pattern,
     queue_pattern,
-    validate_stream_name,
+    refuse_overlap,
+    role_name,
 )
 
 __all__ = ["COMPONENTS", "AmqpRights", "EtcdRight", "Role", "roles", "script"]
@@ -99,7 +100,7 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
     With ``members`` the shared consumer role is left out: each member gets
     ``partq-S-consumer-ID``, which may write only its own member key.
     """
-    validate_stream_name(stream)
+    refuse_overlap(stream)  # another stream's rights would reach this one's queues
     named = sorted(set(members))
     for member in named:
         validate_member_id(member)
@@ -119,7 +120,7 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
     read_policies = EtcdRight("read", keys.policies(stream), prefix=True)  # coordinators'
 
     def role(component: str, etcd: Sequence[EtcdRight], amqp: AmqpRights) -> Role:
-        return Role(f"partq-{stream}-{component}", component, stream, tuple(etcd), amqp)
+        return Role(role_name(stream, component), component, stream, tuple(etcd), amqp)
 
     found = [
         role("producer", [EtcdRight("read", keys.spec(stream))],
@@ -150,7 +151,7 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
         own_load = EtcdRight("readwrite", keys.load(stream, member))
         found.append(
             Role(
-                f"partq-{stream}-consumer-{member}",
+                role_name(stream, "consumer", member),
                 "consumer",
                 stream,
                 (read_all, own, claims, parked, own_load),
@@ -166,6 +167,21 @@ def _admin_pattern(stream: str, queues: str) -> str:
     (``stream delete`` deletes the parking queues)."""
     fixed = _exactly(exchange_name(stream), dead_letter_exchange(stream), dead_letter_queue(stream))
     return f"{fixed}|{queues}|{park_queue_pattern(stream)}"
+
+
+def amqp_table(stream: str = "orders") -> str:
+    """The RabbitMQ permissions of each component as the markdown table in docs/security.md
+    (a test keeps the two equal)."""
+
+    def cell(pattern: str) -> str:
+        return "\u2013" if pattern == _NOTHING else "`" + pattern.replace("|", "\\|") + "`"
+
+    lines = ["| component | configure | write | read |", "|---|---|---|---|"]
+    for r in roles(stream):
+        rights = r.amqp
+        row = [r.component, cell(rights.configure), cell(rights.write), cell(rights.read)]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def script(found: Sequence[Role], *, vhost: str = "/", secrets: str = "$SECRETS") -> str:
@@ -200,6 +216,9 @@ def script(found: Sequence[Role], *, vhost: str = "/", secrets: str = "$SECRETS"
     lines += [
         "",
         "# -- RabbitMQ ------------------------------------------------------------------",
+        "# A consumer's user may declare any parking queue of its stream: a vhost per stream",
+        "# with a queue limit bounds them (docs/security.md, Least privilege on RabbitMQ):",
+        f"# rabbitmqctl set_vhost_limits -p {shlex.quote(vhost)} '{{\"max-queues\": N}}'",
     ]
     for r in found:
         q = shlex.quote(r.name)
