@@ -5,13 +5,13 @@ Keys whose values partq did not write are listed under ``malformed`` (and ignore
 
 from __future__ import annotations
 
-import hashlib
 import html
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from coordinator.admin import beyond_line
+from coordinator.charts import charts_html, member_hue
 from coordinator.codec import LoadReport
 from coordinator.group import Claim, Group, GroupState
 from coordinator.policy import draining, in_motion, paused, unbound_claims
@@ -167,8 +167,7 @@ def beyond_lines(report: dict[str, Any]) -> list[str]:
 
 def owner_colour(member: str) -> str:
     """A stable, light colour per member (the same on every page and coordinator)."""
-    hue = int(hashlib.sha256(member.encode()).hexdigest()[:4], 16) % 360
-    return f"hsl({hue},62%,78%)"
+    return f"hsl({member_hue(member)},62%,78%)"
 
 
 _CSS = (
@@ -187,6 +186,9 @@ _CSS = (
     "margin-right:4px;vertical-align:middle}"
     ".legend span.m{margin-right:1.2em;white-space:nowrap}"
     ".summary{display:flex;gap:2em;flex-wrap:wrap}.summary div{white-space:nowrap}"
+    ".charts{display:flex;flex-wrap:wrap;gap:.5em 1.5em;margin:.5em 0 1em}"
+    "figure.chart{margin:0}figure.chart figcaption{font-size:12px;color:#444}"
+    ".chart-legend{font-size:11px;max-width:440px}"
 )
 
 
@@ -262,6 +264,8 @@ def _stream_html(r: dict[str, Any]) -> list[str]:
             "</div>"
         )
     parts.append("</div>")
+    if "trends" in r:  # the coordinator's page: what it sampled lately
+        parts.append(charts_html(r["trends"], r["trends_now"], r["trends_window"]))
     timeline = r.get("timeline") or []
     parts.append(
         f"<h3>Recent rebalances and handoffs ({len(timeline)})</h3>"
