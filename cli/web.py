@@ -302,7 +302,8 @@ def http_options(default_port: int) -> Callable[[F], F]:
             type=click.IntRange(0, 65535),
             default=default_port,
             show_default=True,
-            help="0: pick a free port (the chosen one is logged).",
+            envvar="PARTQ_HTTP_PORT",
+            help="0: pick a free port (the chosen one is logged) [PARTQ_HTTP_PORT].",
         )(command)
         return click.option(
             "--http-host",

@@ -13,6 +13,7 @@ from coordinator.group import WatchEvent
 __all__ = [
     "BrokerConnection",
     "BrokerRefused",
+    "CheckLeader",
     "CheckTakeovers",
     "ControllerEvent",
     "Handoff",
@@ -101,6 +102,13 @@ class BrokerConnection:
     up: bool
 
 
+@dataclass(frozen=True, slots=True)
+class CheckLeader:
+    """A while after joining with the session ``lease``: does a coordinator lead the stream?"""
+
+    lease: int
+
+
 ControllerEvent = (
     Stop
     | LeaseLost
@@ -117,4 +125,5 @@ ControllerEvent = (
     | CheckTakeovers
     | BrokerRefused
     | ReportLoad
+    | CheckLeader
 )
