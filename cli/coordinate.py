@@ -15,7 +15,7 @@ from consumers.signals import on_stop_signals
 from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
 from coordinator.service import CoordinatorConfig, StreamCoordinator
 from coordinator.status import render_html, snapshot_status
-from producer.contract import StreamSpec, key_from_id
+from producer.contract import StreamSpec
 
 log = logging.getLogger("partq.cli")
 
@@ -61,6 +61,14 @@ log = logging.getLogger("partq.cli")
     show_default=True,
     help="With --balance load: partitions moved from a live owner per measurement, at most.",
 )
+@click.option(
+    "--unbound-grace",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds a claim on a lease no live member holds (a departed member draining) is "
+    "honoured before the leader deletes it; longer than the consumers' --drain-timeout.",
+)
 @http_options(default_port=9400)
 @pass_context
 def coordinator(
@@ -75,6 +83,7 @@ def coordinator(
     balance: str,
     load_interval: float,
     load_moves: int,
+    unbound_grace: float,
     http_host: str,
     http_port: int,
 ) -> None:
@@ -94,6 +103,7 @@ def coordinator(
         balance="load" if balance == "load" else "count",
         load_interval=load_interval,
         load_moves=load_moves,
+        unbound_grace=unbound_grace,
     )
     # One AMQP connection for every scrape, page load and load measurement, refreshed at
     # most every 2 s; etcd asked for /readyz at most as often. Failures: 503 with one line.
@@ -127,7 +137,7 @@ def coordinator(
         if spec is not None:
             report["dead_letters"] = depths.messages(spec.dead_letter_queue)
             for key in report["parked"]:
-                key["messages"] = depths.messages(spec.park_queue(key_from_id(key["key_id"])))
+                key["messages"] = depths.messages(key["queue"])
         return report
 
     def ready() -> bool:
