@@ -303,7 +303,8 @@ def http_options(default_port: int | None) -> Callable[[F], F]:
             type=click.IntRange(0, 65535),
             default=default_port,
             show_default=default_port is not None,
-            help="0: pick a free port (the chosen one is logged)."
+            envvar="PARTQ_HTTP_PORT",
+            help="0: pick a free port (the chosen one is logged) [PARTQ_HTTP_PORT]."
             + (" Default: serve no port." if default_port is None else ""),
         )(command)
         return click.option(
