@@ -43,8 +43,8 @@ from coordinator.codec import (
 )
 from coordinator.session import Session
 from kernel import keys
-from kernel.errors import EtcdUnavailable, MalformedValue, MemberIdTaken, NotHolder
-from kernel.etcd import etcd_errors, lease_is
+from kernel.errors import EtcdError, EtcdUnavailable, MalformedValue, MemberIdTaken, NotHolder
+from kernel.etcd import etcd_errors, lease_is, translate
 from producer.contract import StreamSpec
 
 __all__ = [
@@ -247,7 +247,7 @@ class Group:
 
         def on_response(response: Any) -> None:
             if response is None or isinstance(response, Exception):  # the stream ended
-                callback(EtcdUnavailable(f"watch on {self.stream} ended: {response}"))
+                callback(self._watch_ended(response))
                 return
             for event in response.events:
                 key = event.key.decode("utf-8", errors="replace")
@@ -279,11 +279,18 @@ class Group:
             )
         return watch_id
 
+    def _watch_ended(self, error: Exception | None) -> EtcdError:
+        """Why a watch stream ended: etcd's refusal as such (not retried), else retryable."""
+        refused = translate(error, self.where) if error is not None else None
+        if refused is not None and not refused.retryable:
+            return refused
+        return EtcdUnavailable(f"watch on {self.stream} ended: {error}")
+
     def cancel_watch(self, watch_id: int) -> None:
         try:
             with etcd_errors(self.where):
                 self.client.cancel_watch(watch_id)
-        except EtcdUnavailable:
+        except EtcdError:
             pass
 
     # -- membership --------------------------------------------------------------------

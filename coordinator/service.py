@@ -45,6 +45,7 @@ from coordinator.session import Session
 from kernel import keys, logs
 from kernel.backoff import Backoff
 from kernel.errors import (
+    EtcdError,
     EtcdPermissionDenied,
     EtcdUnavailable,
     MalformedValue,
@@ -52,6 +53,7 @@ from kernel.errors import (
     PartqError,
     StreamNotFound,
     UsageError,
+    retryable,
 )
 from kernel.etcd import etcd_errors
 from producer.contract import StreamSpec
@@ -105,9 +107,10 @@ class StreamCoordinator(threading.Thread):
     to 5 s, reset once a campaign got going): etcd away, deposed, or a changed spec
     (logged at warning); the stream missing (deleted, or its spec malformed: logged
     once, :meth:`check` fails until it is back); anything unexpected (logged with its
-    traceback, counted in ``partq_coordinator_failures_total``). Only an error in that
-    retry loop itself ends the thread: :attr:`failure` holds it, and ``partq
-    coordinator`` exits 1.
+    traceback, counted in ``partq_coordinator_failures_total``). A partq error that is
+    not retryable (:func:`kernel.errors.retryable`: etcd refused our user, certificate or
+    role) ends the thread, as does an error in that retry loop itself: :attr:`failure`
+    holds it, and ``partq coordinator`` exits 1.
     """
 
     def __init__(
@@ -168,6 +171,9 @@ class StreamCoordinator(threading.Thread):
         with logs.bind(stream=self.stream):
             try:
                 self._run()
+            except PartqError as e:  # refused: its line says what to fix; exits 1
+                self.failure = e
+                log.critical("%s: the coordinator stopped: %s", self.stream, e)
             except BaseException as e:  # partq coordinator exits 1 on it
                 self.failure = e
                 log.critical("%s: the coordinator thread died: %r", self.stream, e, exc_info=True)
@@ -184,6 +190,8 @@ class StreamCoordinator(threading.Thread):
             except Exception as e:
                 error = e
             self._step_down()
+            if isinstance(error, PartqError) and not retryable(error):
+                raise error
             if self._going:
                 delays.reset()
             wait = delays.next()
@@ -195,7 +203,7 @@ class StreamCoordinator(threading.Thread):
     def _ended(self, error: Exception, wait: float) -> None:
         """Log (and count) why a campaign ended; the next one starts in ``wait`` seconds."""
         match error:
-            case EtcdUnavailable() | NotLeader():  # etcd away, or deposed
+            case PartqError():  # retryable: etcd away, or deposed
                 log.warning("%s: %s; campaigning again in %.1fs", self.stream, error, wait)
             case _Missing():
                 if self.missing != str(error):
@@ -310,7 +318,7 @@ class StreamCoordinator(threading.Thread):
                         return
                     case LeaseLost():
                         raise EtcdUnavailable("our lease is lost")
-                    case WatchFailed(error=EtcdUnavailable() as error):
+                    case WatchFailed(error=PartqError() as error):
                         raise error
                     case WatchFailed(error=error):
                         raise EtcdUnavailable(str(error))
@@ -433,7 +441,7 @@ class StreamCoordinator(threading.Thread):
         rates: dict[int, float] = {}
         try:
             reports = self.group.loads()
-        except EtcdUnavailable as e:
+        except EtcdError as e:  # away, or a role without read on the reports: balance on
             log.warning("%s: cannot read the load reports: %s", self.stream, e)
             reports = {}
         for member, report in sorted(reports.items()):

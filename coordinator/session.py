@@ -6,7 +6,11 @@ end the session: nobody can take our partitions while etcd is down, and where
 etcd is up for others the broker's single-active-consumer keeps a new owner
 waiting until we stop. :meth:`fresh` tells whether the refresher has run
 recently, which is false right after the process was frozen (SIGSTOP): a
-consumer waits for the next refresh before handling more messages.
+consumer waits for the next refresh before handling more messages. An etcd that
+*refuses* the renewal (:class:`kernel.errors.EtcdRefused`: the user's password or
+certificate no longer accepted) will refuse every later one, and the lease then runs
+out unseen: the session counts as lost at once, so its owner stops and rejoins,
+where the same refusal ends it with its line.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kernel.errors import EtcdUnavailable
+from kernel.errors import EtcdError, retryable
 from kernel.etcd import etcd_errors
 
 __all__ = ["Session"]
@@ -64,20 +68,25 @@ class Session:
     def renew(self) -> None:
         """Renew the lease now (the refresher does every interval; a consumer that was
         frozen asks at once, before acting on what it missed). Sets ``lost`` if etcd says
-        the lease is gone; an etcd that does not answer is logged and counted."""
+        the lease is gone or refuses to renew it; an etcd that does not answer is logged
+        and counted."""
         started = time.monotonic()
         try:
             with etcd_errors(self.where):
                 responses = list(self.client.refresh_lease(self.id))
             remaining = responses[0].TTL if responses else 0
-        except EtcdUnavailable as e:
-            log.warning("cannot renew lease %x: %s", self.id, e)
+        except EtcdError as e:
             if self._on_failure:
                 self._on_failure()
-            remaining = None
+            if retryable(e):
+                log.warning("cannot renew lease %x: %s", self.id, e)
+                remaining = None
+            else:  # every later renewal is refused too: the lease runs out unseen
+                log.error("lease %x counts as lost: etcd refuses to renew it: %s", self.id, e)
+                remaining = 0
         if remaining is not None and remaining <= 0:
             # lost before the tick: a waiter woken by it must not take it for a renewal
-            log.warning("lease %x is gone (expired or revoked)", self.id)
+            log.warning("lease %x is gone (expired, revoked, or refused)", self.id)
             self._lose()
         with self._ticked:
             self.last_tick = max(self.last_tick, started)
@@ -113,7 +122,7 @@ class Session:
             try:
                 with etcd_errors(self.where):
                     self.client.revoke_lease(self.id)
-            except EtcdUnavailable as e:
+            except EtcdError as e:
                 log.warning(
                     "could not revoke lease %x (it expires in %ss): %s", self.id, self.ttl, e
                 )

@@ -10,18 +10,27 @@
     │   └── InvalidMemberId        not in coordinator.codec's member id character set
     ├── StreamNotFound             no spec in etcd: create the stream first
     ├── MalformedValue             a value in etcd is not what partq writes (also a ValueError)
-    ├── BrokerUnavailable          RabbitMQ cannot be reached or refused us
-    ├── EtcdUnavailable            etcd cannot be reached, refused us, or timed out
-    │   ├── EtcdAuthFailed         wrong etcd user or password, or etcd wants one
-    │   ├── EtcdTLSError           a certificate not trusted, or a client one required/refused
-    │   └── EtcdPermissionDenied   the etcd user's roles do not allow this key
-    ├── NotLeader                  a fenced write found another leader
+    ├── BrokerUnavailable        ↻ RabbitMQ cannot be reached or refused us
+    ├── EtcdError                  etcd did not do what was asked
+    │   ├── EtcdUnavailable      ↻ etcd cannot be reached, or timed out
+    │   └── EtcdRefused            etcd answered no: fix the credentials or the role
+    │       ├── EtcdAuthFailed     wrong etcd user or password, or etcd wants one
+    │       ├── EtcdTLSError       a certificate not trusted, or a client one required/refused
+    │       └── EtcdPermissionDenied  the etcd user's roles do not allow this key
+    ├── NotLeader                ↻ a fenced write found another leader: campaign again
     ├── NotHolder                  a write for a partition whose claim is no longer ours
     ├── PublishFailed              a message was not confirmed (its future fails with this)
     │   ├── MessageNacked
     │   ├── MessageUnroutable
     │   └── ConnectionLost
     └── ProducerClosed
+
+↻ marks the retryable errors (:attr:`PartqError.retryable`): the same call may work
+later unchanged, so a retry loop waits and tries again. Every other error is final
+for the loop: it asks :func:`retryable` and re-raises the rest, which end the process
+with their one line. An etcd that refuses the user, its certificate or a key is not
+retried: nothing changes until an operator fixes the credentials or the role, and a
+loop retrying it would hide the line that says what to fix.
 
 A lost lease is not an error: ``Session.lost`` is set (and ``on_lost`` called).
 This is the one tree for every package. Library errors (pika's, etcd3's,
@@ -32,11 +41,15 @@ says what to do.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
     "BrokerUnavailable",
     "ConnectionLost",
     "EtcdAuthFailed",
+    "EtcdError",
     "EtcdPermissionDenied",
+    "EtcdRefused",
     "EtcdTLSError",
     "EtcdUnavailable",
     "InvalidMemberId",
@@ -53,11 +66,21 @@ __all__ = [
     "SpecMismatch",
     "StreamNotFound",
     "UsageError",
+    "retryable",
 ]
 
 
 class PartqError(Exception):
     """Base of every partq error."""
+
+    retryable: ClassVar[bool] = False
+    """True when the same call may work later unchanged (a server away, a lost race)."""
+
+
+def retryable(error: BaseException) -> bool:
+    """Whether a retry loop should try again after ``error``: only a retryable
+    :class:`PartqError`; anything else (a refusal, a bug) is for the caller to see."""
+    return isinstance(error, PartqError) and error.retryable
 
 
 class UsageError(PartqError, ValueError):
@@ -81,7 +104,7 @@ class MalformedValue(PartqError, ValueError):
 
 
 class BrokerUnavailable(PartqError):
-    pass
+    retryable = True
 
 
 class PublishFailed(PartqError):
@@ -104,20 +127,31 @@ class ProducerClosed(PartqError):
     pass
 
 
-class EtcdUnavailable(PartqError):
-    pass
+class EtcdError(PartqError):
+    """etcd did not do what was asked: :class:`EtcdUnavailable` or :class:`EtcdRefused`."""
 
 
-class EtcdAuthFailed(EtcdUnavailable):
+class EtcdUnavailable(EtcdError):
+    """etcd cannot be reached or did not answer in time: try again later."""
+
+    retryable = True
+
+
+class EtcdRefused(EtcdError):
+    """etcd answered and refused: retrying cannot help until the credentials or the
+    role change. The message says what to change."""
+
+
+class EtcdAuthFailed(EtcdRefused):
     """etcd refused the user name or password (or requires one and none was given)."""
 
 
-class EtcdTLSError(EtcdUnavailable):
+class EtcdTLSError(EtcdRefused):
     """The TLS handshake failed: etcd's certificate is not trusted by our CA file, does not
     name the host, or etcd requires (or refused) our client certificate."""
 
 
-class EtcdPermissionDenied(EtcdUnavailable):
+class EtcdPermissionDenied(EtcdRefused):
     """Authenticated, but the user's roles do not grant this operation on this key."""
 
 
@@ -130,7 +164,9 @@ class InvalidMemberId(UsageError):
 
 
 class NotLeader(PartqError):
-    pass
+    """Deposed: another candidate leads now. The next campaign may win."""
+
+    retryable = True
 
 
 class NotHolder(PartqError):

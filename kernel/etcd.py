@@ -33,8 +33,9 @@ token to expire. See docs/security.md.
 **Errors.** :func:`etcd_errors` turns a failure into one line that names its
 cause: authentication failed (:class:`EtcdAuthFailed`), a certificate not
 trusted or a client certificate required or refused (:class:`EtcdTLSError`),
-permission denied on a key (:class:`EtcdPermissionDenied`), or not reachable
-(:class:`EtcdUnavailable`).
+permission denied on a key (:class:`EtcdPermissionDenied`) — the three are
+:class:`EtcdRefused`, never retried — or not reachable (:class:`EtcdUnavailable`,
+retried).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ import grpc
 
 from kernel.errors import (
     EtcdAuthFailed,
+    EtcdError,
     EtcdPermissionDenied,
     EtcdTLSError,
     EtcdUnavailable,
@@ -616,8 +618,8 @@ def connect(settings: Settings) -> Client:
 
 @contextmanager
 def etcd_errors(where: str) -> Iterator[None]:
-    """Translate etcd3/grpc errors raised inside into :class:`EtcdUnavailable` or one of
-    its kinds (see :func:`translate`)."""
+    """Translate etcd3/grpc errors raised inside into an :class:`EtcdError` (see
+    :func:`translate`)."""
     try:
         yield
     except (etcd3.exceptions.Etcd3Exception, grpc.RpcError, ValueError) as e:
@@ -637,7 +639,7 @@ _CLIENT_CERT_REFUSED = (
 _NO_TLS_THERE = ("Handshake read failed", "WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG")
 
 
-def translate(error: BaseException, where: str) -> EtcdUnavailable:
+def translate(error: BaseException, where: str) -> EtcdError:
     """One line for what went wrong talking to etcd at ``where``."""
     if isinstance(error, CallFailed):
         code, details, identity = error.code, error.details, error.identity
@@ -711,7 +713,7 @@ def _narrow_right(op: str, key: str | None) -> str:
     )
 
 
-def _tls_problem(details: str, identity: Identity, where: str) -> EtcdUnavailable | None:
+def _tls_problem(details: str, identity: Identity, where: str) -> EtcdError | None:
     if "CERTIFICATE_VERIFY_FAILED" in details:
         found = re.search(r"CERTIFICATE_VERIFY_FAILED:?\s*([^:()]*)", details)
         reason = found.group(1).strip() if found and found.group(1).strip() else "unverified"

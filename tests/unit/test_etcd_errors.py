@@ -13,13 +13,19 @@ import grpc
 import pytest
 
 from kernel.errors import (
+    BrokerUnavailable,
     EtcdAuthFailed,
+    EtcdError,
     EtcdPermissionDenied,
+    EtcdRefused,
     EtcdTLSError,
     EtcdUnavailable,
+    MalformedValue,
+    NotLeader,
     UsageError,
+    retryable,
 )
-from kernel.etcd import CallFailed, Identity, _cancel_status, connect, etcd_errors, translate
+from kernel.etcd import CallFailed, Identity, _cancel_status, connect, translate
 from kernel.settings import Settings
 
 WHERE = "https://etcd.example:2379"
@@ -122,12 +128,28 @@ def test_not_reachable_is_still_is_it_running() -> None:
     assert text.startswith("EtcdUnavailable: ") and "is it running?" in text
 
 
-def test_kinds_are_etcd_unavailable_for_existing_handlers() -> None:
-    # daemons retry EtcdUnavailable; a refused password is logged and retried like an outage
-    for kind in (EtcdAuthFailed, EtcdTLSError, EtcdPermissionDenied):
-        assert issubclass(kind, EtcdUnavailable)
-    with pytest.raises(EtcdPermissionDenied), etcd_errors(WHERE):
-        raise CallFailed(Code.PERMISSION_DENIED, "etcdserver: permission denied", PASSWORD_USER)
+def test_a_refusal_is_not_retryable_and_an_outage_is() -> None:
+    # Given each way etcd refuses us, translated at the edge
+    denied = translate(CallFailed(Code.PERMISSION_DENIED, "etcdserver: permission denied",
+                                  PASSWORD_USER, op="write", key="/partq/v1/x"), WHERE)  # fmt: skip
+    wrong = translate(CallFailed(Code.INVALID_ARGUMENT, "etcdserver: authentication failed, "
+                                 "invalid user ID or password", PASSWORD_USER), WHERE)  # fmt: skip
+    untrusted = translate(CallFailed(Code.UNAVAILABLE, "CERTIFICATE_VERIFY_FAILED",
+                                     PASSWORD_USER), WHERE)  # fmt: skip
+    away = translate(CallFailed(Code.UNAVAILABLE, "Connection refused", PASSWORD_USER), WHERE)
+    # Then a retry loop gives up on the refusals (their own branch, not EtcdUnavailable)
+    for error in (denied, wrong, untrusted):
+        assert isinstance(error, EtcdRefused) and not isinstance(error, EtcdUnavailable)
+        assert isinstance(error, EtcdError) and not error.retryable and not retryable(error)
+    assert (type(denied), type(wrong), type(untrusted)) == (
+        EtcdPermissionDenied, EtcdAuthFailed, EtcdTLSError)  # fmt: skip
+    # And tries again after an outage, as after a lost race or a broker away
+    assert type(away) is EtcdUnavailable and retryable(away)
+    for error in (NotLeader("deposed"), BrokerUnavailable("away")):
+        assert retryable(error)
+    # And nothing else is retryable: a usage error, a bug
+    for other in (UsageError("bad"), MalformedValue("garbled"), ValueError("bug")):
+        assert not retryable(other)
 
 
 def test_watch_cancel_reasons_carry_the_status() -> None:
