@@ -17,8 +17,10 @@ from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
 from coordinator.service import CoordinatorConfig, StreamCoordinator
 from coordinator.status import render_html, snapshot_status
 from coordinator.trends import Trends, sample_of
+from kernel.amqp import AmqpURL
 from kernel.errors import PartqError
 from producer.contract import StreamSpec
+from producer.registry import Registry
 
 log = logging.getLogger("partq.cli")
 
@@ -108,79 +110,16 @@ def coordinator(
         load_moves=load_moves,
         unbound_grace=unbound_grace,
     )
-    # One AMQP connection for every scrape, page load and load measurement, refreshed at
-    # most every 2 s; etcd asked for /readyz at most as often. Failures: 503 with one line.
-    depths = QueueDepths(ctx.settings.amqp, name="partq-coordinator-depth")
-
-    def ready_messages(spec: StreamSpec) -> dict[int, int]:
-        return {
-            q.partition: q.messages
-            for q in depths.stats(spec)
-            if q.messages is not None and q.partition < spec.partitions
-        }
-
-    threads = [StreamCoordinator(registry, s, config, depths=ready_messages) for s in streams]
+    running = _Coordinators(registry, ctx.settings.amqp, streams, config)
     stop = threading.Event()
-    exporter = DepthExporter(depths)
-    etcd = EtcdHealth(registry)
-
-    trends = {t.stream: Trends() for t in threads}
-
-    def page() -> str:
-        return render_html([console_report(t) for t in threads])
-
-    def sample_trends() -> None:
-        """One sample per stream every few seconds, whether or not anyone looks."""
-        for thread in threads:
-            now = time.time()
-            if not trends[thread.stream].due(now):
-                continue
-            try:
-                report = snapshot_status(
-                    registry, ctx.settings.amqp, thread.stream, depths=depths.stats
-                )
-            except PartqError as e:  # etcd or RabbitMQ away: a gap in the charts
-                log.debug("no trend sample of %s: %s", thread.stream, e)
-                continue
-            trends[thread.stream].record(sample_of(report, now))
-
-    def console_report(thread: StreamCoordinator) -> dict[str, Any]:
-        """The stream's report, with what this process saw lately (coordinator.history)."""
-        report = snapshot_status(registry, ctx.settings.amqp, thread.stream, depths=depths.stats)
-        rows = report["rows"]
-        found = {row["partition"]: row["messages"] for row in rows if row["messages"] is not None}
-        rates = thread.history.depths(found)
-        for row in rows:
-            row["rate"] = rates.get(row["partition"])
-        report["timeline"] = [dataclasses.asdict(e) for e in thread.history.entries()]
-        now, kept = time.time(), trends[thread.stream]
-        kept.record(sample_of(report, now))
-        report["trends"], report["trends_now"] = kept.samples(now), now
-        report["trends_window"] = kept.window
-        spec = thread.spec
-        if spec is not None:
-            report["dead_letters"] = depths.messages(spec.dead_letter_queue)
-            for key in report["parked"]:
-                key["messages"] = depths.messages(key["queue"])
-        return report
-
-    def ready() -> bool:
-        etcd.check()  # raises with the reason: 503
-        for thread in threads:
-            thread.check()  # a stream missing (deleted, or its spec malformed): 503, saying so
-        return not stop.is_set()
-
-    def export_depths() -> None:
-        exporter.export(t.spec for t in threads if t.leading.is_set() and t.spec is not None)
-
     server = serve_http(
         http_host,
         http_port,
         security,
-        live=lambda: all(t.is_alive() for t in threads),
-        ready=ready,
-        page=page,
-        before_metrics=export_depths,
+        live=running.alive,
+        ready=lambda: running.ready() and not stop.is_set(),
+        page=running.page,
+        before_metrics=running.export_depths,
     )
     log.info(
         "coordinating %s; status page on %s/%s",
@@ -189,20 +128,106 @@ def coordinator(
         " (bearer token required)" if security.token is not None else "",
     )
     on_stop_signals(stop.set)
-    for thread in threads:
-        thread.start()
-    while not stop.wait(1.0):
-        if not all(t.is_alive() for t in threads):
-            break
-        sample_trends()
-    dead = [t for t in threads if not t.is_alive()]  # before we stop them: they died
-    for thread in threads:
-        thread.stop()
-    for thread in threads:
-        thread.join(timeout=10)
+    dead = running.run(stop)
     server.shutdown()
-    depths.close()
-    dead += [t for t in threads if t.failure is not None and t not in dead]
+    running.depths.close()
     if dead:  # the traceback is logged by the thread; never exit 0 after a thread death
-        log.error("coordinator of %s died; exiting 1", ", ".join(t.stream for t in dead))
+        log.error("coordinator of %s died; exiting 1", ", ".join(dead))
         raise click.exceptions.Exit(1)
+
+
+class _Coordinators:
+    """One coordinator thread per stream, and what the HTTP server asks of them: the status
+    page, readiness, the queue depths exported on each scrape, and the trends sampled."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        amqp: AmqpURL,
+        streams: tuple[str, ...],
+        config: CoordinatorConfig,
+    ) -> None:
+        self.registry, self.amqp = registry, amqp
+        # One AMQP connection for every scrape, page load and load measurement, refreshed at
+        # most every 2 s; etcd asked for /readyz at most as often. Failures: 503 with one line.
+        self.depths = QueueDepths(amqp, name="partq-coordinator-depth")
+        self.threads = [
+            StreamCoordinator(registry, s, config, depths=self._ready_messages) for s in streams
+        ]
+        self.exporter = DepthExporter(self.depths)
+        self.etcd = EtcdHealth(registry)
+        self.trends = {t.stream: Trends() for t in self.threads}
+
+    def run(self, stop: threading.Event) -> list[str]:
+        """Run the threads until ``stop`` or one dies; stop them; the streams whose died."""
+        for thread in self.threads:
+            thread.start()
+        while not stop.wait(1.0):
+            if not self.alive():
+                break
+            self.sample_trends()
+        dead = [t for t in self.threads if not t.is_alive()]  # before we stop them: they died
+        for thread in self.threads:
+            thread.stop()
+        for thread in self.threads:
+            thread.join(timeout=10)
+        dead += [t for t in self.threads if t.failure is not None and t not in dead]
+        return [t.stream for t in dead]
+
+    def alive(self) -> bool:
+        return all(t.is_alive() for t in self.threads)
+
+    def ready(self) -> bool:
+        self.etcd.check()  # raises with the reason: 503
+        for thread in self.threads:
+            thread.check()  # a stream missing (deleted, or its spec malformed): 503, saying so
+        return True
+
+    def export_depths(self) -> None:
+        leading = [t for t in self.threads if t.leading.is_set()]
+        self.exporter.export(t.spec for t in leading if t.spec is not None)
+
+    def page(self) -> str:
+        return render_html([self.console_report(t) for t in self.threads])
+
+    def sample_trends(self) -> None:
+        """One sample per stream every few seconds, whether or not anyone looks."""
+        for thread in self.threads:
+            now = time.time()
+            if not self.trends[thread.stream].due(now):
+                continue
+            try:
+                report = snapshot_status(
+                    self.registry, self.amqp, thread.stream, depths=self.depths.stats
+                )
+            except PartqError as e:  # etcd or RabbitMQ away: a gap in the charts
+                log.debug("no trend sample of %s: %s", thread.stream, e)
+                continue
+            self.trends[thread.stream].record(sample_of(report, now))
+
+    def console_report(self, thread: StreamCoordinator) -> dict[str, Any]:
+        """The stream's report, with what this process saw lately (coordinator.history)."""
+        report = snapshot_status(self.registry, self.amqp, thread.stream, depths=self.depths.stats)
+        rows = report["rows"]
+        found = {row["partition"]: row["messages"] for row in rows if row["messages"] is not None}
+        rates = thread.history.depths(found)
+        for row in rows:
+            row["rate"] = rates.get(row["partition"])
+        report["timeline"] = [dataclasses.asdict(e) for e in thread.history.entries()]
+        now, kept = time.time(), self.trends[thread.stream]
+        kept.record(sample_of(report, now))
+        report["trends"], report["trends_now"] = kept.samples(now), now
+        report["trends_window"] = kept.window
+        spec = thread.spec
+        if spec is not None:
+            report["dead_letters"] = self.depths.messages(spec.dead_letter_queue)
+            for key in report["parked"]:
+                key["messages"] = self.depths.messages(key["queue"])
+        return report
+
+    def _ready_messages(self, spec: StreamSpec) -> dict[int, int]:
+        return {
+            q.partition: q.messages
+            for q in self.depths.stats(spec)
+            if q.messages is not None and q.partition < spec.partitions
+        }

@@ -59,7 +59,6 @@ def run_demo(
     work = Path(tempfile.mkdtemp(prefix="partq-demo-"))
     record = work / "handled.jsonl"
     stream = f"demo-{uuid.uuid4().hex[:6]}"
-    processes: dict[str, subprocess.Popen[bytes]] = {}
     amqp = target(amqp_url)
     tls = {  # the children connect as this process does
         f"PARTQ_AMQP_{name.upper()}": str(value)
@@ -73,7 +72,6 @@ def run_demo(
         spec = StreamSpec(stream, partitions, "quorum")
         create_stream(registry, amqp_url, spec)
         echo(f"etcd on {etcd.endpoint}; stream {stream}: {partitions} partitions (quorum)")
-        group = Group(registry.client, registry.where, stream)
         env = {
             **os.environ,
             "PARTQ_ETCD_ENDPOINTS": etcd.endpoint,
@@ -81,130 +79,158 @@ def run_demo(
             **tls,
             "PARTQ_RECORD": str(record),
         }
-        exe = [sys.executable, "-m", "cli"]
-
-        def start(name: str, *args: str) -> None:
-            log = open(work / f"{name}.log", "wb")  # noqa: SIM115 - handed to the child
-            processes[name] = subprocess.Popen(
-                [*exe, *args], env={**env, "PARTQ_MEMBER_ID": name}, stdout=log, stderr=log
-            )
-            log.close()
-
-        def consumer(name: str) -> None:
-            start(
-                name,
-                "consume",
-                stream,
-                "--handler",
-                "consumers.examples:record_handler",
-                "--member-id",
-                name,
-                "--ttl",
-                str(ttl),
-                "--http-port",
-                "0",
-            )
-
-        def settled(members: set[str]) -> bool:
-            state = group.snapshot()
-            if set(state.members) != members:
-                return False
-            owners = [state.assignment.get(p) for p in range(partitions)]
-            claims = [state.claims.get(p) for p in range(partitions)]
-            counts = [owners.count(m) for m in members]
-            return (
-                all(o in members for o in owners)
-                and all(
-                    c is not None and c.member == o for c, o in zip(claims, owners, strict=True)
-                )
-                and max(counts) - min(counts) <= 1
-            )
-
-        published: dict[str, list[int]] = {f"user-{k}": [] for k in range(keys)}
-        stop_producing = threading.Event()
-        failures: list[BaseException] = []
-
-        def note_failure(future: Future[Receipt]) -> None:
-            error = future.exception()
-            if error is not None:
-                failures.append(error)
-
-        def produce() -> None:
-            with Producer(spec, amqp_url=amqp_url) as producer:
-                seq = 0
-                while not stop_producing.is_set():
-                    for k in range(keys):
-                        key = f"user-{k}"
-                        published[key].append(seq)
-                        producer.publish(key, str(seq)).add_done_callback(note_failure)
-                    seq += 1
-                    time.sleep(keys / rate)
-                producer.flush(30)
-
-        moves: list[str] = []
-        previous: dict[int, str] = {}
-
-        def step(title: str, members: set[str], timeout: float = 30) -> None:
-            began = time.monotonic()
-            _wait(f"{title} to settle", lambda: settled(members), timeout)
-            assignment = group.snapshot().assignment
-            moved = sum(1 for p, o in assignment.items() if previous.get(p) not in (None, o))
-            previous.clear()
-            previous.update(assignment)
-            counts = {m: sum(1 for o in assignment.values() if o == m) for m in sorted(members)}
-            took = time.monotonic() - began
-            line = f"{title:<34} settled in {took:4.1f}s  moved {moved:2d}  {counts}"
-            moves.append(line)
-            echo(line)
-
-        producer_thread = threading.Thread(target=produce, daemon=True)
+        processes = _Processes(work, env, stream, ttl)
+        load = _Load(spec, amqp_url, keys, rate)
+        steps = _Steps(Group(registry.client, registry.where, stream), partitions, echo)
         try:
-            start(
-                "coordinator",
-                "coordinator",
-                stream,
-                "--settle",
-                "0.5",
-                "--http-port",
-                "0",
-                "--ttl",
-                str(ttl),
-            )
-            consumer("c1")
-            step("1 consumer", {"c1"})
-            producer_thread.start()
-            consumer("c2")
-            step("scale out to 2", {"c1", "c2"})
-            consumer("c3")
-            step("scale out to 3", {"c1", "c2", "c3"})
-            processes["c3"].send_signal(signal.SIGTERM)
-            step("SIGTERM c3 (graceful drain)", {"c1", "c2"})
-            processes["c3"].wait(30)
-            processes["c2"].kill()
-            step(f"SIGKILL c2 (lease TTL {ttl}s)", {"c1"}, timeout=30 + ttl)
-            time.sleep(1.0)
+            _scale(processes, load, steps, ttl)
         finally:
-            stop_producing.set()
-            if producer_thread.is_alive():
-                producer_thread.join(60)
-        sent = [(key, seq) for key, seqs in sorted(published.items()) for seq in seqs]
+            load.stop()
+        sent = load.sent()
         try:
             _wait(
                 "every message to be handled", lambda: not audit.lost(sent, audit.load(record)), 60
             )
         except TimeoutError as e:
             echo(str(e))  # the report below says what is missing
-        for process in processes.values():
+        processes.stop()
+        records = audit.load(record)
+        delete(registry, amqp_url, stream)
+        registry.close()
+    ok = _report(sent, records, len(load.failures), echo)
+    echo(f"logs and record in {work}")
+    return ok
+
+
+def _scale(processes: _Processes, load: _Load, steps: _Steps, ttl: int) -> None:
+    """The story: one consumer, out to three, one stopped, one killed; producing from the
+    first step on."""
+    processes.start("coordinator", "coordinator", "--settle", "0.5")
+    processes.consumer("c1")
+    steps.step("1 consumer", {"c1"})
+    load.start()
+    processes.consumer("c2")
+    steps.step("scale out to 2", {"c1", "c2"})
+    processes.consumer("c3")
+    steps.step("scale out to 3", {"c1", "c2", "c3"})
+    processes.running["c3"].send_signal(signal.SIGTERM)
+    steps.step("SIGTERM c3 (graceful drain)", {"c1", "c2"})
+    processes.running["c3"].wait(30)
+    processes.running["c2"].kill()
+    steps.step(f"SIGKILL c2 (lease TTL {ttl}s)", {"c1"}, timeout=30 + ttl)
+    time.sleep(1.0)  # the survivor handles what the killed one left
+
+
+class _Processes:
+    """The demo's coordinator and consumers, each ``python -m cli`` with its log in ``work``."""
+
+    def __init__(self, work: Path, env: dict[str, str], stream: str, ttl: int) -> None:
+        self.work, self.env, self.stream, self.ttl = work, env, stream, ttl
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, command: str, *args: str) -> None:
+        argv = [sys.executable, "-m", "cli", command, self.stream, *args]
+        argv += ["--ttl", str(self.ttl), "--http-port", "0"]
+        log = open(self.work / f"{name}.log", "wb")  # noqa: SIM115 - handed to the child
+        self.running[name] = subprocess.Popen(
+            argv, env={**self.env, "PARTQ_MEMBER_ID": name}, stdout=log, stderr=log
+        )
+        log.close()
+
+    def consumer(self, name: str) -> None:
+        self.start(
+            name, "consume", "--handler", "consumers.examples:record_handler", "--member-id", name
+        )
+
+    def stop(self) -> None:
+        """SIGTERM each one still running; SIGKILL one that takes over 30 s."""
+        for process in self.running.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-        for process in processes.values():
+        for process in self.running.values():
             try:
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 process.kill()
-        records = audit.load(record)
-        delete(registry, amqp_url, stream)
-        registry.close()
+
+
+class _Load:
+    """Keyed sequences published by a thread: ``keys`` keys, ``rate`` messages a second."""
+
+    def __init__(self, spec: StreamSpec, amqp_url: AmqpURL, keys: int, rate: int) -> None:
+        self.spec, self.amqp_url, self.keys, self.rate = spec, amqp_url, keys, rate
+        self.published: dict[str, list[int]] = {f"user-{k}": [] for k in range(keys)}
+        self.failures: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(60)
+
+    def sent(self) -> list[tuple[str, int]]:
+        return [(key, seq) for key, seqs in sorted(self.published.items()) for seq in seqs]
+
+    def _note(self, future: Future[Receipt]) -> None:
+        error = future.exception()
+        if error is not None:
+            self.failures.append(error)
+
+    def _produce(self) -> None:
+        with Producer(self.spec, amqp_url=self.amqp_url) as producer:
+            seq = 0
+            while not self._stop.is_set():
+                for key, seqs in self.published.items():
+                    seqs.append(seq)
+                    producer.publish(key, str(seq)).add_done_callback(self._note)
+                seq += 1
+                time.sleep(self.keys / self.rate)
+            producer.flush(30)
+
+
+class _Steps:
+    """Waits for each step's group to settle; says how long it took and what moved."""
+
+    def __init__(self, group: Group, partitions: int, echo: Callable[[str], None]) -> None:
+        self.group, self.partitions, self.echo = group, partitions, echo
+        self.previous: dict[int, str] = {}
+
+    def step(self, title: str, members: set[str], timeout: float = 30) -> None:
+        began = time.monotonic()
+        _wait(f"{title} to settle", lambda: self.settled(members), timeout)
+        assignment = self.group.snapshot().assignment
+        moved = sum(1 for p, o in assignment.items() if self.previous.get(p) not in (None, o))
+        self.previous = dict(assignment)
+        counts = {m: sum(1 for o in assignment.values() if o == m) for m in sorted(members)}
+        took = time.monotonic() - began
+        self.echo(f"{title:<34} settled in {took:4.1f}s  moved {moved:2d}  {counts}")
+
+    def settled(self, members: set[str]) -> bool:
+        """Exactly ``members``, every partition assigned to one and claimed by it, balanced."""
+        state = self.group.snapshot()
+        if set(state.members) != members:
+            return False
+        owners = [state.assignment.get(p) for p in range(self.partitions)]
+        claims = [state.claims.get(p) for p in range(self.partitions)]
+        counts = [owners.count(m) for m in members]
+        return (
+            all(o in members for o in owners)
+            and all(c is not None and c.member == o for c, o in zip(claims, owners, strict=True))
+            and max(counts) - min(counts) <= 1
+        )
+
+
+def _report(
+    sent: list[tuple[str, int]],
+    records: list[dict[str, Any]],
+    failures: int,
+    echo: Callable[[str], None],
+) -> bool:
+    """Print what happened; True when nothing was lost, reordered or owned twice."""
     lost = audit.lost(sent, records)
     disorder = audit.order_violations(records)
     overlaps = audit.overlaps(records)
@@ -212,7 +238,7 @@ def run_demo(
     unique = len({(r["key"], r["seq"]) for r in records})
     echo("")
     echo(
-        f"published {len(sent)} (failed publishes: {len(failures)}), handled {len(records)} "
+        f"published {len(sent)} (failed publishes: {failures}), handled {len(records)} "
         f"({unique} unique, {len(records) - unique} redelivered duplicates)"
     )
     if gaps:
@@ -224,7 +250,6 @@ def run_demo(
         f"lost = {len(lost)}, order violations = {len(disorder)}, "
         f"overlapping owners = {len(overlaps)}"
     )
-    echo(f"logs and record in {work}")
     return not (lost or disorder or overlaps or failures)
 
 

@@ -157,31 +157,10 @@ def produce(
     With --http-port, serves /metrics (the partq_producer_* series), /livez and /readyz
     while it publishes: for a long-running producer reading stdin.
     """
-    if (key is None) != (body is None):
-        raise click.UsageError("give both --key and --body, or neither (to read JSON lines)")
-    if key is not None and source is not None:
-        raise click.UsageError("give --key/--body or --from, not both")
-    lines: Iterator[Line | str]
-    if key is not None and body is not None:
-        single = Line(1, key, body.encode("utf-8", "surrogateescape"), None, None)
-        wrong = problem(single)
-        if wrong is not None:
-            raise UsageError(f"--key: {wrong}")
-        lines = iter([single])
-    else:
-        source = source or sys.stdin
-        if source is None:  # started with stdin closed
-            raise UsageError("stdin is closed: give --from FILE, or --key and --body")
-        if not skip_invalid and _seekable(source):
-            _check_whole(source)
-        lines = parse_lines(source)
+    lines = _lines(key, body, source, skip_invalid)
     settings = ctx.settings
     if http_port is not None:
         server_context(settings.http)  # a certificate that cannot be used: exit 2 first
-    invalid = 0
-    failed = 0
-    stopped: str | None = None
-    futures: list[tuple[int, Future[Receipt]]] = []
     started = time.monotonic()
     with Producer(
         name, amqp_url=settings.amqp, etcd=ctx.registry(), partitions=partitions, window=window
@@ -189,32 +168,70 @@ def produce(
         if http_port is not None:
             server = serve_http(http_host, http_port, settings.http, live=_always, ready=_always)
             log.info("producer metrics on %s/metrics", base_url(http_host, server, settings.http))
-        for line in lines:
-            if isinstance(line, str):
-                invalid += 1
-                if not skip_invalid:
-                    stopped = line
-                    break
-                click.echo(f"partq: skipped {printable(line)}", err=True)
-                continue
-            try:
-                future = producer.publish(
-                    line.key, line.body, headers=line.headers, message_id=line.message_id
-                )
-            except (PartqError, TypeError) as e:  # a message this broker's frame cannot carry
-                invalid += 1
-                stopped = f"line {line.number}: {e}"
-                break
-            futures.append((line.number, future))
+        futures, invalid, stopped = _publish_all(producer, lines, skip_invalid)
         producer.flush(timeout=None)
     if http_port is not None:
         server.shutdown()
+    _summarize(futures, invalid, stopped, time.monotonic() - started)
+
+
+def _lines(
+    key: str | None, body: str | None, source: IO[str] | None, skip_invalid: bool
+) -> Iterator[Line | str]:
+    """The messages to send: the one of --key and --body, or JSON lines (a bad one as its
+    problem, a str); refused at once when a seekable file holds a bad line."""
+    if (key is None) != (body is None):
+        raise click.UsageError("give both --key and --body, or neither (to read JSON lines)")
+    if key is not None and source is not None:
+        raise click.UsageError("give --key/--body or --from, not both")
+    if key is not None and body is not None:
+        single = Line(1, key, body.encode("utf-8", "surrogateescape"), None, None)
+        wrong = problem(single)
+        if wrong is not None:
+            raise UsageError(f"--key: {wrong}")
+        return iter([single])
+    source = source or sys.stdin
+    if source is None:  # started with stdin closed
+        raise UsageError("stdin is closed: give --from FILE, or --key and --body")
+    if not skip_invalid and _seekable(source):
+        _check_whole(source)
+    return parse_lines(source)
+
+
+def _publish_all(
+    producer: Producer, lines: Iterator[Line | str], skip_invalid: bool
+) -> tuple[list[tuple[int, Future[Receipt]]], int, str | None]:
+    """Publish each line: the futures by line number, the invalid lines, and the problem
+    that stopped it (None: it went to the end)."""
+    futures: list[tuple[int, Future[Receipt]]] = []
+    invalid = 0
+    for line in lines:
+        if isinstance(line, str):
+            invalid += 1
+            if not skip_invalid:
+                return futures, invalid, line
+            click.echo(f"partq: skipped {printable(line)}", err=True)
+            continue
+        try:
+            future = producer.publish(
+                line.key, line.body, headers=line.headers, message_id=line.message_id
+            )
+        except (PartqError, TypeError) as e:  # a message this broker's frame cannot carry
+            return futures, invalid + 1, f"line {line.number}: {e}"
+        futures.append((line.number, future))
+    return futures, invalid, None
+
+
+def _summarize(
+    futures: list[tuple[int, Future[Receipt]]], invalid: int, stopped: str | None, elapsed: float
+) -> None:
+    """Say what failed and the totals; raise (exit 1 or 2) unless every line was sent."""
+    failed = 0
     for number, result in futures:
         error = result.exception()
         if error is not None:
             failed += 1
             click.echo(f"partq: line {number} failed: {printable(str(error))}", err=True)
-    elapsed = time.monotonic() - started
     confirmed = len(futures) - failed
     rate = confirmed / elapsed if elapsed > 0 else 0.0
     click.echo(

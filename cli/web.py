@@ -25,6 +25,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
@@ -124,10 +125,136 @@ class _Server(ThreadingHTTPServer):
     # The listen backlog (the kernel caps it at net.core.somaxconn). socketserver's 5 made
     # clients of a scrape burst wait for SYN retransmits: seconds, past a minute for some.
     request_queue_size = 1024
+    site: _Site  # set before it serves
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away mid-answer is not worth a traceback on stderr."""
         log.debug("HTTP client %s: connection error", client_address, exc_info=True)
+
+
+@dataclass(frozen=True)
+class _Site:
+    """What a server answers with: the probes, the status page, the token it wants."""
+
+    live: Callable[[], bool]
+    ready: Callable[[], bool]
+    page: Callable[[], str] | None
+    before_metrics: Callable[[], None] | None
+    token: str | None
+    open_paths: tuple[str, ...]  # answered without the token
+    failures: _Failures
+
+    def before_scrape(self) -> None:
+        """Run ``before_metrics``; its failure is logged, and the scrape goes on."""
+        if self.before_metrics is None:
+            return
+        try:
+            self.before_metrics()
+        except Exception as e:
+            self.failures.failed("/metrics (before)", _one_line(e), e)
+        else:
+            self.failures.ok("/metrics (before)")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Answers from its server's :class:`_Site`."""
+
+    timeout = 30  # seconds a client may stall (a TLS handshake, a request line)
+
+    def __getattr__(self, name: str) -> Any:
+        """``do_POST``, ``do_FOO``…: every method but GET gets :meth:`_not_get` (the
+        base class answers one it has no ``do_`` for with a 501 page of its own)."""
+        if name.startswith("do_"):
+            return self._not_get
+        raise AttributeError(name)
+
+    @property
+    def site(self) -> _Site:
+        server = self.server
+        assert isinstance(server, _Server)
+        return server.site
+
+    def _denied(self, path: str) -> bool:
+        """Whether the request lacks the token ``path`` needs (then it was answered)."""
+        token = self.site.token
+        guarded = token is not None and path not in self.site.open_paths
+        if guarded and not _authorized(self.headers.get("Authorization"), token or ""):
+            self._send(401, _UNAUTHORIZED, challenge=True)
+            return True
+        return False
+
+    def _not_get(self) -> None:
+        if not self._denied(self.path.split("?", 1)[0]):
+            self._send(405, b"", allow="GET")
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if self._denied(path):
+            return
+        try:
+            code, body, ctype = self._answer(path)
+        except Exception as e:
+            reason = _one_line(e)
+            self.site.failures.failed(path, reason, e)
+            code = 503 if isinstance(e, PartqError) else 500
+            prefix = "unavailable" if code == 503 else "internal error"
+            self._send(code, f"{prefix}: {reason}\n".encode(), refresh=path == "/")
+            return
+        self.site.failures.ok(path)
+        self._send(code, body, ctype)
+
+    def _answer(self, path: str) -> tuple[int, bytes, str]:
+        site = self.site
+        if path == "/metrics":
+            site.before_scrape()
+            return 200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+        if path == "/livez":
+            ok = site.live()
+            return (200, b"ok\n", _PLAIN) if ok else (503, b"dead\n", _PLAIN)
+        if path == "/readyz":
+            ok = site.ready()
+            return (200, b"ready\n", _PLAIN) if ok else (503, b"not ready\n", _PLAIN)
+        if path == "/" and site.page is not None:
+            return 200, site.page().encode(), "text/html; charset=utf-8"
+        return 404, b"not found\n", _PLAIN
+
+    def _send(
+        self,
+        code: int,
+        body: bytes,
+        ctype: str = _PLAIN,
+        *,
+        refresh: bool = False,
+        challenge: bool = False,
+        allow: str | None = None,
+    ) -> None:
+        self.send_response(code)
+        if allow is not None:
+            self.send_header("Allow", allow)
+        if challenge:
+            self.send_header("WWW-Authenticate", 'Bearer realm="partq"')
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        if refresh:  # the status page's error keeps reloading, like the page itself
+            self.send_header("Refresh", "2")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """The status line and a Date: no ``Server`` header naming Python's version."""
+        self.log_request(code)
+        self.send_response_only(code, message)
+        self.send_header("Date", self.date_time_string())
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """A request the base class cannot parse (bad request line, header too long…):
+        the code and one plain line, not its HTML page."""
+        self.close_connection = True
+        reason = self.responses.get(code, ("error",))[0].lower()
+        self._send(code, f"{reason}\n".encode())
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
 
 def serve(
@@ -145,110 +272,18 @@ def serve(
     Binding happens here: ``OSError`` (port in use…) is raised to the caller, a
     certificate that cannot be used a :class:`UsageError`.
     """
-    failures = _Failures()
+    site = _Site(
+        live,
+        ready,
+        page,
+        before_metrics,
+        security.token.get_secret_value() if security.token is not None else None,
+        _PROBES if security.token_metrics else (*_PROBES, "/metrics"),
+        _Failures(),
+    )
     context = server_context(security)
-    token = security.token.get_secret_value() if security.token is not None else None
-    open_paths = _PROBES if security.token_metrics else (*_PROBES, "/metrics")
-
-    class Handler(BaseHTTPRequestHandler):
-        timeout = 30  # seconds a client may stall (a TLS handshake, a request line)
-
-        def __getattr__(self, name: str) -> Any:
-            """``do_POST``, ``do_FOO``…: every method but GET gets :meth:`_not_get` (the
-            base class answers one it has no ``do_`` for with a 501 page of its own)."""
-            if name.startswith("do_"):
-                return self._not_get
-            raise AttributeError(name)
-
-        def _denied(self, path: str) -> bool:
-            """Whether the request lacks the token ``path`` needs (then it was answered)."""
-            guarded = token is not None and path not in open_paths
-            if guarded and not _authorized(self.headers.get("Authorization"), token or ""):
-                self._send(401, _UNAUTHORIZED, challenge=True)
-                return True
-            return False
-
-        def _not_get(self) -> None:
-            if not self._denied(self.path.split("?", 1)[0]):
-                self._send(405, b"", allow="GET")
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if self._denied(path):
-                return
-            try:
-                code, body, ctype = self._answer(path)
-            except Exception as e:
-                reason = _one_line(e)
-                failures.failed(path, reason, e)
-                code = 503 if isinstance(e, PartqError) else 500
-                prefix = "unavailable" if code == 503 else "internal error"
-                self._send(code, f"{prefix}: {reason}\n".encode(), refresh=path == "/")
-                return
-            failures.ok(path)
-            self._send(code, body, ctype)
-
-        def _answer(self, path: str) -> tuple[int, bytes, str]:
-            if path == "/metrics":
-                if before_metrics is not None:
-                    try:
-                        before_metrics()
-                    except Exception as e:
-                        failures.failed("/metrics (before)", _one_line(e), e)
-                    else:
-                        failures.ok("/metrics (before)")
-                return 200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST
-            if path == "/livez":
-                ok = live()
-                return (200, b"ok\n", _PLAIN) if ok else (503, b"dead\n", _PLAIN)
-            if path == "/readyz":
-                ok = ready()
-                return (200, b"ready\n", _PLAIN) if ok else (503, b"not ready\n", _PLAIN)
-            if path == "/" and page is not None:
-                return 200, page().encode(), "text/html; charset=utf-8"
-            return 404, b"not found\n", _PLAIN
-
-        def _send(
-            self,
-            code: int,
-            body: bytes,
-            ctype: str = _PLAIN,
-            *,
-            refresh: bool = False,
-            challenge: bool = False,
-            allow: str | None = None,
-        ) -> None:
-            self.send_response(code)
-            if allow is not None:
-                self.send_header("Allow", allow)
-            if challenge:
-                self.send_header("WWW-Authenticate", 'Bearer realm="partq"')
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            if refresh:  # the status page's error keeps reloading, like the page itself
-                self.send_header("Refresh", "2")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def send_response(self, code: int, message: str | None = None) -> None:
-            """The status line and a Date: no ``Server`` header naming Python's version."""
-            self.log_request(code)
-            self.send_response_only(code, message)
-            self.send_header("Date", self.date_time_string())
-
-        def send_error(
-            self, code: int, message: str | None = None, explain: str | None = None
-        ) -> None:
-            """A request the base class cannot parse (bad request line, header too long…):
-            the code and one plain line, not its HTML page."""
-            self.close_connection = True
-            reason = self.responses.get(code, ("error",))[0].lower()
-            self._send(code, f"{reason}\n".encode())
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = _Server((host, port), Handler)
+    server = _Server((host, port), _Handler)
+    server.site = site
     if context is not None:  # the handshake runs in the request's thread, not in accept()
         server.socket = context.wrap_socket(
             server.socket, server_side=True, do_handshake_on_connect=False

@@ -73,9 +73,9 @@ log = logging.getLogger("partq.consumer.broker")
 _STOP_GRACE = 1.0  # seconds between the last drain's acks and closing the connection
 _QUIET = 0.25  # no delivery for this long while acks are held: nothing is in flight
 # ... and a partition whose window has not filled by then (a steady trickle) is cancelled
-# anyway. Measured (docs/benchmarks.md): 5 s gave 0 reorders in 20 quorum runs; 1 s gave 4
-# in 5 bursty runs on a loaded machine (a return reached the queue after the next owner
-# was served), so a trickling partition's handoff waits up to 5 s.
+# anyway. A shorter hold let a return reach the queue after the next owner was served
+# (docs/benchmarks.md, "A shorter `_MAX_HOLD`"), so a trickling partition's handoff waits
+# up to 5 s.
 _MAX_HOLD = 5.0
 _STANDBY_RECHECK = 0.2  # seconds between looks for the owner's consumer before standing by
 _BACKOFF = Backoff()  # reconnects, and subscribes to a missing queue: 0.2 s doubling to 5 s
@@ -700,7 +700,7 @@ class Broker(threading.Thread):
             # credit for us *yet*: acks sent before the hold are not applied (a loaded
             # broker lags), and once they are, it delivers again. Cancelling then returns
             # those deliveries, and the next owner may be served before the returns are
-            # applied (measured: 25 order violations in one round at load ≈ 17). So only
+            # applied, and a key is reordered (docs/benchmarks.md). So only
             # an empty queue counts as quiet.
             sub.channel.queue_declare(
                 self.spec.queue(partition),

@@ -256,7 +256,7 @@ class Consumer:
         if worker is not None:
             worker.inbox.put(item)
 
-    def _on(self, event: ControllerEvent) -> None:
+    def _on(self, event: ControllerEvent) -> None:  # noqa: C901, PLR0912, PLR0915 — one case per event
         match event:
             case Stop():
                 self._begin_stop()

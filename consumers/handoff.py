@@ -108,7 +108,7 @@ def _consume(state: State) -> tuple[State, list[Command]]:
     return replace(state, phase=Phase.SUBSCRIBING), [Command.SUBSCRIBE]
 
 
-def step(state: State, event: Event) -> tuple[State, list[Command]]:
+def step(state: State, event: Event) -> tuple[State, list[Command]]:  # noqa: C901, PLR0912, PLR0915 — the transition table: one branch per (phase, event), read top to bottom
     phase = state.phase
     if event is Event.PAUSED:
         state = replace(state, paused=True)

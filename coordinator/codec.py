@@ -443,7 +443,7 @@ def decode_load(member_id: str, raw: bytes | str) -> LoadReport:
         if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
             raise MalformedValue(f"the rate of partition {name} is not a number >= 0: {rate!r}")
         rates[int(name)] = float(rate)
-    stalled = doc.get("parking_stalled", [])  # absent: written by an older partq, or none
+    stalled = doc.get("parking_stalled", [])  # absent: none stalled
     if not isinstance(stalled, list) or not all(
         type(p) is int and 0 <= p < MAX_PARTITIONS for p in stalled
     ):
@@ -538,19 +538,7 @@ def check_name(kind: str, name: str) -> None:
         if not _LEASE.fullmatch(name):
             raise MalformedValue(f"a leader candidate is named by its lease in hex, not {name!r}")
     elif kind == "request":
-        if name.startswith("move-"):
-            if not _MOVE.fullmatch(name):
-                raise MalformedValue(f"a move request is named move-<partition>, not {name!r}")
-        elif name.startswith("drain-"):
-            _name_id(name[len("drain-") :])
-        elif name.startswith("pause"):
-            if not _PAUSE.fullmatch(name):
-                raise MalformedValue(f"a pause request is named pause or pause-<p>, not {name!r}")
-        elif name != "rebalance":
-            raise MalformedValue(
-                f"no request is called {name!r} (rebalance, move-<p>, drain-<member>, pause, "
-                f"pause-<p>)"
-            )
+        _request_name(name)
     elif kind == "parked":
         try:
             _key_id(name)
@@ -558,6 +546,21 @@ def check_name(kind: str, name: str) -> None:
             raise MalformedValue(str(e)) from None
     elif kind != "spec":
         raise ValueError(f"unknown kind of key {kind!r}")
+
+
+def _request_name(name: str) -> None:
+    if name.startswith("move-"):
+        if not _MOVE.fullmatch(name):
+            raise MalformedValue(f"a move request is named move-<partition>, not {name!r}")
+    elif name.startswith("drain-"):
+        _name_id(name[len("drain-") :])
+    elif name.startswith("pause"):
+        if not _PAUSE.fullmatch(name):
+            raise MalformedValue(f"a pause request is named pause or pause-<p>, not {name!r}")
+    elif name != "rebalance":
+        raise MalformedValue(
+            f"no request is called {name!r} (rebalance, move-<p>, drain-<member>, pause, pause-<p>)"
+        )
 
 
 def valid_name(kind: str, name: str) -> bool:

@@ -39,8 +39,8 @@ log = logging.getLogger("partq.coordinator")
 
 
 def _delete(group: Group, fence: Fence, key: str, revision: int) -> bool:
-    """Delete ``key`` if it is still at ``revision`` and we still lead. Refused by roles
-    made before the leader deleted forged keys: logged, and the leader goes on leading."""
+    """Delete ``key`` if it is still at ``revision`` and we still lead. A role without
+    delete rights there is refused: logged, and the leader goes on leading."""
     client: Any = group.client
     t = client.transactions
     try:

@@ -85,7 +85,17 @@ def member_loads(
     return {m: total[m] / weights[m] for m in total}
 
 
-def spread(
+def _check(weights: Mapping[str, int], max_moves: int | None) -> None:
+    if not weights:
+        raise ValueError("no members: wait until a consumer has joined before assigning")
+    for member in sorted(weights):
+        if isinstance(weights[member], bool) or weights[member] < 1:
+            raise ValueError(f"weight of member {member!r} must be at least 1")
+    if max_moves is not None and max_moves < 0:
+        raise ValueError(f"max_moves must be >= 0, got {max_moves}")
+
+
+def spread(  # noqa: C901 — one algorithm over one state: fill, then level within the budget
     partitions: int,
     weights: Mapping[str, int],
     current: Mapping[int, str],
@@ -104,15 +114,9 @@ def spread(
     Loads are counted in whole thousandths of a message per second and members' loads
     compared exactly (scaled by the weights' least common multiple): with float sums, the
     order in which partitions were added decided ties, and spreading a result again could
-    move a partition (Hypothesis found it).
+    move a partition.
     """
-    if not weights:
-        raise ValueError("no members: wait until a consumer has joined before assigning")
-    for member in sorted(weights):
-        if isinstance(weights[member], bool) or weights[member] < 1:
-            raise ValueError(f"weight of member {member!r} must be at least 1")
-    if max_moves is not None and max_moves < 0:
-        raise ValueError(f"max_moves must be >= 0, got {max_moves}")
+    _check(weights, max_moves)
     measured = [_milli(loads.get(p, 0.0)) for p in range(partitions)]
     least = max(1, int(floor * sum(measured) / partitions))
     load = [max(least, x) for x in measured]

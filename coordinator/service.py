@@ -308,28 +308,14 @@ class StreamCoordinator(threading.Thread):
     def _loop(self) -> None:
         while not self.stopping.is_set():
             # Every event already queued is mirrored before one plan: planning is O(P), and
-            # a rebalance's own writes come back as a burst of watch events (10,000 after a
-            # first assignment of P = 10,000: one plan each took minutes of CPU).
+            # a rebalance's own writes come back as a burst of watch events (P of them after
+            # a first assignment): one plan per event would be O(P²) (docs/benchmarks.md).
             batch = [self._next(), *self._ready(_BATCH)]
             lead: CoordinatorEvent = batch[-1]
             for event in batch:
-                match event:
-                    case Stop():
-                        return
-                    case LeaseLost():
-                        raise EtcdUnavailable("our lease is lost")
-                    case WatchFailed(error=PartqError() as error):
-                        raise error
-                    case WatchFailed(error=error):
-                        raise EtcdUnavailable(str(error))
-                    case WatchEvent():
-                        self._apply(event)
-                        if event.kind == "claim" and not isinstance(lead, LoadTick):
-                            lead = event  # a new owner took a partition: the next step
-                    case LoadTick():
-                        lead = event  # measure and plan by load, whatever else came
-                    case Settled():
-                        pass
+                if isinstance(event, Stop):
+                    return
+                lead = self._take(event, lead)
             self._update_leadership()
             if self.leading.is_set():
                 self._lead(lead)
@@ -338,6 +324,24 @@ class StreamCoordinator(threading.Thread):
             if self.events.empty() or now - self._exported_at >= _EXPORT_EVERY:
                 self._export()
                 self._exported_at = now
+
+    def _take(self, event: CoordinatorEvent, lead: CoordinatorEvent) -> CoordinatorEvent:
+        """Mirror one event (or raise what ends the campaign); the event the next step
+        leads with."""
+        match event:
+            case LeaseLost():
+                raise EtcdUnavailable("our lease is lost")
+            case WatchFailed(error=PartqError() as error):
+                raise error
+            case WatchFailed(error=error):
+                raise EtcdUnavailable(str(error))
+            case WatchEvent():
+                self._apply(event)
+                if event.kind == "claim" and not isinstance(lead, LoadTick):
+                    return event  # a new owner took a partition: the next step
+            case LoadTick():
+                return event  # measure and plan by load, whatever else came
+        return lead
 
     def _ready(self, limit: int) -> list[CoordinatorEvent]:
         """The events already queued (at most ``limit``), without waiting."""

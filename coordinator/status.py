@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from coordinator.admin import beyond_line
@@ -38,9 +38,6 @@ def snapshot_status(
     state = group.snapshot()
     now = time.time()
     handled = _handled(group, set(state.members), now)
-    leader = None
-    if state.leaders:
-        leader = state.leaders[0][1].rsplit("/", 1)[1]
     found: list[QueueStats] = []
     if depths is not None:
         found = depths(spec)
@@ -50,11 +47,72 @@ def snapshot_status(
                 found = queue_stats(connection, spec, beyond=True)
         except BrokerUnavailable:
             pass
-    stats = {q.partition: q for q in found if q.partition < spec.partitions}
-    beyond = [q for q in found if q.partition >= spec.partitions]
+    return _report(spec, state, handled, found, now)
+
+
+def _report(
+    spec: StreamSpec,
+    state: GroupState,
+    handled: Mapping[str, LoadReport],
+    found: list[QueueStats],
+    now: float,
+) -> dict[str, Any]:
+    """The report of what was read (no I/O)."""
     live = set(state.members)
     owned = {p: o for p, o in state.assignment.items() if o in live}
-    moving = sorted(in_motion(owned, state.claims))
+    return {
+        "stream": spec.name,
+        "partitions": spec.partitions,
+        "queue_type": spec.queue_type,
+        "leader": state.leaders[0][1].rsplit("/", 1)[1] if state.leaders else None,
+        "members": _members(state, owned, handled, now),
+        "malformed": [
+            {"key": m.key, "kind": m.kind, "error": m.error, "revision": m.revision}
+            for m in sorted(state.malformed.values(), key=lambda m: m.key)
+        ],
+        "assignment": {str(p): o for p, o in sorted(owned.items())},
+        "claims": {str(p): c.member for p, c in sorted(state.claims.items())},
+        "unbound_claims": _claims(state, unbound_claims(state.members, state.claims)),
+        "forged_claims": _claims(state, state.forged),
+        "unassigned": [p for p in range(spec.partitions) if p not in owned],
+        "in_motion": sorted(in_motion(owned, state.claims)),
+        "paused": sorted(p for p in range(spec.partitions) if paused(state.requests, p)),
+        "on_failure": spec.on_failure,
+        "parked": [
+            {
+                "key": r.key_shown,  # all of it: partq dlq list
+                "key_id": r.key_id,
+                "queue": spec.park_queue(r.key),
+                "partition": r.partition,
+                "error": r.error.splitlines()[-1][:200] if r.error else "",
+                "member": r.member,
+                "at": r.at,
+            }
+            for r in sorted(state.parked.values(), key=lambda r: (r.at, r.key_id))
+        ],
+        "rows": _rows(spec, state, owned, handled, found),
+        "beyond_spec": [
+            {
+                "partition": q.partition,
+                "queue": q.queue,
+                "messages": q.messages,
+                "consumers": q.consumers,
+            }
+            for q in found
+            if q.partition >= spec.partitions
+        ],
+    }
+
+
+def _rows(
+    spec: StreamSpec,
+    state: GroupState,
+    owned: Mapping[int, str],
+    handled: Mapping[str, LoadReport],
+    found: list[QueueStats],
+) -> list[dict[str, Any]]:
+    """One row per partition: its owner, state, claim, standby, queue and handling rate."""
+    stats = {q.partition: q for q in found if q.partition < spec.partitions}
     rows = []
     for p in range(spec.partitions):
         q = stats.get(p)
@@ -83,8 +141,14 @@ def snapshot_status(
                 else None,
             }
         )
+    return rows
+
+
+def _members(
+    state: GroupState, owned: Mapping[int, str], handled: Mapping[str, LoadReport], now: float
+) -> list[dict[str, Any]]:
     drained = draining(state.requests)
-    members = [
+    return [
         {
             "id": m.id,
             "weight": m.weight,
@@ -100,47 +164,6 @@ def snapshot_status(
         }
         for m in sorted(state.members.values(), key=lambda m: m.id)
     ]
-    return {
-        "stream": stream,
-        "partitions": spec.partitions,
-        "queue_type": spec.queue_type,
-        "leader": leader,
-        "members": members,
-        "malformed": [
-            {"key": m.key, "kind": m.kind, "error": m.error, "revision": m.revision}
-            for m in sorted(state.malformed.values(), key=lambda m: m.key)
-        ],
-        "assignment": {str(p): o for p, o in sorted(owned.items())},
-        "claims": {str(p): c.member for p, c in sorted(state.claims.items())},
-        "unbound_claims": _claims(state, unbound_claims(state.members, state.claims)),
-        "forged_claims": _claims(state, state.forged),
-        "unassigned": [p for p in range(spec.partitions) if p not in owned],
-        "in_motion": moving,
-        "paused": sorted(p for p in range(spec.partitions) if paused(state.requests, p)),
-        "on_failure": spec.on_failure,
-        "parked": [
-            {
-                "key": r.key_shown,  # all of it: partq dlq list
-                "key_id": r.key_id,
-                "queue": spec.park_queue(r.key),
-                "partition": r.partition,
-                "error": r.error.splitlines()[-1][:200] if r.error else "",
-                "member": r.member,
-                "at": r.at,
-            }
-            for r in sorted(state.parked.values(), key=lambda r: (r.at, r.key_id))
-        ],
-        "rows": rows,
-        "beyond_spec": [
-            {
-                "partition": q.partition,
-                "queue": q.queue,
-                "messages": q.messages,
-                "consumers": q.consumers,
-            }
-            for q in beyond
-        ],
-    }
 
 
 def _handled(group: Group, members: set[str], now: float) -> dict[str, LoadReport]:
@@ -225,6 +248,16 @@ def render_html(reports: list[dict[str, Any]], refresh_seconds: int = 2) -> str:
 
 
 def _stream_html(r: dict[str, Any]) -> list[str]:
+    parts = _summary_html(r) + _grid_html(r)
+    if "trends" in r:  # the coordinator's page: what it sampled lately
+        parts.append(charts_html(r["trends"], r["trends_now"], r["trends_window"]))
+    for section in (_timeline_html, _parked_html, _members_html, _partitions_html):
+        parts += section(r)
+    return parts + _malformed_html(r)
+
+
+def _summary_html(r: dict[str, Any]) -> list[str]:
+    """The counts, the notes on queues beyond the spec, the legend of members."""
     e = html.escape
     stream = e(r["stream"])
     dead = r.get("dead_letters")
@@ -249,7 +282,14 @@ def _stream_html(r: dict[str, Any]) -> list[str]:
             f"<span class='m'><span class='swatch' style='background:{owner_colour(m['id'])}'>"
             f"</span>{e(m['id'])} ({m['owns']}, {per_second(m.get('handled_per_s'))})</span>"
         )
-    parts.append("</div><div class='grid'>")
+    parts.append("</div>")
+    return parts
+
+
+def _grid_html(r: dict[str, Any]) -> list[str]:
+    """One coloured cell per partition."""
+    e = html.escape
+    parts = ["<div class='grid'>"]
     for row in r["rows"]:
         owner = row["owner"]
         colour = f" style='background:{owner_colour(owner)}'" if owner else ""
@@ -264,71 +304,112 @@ def _stream_html(r: dict[str, Any]) -> list[str]:
             "</div>"
         )
     parts.append("</div>")
-    if "trends" in r:  # the coordinator's page: what it sampled lately
-        parts.append(charts_html(r["trends"], r["trends_now"], r["trends_window"]))
+    return parts
+
+
+def _table(
+    heading: str, css: str, columns: Sequence[str], rows: Iterable[tuple[str, Sequence[object]]]
+) -> list[str]:
+    """``heading``, then a table of class ``css``: one row per (class, cells), cells in HTML."""
+    head = "".join(f"<th>{c}</th>" for c in columns)
+    parts = [f"{heading}<table class='{css}'><tr>{head}</tr>"]
+    for row_class, cells in rows:
+        parts.append(f"<tr class='{row_class}'>" if row_class else "<tr>")
+        parts.append("".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return [*parts, "</table>"]
+
+
+def _shown(value: object) -> object:
+    return "-" if value is None else value
+
+
+def _timeline_html(r: dict[str, Any]) -> list[str]:
+    """What this coordinator saw lately: rebalances and handoffs."""
+    e = html.escape
     timeline = r.get("timeline") or []
-    parts.append(
-        f"<h3>Recent rebalances and handoffs ({len(timeline)})</h3>"
-        "<table class='timeline'><tr><th>time</th><th>what</th><th>partition</th>"
-        "<th>detail</th><th>claim gap</th></tr>"
-    )
+    rows = []
     for t in timeline:
         gap = "" if t.get("gap") is None else f"{t['gap'] * 1000:.0f} ms"
         partition = "" if t.get("partition") is None else t["partition"]
-        parts.append(
-            f"<tr class='{e(t['kind'])}'><td>{_when(t['at'])}</td><td>{e(t['kind'])}</td>"
-            f"<td>{partition}</td><td>{e(t['detail'])}</td><td>{gap}</td></tr>"
-        )
-    parts.append("</table>")
-    if r.get("parked"):
-        parts.append(
-            f"<h3>Parked keys ({len(r['parked'])}): waiting for <code>partq dlq redrive "
-            f"{stream}</code></h3><table class='parked'><tr><th>key</th>"
-            "<th>partition</th><th>messages</th><th>parked by</th><th>error</th></tr>"
-        )
-        for k in r["parked"]:
-            count = k.get("messages")
-            parts.append(
-                f"<tr><td>{e(k['key'])}</td><td>{k['partition']}</td>"
-                f"<td>{'-' if count is None else count}</td>"
-                f"<td>{e(k['member'])}</td><td>{e(k['error'])}</td></tr>"
-            )
-        parts.append("</table>")
-    parts.append(
-        "<h3>Members</h3><table class='members'><tr><th>member</th><th>weight</th><th>owns</th>"
-        "<th>handled</th><th>age (s)</th><th>host</th><th>pid</th></tr>"
+        cells = [_when(t["at"]), e(t["kind"]), partition, e(t["detail"]), gap]
+        rows.append((e(t["kind"]), cells))
+    heading = f"<h3>Recent rebalances and handoffs ({len(timeline)})</h3>"
+    return _table(heading, "timeline", ("time", "what", "partition", "detail", "claim gap"), rows)
+
+
+def _parked_html(r: dict[str, Any]) -> list[str]:
+    """The parked keys, if any."""
+    e = html.escape
+    if not r.get("parked"):
+        return []
+    heading = (
+        f"<h3>Parked keys ({len(r['parked'])}): waiting for <code>partq dlq redrive "
+        f"{e(r['stream'])}</code></h3>"
     )
-    for m in r["members"]:
-        parts.append(
-            f"<tr><td>{e(m['id'])}</td><td>{m['weight']}</td><td>{m['owns']}</td>"
-            f"<td>{per_second(m.get('handled_per_s'))}</td><td>{m['age_s']:.0f}</td><td>{e(m['host'])}</td><td>{m['pid']}</td></tr>"
+    rows = [
+        (
+            "",
+            [e(k["key"]), k["partition"], _shown(k.get("messages")), e(k["member"]), e(k["error"])],
         )
-    parts.append(
-        "</table><h3>Partitions</h3><table class='partitions'><tr><th>partition</th>"
-        "<th>owner</th><th>state</th><th>claimed by</th><th>standby</th><th>queue</th>"
-        "<th>messages</th><th>consumers</th></tr>"
-    )
-    for row in r["rows"]:
-        parts.append(
-            f"<tr class='{row['state']}'><td>{row['partition']}</td>"
-            f"<td>{e(row['owner'] or '-')}</td><td>{row['state']}</td>"
-            f"<td>{e(row['claim'] or '-')}</td><td>{e(row.get('standby') or '-')}</td>"
-            f"<td>{e(row['queue'])}</td>"
-            f"<td>{'-' if row['messages'] is None else row['messages']}</td>"
-            f"<td>{'-' if row['consumers'] is None else row['consumers']}</td></tr>"
+        for k in r["parked"]
+    ]
+    columns = ("key", "partition", "messages", "parked by", "error")
+    return _table(heading, "parked", columns, rows)
+
+
+def _members_html(r: dict[str, Any]) -> list[str]:
+    """The members table."""
+    e = html.escape
+    rows = [
+        (
+            "",
+            [
+                e(m["id"]),
+                m["weight"],
+                m["owns"],
+                per_second(m.get("handled_per_s")),
+                f"{m['age_s']:.0f}",
+                e(m["host"]),
+                m["pid"],
+            ],
         )
-    parts.append("</table>")
-    if r.get("malformed"):
-        parts.append(
-            f"<h3>Malformed keys ({len(r['malformed'])}): ignored as absent</h3>"
-            "<table class='malformed'><tr><th>key</th><th>kind</th><th>error</th></tr>"
+        for m in r["members"]
+    ]
+    columns = ("member", "weight", "owns", "handled", "age (s)", "host", "pid")
+    return _table("<h3>Members</h3>", "members", columns, rows)
+
+
+def _partitions_html(r: dict[str, Any]) -> list[str]:
+    """The partitions table."""
+    e = html.escape
+    rows = [
+        (
+            row["state"],
+            [
+                row["partition"],
+                e(row["owner"] or "-"),
+                row["state"],
+                e(row["claim"] or "-"),
+                e(row.get("standby") or "-"),
+                e(row["queue"]),
+                _shown(row["messages"]),
+                _shown(row["consumers"]),
+            ],
         )
-        for m in r["malformed"]:
-            parts.append(
-                f"<tr><td>{e(m['key'])}</td><td>{e(m['kind'])}</td><td>{e(m['error'])}</td></tr>"
-            )
-        parts.append("</table>")
-    return parts
+        for row in r["rows"]
+    ]
+    columns = ("partition", "owner", "state", "claimed by", "standby", "queue", "messages")
+    return _table("<h3>Partitions</h3>", "partitions", (*columns, "consumers"), rows)
+
+
+def _malformed_html(r: dict[str, Any]) -> list[str]:
+    """The keys partq did not write, if any."""
+    e = html.escape
+    if not r.get("malformed"):
+        return []
+    heading = f"<h3>Malformed keys ({len(r['malformed'])}): ignored as absent</h3>"
+    rows = [("", [e(m["key"]), e(m["kind"]), e(m["error"])]) for m in r["malformed"]]
+    return _table(heading, "malformed", ("key", "kind", "error"), rows)
 
 
 def malformed_lines(report: dict[str, Any]) -> list[str]:

@@ -347,85 +347,119 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 
 def unavailable(url: AmqpURL, error: BaseException) -> BrokerUnavailable:
     """One line saying why RabbitMQ at ``url`` could not be used, and what to set."""
-    where = target(url)
-    at = f"RabbitMQ at {redact_url(where.url)}"
-    chain = list(_chain(error))
-    text = " ".join(str(e) for e in chain) or type(error).__name__
-    detail = next(  # the first that says something, past pika's workflow wrappers
-        (str(e) for e in chain if str(e) and not _is_wrapper(e)), type(error).__name__
+    failure = _Failure(target(url), tuple(_chain(error)), type(error).__name__)
+    why = _untrusted(failure) or _refused(failure) or _tls_failed(failure)
+    return BrokerUnavailable(
+        why
+        or f"cannot reach {failure.at}: is it running? (set PARTQ_AMQP_URL or --amqp-url) "
+        f"({failure.detail})"
     )
 
-    def found(kind: type[BaseException]) -> BaseException | None:
-        return next((e for e in chain if isinstance(e, kind)), None)
 
-    for e in chain:
-        if isinstance(e, ssl.SSLCertVerificationError):
-            if "Hostname mismatch" in str(e) or "IP address mismatch" in str(e):
-                return BrokerUnavailable(
-                    f"{at}: its server certificate does not name the host "
-                    f"{urlsplit(where.url).hostname!r} of the URL: connect by a name the "
-                    f"certificate holds ({e.verify_message})"
-                )
-            return BrokerUnavailable(
-                f"{at}: its server certificate is not trusted by {where.tls.trusted()}: "
-                f"{e.verify_message} (set PARTQ_AMQP_CA to the CA that signed it)"
-            )
-    if found(pika.exceptions.ProbableAuthenticationError) or (
-        "ACCESS_REFUSED - Login was refused" in text
+@dataclass(frozen=True)
+class _Failure:
+    """A failure to use RabbitMQ at ``where``: the error and everything it wraps."""
+
+    where: AmqpTarget
+    chain: tuple[BaseException, ...]
+    name: str  # the outer error's type
+
+    @property
+    def at(self) -> str:
+        return f"RabbitMQ at {redact_url(self.where.url)}"
+
+    @property
+    def text(self) -> str:
+        return " ".join(str(e) for e in self.chain) or self.name
+
+    @property
+    def detail(self) -> str:
+        """The first that says something, past pika's workflow wrappers."""
+        return next((str(e) for e in self.chain if str(e) and not _is_wrapper(e)), self.name)
+
+    def found(self, kind: type[BaseException]) -> BaseException | None:
+        return next((e for e in self.chain if isinstance(e, kind)), None)
+
+
+def _untrusted(f: _Failure) -> str | None:
+    """RabbitMQ's server certificate failed verification."""
+    e = f.found(ssl.SSLCertVerificationError)
+    if not isinstance(e, ssl.SSLCertVerificationError):
+        return None
+    if "Hostname mismatch" in str(e) or "IP address mismatch" in str(e):
+        return (
+            f"{f.at}: its server certificate does not name the host "
+            f"{urlsplit(f.where.url).hostname!r} of the URL: connect by a name the "
+            f"certificate holds ({e.verify_message})"
+        )
+    return (
+        f"{f.at}: its server certificate is not trusted by {f.where.tls.trusted()}: "
+        f"{e.verify_message} (set PARTQ_AMQP_CA to the CA that signed it)"
+    )
+
+
+def _refused(f: _Failure) -> str | None:
+    """RabbitMQ refused the user: its login, the virtual host, or a resource."""
+    if f.found(pika.exceptions.ProbableAuthenticationError) or (
+        "ACCESS_REFUSED - Login was refused" in f.text
     ):
         how = (
             "check the client certificate (EXTERNAL auth: its CN must be a RabbitMQ user)"
-            if where.tls.external_auth
+            if f.where.tls.external_auth
             else "check the user and password in PARTQ_AMQP_URL (or PARTQ_AMQP_PASSWORD_FILE)"
         )
-        return BrokerUnavailable(f"{at}: authentication failed: {how}")
-    if found(pika.exceptions.AuthenticationError):
-        return BrokerUnavailable(f"{at}: authentication failed: {detail}")
-    if found(pika.exceptions.ProbableAccessDeniedError):
-        vhost = unquote(urlsplit(where.url).path[1:] or "/")
-        return BrokerUnavailable(
-            f"{at}: permission denied on the virtual host {vhost!r}: it must exist and "
-            f"the user needs permissions on it ({_reply_text(text)})"
+        return f"{f.at}: authentication failed: {how}"
+    if f.found(pika.exceptions.AuthenticationError):
+        return f"{f.at}: authentication failed: {f.detail}"
+    if f.found(pika.exceptions.ProbableAccessDeniedError):
+        vhost = unquote(urlsplit(f.where.url).path[1:] or "/")
+        return (
+            f"{f.at}: permission denied on the virtual host {vhost!r}: it must exist and "
+            f"the user needs permissions on it ({_reply_text(f.text)})"
         )
-    closed = found(pika.exceptions.ChannelClosedByBroker)
+    closed = f.found(pika.exceptions.ChannelClosedByBroker)
     if isinstance(closed, pika.exceptions.ChannelClosedByBroker) and closed.reply_code == 403:
-        return BrokerUnavailable(access_refused(where, closed.reply_text))
-    upper = text.upper()
-    if any(alert in upper for alert in _CLIENT_CERT_ALERTS) and where.tls.cert is None:
-        return BrokerUnavailable(
-            f"{at} requires a client certificate: set PARTQ_AMQP_CERT and PARTQ_AMQP_KEY "
-            f"(--amqp-cert, --amqp-key) ({detail})"
+        return access_refused(f.where, closed.reply_text)
+    return None
+
+
+def _tls_failed(f: _Failure) -> str | None:
+    """The TLS handshake failed: a client certificate wanted or refused, or no TLS there."""
+    upper, secure, cert = f.text.upper(), f.where.url.startswith("amqps://"), f.where.tls.cert
+    if any(alert in upper for alert in _CLIENT_CERT_ALERTS) and cert is None:
+        return (
+            f"{f.at} requires a client certificate: set PARTQ_AMQP_CERT and PARTQ_AMQP_KEY "
+            f"(--amqp-cert, --amqp-key) ({f.detail})"
         )
     if any(alert in upper for alert in (*_CLIENT_CERT_REFUSED, *_CLIENT_CERT_ALERTS)):
-        return BrokerUnavailable(
-            f"{at} refused the client certificate {where.tls.cert}: it must be signed by a "
-            f"CA RabbitMQ trusts (its ssl_options.cacertfile) and be current ({detail})"
+        return (
+            f"{f.at} refused the client certificate {cert}: it must be signed by a "
+            f"CA RabbitMQ trusts (its ssl_options.cacertfile) and be current ({f.detail})"
         )
-    if where.url.startswith("amqps://") and ("SSLEOFError" in text or "EOF occurred" in text):
+    if secure and ("SSLEOFError" in f.text or "EOF occurred" in f.text):
         # TLS 1.3: the server's alert can lose the race with our first write, which then
         # meets a closed connection instead of the alert's reason
-        if where.tls.cert is None:
-            return BrokerUnavailable(
-                f"{at} closed the TLS connection: it probably requires a client certificate: "
-                f"set PARTQ_AMQP_CERT and PARTQ_AMQP_KEY (--amqp-cert, --amqp-key) ({detail})"
+        if cert is None:
+            return (
+                f"{f.at} closed the TLS connection: it probably requires a client "
+                "certificate: set PARTQ_AMQP_CERT and PARTQ_AMQP_KEY (--amqp-cert, "
+                f"--amqp-key) ({f.detail})"
             )
-        return BrokerUnavailable(
-            f"{at} closed the TLS connection: it probably refused the client certificate "
-            f"{where.tls.cert}: it must be signed by a CA RabbitMQ trusts and be current "
-            f"({detail})"
+        return (
+            f"{f.at} closed the TLS connection: it probably refused the client certificate "
+            f"{cert}: it must be signed by a CA RabbitMQ trusts and be current ({f.detail})"
         )
-    if found(ssl.SSLError) or "SSLError" in text:
-        return BrokerUnavailable(
-            f"{at}: TLS failed: is this port a TLS listener (amqps://, usually 5671)? ({detail})"
+    if f.found(ssl.SSLError) or "SSLError" in f.text:
+        return (
+            f"{f.at}: TLS failed: is this port a TLS listener (amqps://, usually 5671)? "
+            f"({f.detail})"
         )
-    if not where.url.startswith("amqps://") and found(pika.exceptions.IncompatibleProtocolError):
-        return BrokerUnavailable(
-            f"{at}: the connection was dropped at the protocol header: is this a TLS "
-            f"port (then use amqps://)? ({detail})"
+    if not secure and f.found(pika.exceptions.IncompatibleProtocolError):
+        return (
+            f"{f.at}: the connection was dropped at the protocol header: is this a TLS "
+            f"port (then use amqps://)? ({f.detail})"
         )
-    return BrokerUnavailable(
-        f"cannot reach {at}: is it running? (set PARTQ_AMQP_URL or --amqp-url) ({detail})"
-    )
+    return None
 
 
 # RabbitMQ 3.10 leaves the permission out ("access to queue …"); later ones name it

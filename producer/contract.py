@@ -251,10 +251,10 @@ class StreamSpec:
     partitions: int
     queue_type: QueueType = "quorum"
     version: int = 1
-    # "dead-letter" for specs written before parking existed; `partq stream create` parks
+    # "dead-letter" where a stored spec lacks the field; `partq stream create` parks
     on_failure: OnFailure = "dead-letter"
     # quorum queues: members of each queue's Raft group (x-quorum-initial-group-size);
-    # None: the broker's default (no argument, as before this field existed)
+    # None: the broker's default (no argument)
     replicas: int | None = None
 
     def __post_init__(self) -> None:

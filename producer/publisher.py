@@ -138,6 +138,29 @@ def _unpack(
     )
 
 
+def _resolve(
+    stream: str | StreamSpec, amqp_url: AmqpURL | None, etcd: SpecSource | None
+) -> tuple[StreamSpec, AmqpURL]:
+    """The spec and the broker of a producer: as given, else read as the CLI reads them
+    (PARTQ_* environment > PARTQ_CONFIG file, the spec from etcd)."""
+    settings = None
+    if amqp_url is None or (etcd is None and not isinstance(stream, StreamSpec)):
+        settings = Settings.load()
+    if isinstance(stream, StreamSpec):
+        spec = stream
+    else:
+        validate_stream_name(stream)
+        if etcd is None:
+            assert settings is not None
+            spec = read_spec_from_settings(stream, settings)
+        else:
+            spec = etcd.read_spec(stream)
+    if amqp_url is None:
+        assert settings is not None
+        amqp_url = settings.amqp
+    return spec, amqp_url
+
+
 class Producer:
     """Publish keyed messages to a partq stream.
 
@@ -161,21 +184,7 @@ class Producer:
         reconnect_timeout: float = 30.0,
         name: str = "partq-producer",
     ) -> None:
-        settings = None
-        if amqp_url is None or (etcd is None and not isinstance(stream, StreamSpec)):
-            settings = Settings.load()  # as the CLI: PARTQ_* environment > PARTQ_CONFIG file
-        if isinstance(stream, StreamSpec):
-            spec = stream
-        else:
-            validate_stream_name(stream)
-            if etcd is None:
-                assert settings is not None
-                spec = read_spec_from_settings(stream, settings)
-            else:
-                spec = etcd.read_spec(stream)
-        if amqp_url is None:
-            assert settings is not None
-            amqp_url = settings.amqp
+        spec, amqp_url = _resolve(stream, amqp_url, etcd)
         spec.check_partitions(partitions)
         if window < 1:
             raise UsageError(f"window must be at least 1, got {window}")
@@ -217,12 +226,16 @@ class Producer:
         self._m_confirm_seconds = metrics.CONFIRM_SECONDS.labels(spec.name)
         self._m_in_flight = metrics.IN_FLIGHT.labels(spec.name)
         self._io = threading.Thread(target=self._run, name=f"{name}-io", daemon=True)
+        self._connect(connect_timeout)
+
+    def _connect(self, timeout: float) -> None:
+        """Start the I/O thread; wait for its first connection, or raise why there is none."""
         self._io.start()
-        if not self._ready.wait(connect_timeout + 1) or self._first_error is not None:
+        if not self._ready.wait(timeout + 1) or self._first_error is not None:
             self._closing = True
             self._wake()
             raise self._first_error or BrokerUnavailable(
-                f"no connection to RabbitMQ within {connect_timeout:.0f}s"
+                f"no connection to RabbitMQ within {timeout:.0f}s"
             )
 
     # -- the public surface -------------------------------------------------------------
@@ -726,8 +739,8 @@ class Producer:
     def _recycle_after_nack(self) -> None:
         """A nack: start over on a new connection (the next node of a list), at most once
         per ``_NACK_RECYCLE`` seconds. RabbitMQ 3.10 keeps nacking every publish on a channel
-        whose quorum-queue leader died, though the queue has a new leader (measured:
-        60 s of nacks on the old channel; a new channel confirms after 1 s)."""
+        whose quorum-queue leader died, though the queue has a new leader, while a new
+        channel confirms at once (docs/history.md)."""
         now = time.monotonic()
         if now - self._recycled_at < _NACK_RECYCLE:
             return

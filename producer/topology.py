@@ -116,9 +116,10 @@ def dead_letter_arguments(spec: StreamSpec) -> dict[str, Any]:
 
 
 def _earlier_arguments(spec: StreamSpec) -> list[dict[str, Any]]:
-    """What an earlier partq declared for quorum queues: dead letters through the default
-    exchange. Such queues work as they are (redeclaring them needs write access to
-    ``amq.default``)."""
+    """The quorum queue arguments partq 0.1.0 declared: dead letters through the default
+    exchange. Queue arguments cannot change once a queue exists, and such queues work as
+    they are (redeclaring them needs write access to ``amq.default``), so they are
+    accepted as found."""
     if spec.queue_type != "quorum":
         return []
     return [
@@ -130,10 +131,11 @@ def _earlier_arguments(spec: StreamSpec) -> list[dict[str, Any]]:
 
 
 def upgrade_policy_command(spec: StreamSpec) -> str:
-    """The ``rabbitmqctl`` command that gives a stream an earlier partq created its delivery limit.
+    """The ``rabbitmqctl`` command that gives a stream's quorum queues declared without a
+    delivery limit (as partq 0.1.0 declared them) the limit and the dead-lettering.
 
-    Queue arguments cannot change after a queue exists; a policy can add the limit and the
-    dead-lettering (``--apply-to queues``, which RabbitMQ 3.10 needs for quorum queues).
+    Queue arguments cannot change after a queue exists; a policy can add them
+    (``--apply-to queues``, which RabbitMQ 3.10 needs for quorum queues).
     """
     definition = json.dumps(
         {
@@ -150,7 +152,7 @@ def upgrade_policy_command(spec: StreamSpec) -> str:
 
 
 def _lacks_delivery_limit(error: pika.exceptions.ChannelClosedByBroker) -> bool:
-    """A PRECONDITION_FAILED from a queue an older partq declared without the limit."""
+    """A PRECONDITION_FAILED from a queue declared without the limit (partq 0.1.0's)."""
     text = error.reply_text
     return "inequivalent arg" in text and ("x-delivery-limit" in text or "x-dead-letter" in text)
 
@@ -183,13 +185,13 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
                     f"queue {queue} already exists with other settings ({e.reply_text}): "
                     f"delete it or use another stream name"
                 ) from None
-            legacy.append(queue)  # an older partq's queue: it stays, the policy upgrades it
+            legacy.append(queue)  # without the limit: it stays, the policy upgrades it
             channel = connection.channel()
             channel.queue_declare(queue, passive=True)
         channel.queue_bind(queue, spec.exchange, routing_key=str(partition))
     if legacy:
         log.warning(
-            "%d queues of stream %s have no delivery limit (created by an older partq): a "
+            "%d queues of stream %s have no delivery limit (declared by partq 0.1.0): a "
             "quorum queue then returns messages to its back, which can reorder a key during "
             "a handoff. Upgrade them with: %s",
             len(legacy),
@@ -205,7 +207,7 @@ def _declare_partition_queue(
     queue: str,
     spec: StreamSpec,
 ) -> BlockingChannel:
-    """Declare ``queue`` with today's arguments, or accept it as an earlier partq made it;
+    """Declare ``queue`` with partq's arguments, or accept it as partq 0.1.0 declared it;
     the channel to go on with (a refused declare closes the one it was made on)."""
     try:
         with _probe():
@@ -341,7 +343,7 @@ def detect_queue_type(connection: pika.BlockingConnection, stream: str) -> Queue
     for queue_type in QUEUE_TYPES:
         spec = StreamSpec(stream, 1, queue_type)
         candidates = [queue_arguments(spec), *_earlier_arguments(spec)]
-        if queue_type == "quorum":  # as partq before the delivery limit declared it
+        if queue_type == "quorum":  # without the delivery limit (upgrade_policy_command)
             candidates.append({"x-single-active-consumer": True, "x-queue-type": "quorum"})
         for arguments in candidates:
             channel = connection.channel()

@@ -245,7 +245,11 @@ def _value_problem(value: Any, path: str) -> str | None:
         pika.data.encode_value([], value)
         return None
     except Exception:
-        pass
+        return _unsendable(value, path)
+
+
+def _unsendable(value: Any, path: str) -> str:
+    """Why pika cannot encode ``value`` (a header at ``path``), and what to send instead."""
     what = f"header {path}"
     kind = type(value).__name__
     if isinstance(value, str):
