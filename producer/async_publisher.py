@@ -5,8 +5,9 @@ is the thread-based :class:`Producer`'s: this module adds no AMQP of its own. Wh
 what: the event loop's thread calls every method here and owns ``_waiting`` and the
 counters; the Producer's I/O thread owns the connection and settles its
 ``concurrent.futures`` futures, then reports them through ``on_settled``, which crosses to
-the loop with one ``call_soon_threadsafe`` per confirm frame (not one per message), where
-:meth:`AsyncProducer._settle` settles the matching asyncio futures.
+the loop through a queue and at most one scheduled ``call_soon_threadsafe`` at a time (not
+one per message or per confirm frame), where :meth:`AsyncProducer._settle` settles the
+matching asyncio futures.
 
 Nothing here blocks the loop: connecting and closing run in the loop's default executor;
 a publish is handed to the Producer only when the window has room, so the Producer never
@@ -67,6 +68,7 @@ class AsyncProducer:
         bound = inspect.signature(Producer).bind(stream, on_settled=self._on_settled, **options)
         bound.apply_defaults()
         self._window: int = bound.arguments["window"]  # Producer refuses one below 1
+        self._low_water = self._window - max(1, min(self._window // 4, _TURN))
         self._connect = functools.partial(Producer, *bound.args, **bound.kwargs)
         self._producer: Producer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -75,6 +77,10 @@ class AsyncProducer:
         self._space: deque[asyncio.Future[None]] = deque()  # waiting for room in the window
         self._idle: list[asyncio.Future[None]] = []  # waiting for nothing in flight
         self._since_turn = 0
+        # Settled futures on their way from the Producer's threads to the loop (a deque's
+        # append and popleft are thread-safe), and whether a _settle call is scheduled.
+        self._settled: deque[Sequence[Future[Receipt]]] = deque()
+        self._settle_scheduled = False
 
     @property
     def spec(self) -> StreamSpec:
@@ -250,14 +256,35 @@ class AsyncProducer:
         return waiter
 
     def _on_settled(self, futures: Sequence[Future[Receipt]]) -> None:
-        """The Producer's side (any thread): hand the settled futures to the loop."""
+        """The Producer's side (any thread): hand the settled futures to the loop, waking it
+        only if no hand-over is scheduled yet (confirm frames carry a few messages each)."""
+        self._settled.append(futures)
         loop = self._loop
-        if loop is None:
+        if loop is None or self._settle_scheduled:
             return
+        self._settle_scheduled = True
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to tell
-            loop.call_soon_threadsafe(self._settle, futures)
+            loop.call_soon_threadsafe(self._settle)
 
-    def _settle(self, futures: Sequence[Future[Receipt]]) -> None:
+    def _settle(self) -> None:
+        # The flag goes down before the queue is read: what is added after the last read
+        # schedules another call, and what was added before it is read here.
+        self._settle_scheduled = False
+        while self._settled:
+            self._settle_futures(self._settled.popleft())
+        # Room for a few messages at least, so that a full window does not wake a publisher
+        # for every confirm frame
+        while self._space and len(self._waiting) <= self._low_water:
+            space = self._space.popleft()
+            if not space.done():
+                space.set_result(None)
+        if not self._waiting:
+            for idle in self._idle:
+                if not idle.done():
+                    idle.set_result(None)
+            self._idle.clear()
+
+    def _settle_futures(self, futures: Sequence[Future[Receipt]]) -> None:
         for future in futures:
             waiter = self._waiting.pop(future, None)
             if waiter is None:  # refused before it was handed over: the caller got the error
@@ -270,15 +297,6 @@ class AsyncProducer:
                 waiter.set_exception(error)
             else:
                 waiter.set_result(future.result())
-        while self._space and len(self._waiting) < self._window:
-            space = self._space.popleft()
-            if not space.done():
-                space.set_result(None)
-        if not self._waiting:
-            for idle in self._idle:
-                if not idle.done():
-                    idle.set_result(None)
-            self._idle.clear()
 
 
 def _stop_waiting(futures: list[asyncio.Future[Receipt]]) -> None:
