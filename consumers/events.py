@@ -14,8 +14,10 @@ __all__ = [
     "BrokerConnection",
     "BrokerOutage",
     "BrokerRefused",
+    "CheckFlow",
     "CheckTakeovers",
     "ControllerEvent",
+    "FlowReady",
     "Handoff",
     "LeaveNow",
     "ParkStall",
@@ -90,6 +92,18 @@ class SettleTakeover:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckFlow:
+    """Time to look for stalled partitions (``consumers.flow``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlowReady:
+    """RabbitMQ's count of messages ready in the queues of partitions whose workers wait."""
+
+    ready: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
 class LeaveNow:
     """A stop was announced a while ago: leave the group now, whatever is still ours."""
 
@@ -131,6 +145,8 @@ ControllerEvent = (
     | Standby
     | SettleTakeover
     | CheckTakeovers
+    | CheckFlow
+    | FlowReady
     | BrokerRefused
     | ReportLoad
 )
