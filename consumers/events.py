@@ -15,6 +15,7 @@ __all__ = [
     "BrokerOutage",
     "BrokerRefused",
     "CheckFlow",
+    "CheckLeader",
     "CheckTakeovers",
     "ControllerEvent",
     "FlowReady",
@@ -129,6 +130,13 @@ class BrokerConnection:
     up: bool
 
 
+@dataclass(frozen=True, slots=True)
+class CheckLeader:
+    """A while after joining with the session ``lease``: does a coordinator lead the stream?"""
+
+    lease: int
+
+
 ControllerEvent = (
     Stop
     | LeaseLost
@@ -149,4 +157,5 @@ ControllerEvent = (
     | FlowReady
     | BrokerRefused
     | ReportLoad
+    | CheckLeader
 )
