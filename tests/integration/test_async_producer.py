@@ -191,9 +191,10 @@ def test_the_loop_keeps_turning_while_10000_messages_publish(
     # Then the ticker ran while the producer connected and while it published
     assert min(ticker.ticks[phase] for phase in ("open", "publish_many", "send")) >= 1, str(ticker)
     # And the loop was never busy for 30 ms at a stretch (measured: under 10 ms; checking
-    # 10,000 messages at once takes 55-85 ms), nor kept from running for a second
+    # 10,000 messages at once takes 55-85 ms), nor kept from running for 2 s (a backstop
+    # that includes the machine's own delays: 0.7 s at load 44 on 2 cores)
     assert ticker.max_cpu < 0.03, str(ticker)
-    assert ticker.max_lag < 1.0, str(ticker)
+    assert ticker.max_lag < 2.0, str(ticker)
     # And every message arrived, in order per key
     assert bodies_by_key(rabbitmq, spec) == {k: list(range(120)) for k in keys}
 
@@ -371,4 +372,4 @@ def test_connection_loss_keeps_per_key_order(
     # And what was unconfirmed at the close was republished once, keeping per-key order
     assert_republished_in_order(rabbitmq, spec, confirmed, publish_counts, window=200)
     # And the loop kept turning through the reconnect
-    assert ticker.max_cpu < 0.03 and ticker.max_lag < 1.0, str(ticker)
+    assert ticker.max_cpu < 0.03 and ticker.max_lag < 2.0, str(ticker)
