@@ -138,7 +138,7 @@ def _unpack(
     )
 
 
-def _resolve(
+def _spec_and_url(
     stream: str | StreamSpec, amqp_url: AmqpURL | None, etcd: SpecSource | None
 ) -> tuple[StreamSpec, AmqpURL]:
     """The spec and the broker of a producer: as given, else read as the CLI reads them
@@ -190,7 +190,7 @@ class Producer:
         name: str = "partq-producer",
         on_settled: Callable[[Sequence[Future[Receipt]]], None] | None = None,
     ) -> None:
-        spec, amqp_url = _resolve(stream, amqp_url, etcd)
+        spec, amqp_url = _spec_and_url(stream, amqp_url, etcd)
         spec.check_partitions(partitions)
         if window < 1:
             raise UsageError(f"window must be at least 1, got {window}")
