@@ -15,7 +15,7 @@ from consumers.signals import on_stop_signals
 from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
 from coordinator.service import CoordinatorConfig, StreamCoordinator
 from coordinator.status import render_html, snapshot_status
-from producer.contract import StreamSpec, key_from_id
+from producer.contract import StreamSpec
 
 log = logging.getLogger("partq.cli")
 
@@ -127,7 +127,7 @@ def coordinator(
         if spec is not None:
             report["dead_letters"] = depths.messages(spec.dead_letter_queue)
             for key in report["parked"]:
-                key["messages"] = depths.messages(spec.park_queue(key_from_id(key["key_id"])))
+                key["messages"] = depths.messages(key["queue"])
         return report
 
     def ready() -> bool:

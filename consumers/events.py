@@ -12,11 +12,13 @@ from coordinator.group import WatchEvent
 
 __all__ = [
     "BrokerConnection",
+    "BrokerOutage",
     "BrokerRefused",
     "CheckTakeovers",
     "ControllerEvent",
     "Handoff",
     "LeaveNow",
+    "ParkStall",
     "ReportLoad",
     "Resync",
     "RetryRelease",
@@ -24,6 +26,18 @@ __all__ = [
     "Standby",
     "WorkerFailed",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerOutage:
+    """The outage limit passed since RabbitMQ became unusable (the ``outage``-th time)."""
+
+    outage: int
+
+
+@dataclass(frozen=True, slots=True)
+class ParkStall:
+    """A partition began or ended waiting for a message to be parked (``/readyz``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +110,7 @@ class BrokerRefused:
 
 @dataclass(frozen=True, slots=True)
 class BrokerConnection:
-    """The connection to RabbitMQ went up or down."""
+    """The connection to RabbitMQ became usable (a channel took our prefetch) or went down."""
 
     up: bool
 
@@ -111,6 +125,8 @@ ControllerEvent = (
     | Handoff
     | WorkerFailed
     | BrokerConnection
+    | BrokerOutage
+    | ParkStall
     | LeaveNow
     | Standby
     | SettleTakeover

@@ -12,6 +12,8 @@ __all__ = [
     "HANDOFF_GAP_SECONDS",
     "HEADER_PROBLEMS",
     "LEASE_RENEWAL_FAILURES",
+    "PARKING_STALLED",
+    "PARK_FAILURES",
     "PARTITIONS_OWNED",
     "PARTITIONS_PAUSED",
     "REDELIVERIES",
@@ -63,6 +65,18 @@ PARKED = Counter(
     "partq_consumer_parked",
     "Messages moved to their key's parking queue (the one that failed, and every later one of a"
     " parked key)",
+    ["stream", "member"],
+)
+PARK_FAILURES = Counter(
+    "partq_consumer_park_failures",
+    "Failed attempts to park a message (etcd or RabbitMQ refused it): its partition waits and "
+    "tries again",
+    ["stream", "member"],
+)
+PARKING_STALLED = Gauge(
+    "partq_consumer_parking_stalled_partitions",
+    "Partitions waiting because their worker cannot park a message now (/readyz is false "
+    "meanwhile)",
     ["stream", "member"],
 )
 REDRIVES = Counter(

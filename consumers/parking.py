@@ -33,21 +33,30 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pika
 import pika.exceptions
 
-from consumers import control
+from consumers import control, metrics
 from consumers.broker import Delivery
 from coordinator.codec import Parked
 from coordinator.group import Group
 from kernel.amqp import AmqpURL, connect_blocking
 from kernel.errors import PartqError
-from producer.contract import StreamSpec, key_id
+from producer.contract import StreamSpec, key_bytes, key_id, long_key_id
 from producer.topology import park_queue_arguments
 
-__all__ = ["MAX_PARKED_KEYS", "ParkedKeys", "Parking", "TooManyParkedKeys", "too_many"]
+__all__ = [
+    "MAX_PARKED_KEYS",
+    "ParkStalls",
+    "ParkedKeys",
+    "Parking",
+    "TooManyParkedKeys",
+    "shown_key",
+    "too_many",
+]
 
 log = logging.getLogger("partq.consumer.parking")
 
@@ -70,6 +79,105 @@ def too_many(stream: str, count: int, limit: int, error: BaseException) -> TooMa
         f"{type(error).__name__}: {error} (not parked: stream {stream!r} has {count} parked "
         f"keys, the limit; redrive or purge some with `partq dlq`)"
     )
+
+
+_SHOWN = 80  # characters of a key, or of an error, in a log line (a key may be ~128 KiB)
+_SUMMARY_EVERY = 60.0  # seconds between "still failing" lines of one stalled partition
+
+
+def shown_key(key: str | bytes | None) -> str:
+    """A key for a log line: its ``repr``, cut short with its length when long."""
+    text = repr(key)
+    if key is None or len(text) <= _SHOWN:
+        return text
+    return f"{text[:_SHOWN]}... ({len(key_bytes(key))} bytes)"
+
+
+def _shown_error(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 4 * _SHOWN else text[: 4 * _SHOWN] + "..."
+
+
+@dataclass
+class _Stall:
+    key: str  # shown_key
+    since: float
+    logged: float
+    attempts: int = 0
+    error: str = ""
+
+
+class ParkStalls:
+    """The partitions whose worker cannot park a message now (etcd or RabbitMQ refusing):
+    such a partition waits, so it is told everywhere an operator looks: the gauge
+    ``partq_consumer_parking_stalled_partitions``, ``/readyz`` (``on_change`` tells the
+    daemon), the member's load report (``partq status``), and the log: one warning when a
+    stall begins, a summary every minute while it lasts, one line when it ends."""
+
+    def __init__(self, labels: tuple[str, str], on_change: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._stalls: dict[int, _Stall] = {}
+        self._on_change = on_change
+        self._failures = metrics.PARK_FAILURES.labels(*labels)
+        self._gauge = metrics.PARKING_STALLED.labels(*labels)
+
+    def stalled(self) -> list[int]:
+        with self._lock:
+            return sorted(self._stalls)
+
+    def failed(self, partition: int, key: str | bytes, error: BaseException) -> None:
+        """A park of ``key``'s message on ``partition`` failed (the worker tries again)."""
+        self._failures.inc()
+        now = time.monotonic()
+        with self._lock:
+            stall = self._stalls.get(partition)
+            began = stall is None
+            if stall is None:
+                stall = self._stalls[partition] = _Stall(shown_key(key), now, now)
+            stall.attempts += 1
+            stall.error = _shown_error(error)
+            summary = not began and now - stall.logged >= _SUMMARY_EVERY
+            if summary:
+                stall.logged = now
+            count = len(self._stalls)
+        if began:
+            self._gauge.set(count)
+            log.warning(
+                "partition %d: cannot park key %s (%s): the partition waits and tries again; "
+                "a summary follows every %.0fs",
+                partition,
+                stall.key,
+                stall.error,
+                _SUMMARY_EVERY,
+            )
+            self._on_change()
+        elif summary:
+            log.warning(
+                "partition %d: parking key %s still fails: %d attempts in %.0fs, the last: %s",
+                partition,
+                stall.key,
+                stall.attempts,
+                now - stall.since,
+                stall.error,
+            )
+
+    def ended(self, partition: int, parked: bool) -> None:
+        """The worker parked the message (``parked``), or stopped trying (it is not acked)."""
+        with self._lock:
+            stall = self._stalls.pop(partition, None)
+            count = len(self._stalls)
+        if stall is None:
+            return
+        self._gauge.set(count)
+        log.info(
+            "partition %d: key %s %s after %d failed attempts in %.0fs",
+            partition,
+            stall.key,
+            "parked" if parked else "left unparked (the partition stopped here)",
+            stall.attempts,
+            time.monotonic() - stall.since,
+        )
+        self._on_change()
 
 
 class ParkedKeys:
@@ -129,9 +237,12 @@ class Parking:
         member: str,
         group: Group,
         parked: ParkedKeys,
+        on_stall: Callable[[], None] = lambda: None,
         *,
         limit: int = MAX_PARKED_KEYS,
     ) -> None:
+        """``on_stall``: a partition began or ended waiting for a park (:class:`ParkStalls`)."""
+        self.stalls = ParkStalls((spec.name, member), on_stall)
         self.url = url
         self.spec = spec
         self.limit = limit
@@ -172,6 +283,7 @@ class Parking:
                 str(delivery.properties.message_id or ""),
                 self.member,
                 time.time(),
+                long_key=key_bytes(key) if long_key_id(name) else b"",
             )
             revision = self.group.park(record)
             self.parked.apply(name, record, revision)

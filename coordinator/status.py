@@ -96,6 +96,7 @@ def snapshot_status(
             "draining": m.id in drained,
             "leaving": m.leaving,
             "handled_per_s": handled[m.id].total if m.id in handled else None,
+            "parking_stalled": list(handled[m.id].parking_stalled) if m.id in handled else [],
         }
         for m in sorted(state.members.values(), key=lambda m: m.id)
     ]
@@ -126,8 +127,9 @@ def snapshot_status(
         "on_failure": spec.on_failure,
         "parked": [
             {
-                "key": r.key_text,
+                "key": r.key_shown,  # all of it: partq dlq list
                 "key_id": r.key_id,
+                "queue": spec.park_queue(r.key),
                 "partition": r.partition,
                 "error": r.error.splitlines()[-1][:200] if r.error else "",
                 "member": r.member,

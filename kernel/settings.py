@@ -24,9 +24,19 @@ from pydantic_settings import (
 from kernel.amqp import DEFAULT_AMQP_URL, AmqpTarget, AmqpTLS, redact_url, with_password
 from kernel.errors import UsageError
 
-__all__ = ["DEFAULT_ETCD_ENDPOINTS", "Endpoint", "HttpSecurity", "Settings"]
+__all__ = [
+    "DEFAULT_AMQP_OUTAGE_LIMIT",
+    "DEFAULT_ETCD_ENDPOINTS",
+    "Endpoint",
+    "HttpSecurity",
+    "Settings",
+]
 
 DEFAULT_ETCD_ENDPOINTS = "http://127.0.0.1:2379"
+# Seconds a consumer stays in its group without a usable RabbitMQ connection: past it the
+# member leaves, so its partitions move to members that can consume them. Longer than a
+# broker restart (a node takes ~5 s to accept connections, reconnects back off to 5 s).
+DEFAULT_AMQP_OUTAGE_LIMIT = 30.0
 
 Endpoint = tuple[str, int, bool]  # host, port, tls
 
@@ -78,6 +88,9 @@ class Settings(BaseSettings):
     """Key of the RabbitMQ client certificate; needs `amqp_cert`."""
     amqp_external_auth: bool = False
     """Authenticate to RabbitMQ with the client certificate (EXTERNAL)."""
+    amqp_outage_limit: float = DEFAULT_AMQP_OUTAGE_LIMIT
+    """Consumers: seconds a member stays in its group while RabbitMQ is unusable; past it,
+    it leaves so its partitions move, and rejoins once RabbitMQ works."""
     http_cert: Path | None = None
     """Certificate for HTTPS on the daemons' port; needs `http_key`."""
     http_key: Path | None = None
@@ -180,6 +193,13 @@ class Settings(BaseSettings):
     @classmethod
     def _check_endpoints(cls, value: str) -> str:
         parse_endpoints(value)
+        return value
+
+    @field_validator("amqp_outage_limit")
+    @classmethod
+    def _check_outage_limit(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError(f"must be a number of seconds above 0, got {value}")
         return value
 
     @field_validator("amqp_url")

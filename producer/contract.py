@@ -40,6 +40,7 @@ __all__ = [
     "key_bytes",
     "key_from_id",
     "key_id",
+    "long_key_id",
     "park_queue",
     "park_queue_pattern",
     "partition_for",
@@ -182,13 +183,32 @@ def key_bytes(key: str | bytes) -> bytes:
     return key.encode("utf-8") if isinstance(key, str) else bytes(key)
 
 
+# A key up to this many bytes is named by its unpadded base64url (at most 2,048 characters,
+# readable as it is); a longer one (the producer takes keys of ~128 KiB, as large as an AMQP
+# header frame allows) by ``sha256.<hex digest>``: "." is not base64url, so the two never
+# meet, and the full key is kept in the parked record.
+PLAIN_KEY_ID_BYTES = 1536
+_LONG_KEY_ID = "sha256."
+
+
 def key_id(key: str | bytes) -> str:
-    """A key as one etcd key segment: unpadded URL-safe base64 of its bytes."""
-    return base64.urlsafe_b64encode(key_bytes(key)).rstrip(b"=").decode("ascii")
+    """A key as one etcd key segment: unpadded URL-safe base64 of its bytes, or for a key
+    longer than :data:`PLAIN_KEY_ID_BYTES` ``sha256.`` and the hex digest of its bytes."""
+    data = key_bytes(key)
+    if len(data) > PLAIN_KEY_ID_BYTES:
+        return _LONG_KEY_ID + hashlib.sha256(data).hexdigest()
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def long_key_id(name: str) -> bool:
+    """Whether ``name`` is a long key's id (a digest: the key is not in it)."""
+    return name.startswith(_LONG_KEY_ID)
 
 
 def key_from_id(name: str) -> bytes:
-    """The key bytes of a :func:`key_id`."""
+    """The key bytes of a :func:`key_id`; ``ValueError`` for a long key's (a digest)."""
+    if long_key_id(name):
+        raise ValueError(f"{name} names a long key by its digest: the key is in its record")
     return base64.urlsafe_b64decode(name + "=" * (-len(name) % 4))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -12,12 +13,13 @@ from hypothesis import strategies as st
 
 from consumers.broker import Delivery
 from consumers.control import senders, users_of
-from consumers.parking import ParkedKeys, too_many
+from consumers.parking import ParkedKeys, ParkStalls, too_many
 from coordinator import codec
 from coordinator.codec import Parked
 from kernel.amqp import AmqpTarget, AmqpTLS
+from kernel.backoff import Backoff
 from kernel.errors import MalformedValue
-from producer.contract import StreamSpec, key_id, park_queue
+from producer.contract import PLAIN_KEY_ID_BYTES, StreamSpec, key_bytes, key_id, park_queue
 
 from .test_worker import PARTITION, SPEC, Run
 
@@ -25,7 +27,10 @@ OPERATOR = f"partq-{SPEC.name}-operator"
 
 
 def parked(key: str | bytes, partition: int = PARTITION) -> Parked:
-    return Parked(key_id(key), partition, "ValueError: boom", "ValueError", "m1", "c1", 1.0)
+    long = key_bytes(key) if len(key_bytes(key)) > PLAIN_KEY_ID_BYTES else b""
+    return Parked(
+        key_id(key), partition, "ValueError: boom", "ValueError", "m1", "c1", 1.0, long_key=long
+    )
 
 
 @given(st.binary(min_size=1, max_size=300))
@@ -42,6 +47,33 @@ def test_text_and_bytes_keys_are_one_key_and_one_queue() -> None:
     assert park_queue("s", "a") != park_queue("s", "b")
     assert parked(b"\xff\x00").key_text == "b64:/wA="
     assert parked("orders-7").key_text == "orders-7"
+
+
+@pytest.mark.parametrize("size", [PLAIN_KEY_ID_BYTES + 1, 60_000, 131_000])
+def test_a_long_key_is_named_by_its_digest_and_its_record_holds_it(size: int) -> None:
+    key = bytes(range(256)) * (size // 256) + b"k" * (size % 256)
+    record = parked(key)
+    assert record.key_id.startswith("sha256.") and len(record.key_id) == 71
+    decoded = codec.decode("parked", "s", record.key_id, codec.encode_parked(record))
+    assert decoded == record and decoded.key == key
+    assert park_queue("s", decoded.key) == park_queue("s", key)
+    assert len(decoded.key_shown) < 130 and f"({size} bytes)" in decoded.key_shown
+
+
+def test_a_key_up_to_the_limit_keeps_its_readable_id() -> None:
+    key = "k" * PLAIN_KEY_ID_BYTES
+    assert len(key_id(key)) == 2048 and parked(key).key == key.encode()
+
+
+def test_a_long_key_record_that_does_not_hold_its_key_is_malformed() -> None:
+    record = parked(b"x" * 2000)
+    other = codec.encode_parked(parked(b"y" * 2000))
+    with pytest.raises(MalformedValue, match="not the key"):
+        codec.decode("parked", "s", record.key_id, other)
+    with pytest.raises(MalformedValue):
+        codec.decode("parked", "s", record.key_id, codec.encode_parked(parked("short")))
+    with pytest.raises(ValueError, match="not the key it names"):
+        codec.encode_parked(Parked(record.key_id, 1, "e", "E", "m", "c1", 1.0, long_key=b"other"))
 
 
 def test_a_parked_key_name_must_be_base64url() -> None:
@@ -74,17 +106,23 @@ def test_the_latest_revision_of_a_key_wins() -> None:
 class FakeParking:
     """Parks into lists; replays what it holds through ``handle``."""
 
-    def __init__(self, limit: int = 1000) -> None:
+    def __init__(self, limit: int = 1000, failures: int = 0) -> None:
         self.parked = ParkedKeys()
         self.queues: dict[str, list[Delivery]] = {}
         self.revision = 0
         self.limit = limit
         self.senders = senders(SPEC.name, ["guest"])
+        self.failures = failures  # parks that fail first (etcd or RabbitMQ refusing)
+        self.changes: list[list[int]] = []  # what was stalled at each on_change
+        self.stalls = ParkStalls(("s", "m"), lambda: self.changes.append(self.stalls.stalled()))
 
     def refuse(self, error: BaseException) -> Any:
         return too_many(SPEC.name, len(self.parked), self.limit, error)
 
     def park(self, delivery: Delivery, key: Any, error: Any, attempts: int) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError(f"etcd refused parked/{key_id(key)}")
         name = key_id(key)
         if error is not None and self.parked.get(name) is None:
             self.revision += 1
@@ -240,3 +278,47 @@ def test_the_senders_are_the_operator_admin_and_each_of_the_consumers_own_users(
     }
     external = AmqpTarget("amqps://h1/%2F", AmqpTLS(external_auth=True))
     assert senders("orders", users_of(external)) == {"partq-orders-operator", "partq-orders-admin"}
+
+
+def test_a_failing_park_is_logged_once_with_the_key_cut_short_and_reported_until_it_works(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a parking worker whose parks fail 4 times, for a key of 60,000 bytes
+    caplog.set_level(logging.INFO, "partq.consumer")
+    monkeypatch.setattr("consumers.worker._DEAD_LETTER_BACKOFF", Backoff(initial=0.001))
+    parking = FakeParking(failures=4)
+    key = "k" * 60_000
+
+    def behaviour(message: Any) -> None:
+        raise ValueError("boom")
+
+    run = Run(behaviour, parking=parking, max_attempts=1)
+    run.deliver("b1", headers(key))
+    run.end()
+    # Then the message is parked in the end, and acked only then
+    assert len(parking.queues[key_id(key)]) == 1 and run.broker.acked == [1]
+    # And the stall was told once when it began and once when it ended, never 60 KB long
+    assert parking.changes == [[PARTITION], []]
+    lines = [r.getMessage() for r in caplog.records]
+    assert max(len(line) for line in lines) < 1000
+    began = [line for line in lines if "cannot park key" in line]
+    assert len(began) == 1 and "(60000 bytes)" in began[0], lines
+    assert sum("parked after 4 failed attempts" in line for line in lines) == 1
+    assert not [line for line in lines if "still fails" in line]  # within the first minute
+
+
+def test_a_long_stall_is_summed_up_once_a_minute(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, "partq.consumer")
+    now = [1000.0]
+    monkeypatch.setattr("consumers.parking.time.monotonic", lambda: now[0])
+    stalls = ParkStalls(("s", "m"), lambda: None)
+    for _ in range(200):  # every 0.5 s for 100 s
+        stalls.failed(3, b"key", RuntimeError("no"))
+        now[0] += 0.5
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "still fails: 121 attempts in 60s" in lines[1], lines
+    assert stalls.stalled() == [3]
+    stalls.ended(3, parked=False)
+    assert stalls.stalled() == [] and "left unparked" in caplog.records[-1].getMessage()
