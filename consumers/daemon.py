@@ -67,6 +67,7 @@ from consumers.events import (
     BrokerConnection,
     BrokerOutage,
     BrokerRefused,
+    CheckLeader,
     CheckTakeovers,
     ControllerEvent,
     Handoff,
@@ -113,6 +114,10 @@ log = logging.getLogger("partq.consumer")
 
 _BACKOFF = Backoff()  # joining, and resyncing with etcd: 0.2 s doubling to 5 s
 
+# Seconds after joining before a member with no coordinator leading its stream says so:
+# nothing is ever assigned without one, and a new user would otherwise wait in silence.
+NO_LEADER_WARNING = 5.0
+
 
 class Consumer:
     """A member of a stream's group (the module docstring). ``broker``: the RabbitMQ edge's
@@ -139,6 +144,7 @@ class Consumer:
         self.watch_id: int | None = None
         self.stopping = False
         self.deleted = False  # the stream is gone; waiting for it to be created again
+        self.leaderless = False  # said that no coordinator leads: say so when one does
         # Not in the group for want of a usable broker: before RabbitMQ first worked, and
         # after it was unusable for the outage limit. Joins (again) once it works.
         self.away = True
@@ -260,6 +266,9 @@ class Consumer:
                 # a recreated stream is read afresh (_resync), and so is the group on a rejoin
                 if not self.deleted and not self.away:
                     self.partitions.apply(event)
+                    self._leader_seen()
+            case CheckLeader(lease=lease):
+                self._check_leader(lease)
             case WatchFailed(error=error):
                 if not self.stopping:
                     log.warning("etcd watch failed: %s; consuming on, resyncing", error)
@@ -403,6 +412,28 @@ class Consumer:
         log.info("joined %s as %s (lease %x)", self.spec.name, self.member, self.session.id)
         self.partitions.session = self.session
         self._resync()
+        self._after(NO_LEADER_WARNING, CheckLeader(self.session.id))
+
+    def _check_leader(self, lease: int) -> None:
+        """Warn, once per join, when no coordinator leads the stream."""
+        session = self.session
+        if self.stopping or self.deleted or session is None or session.id != lease:
+            return
+        if self.partitions.mirror.candidates:
+            return
+        self.leaderless = True
+        log.warning(
+            "no coordinator leads stream %s (%gs after joining): nothing is assigned until "
+            "one runs; start one with `partq coordinator %s`",
+            self.spec.name,
+            NO_LEADER_WARNING,
+            self.spec.name,
+        )
+
+    def _leader_seen(self) -> None:
+        if self.leaderless and self.partitions.mirror.candidates:
+            self.leaderless = False
+            log.info("a coordinator now runs for stream %s", self.spec.name)
 
     def _resync(self) -> None:
         if self.watch_id is not None:

@@ -14,6 +14,7 @@ __all__ = [
     "BrokerConnection",
     "BrokerOutage",
     "BrokerRefused",
+    "CheckLeader",
     "CheckTakeovers",
     "ControllerEvent",
     "Handoff",
@@ -115,6 +116,13 @@ class BrokerConnection:
     up: bool
 
 
+@dataclass(frozen=True, slots=True)
+class CheckLeader:
+    """A while after joining with the session ``lease``: does a coordinator lead the stream?"""
+
+    lease: int
+
+
 ControllerEvent = (
     Stop
     | LeaseLost
@@ -133,4 +141,5 @@ ControllerEvent = (
     | CheckTakeovers
     | BrokerRefused
     | ReportLoad
+    | CheckLeader
 )

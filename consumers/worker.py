@@ -421,7 +421,7 @@ class Worker(threading.Thread):
         delays = _DEAD_LETTER_BACKOFF.delays()
         while not self.stopped.is_set():
             try:
-                self.parking.park(delivery, key, error, attempts)
+                self.parking.park(delivery, key, error, attempts, self.session)
             except Exception as e:  # etcd or broker trouble: keep the message, try again
                 stalls.failed(self.partition, key, e)
                 self.stopped.wait(delays.next())
