@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     amqp_outage_limit: float = DEFAULT_AMQP_OUTAGE_LIMIT
     """Consumers: seconds a member stays in its group while RabbitMQ is unusable; past it,
     it leaves so its partitions move, and rejoins once RabbitMQ works."""
+    stall_after: float = 30.0
+    """Consumers: seconds an owned partition may get nothing while its queue has messages
+    ready before it is reported stalled (`partition N: stalled`,
+    `partq_consumer_stalled_partitions`); 0: never."""
     http_cert: Path | None = None
     """Certificate for HTTPS on the daemons' port; needs `http_key`."""
     http_key: Path | None = None
@@ -200,6 +204,13 @@ class Settings(BaseSettings):
     def _check_outage_limit(cls, value: float) -> float:
         if not value > 0:
             raise ValueError(f"must be a number of seconds above 0, got {value}")
+        return value
+
+    @field_validator("stall_after")
+    @classmethod
+    def _check_stall_after(cls, value: float) -> float:
+        if not value >= 0:
+            raise ValueError(f"must be a number of seconds, 0 or more, got {value}")
         return value
 
     @field_validator("amqp_url")
