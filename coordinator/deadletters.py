@@ -40,6 +40,7 @@ from producer.contract import (
     HEADER_ERROR_TYPE,
     HEADER_FAILED_MS,
     HEADER_FAILED_PARTITION,
+    HEADER_KEY_B64,
     HEADER_MEMBER,
     HEADER_PARTITION,
     StreamSpec,
@@ -121,8 +122,12 @@ class DeadLetter:
 def letter_from(position: int, properties: pika.BasicProperties, body: bytes) -> DeadLetter:
     """What a dead letter's properties say; a malformed header reads as missing."""
     headers: Mapping[str, Any] = properties.headers or {}
-    try:
-        key = decode_key(headers)
+    key: str | bytes | None
+    try:  # strictly, as the consumer reads it (a malformed key was dead-lettered for it)
+        if HEADER_KEY_B64 in headers:
+            key = base64.b64decode(headers[HEADER_KEY_B64], validate=True)
+        else:
+            key = decode_key(headers)
     except (ValueError, TypeError):
         key = None
     partition = _int(headers.get(HEADER_FAILED_PARTITION))

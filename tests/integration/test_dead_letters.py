@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from coordinator import dlq
+from coordinator import deadletters, dlq
 from coordinator.group import Group
 from producer import Producer, StreamSpec
 from producer.contract import QueueType
@@ -115,6 +115,10 @@ def test_dead_letters_are_listed_in_place_then_redriven_and_purged_by_key(
         partq(fleet_, "dlq", "show", fleet_.stream, "--key", "key-a", "--json").stdout
     )
     assert ids(shown["dead_letter_messages"]) == [f"key-a:{s}" for s in range(PER_KEY)]
+    assert ids(listed(fleet_)) == ids(first)
+    # And reading more often than RabbitMQ 4's default delivery limit (20) loses none
+    for _ in range(21):
+        deadletters.read(rabbitmq, spec)
     assert ids(listed(fleet_)) == ids(first)
 
     # When the handler is fixed and key-a's dead letters redriven
