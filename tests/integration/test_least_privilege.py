@@ -248,6 +248,22 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
         assert declare("c-1", "stolen") == 403
         assert declare("admin", "partq.other.p00000") == 403
 
+        # ... and the operator reads, redrives and purges dead letters with its own rights:
+        # a dead letter of k08 (as the consumer writes one) behind c-1's headerless one
+        with _amqp(site, "c-1") as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            headers = {"partq-key": "k08", "x-partq-error-type": "ValueError"}
+            body = json.dumps({"key": "k08", "seq": 100}).encode()
+            properties = pika.BasicProperties(headers=headers, message_id="k08:100")
+            channel.basic_publish(f"partq.{STREAM}.dlx", f"partq.{STREAM}.dlq", body, properties)
+        listed = site.partq("operator", "dlq", "list", STREAM)
+        assert f"dead letters in partq.{STREAM}.dlq: 2" in listed and "k08" in listed
+        site.partq("operator", "dlq", "redrive", STREAM, "--dead-letters", "--key", "k08")
+        wait_until(lambda: ("k08", 100) in handled(), 30, 0.2, "the dead letter redriven")
+        purged = site.partq("operator", "dlq", "purge", STREAM, "--dead-letters", "--yes")
+        assert "1 dead letters of every key purged; 0 left" in purged
+
         # ... and a claim that c-1's credentials put in c-2's name, on a lease of their
         # own (etcd allows it: the claims prefix is shared), is reported by its readers
         victim = min(p for p, owner in state.assignment.items() if owner == "c-2")
