@@ -132,6 +132,7 @@ def consume(
         handler_timeout=handler_timeout or None,
         announce_leave=announce_leave,
         load_report=load_report,
+        amqp_outage_limit=ctx.settings.amqp_outage_limit,
     )
     consumer = Consumer(ctx.registry(), function, config, amqp_url=ctx.settings.amqp)
     server = serve_http(

@@ -38,7 +38,7 @@ def _when(at: float) -> str:
 
 def _letter_row(d: deadletters.DeadLetter) -> str:
     failed = "?" if d.failed_ms is None else _when(d.failed_ms / 1000)
-    error = f"{d.error_type or '?'}: {d.error.splitlines()[-1] if d.error else ''}"
+    error = ((d.error or "").splitlines() or [d.error_type or "?"])[-1]  # "ValueError: why"
     attempts = "?" if d.attempts is None else str(d.attempts)
     partition = "?" if d.partition is None else str(d.partition)
     return printable(
@@ -96,7 +96,8 @@ def list_(ctx: Context, stream: str, limit: int, as_json: bool) -> None:
         for k in keys:
             r = k.record
             count = "?" if k.messages is None else str(k.messages)
-            error = f"{r.error_type}: {r.error.splitlines()[-1] if r.error else ''}"
+            # the error is Python's own line for the exception: "ValueError: why"
+            error = (r.error.splitlines() or [r.error_type])[-1]
             click.echo(
                 printable(
                     f"{r.key_text:<24} {r.partition:>9} {count:>8}  {_when(r.at):<19}  {error[:80]}"
@@ -241,9 +242,10 @@ def _act_on_dead_letters(
     )
     if acted.unroutable:
         raise click.ClickException(
-            f"{acted.unroutable} dead letters name neither a key nor a partition and stay in "
-            f"{spec.dead_letter_queue}: see them with `partq dlq list {stream}`, move them by "
-            f"hand or `partq dlq purge {stream} --dead-letters --yes`"
+            f"{acted.unroutable} dead letters cannot be redriven (no key and no partition, or "
+            f"a `partq dlq` request the consumer refused) and stay in {spec.dead_letter_queue}: "
+            f"see them with `partq dlq list {stream} --json`, then purge them "
+            f"(`partq dlq purge {stream} --dead-letters [--key K] --yes`)"
         )
 
 

@@ -54,6 +54,12 @@ def status(ctx: Context, stream: str, as_json: bool) -> None:
             f"drained (given no partitions; undo: partq drain {stream} MEMBER --cancel): "
             + ", ".join(drained)
         )
+    for m in report["members"]:
+        if m.get("parking_stalled"):
+            click.echo(
+                f"  {m['id']}: partitions {m['parking_stalled']} wait: a message cannot be "
+                "parked (its log says why)"
+            )
     for line in beyond_lines(report):
         say(line)
     say(f"unassigned: {report['unassigned'] or '-'}")

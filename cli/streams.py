@@ -9,7 +9,7 @@ import click
 from cli.context import Context, pass_context
 from coordinator import admin
 from kernel.errors import StreamNotFound
-from producer.contract import ON_FAILURE, QUEUE_TYPES, StreamSpec
+from producer.contract import ON_FAILURE, QUEUE_TYPES, StreamSpec, refuse_overlap
 
 
 @click.group()
@@ -62,6 +62,7 @@ def create(
     Refused when RabbitMQ already has partition queues of NAME that disagree: queues
     beyond the count, or queues with no spec in etcd (then use --adopt).
     """
+    refuse_overlap(name)  # before etcd: the caller's rights may not reach such a name
     if adopt:
         spec, created = admin.adopt_stream(
             ctx.registry(),

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from consumers.daemon import Consumer, ConsumerConfig
-from consumers.message import Handler, Message, load_handler
+from consumers.message import Handler, Message, check_handler, load_handler
 from consumers.signals import on_stop_signals
 from kernel.settings import Settings
 from producer.registry import Registry
@@ -29,12 +29,16 @@ def run(
     The first signal drains (finish and ack what was delivered, release the
     partitions, revoke the lease) within ``drain_timeout``; a second exits at once.
     """
+    check_handler(handler)  # an async one: a usage error before anything connects
     settings = settings or Settings.load()
     registry = Registry.connect(settings)
     consumer = Consumer(
         registry,
         handler,
-        ConsumerConfig(stream=stream, **config),  # type: ignore[arg-type]
+        ConsumerConfig(
+            stream=stream,
+            **{"amqp_outage_limit": settings.amqp_outage_limit, **config},  # type: ignore[arg-type]
+        ),
         amqp_url=settings.amqp,
     )
     if install_signal_handlers:

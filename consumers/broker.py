@@ -384,9 +384,28 @@ class Broker(threading.Thread):
         connection.ioloop.stop()
 
     def _opened(self, connection: SelectConnection) -> None:
-        log.info("connected to RabbitMQ at %s", self.nodes.where)
-        self.connected.set()
-        self._on_connection(True)
+        """Connected only once a channel takes our prefetch: a member that cannot open one
+        could not consume its partitions, so it must not be in the group (the daemon joins
+        on ``on_connection(True)``)."""
+
+        def usable(channel: Channel) -> None:
+            channel.close()
+            log.info("connected to RabbitMQ at %s", self.nodes.where)
+            self.connected.set()
+            self._on_connection(True)
+
+        def refused(_channel: Channel, reason: BaseException) -> None:
+            if not self.connected.is_set() and connection.is_open:
+                log.warning(
+                    "RabbitMQ refused a channel with prefetch %d: %r", self.prefetch, reason
+                )
+                connection.close()
+
+        def opened(channel: Channel) -> None:
+            channel.add_on_close_callback(refused)
+            channel.basic_qos(prefetch_count=self.prefetch, callback=lambda _f: usable(channel))
+
+        connection.channel(on_open_callback=opened)
 
     def _closed(self, connection: SelectConnection, reason: BaseException) -> None:
         if connection is self._fenced:

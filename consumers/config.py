@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 from coordinator.group import validate_member_id
 from kernel import __version__
+from kernel.amqp import MAX_PREFETCH
+from kernel.errors import UsageError
+from kernel.settings import DEFAULT_AMQP_OUTAGE_LIMIT
 
 __all__ = [
     "DEFAULT_HANDLER_TIMEOUT",
@@ -58,14 +61,22 @@ class ConsumerConfig:
     # Seconds between load reports (what this member handled per partition, put in etcd for
     # the leader's lag-aware assignment and the status page); 0: no reports.
     load_report: float = 5.0
+    # Seconds without a usable RabbitMQ connection before the member leaves its group (the
+    # setting PARTQ_AMQP_OUTAGE_LIMIT; kernel.settings.DEFAULT_AMQP_OUTAGE_LIMIT).
+    amqp_outage_limit: float = DEFAULT_AMQP_OUTAGE_LIMIT
 
     def __post_init__(self) -> None:
         if self.member_id is not None:  # InvalidMemberId: a usage error, exit code 2
             validate_member_id(self.member_id)
         if self.weight < 1:
             raise ValueError(f"weight must be at least 1, got {self.weight}")
-        if self.prefetch < 1:
-            raise ValueError(f"prefetch must be at least 1, got {self.prefetch}")
+        if not 1 <= self.prefetch <= MAX_PREFETCH:  # a usage error: exit 2, one line
+            raise UsageError(
+                f"prefetch must be between 1 and {MAX_PREFETCH} (RabbitMQ's basic.qos takes a "
+                f"16-bit count), got {self.prefetch}"
+            )
+        if not self.amqp_outage_limit > 0:
+            raise ValueError(f"AMQP outage limit must be above 0, got {self.amqp_outage_limit}")
         if self.max_attempts < 1:
             raise ValueError(f"max attempts must be at least 1, got {self.max_attempts}")
         if not self.load_report >= 0:

@@ -29,6 +29,13 @@ and released as on a stop, the failed one is abandoned (its unacked deliveries
 return to the queue when the connection closes, before the lease is revoked):
 the partition moves to another member and the supervisor restarts this one.
 
+A consumer is a member only while it can consume: it joins the group once its RabbitMQ
+connection works and a channel takes its prefetch (not before: with a wrong password it
+would hold partitions it cannot read). When RabbitMQ is unusable for longer than the AMQP
+outage limit (``amqp_outage_limit``, the setting ``PARTQ_AMQP_OUTAGE_LIMIT``, 30 s by
+default), it leaves the group so its partitions move, and rejoins once RabbitMQ works
+again; ``/readyz`` is false meanwhile.
+
 A stream deleted while the consumer runs: ``/readyz`` turns false, a log line
 says so, every partition stops (the queues are gone) and the member waits,
 without a lease, for the stream to be created again; then it rejoins (or exits
@@ -58,11 +65,14 @@ from consumers.config import (
 )
 from consumers.events import (
     BrokerConnection,
+    BrokerOutage,
     BrokerRefused,
+    CheckLeader,
     CheckTakeovers,
     ControllerEvent,
     Handoff,
     LeaveNow,
+    ParkStall,
     ReportLoad,
     Resync,
     RetryRelease,
@@ -72,7 +82,7 @@ from consumers.events import (
 )
 from consumers.handoff import Event
 from consumers.load import LoadMeter
-from consumers.message import Handler
+from consumers.message import Handler, check_handler
 from consumers.parking import ParkedKeys, Parking
 from consumers.partitions import Partitions
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
@@ -104,6 +114,10 @@ log = logging.getLogger("partq.consumer")
 
 _BACKOFF = Backoff()  # joining, and resyncing with etcd: 0.2 s doubling to 5 s
 
+# Seconds after joining before a member with no coordinator leading its stream says so:
+# nothing is ever assigned without one, and a new user would otherwise wait in silence.
+NO_LEADER_WARNING = 5.0
+
 
 class Consumer:
     """A member of a stream's group (the module docstring). ``broker``: the RabbitMQ edge's
@@ -118,8 +132,8 @@ class Consumer:
         amqp_url: AmqpURL = DEFAULT_AMQP_URL,
         broker: Callable[..., Broker] = Broker,
     ) -> None:
+        self.handler = check_handler(handler)  # before anything connects: a usage error
         self.registry = registry
-        self.handler = handler
         self.config = config
         self.member = config.member
         self.spec: StreamSpec = registry.read_spec(config.stream)
@@ -130,6 +144,12 @@ class Consumer:
         self.watch_id: int | None = None
         self.stopping = False
         self.deleted = False  # the stream is gone; waiting for it to be created again
+        self.leaderless = False  # said that no coordinator leads: say so when one does
+        # Not in the group for want of a usable broker: before RabbitMQ first worked, and
+        # after it was unusable for the outage limit. Joins (again) once it works.
+        self.away = True
+        self._broker_up = False
+        self._outages = 0  # broker losses so far: a BrokerOutage of an earlier one is stale
         self.exit_code: int | None = None  # set by a failure: run() returns it
         self._deadline: float | None = None
         self.ready = threading.Event()
@@ -139,7 +159,14 @@ class Consumer:
         self.load = LoadMeter()
         self.dead_letters = DeadLetters(amqp_url, self.spec, self.member)
         self.parking = (
-            Parking(amqp_url, self.spec, self.member, self.group, ParkedKeys())
+            Parking(
+                amqp_url,
+                self.spec,
+                self.member,
+                self.group,
+                ParkedKeys(),
+                on_stall=lambda: self.events.put(ParkStall()),
+            )
             if self.spec.on_failure == "park"
             else None
         )
@@ -204,7 +231,7 @@ class Consumer:
     def _run(self) -> int:
         self.alive.set()
         self.broker.start()
-        self._join()
+        log.info("waiting for a usable RabbitMQ connection before joining %s", self.spec.name)
         if self.config.load_report > 0:
             self._after(self.config.load_report, ReportLoad())
         try:
@@ -236,14 +263,19 @@ class Consumer:
             case WatchEvent(kind="spec"):
                 self._on_spec(event)
             case WatchEvent():
-                if not self.deleted:  # a recreated stream is read afresh (_resync)
+                # a recreated stream is read afresh (_resync), and so is the group on a rejoin
+                if not self.deleted and not self.away:
                     self.partitions.apply(event)
+                    self._leader_seen()
+            case CheckLeader(lease=lease):
+                self._check_leader(lease)
             case WatchFailed(error=error):
                 if not self.stopping:
                     log.warning("etcd watch failed: %s; consuming on, resyncing", error)
                     self._schedule(Resync())
             case Resync():
-                self._resync()
+                if self.deleted or not self.away:  # away: the rejoin reads the group afresh
+                    self._resync()
             case LeaseLost():
                 if not self.deleted:  # deleted: the session was closed on purpose
                     self._fence()
@@ -278,9 +310,12 @@ class Consumer:
                 self.partitions.abandon(partition)  # never subscribed again: it would spin
                 self._fail(EXIT_PERMISSION_DENIED, reason)
             case BrokerConnection(up=up):
-                if up:
-                    self.partitions.resubscribe()
+                self._on_broker(up)
+            case ParkStall():
                 self._update_ready()
+            case BrokerOutage(outage=outage):
+                if outage == self._outages and not self._broker_up:
+                    self._leave_for_broker()
 
     def _report_load(self) -> None:
         """Put what we handled per partition since the last report; skipped while stopping,
@@ -293,7 +328,8 @@ class Consumer:
             return
         if not session.fresh():  # etcd has not answered lately: no report to wait on
             return
-        report = LoadReport(self.member, rates, time.time(), round(elapsed, 3))
+        stalled = tuple(self.parking.stalls.stalled()) if self.parking is not None else ()
+        report = LoadReport(self.member, rates, time.time(), round(elapsed, 3), stalled)
         try:
             self.group.report_load(report, session)
         except PartqError as e:  # etcd away, or the role may not write it: consuming goes on
@@ -311,6 +347,49 @@ class Consumer:
         timer.start()
 
     # -- membership, sessions, fencing ---------------------------------------------------
+
+    def _on_broker(self, up: bool) -> None:
+        """Join once the broker works; leave when it has not for the outage limit."""
+        was, self._broker_up = self._broker_up, up
+        if up and self.away:
+            self._join_when_usable()
+        elif up:
+            self.partitions.resubscribe()
+        elif was and not self.away:
+            self._outages += 1
+            self._after(self.config.amqp_outage_limit, BrokerOutage(self._outages))
+        self._update_ready()
+
+    def _join_when_usable(self) -> None:
+        """Join now if the broker works (and we are not stopping or without the stream);
+        else stay away: :meth:`_on_broker` joins once it works."""
+        if self.stopping or self.deleted:
+            return
+        if not self.broker.connected.is_set():
+            self.away = True
+            return
+        self.away = False
+        self._join()
+
+    def _leave_for_broker(self) -> None:
+        """RabbitMQ has been unusable for the outage limit: our partitions stall here, so
+        leave the group (they move to members that can consume them) until it works again."""
+        if self.away or self.stopping or self.deleted or self.session is None:
+            return
+        log.warning(
+            "RabbitMQ unusable for %gs (the AMQP outage limit, PARTQ_AMQP_OUTAGE_LIMIT): "
+            "leaving the group so its partitions move; rejoining once it works",
+            self.config.amqp_outage_limit,
+        )
+        self.away = True
+        self.ready.clear()
+        if self.watch_id is not None:
+            self.group.cancel_watch(self.watch_id)
+            self.watch_id = None
+        self.partitions.drop()
+        self.partitions.forget()  # read afresh on the rejoin
+        self.session.close(revoke=True)  # our member key and claims go at once
+        self.session = self.partitions.session = None
 
     def _join(self) -> None:
         """New session, register the member, mirror the group (retrying while etcd is down)."""
@@ -333,6 +412,28 @@ class Consumer:
         log.info("joined %s as %s (lease %x)", self.spec.name, self.member, self.session.id)
         self.partitions.session = self.session
         self._resync()
+        self._after(NO_LEADER_WARNING, CheckLeader(self.session.id))
+
+    def _check_leader(self, lease: int) -> None:
+        """Warn, once per join, when no coordinator leads the stream."""
+        session = self.session
+        if self.stopping or self.deleted or session is None or session.id != lease:
+            return
+        if self.partitions.mirror.candidates:
+            return
+        self.leaderless = True
+        log.warning(
+            "no coordinator leads stream %s (%gs after joining): nothing is assigned until "
+            "one runs; start one with `partq coordinator %s`",
+            self.spec.name,
+            NO_LEADER_WARNING,
+            self.spec.name,
+        )
+
+    def _leader_seen(self) -> None:
+        if self.leaderless and self.partitions.mirror.candidates:
+            self.leaderless = False
+            log.info("a coordinator now runs for stream %s", self.spec.name)
 
     def _resync(self) -> None:
         if self.watch_id is not None:
@@ -367,7 +468,7 @@ class Consumer:
         if self.session is not None:
             self.session.close(revoke=False)
         if not self.stopping:
-            self._join()
+            self._join_when_usable()
 
     # -- failures and a deleted stream -----------------------------------------------------
 
@@ -435,7 +536,7 @@ class Consumer:
             return
         log.info("stream %s was recreated: rejoining its group", spec.name)
         self.deleted = False
-        self._join()
+        self._join_when_usable()
 
     def _begin_stop(self) -> None:
         if self.stopping:
@@ -483,10 +584,17 @@ class Consumer:
                 self.group.leave(self.member, self.session)
             except EtcdUnavailable as e:
                 log.warning("cannot leave the group in etcd: %s", e)
+        if not self._broker_up:
+            # Nothing can be drained: the broker requeued what we held when the connection
+            # died, and no subscription was made since (the controller makes them). Waiting
+            # would only run out the drain timeout; the claims go with the revoked lease.
+            self.partitions.drop()
         self.partitions.sync_all()
 
     def _update_ready(self) -> None:
         healthy = not self.stopping and not self.deleted and self.exit_code is None
+        if self.parking is not None and self.parking.stalls.stalled():
+            healthy = False  # a partition waits for a park: ParkStalls logs why
         if healthy and self.broker.connected.is_set() and self.session is not None:
             self.ready.set()
         else:

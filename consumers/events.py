@@ -12,11 +12,14 @@ from coordinator.group import WatchEvent
 
 __all__ = [
     "BrokerConnection",
+    "BrokerOutage",
     "BrokerRefused",
+    "CheckLeader",
     "CheckTakeovers",
     "ControllerEvent",
     "Handoff",
     "LeaveNow",
+    "ParkStall",
     "ReportLoad",
     "Resync",
     "RetryRelease",
@@ -24,6 +27,18 @@ __all__ = [
     "Standby",
     "WorkerFailed",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerOutage:
+    """The outage limit passed since RabbitMQ became unusable (the ``outage``-th time)."""
+
+    outage: int
+
+
+@dataclass(frozen=True, slots=True)
+class ParkStall:
+    """A partition began or ended waiting for a message to be parked (``/readyz``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +111,16 @@ class BrokerRefused:
 
 @dataclass(frozen=True, slots=True)
 class BrokerConnection:
-    """The connection to RabbitMQ went up or down."""
+    """The connection to RabbitMQ became usable (a channel took our prefetch) or went down."""
 
     up: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CheckLeader:
+    """A while after joining with the session ``lease``: does a coordinator lead the stream?"""
+
+    lease: int
 
 
 ControllerEvent = (
@@ -111,10 +133,13 @@ ControllerEvent = (
     | Handoff
     | WorkerFailed
     | BrokerConnection
+    | BrokerOutage
+    | ParkStall
     | LeaveNow
     | Standby
     | SettleTakeover
     | CheckTakeovers
     | BrokerRefused
     | ReportLoad
+    | CheckLeader
 )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import importlib
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -14,7 +16,15 @@ from kernel.errors import PartqError, UsageError
 from producer.contract import HEADER_KEY, HEADER_KEY_B64, HEADER_PARTITION, HEADER_PUBLISHED_MS
 from producer.spark.replay import HEADER_BATCH_ID, HEADER_QUERY_ID, HEADER_SEQ, ReplayId
 
-__all__ = ["Handler", "MalformedHeaders", "Message", "load_handler", "message_from"]
+__all__ = [
+    "AwaitableReturned",
+    "Handler",
+    "MalformedHeaders",
+    "Message",
+    "check_handler",
+    "load_handler",
+    "message_from",
+]
 
 HEADER_DELIVERY_COUNT = "x-delivery-count"  # set by quorum queues on redelivered messages
 
@@ -31,6 +41,19 @@ class MalformedHeaders(PartqError, ValueError):
         self.header = header
         self.value = value
         super().__init__(f"header {header}: {_show(value)} is not {expected}")
+
+
+class AwaitableReturned(PartqError, TypeError):
+    """The handler returned an awaitable (a coroutine): partq calls handlers synchronously,
+    so the work it stands for never ran. A failed attempt like any other (retried, then the
+    key parked or the message dead-lettered), never an ack; a coroutine is closed unrun."""
+
+    def __init__(self, handler: object, result: object) -> None:
+        super().__init__(
+            f"the handler {_name(handler)} returned a {type(result).__name__}, an awaitable "
+            "that partq does not await: the message was not handled; make the handler "
+            "synchronous (e.g. call asyncio.run(...) inside it)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +204,34 @@ def _delivery_count(headers: Mapping[str, Any]) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
+def check_handler(handler: object, name: str = "") -> Handler:
+    """``handler`` if partq can call it: a callable that is not a coroutine (``async def``)
+    or async generator function, nor a callable object or ``functools.partial`` of one.
+    Such a handler would return without doing its work and every message would be acked
+    unhandled, so it is a :class:`UsageError` at start."""
+    shown = name or _name(handler)
+    if not callable(handler):
+        raise UsageError(f"the handler {shown} is not callable")
+    target: object = handler
+    while isinstance(target, functools.partial):
+        target = target.func
+    calls = [target]
+    if not inspect.isroutine(target) and not inspect.isclass(target):
+        calls.append(type(target).__call__)  # a callable object's method
+    if any(inspect.iscoroutinefunction(c) or inspect.isasyncgenfunction(c) for c in calls):
+        raise UsageError(
+            f"the handler {shown} is asynchronous (async def): partq calls handlers "
+            "synchronously and would ack every message without running it; give a plain "
+            "function (e.g. one that calls asyncio.run(...))"
+        )
+    return handler
+
+
+def _name(handler: object) -> str:
+    name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+    return f"{getattr(handler, '__module__', None) or '?'}:{name}"
+
+
 def load_handler(spec: str) -> Handler:
     """``"pkg.module:function"`` → the function."""
     module_name, _, attr = spec.partition(":")
@@ -193,4 +244,4 @@ def load_handler(spec: str) -> Handler:
     handler = getattr(module, attr, None)
     if not callable(handler):
         raise UsageError(f"{module_name!r} has no callable {attr!r}")
-    return handler  # type: ignore[no-any-return]
+    return check_handler(handler, spec)

@@ -12,6 +12,8 @@ __all__ = [
     "HANDOFF_GAP_SECONDS",
     "HEADER_PROBLEMS",
     "LEASE_RENEWAL_FAILURES",
+    "PARKING_STALLED",
+    "PARK_FAILURES",
     "PARTITIONS_OWNED",
     "PARTITIONS_PAUSED",
     "REDELIVERIES",
@@ -65,6 +67,18 @@ PARKED = Counter(
     " parked key)",
     ["stream", "member"],
 )
+PARK_FAILURES = Counter(
+    "partq_consumer_park_failures",
+    "Failed attempts to park a message (etcd or RabbitMQ refused it): its partition waits and "
+    "tries again",
+    ["stream", "member"],
+)
+PARKING_STALLED = Gauge(
+    "partq_consumer_parking_stalled_partitions",
+    "Partitions waiting because their worker cannot park a message now (/readyz is false "
+    "meanwhile)",
+    ["stream", "member"],
+)
 REDRIVES = Counter(
     "partq_consumer_redrives",
     "Parked keys replayed through the handler and unparked (partq dlq redrive)",
@@ -80,8 +94,9 @@ LEASE_RENEWAL_FAILURES = Counter(
 )
 HEADER_PROBLEMS = Counter(
     "partq_consumer_header_problems",
-    "Deliveries whose partq headers are malformed (dead-lettered unhandled) or name another "
-    "partition (handled), by problem (malformed, wrong_partition)",
+    "Deliveries whose partq headers are malformed (dead-lettered unhandled), name another "
+    "partition (handled) or are a control message from a user that may not send one "
+    "(dead-lettered unobeyed), by problem (malformed, wrong_partition, forged_control)",
     ["stream", "member", "problem"],
 )
 WORKER_FAILURES = Counter(

@@ -12,6 +12,11 @@ unacked: the next owner goes on where it stopped; nothing is lost or copied by t
 An owner killed between parking a message and acking it leaves it to be parked twice; the
 replay drops the second copy (same message id and body).
 
+At most :data:`MAX_PARKED_KEYS` keys of a stream are parked (each has a queue): past that, a
+key whose message exhausts its retries is not parked; the message goes to the dead-letter
+queue (``x-partq-error-type: TooManyParkedKeys``, the handler's error in the text), and the
+key's later messages flow on, as with ``on_failure = dead-letter``.
+
 Order of writes when a key is parked: the etcd record first, then the message is published
 to the parking queue (with a confirm), then acked. A later owner sees the record before it
 can see the claim released (etcd's revision order), so it never handles the key's next
@@ -28,23 +33,152 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pika
 import pika.exceptions
 
+from consumers import control, metrics
 from consumers.broker import Delivery
 from coordinator.codec import Parked
 from coordinator.group import Group
+from coordinator.session import Session
 from kernel.amqp import AmqpURL, connect_blocking
-from producer.contract import StreamSpec, key_id
+from kernel.errors import PartqError
+from producer.contract import StreamSpec, key_bytes, key_id, long_key_id
 from producer.topology import park_queue_arguments
 
-__all__ = ["ParkedKeys", "Parking"]
+__all__ = [
+    "MAX_PARKED_KEYS",
+    "ParkStalls",
+    "ParkedKeys",
+    "Parking",
+    "TooManyParkedKeys",
+    "shown_key",
+    "too_many",
+]
 
 log = logging.getLogger("partq.consumer.parking")
 
 PARKED_HEADER = "x-partq-parked"  # on a parked message: why ("failed" or "key parked")
+# Parking queues per stream: each parked key has one, and a broker slows down with tens of
+# thousands of queues. A consumer's AMQP rights cannot count queues (see docs/security.md).
+MAX_PARKED_KEYS = 1000
+
+
+class TooManyParkedKeys(PartqError):
+    """A key was not parked: the stream has :data:`MAX_PARKED_KEYS` parked keys already."""
+
+
+def too_many(stream: str, count: int, limit: int, error: BaseException) -> TooManyParkedKeys | None:
+    """Why a key that failed with ``error`` may not be parked while ``count`` keys of
+    ``stream`` are, or None if it may."""
+    if count < limit:
+        return None
+    return TooManyParkedKeys(
+        f"{type(error).__name__}: {error} (not parked: stream {stream!r} has {count} parked "
+        f"keys, the limit; redrive or purge some with `partq dlq`)"
+    )
+
+
+_SHOWN = 80  # characters of a key, or of an error, in a log line (a key may be ~128 KiB)
+_SUMMARY_EVERY = 60.0  # seconds between "still failing" lines of one stalled partition
+
+
+def shown_key(key: str | bytes | None) -> str:
+    """A key for a log line: its ``repr``, cut short with its length when long."""
+    text = repr(key)
+    if key is None or len(text) <= _SHOWN:
+        return text
+    return f"{text[:_SHOWN]}... ({len(key_bytes(key))} bytes)"
+
+
+def _shown_error(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 4 * _SHOWN else text[: 4 * _SHOWN] + "..."
+
+
+@dataclass
+class _Stall:
+    key: str  # shown_key
+    since: float
+    logged: float
+    attempts: int = 0
+    error: str = ""
+
+
+class ParkStalls:
+    """The partitions whose worker cannot park a message now (etcd or RabbitMQ refusing):
+    such a partition waits, so it is told everywhere an operator looks: the gauge
+    ``partq_consumer_parking_stalled_partitions``, ``/readyz`` (``on_change`` tells the
+    daemon), the member's load report (``partq status``), and the log: one warning when a
+    stall begins, a summary every minute while it lasts, one line when it ends."""
+
+    def __init__(self, labels: tuple[str, str], on_change: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._stalls: dict[int, _Stall] = {}
+        self._on_change = on_change
+        self._failures = metrics.PARK_FAILURES.labels(*labels)
+        self._gauge = metrics.PARKING_STALLED.labels(*labels)
+
+    def stalled(self) -> list[int]:
+        with self._lock:
+            return sorted(self._stalls)
+
+    def failed(self, partition: int, key: str | bytes, error: BaseException) -> None:
+        """A park of ``key``'s message on ``partition`` failed (the worker tries again)."""
+        self._failures.inc()
+        now = time.monotonic()
+        with self._lock:
+            stall = self._stalls.get(partition)
+            began = stall is None
+            if stall is None:
+                stall = self._stalls[partition] = _Stall(shown_key(key), now, now)
+            stall.attempts += 1
+            stall.error = _shown_error(error)
+            summary = not began and now - stall.logged >= _SUMMARY_EVERY
+            if summary:
+                stall.logged = now
+            count = len(self._stalls)
+        if began:
+            self._gauge.set(count)
+            log.warning(
+                "partition %d: cannot park key %s (%s): the partition waits and tries again; "
+                "a summary follows every %.0fs",
+                partition,
+                stall.key,
+                stall.error,
+                _SUMMARY_EVERY,
+            )
+            self._on_change()
+        elif summary:
+            log.warning(
+                "partition %d: parking key %s still fails: %d attempts in %.0fs, the last: %s",
+                partition,
+                stall.key,
+                stall.attempts,
+                now - stall.since,
+                stall.error,
+            )
+
+    def ended(self, partition: int, parked: bool) -> None:
+        """The worker parked the message (``parked``), or stopped trying (it is not acked)."""
+        with self._lock:
+            stall = self._stalls.pop(partition, None)
+            count = len(self._stalls)
+        if stall is None:
+            return
+        self._gauge.set(count)
+        log.info(
+            "partition %d: key %s %s after %d failed attempts in %.0fs",
+            partition,
+            stall.key,
+            "parked" if parked else "left unparked (the partition stopped here)",
+            stall.attempts,
+            time.monotonic() - stall.since,
+        )
+        self._on_change()
 
 
 class ParkedKeys:
@@ -98,10 +232,22 @@ class Parking:
     """
 
     def __init__(
-        self, url: AmqpURL, spec: StreamSpec, member: str, group: Group, parked: ParkedKeys
+        self,
+        url: AmqpURL,
+        spec: StreamSpec,
+        member: str,
+        group: Group,
+        parked: ParkedKeys,
+        on_stall: Callable[[], None] = lambda: None,
+        *,
+        limit: int = MAX_PARKED_KEYS,
     ) -> None:
+        """``on_stall``: a partition began or ended waiting for a park (:class:`ParkStalls`)."""
+        self.stalls = ParkStalls((spec.name, member), on_stall)
         self.url = url
         self.spec = spec
+        self.limit = limit
+        self.senders = control.senders(spec.name, control.users_of(url))
         self.member = member
         self.group = group
         self.parked = parked
@@ -114,6 +260,10 @@ class Parking:
         with self._lock:
             self._drop()
 
+    def refuse(self, error: BaseException) -> TooManyParkedKeys | None:
+        """Why a key that failed with ``error`` may not be parked now, or None if it may."""
+        return too_many(self.spec.name, len(self.parked), self.limit, error)
+
     # -- parking ---------------------------------------------------------------------------
 
     def park(
@@ -122,8 +272,10 @@ class Parking:
         key: str | bytes,
         error: BaseException | None,
         attempts: int,
+        session: Session,
     ) -> None:
-        """Park ``delivery`` (its key's record first when ``error`` parks the key now)."""
+        """Park ``delivery`` (its key's record first when ``error`` parks the key now, while
+        our claim on its partition is on ``session``'s lease)."""
         name = key_id(key)
         if error is not None and self.parked.get(name) is None:
             record = Parked(
@@ -134,8 +286,9 @@ class Parking:
                 str(delivery.properties.message_id or ""),
                 self.member,
                 time.time(),
+                long_key=key_bytes(key) if long_key_id(name) else b"",
             )
-            revision = self.group.park(record)
+            revision = self.group.park(record, session)
             self.parked.apply(name, record, revision)
         headers = dict(delivery.properties.headers or {})
         headers[PARKED_HEADER] = "failed" if error is not None else "key parked"

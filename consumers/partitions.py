@@ -31,7 +31,7 @@ from coordinator import policy
 from coordinator.group import Claim, Group, GroupState, Member, Parked, WatchEvent
 from coordinator.mirror import GroupMirror
 from coordinator.session import Session
-from kernel.errors import EtcdUnavailable
+from kernel.errors import EtcdPermissionDenied, EtcdUnavailable
 from producer.contract import StreamSpec
 
 __all__ = ["Partitions"]
@@ -125,9 +125,37 @@ class Partitions:
         """Mirror one change and act on the partitions it concerns."""
         if event.kind == "parked" and self.parking is not None:
             record = event.value if isinstance(event.value, Parked) else None
-            self.parking.parked.apply(event.name, record, event.revision)
+            if record is None or self._parked_by_holder(record, event.revision):
+                self.parking.parked.apply(event.name, record, event.revision)
         for partition in sorted(self.mirror.apply(event)):
             self.sync(partition)
+
+    def _parked_by_holder(self, record: Parked, revision: int) -> bool:
+        """Whether the record put at ``revision`` is one its partition's holder wrote. The
+        mirror holds the group as it was just before (the watch delivers in revision order),
+        unless our own claim write is newer: then the leader judges it (it deletes a record
+        that fails). A record that fails is ignored: it would divert a key we may hold."""
+        mirror = self.mirror
+        if record.partition < self.spec.partitions and (
+            mirror.claim_writes.get(record.partition, 0) >= revision
+        ):
+            return True
+        ok = policy.parked_by_holder(
+            record,
+            self.spec.partitions,
+            mirror.claims.get(record.partition),
+            mirror.members.get(record.member),
+        )
+        if not ok:
+            log.warning(
+                "ignoring the parked record of key %s (revision %d): not written by the holder "
+                "of partition %d (it names %s)",
+                record.key_text,
+                revision,
+                record.partition,
+                record.member,
+            )
+        return ok
 
     def forget(self) -> None:
         """The stream is gone: so are its keys."""
@@ -449,7 +477,7 @@ class Partitions:
         assert session is not None
         heir = self._heir(partition)
         try:
-            handed = self.group.hand_over(partition, session, heir) if heir else 0
+            handed = self._hand_over(partition, session, heir) if heir else 0
             revision = handed or self.group.release(partition, session)
         except EtcdUnavailable as e:
             log.warning("partition %d: cannot release the claim yet: %s", partition, e)
@@ -462,6 +490,16 @@ class Partitions:
         if revision > 0:
             self.mirror.wrote_claim(partition, None, revision)
         return [_Step(partition, Event.RELEASED)]
+
+    def _hand_over(self, partition: int, session: Session, heir: Member) -> int:
+        """Hand the claim to ``heir``, or 0 if our etcd role may not put on its lease (etcd
+        3.4 does not check a transaction's lease puts; a version that did would refuse it
+        to a ``--member`` role every time): then we release it instead."""
+        try:
+            return self.group.hand_over(partition, session, heir)
+        except EtcdPermissionDenied as e:
+            log.warning("partition %d: cannot hand the claim to %s: %s", partition, heir.id, e)
+            return 0
 
     def _heir(self, partition: int) -> Member | None:
         """The live member the partition is assigned to, if not us: our claim goes straight

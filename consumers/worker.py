@@ -7,6 +7,10 @@ What happens to a delivery (every outcome is logged and counted):
   a failed attempt. Retried with backoff up to ``max_attempts`` handler attempts,
   then published to the stream's dead-letter queue (``x-partq-error-type``,
   ``x-partq-error``, ``x-partq-attempts``) and acked; the partition goes on.
+- **Handler returned an awaitable** (a sync handler returning a coroutine; ``async def``
+  handlers are refused at start): the work never ran, so it is a failed attempt
+  (:class:`~consumers.message.AwaitableReturned`, a coroutine closed unrun), retried,
+  then parked or dead-lettered like any failure; never acked as handled.
 - **Malformed partq headers** (:class:`~consumers.message.MalformedHeaders`): never
   handed to the handler; dead-lettered at once with ``x-partq-error-type:
   MalformedHeaders`` and ``x-partq-attempts: 0``, acked, counted
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 import logging
 import queue
 import threading
@@ -45,10 +50,16 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from consumers import metrics
+from consumers import control, metrics
 from consumers.broker import END, Broker, Delivery
-from consumers.message import Handler, MalformedHeaders, Message, message_from
-from consumers.parking import Parking
+from consumers.message import (
+    AwaitableReturned,
+    Handler,
+    MalformedHeaders,
+    Message,
+    message_from,
+)
+from consumers.parking import Parking, shown_key
 from coordinator.session import Session
 from kernel import logs
 from kernel.amqp import AmqpURL, blocking_connection
@@ -220,6 +231,7 @@ class Worker(threading.Thread):
         self._replay_outcome = _Outcome.ACK  # TIMED_OUT: a handler timed out during a replay
         self._replay_failure: BaseException | None = None  # why the last replay stopped
         self._given_back: set[int] = set()  # channels closed to return what we left unacked
+        self._awaitable_logged = False  # AwaitableReturned is logged in full once
 
     def stop(self) -> None:
         """Stop without handling what is queued (the broker requeues it)."""
@@ -351,11 +363,11 @@ class Worker(threading.Thread):
         if wrong is not None and wrong != self.partition:
             metrics.HEADER_PROBLEMS.labels(*self._labels, "wrong_partition").inc()
             log.warning(
-                "partition %d: message %s (key %r) says partition %d: it was published into "
+                "partition %d: message %s (key %s) says partition %d: it was published into "
                 "the wrong queue, so its key's order is not guaranteed; handling it",
                 self.partition,
                 props.message_id,
-                message.key,
+                shown_key(message.key),
                 wrong,
             )
         control = (props.headers or {}).get(HEADER_CONTROL)
@@ -369,7 +381,10 @@ class Worker(threading.Thread):
         if failure is None:
             return outcome
         if parking is not None and key is not None:
-            return self._park(delivery, key, failure, attempts)
+            refused = parking.refuse(failure)
+            if refused is None:
+                return self._park(delivery, key, failure, attempts)
+            failure = refused  # too many parked keys: dead-lettered, the key flows on
         return self._dead_letter(delivery, failure, attempts)
 
     def _attempts(
@@ -412,49 +427,63 @@ class Worker(threading.Thread):
     ) -> _Outcome:
         """ACK once the message is in its key's parking queue; KEEP if stopped first."""
         assert self.parking is not None
+        stalls = self.parking.stalls  # logs, counts and reports a failing park
         delays = _DEAD_LETTER_BACKOFF.delays()
         while not self.stopped.is_set():
             try:
-                self.parking.park(delivery, key, error, attempts)
+                self.parking.park(delivery, key, error, attempts, self.session)
             except Exception as e:  # etcd or broker trouble: keep the message, try again
-                log.warning("partition %d: parking failed: %s", self.partition, e)
+                stalls.failed(self.partition, key, e)
                 self.stopped.wait(delays.next())
                 continue
+            stalls.ended(self.partition, parked=True)
             metrics.HANDLED.labels(*self._labels, "parked").inc()
             metrics.PARKED.labels(*self._labels).inc()
             if error is not None:
                 log.error(
-                    "partition %d: message %s failed %d handler attempts (%r): key %r parked; "
+                    "partition %d: message %s failed %d handler attempts (%r): key %s parked; "
                     "its messages wait until `partq dlq redrive %s`",
                     self.partition,
                     delivery.properties.message_id,
                     attempts,
                     error,
-                    key,
+                    shown_key(key),
                     self.spec.name,
                 )
             return _Outcome.ACK
+        stalls.ended(self.partition, parked=False)
         return _Outcome.KEEP
 
     def _control(self, delivery: Delivery, message: Message, action: Any) -> _Outcome:
-        """A redrive or purge request of ``partq dlq`` for the message's key."""
+        """A redrive or purge request of ``partq dlq`` for the message's key; dead-lettered
+        unobeyed unless the stream's operator or admin sent it (:mod:`consumers.control`)."""
         key, parking = message.key, self.parking
+        if parking is not None:
+            try:
+                control.verify(action, delivery.properties.user_id, parking.senders)
+            except control.ForgedControl as forged:
+                metrics.HEADER_PROBLEMS.labels(*self._labels, "forged_control").inc()
+                log.error("partition %d: %s: dead-lettering it", self.partition, forged)
+                return self._dead_letter(delivery, forged, 0)
         if (
             key is None
             or parking is None
             or action not in ("redrive", b"redrive", "purge", b"purge")
         ):
             log.warning(
-                "partition %d: ignoring control message %r for key %r (stream parks: %s)",
+                "partition %d: ignoring control message %r for key %s (stream parks: %s)",
                 self.partition,
                 action,
-                key,
+                shown_key(key),
                 parking is not None,
             )
             return _Outcome.ACK
         if parking.parked.get(key_id(key)) is None:
             log.info(
-                "partition %d: key %r is not parked: nothing to %s", self.partition, key, action
+                "partition %d: key %s is not parked: nothing to %s",
+                self.partition,
+                shown_key(key),
+                action,
             )
             return _Outcome.ACK
         purge = action in ("purge", b"purge")
@@ -464,29 +493,37 @@ class Worker(threading.Thread):
                 if purge:
                     parking.purge(key)
                     log.warning(
-                        "partition %d: key %r purged: its parked messages are gone",
+                        "partition %d: key %s purged: its parked messages are gone",
                         self.partition,
-                        key,
+                        shown_key(key),
                     )
                     return _Outcome.ACK
                 self._replay_outcome = _Outcome.ACK
                 if parking.replay(self.partition, key, self._replay_one, self.stopped):
                     metrics.REDRIVES.labels(*self._labels).inc()
-                    log.info("partition %d: key %r redriven and unparked", self.partition, key)
+                    log.info(
+                        "partition %d: key %s redriven and unparked", self.partition, shown_key(key)
+                    )
                     return _Outcome.ACK
                 if self._replay_outcome is _Outcome.TIMED_OUT:
                     return _Outcome.TIMED_OUT
                 if self.stopped.is_set():
                     return _Outcome.KEEP
                 log.error(
-                    "partition %d: a parked message of key %r failed again: the key stays parked",
+                    "partition %d: a parked message of key %s failed again: the key stays parked",
                     self.partition,
-                    key,
+                    shown_key(key),
                 )
                 self._report_redrive_failed(parking, key, delivery)
                 return _Outcome.ACK
             except Exception as e:  # etcd or broker trouble: keep the request, try again
-                log.warning("partition %d: %s of key %r failed: %s", self.partition, action, key, e)
+                log.warning(
+                    "partition %d: %s of key %s failed: %s",
+                    self.partition,
+                    action,
+                    shown_key(key),
+                    e,
+                )
                 self.stopped.wait(delays.next())
         return _Outcome.KEEP
 
@@ -517,7 +554,7 @@ class Worker(threading.Thread):
         with self._lock:
             self._running = _Running(delivery, message, time.monotonic())
         try:
-            self.handler(message)
+            self._returned(self.handler(message))
             failure: BaseException | None = None
         except BaseException as error:  # SystemExit, KeyboardInterrupt too: a failed attempt
             failure = error
@@ -526,6 +563,19 @@ class Worker(threading.Thread):
             if self._timed_out:
                 raise _TimedOut
         return failure
+
+    def _returned(self, result: object) -> None:
+        """An awaitable returned stands for work that never ran: a failure, not an ack."""
+        if not inspect.isawaitable(result):
+            return
+        close = getattr(result, "close", None)  # a coroutine: no "never awaited" warning
+        if callable(close):
+            close()
+        error = AwaitableReturned(self.handler, result)
+        if not self._awaitable_logged:
+            self._awaitable_logged = True
+            log.error("partition %d: %s", self.partition, error)
+        raise error
 
     def _watch(self) -> None:
         """The watchdog: gives up on a handler call that runs past the handler timeout."""

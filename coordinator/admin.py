@@ -16,7 +16,14 @@ from coordinator.group import Group
 from kernel import keys
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import SpecMismatch, StreamNotFound, UsageError
-from producer.contract import MAX_PARTITIONS, OnFailure, QueueType, StreamSpec, queue_name
+from producer.contract import (
+    MAX_PARTITIONS,
+    OnFailure,
+    QueueType,
+    StreamSpec,
+    queue_name,
+    refuse_overlap,
+)
 from producer.registry import Registry
 from producer.topology import (
     QueueStats,
@@ -50,8 +57,9 @@ def create_stream(registry: Registry, amqp_url: AmqpURL, spec: StreamSpec) -> bo
 
     Refused before anything is stored or declared: a stored spec that differs; partition
     queues beyond ``spec.partitions`` in RabbitMQ; partition queues with no spec in etcd
-    (use :func:`adopt_stream`).
+    (use :func:`adopt_stream`); a name that overlaps another stream's queues.
     """
+    refuse_overlap(spec.name)
     stored = _stored(registry, spec.name)
     if stored is not None and stored != spec:
         registry.create(spec)  # raises SpecMismatch naming both values
@@ -114,6 +122,7 @@ def adopt_stream(
     ``create``) and the broker's default. The exchange, bindings and dead-letter queue are
     declared again (idempotent; a quorum queue's replicas are checked by the broker).
     """
+    refuse_overlap(stream)
     stored = _stored(registry, stream)
     with blocking_connection(amqp_url) as connection:
         found = scan_partition_queues(connection, stream, 0, MAX_PARTITIONS)

@@ -31,12 +31,15 @@ key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)          
                                       "message_id", "member", "at"}`` (+ ``"redrive",
                                       "redrive_error"`` once a replay failed): a key
                                       parked (``on_failure = park``); id: unpadded
-                                      base64url
+                                      base64url, or ``sha256.<hex>`` for a key over
+                                      1,536 bytes, whose value then holds ``"key"``
+                                      (base64)
 ``spec``                              :meth:`StreamSpec.to_json`                       StreamSpec
 ====================================  ===============================================  ==========
 
 Outside the stream's keys, ``/partq/v1/load/<s>/<member id>``: ``{"v": 1, "member",
-"at", "interval", "rates": {"<partition>": messages handled per second}}``, on the
+"at", "interval", "rates": {"<partition>": messages handled per second}}`` (+
+``"parking_stalled": [<partition>, …]`` while a message cannot be parked), on the
 member's lease, decoded as LoadReport (:func:`encode_load`, :func:`decode_load`). And
 ``/partq/v1/policy/<s>/<lease id:016x>``: ``{"v": 1, "policy": {setting: plain value}}``,
 a coordinator's settings on its candidate's lease (:func:`encode_policy`,
@@ -64,7 +67,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from kernel.errors import InvalidMemberId, MalformedValue, UsageError
-from producer.contract import MAX_PARTITIONS, StreamSpec, key_from_id
+from producer.contract import MAX_PARTITIONS, StreamSpec, key_from_id, key_id, long_key_id
 
 __all__ = [
     "KINDS",
@@ -106,7 +109,8 @@ _PARTITION = re.compile(r"[0-9]{5}")
 _LEASE = re.compile(r"[0-9a-f]{16}")
 _MOVE = re.compile(r"move-(0|[1-9][0-9]{0,4})")
 _PAUSE = re.compile(r"pause(-(0|[1-9][0-9]{0,4}))?")
-_KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,2048}")  # unpadded base64url of a message key
+# unpadded base64url of a message key, or a long key's digest (producer.contract.key_id)
+_KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,2048}|sha256\.[0-9a-f]{64}")
 
 Kind = Literal["member", "assignment", "claim", "standby", "leader", "request", "parked", "spec"]
 KINDS: Final[tuple[Kind, ...]] = (
@@ -228,6 +232,8 @@ class LoadReport:
     rates: Mapping[int, float]
     at: float = 0.0
     interval: float = 0.0
+    # partitions waiting because a message cannot be parked now (consumers.parking.ParkStalls)
+    parking_stalled: tuple[int, ...] = ()
 
     @property
     def total(self) -> float:
@@ -244,7 +250,7 @@ class Parked:
     """A message key parked by the owner of its partition: its messages wait, in order, in
     the key's parking queue until ``partq dlq redrive`` (or ``purge``)."""
 
-    key_id: str  # the key's name (kernel.keys.parked), unpadded base64url of its bytes
+    key_id: str  # the key's name (kernel.keys.parked): producer.contract.key_id
     partition: int
     error: str  # the handler's error that parked it (truncated)
     error_type: str
@@ -255,10 +261,11 @@ class Parked:
     # the command waiting for that request returns with the error instead of timing out
     redrive: str = ""
     redrive_error: str = ""
+    long_key: bytes = b""  # the key, when key_id is a long key's digest (not otherwise)
 
     @property
     def key(self) -> bytes:
-        return key_from_id(self.key_id)
+        return self.long_key if long_key_id(self.key_id) else key_from_id(self.key_id)
 
     @property
     def key_text(self) -> str:
@@ -267,6 +274,12 @@ class Parked:
             return self.key.decode("utf-8")
         except UnicodeDecodeError:
             return "b64:" + base64.b64encode(self.key).decode("ascii")
+
+    @property
+    def key_shown(self) -> str:
+        """:attr:`key_text` for an overview: a long key cut short, with its length."""
+        text = self.key_text
+        return text if len(text) <= 100 else f"{text[:100]}... ({len(self.key)} bytes)"
 
 
 Request = Rebalance | Move | Drain | Pause
@@ -353,7 +366,13 @@ def encode_standby(member: str) -> str:
 
 def encode_parked(parked: Parked) -> str:
     _key_id(parked.key_id)
+    long = {}
+    if long_key_id(parked.key_id):
+        if key_id(parked.long_key) != parked.key_id:
+            raise ValueError(f"the long key of {parked.key_id} is not the key it names")
+        long = {"key": base64.b64encode(parked.long_key).decode("ascii")}
     return _dumps(
+        **long,
         partition=_count(parked.partition, "partition", 0),
         error=_text(parked.error, "error")[:2000],
         error_type=_text(parked.error_type, "error_type")[:200],
@@ -379,11 +398,13 @@ def encode_load(report: LoadReport) -> str:
         if _time(rate, "rate") < 0:
             raise ValueError(f"a rate must not be negative, got {rate!r}")
         rates[str(partition)] = round(float(rate), 3)
+    stalled = sorted(_count(p, "partition", 0) for p in report.parking_stalled)
     return _dumps(
         member=validate_member_id(report.member),
         at=_time(report.at, "at"),
         interval=_time(report.interval, "interval"),
         rates=rates,
+        **({"parking_stalled": stalled} if stalled else {}),
     )
 
 
@@ -422,7 +443,14 @@ def decode_load(member_id: str, raw: bytes | str) -> LoadReport:
         if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
             raise MalformedValue(f"the rate of partition {name} is not a number >= 0: {rate!r}")
         rates[int(name)] = float(rate)
-    return LoadReport(member_id, rates, _number(doc, "at"), _number(doc, "interval"))
+    stalled = doc.get("parking_stalled", [])  # absent: written by an older partq, or none
+    if not isinstance(stalled, list) or not all(
+        type(p) is int and 0 <= p < MAX_PARTITIONS for p in stalled
+    ):
+        raise MalformedValue(f"'parking_stalled' is not a list of partitions: {stalled!r}")
+    return LoadReport(
+        member_id, rates, _number(doc, "at"), _number(doc, "interval"), tuple(sorted(stalled))
+    )
 
 
 def encode_request(request: Request) -> tuple[str, str]:
@@ -482,8 +510,22 @@ def decode(kind: str, stream: str, name: str, raw: bytes | str, lease: int = 0) 
             _number(doc, "at"),
             _str(doc, "redrive") if "redrive" in doc else "",
             _str(doc, "redrive_error") if "redrive" in doc else "",
+            _long_key(name, doc),
         )
     return _spec(stream, raw)
+
+
+def _long_key(name: str, doc: dict[str, Any]) -> bytes:
+    """A long key's bytes from its record, checked against the digest that names it."""
+    if not long_key_id(name):
+        return b""
+    try:
+        key = base64.b64decode(_str(doc, "key"), validate=True)
+    except ValueError:  # binascii.Error
+        raise MalformedValue("'key' is not base64") from None
+    if key_id(key) != name:
+        raise MalformedValue(f"'key' is not the key that {name} names")
+    return key
 
 
 def check_name(kind: str, name: str) -> None:

@@ -36,6 +36,7 @@ from kernel.errors import MessageNacked, MessageUnroutable, UsageError
 from producer.contract import (
     DEAD_LETTER_HEADERS,
     HEADER_ATTEMPTS,
+    HEADER_CONTROL,
     HEADER_ERROR,
     HEADER_ERROR_TYPE,
     HEADER_FAILED_MS,
@@ -87,6 +88,7 @@ class DeadLetter:
     message_id: str | None
     size: int
     returns: int  # times the queue gave it back (x-delivery-count; quorum queues only)
+    control: str | None = None  # a `partq dlq` request the consumer refused (forged)
 
     @property
     def key_text(self) -> str | None:
@@ -116,6 +118,7 @@ class DeadLetter:
             "message_id": self.message_id,
             "size": self.size,
             "returns": self.returns,
+            "control": self.control,
         }
 
 
@@ -143,6 +146,7 @@ def letter_from(position: int, properties: pika.BasicProperties, body: bytes) ->
         message_id=_text(properties.message_id),
         size=len(body),
         returns=_int(headers.get("x-delivery-count")) or 0,
+        control=_text(headers.get(HEADER_CONTROL)),
     )
 
 
@@ -165,7 +169,10 @@ def republished(properties: pika.BasicProperties) -> pika.BasicProperties:
 
 def target(spec: StreamSpec, letter: DeadLetter) -> int | None:
     """The partition a redrive publishes ``letter`` into: its key's (the one hash), else the
-    partition it failed in; None when it names neither."""
+    partition it failed in; None when it names neither, or is a refused control request
+    (replaying it would ask the consumer again for what it refused)."""
+    if letter.control is not None:
+        return None
     if letter.key is not None:
         return spec.partition_for(letter.key)
     if letter.partition is not None and 0 <= letter.partition < spec.partitions:
@@ -229,7 +236,7 @@ def read(amqp_url: AmqpURL, spec: StreamSpec, window: int = WINDOW) -> Read:
 class Acted:
     done: int  # redriven (confirmed in their partitions) or purged
     kept: int  # left in the queue: other keys', and those that name no partition
-    unroutable: int  # of those kept: no key and no partition to redrive them to
+    unroutable: int  # of those kept: no key and no partition, or a refused control request
 
 
 def act(

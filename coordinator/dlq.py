@@ -5,12 +5,15 @@ parking queue. A redrive or purge is a *control message* published into the key'
 partition: the partition's owner acts on it in queue order (see
 :mod:`consumers.parking`), so everything newer of the key waits behind the replay, and an
 interrupted redrive is finished by whoever owns the partition next. Running it again is
-harmless: a key that is no longer parked is left alone.
+harmless: a key that is no longer parked is left alone. The message's ``user_id`` names the
+user that sends it; RabbitMQ refuses a ``user_id`` other than the publishing user, and the
+consumers obey only the stream's operator and admin users (:mod:`consumers.control`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -29,7 +32,14 @@ from producer.contract import (
 )
 from producer.registry import Registry
 
-__all__ = ["ParkedKey", "dead_letter_depth", "parked_keys", "request", "wait_unparked"]
+__all__ = [
+    "ParkedKey",
+    "dead_letter_depth",
+    "parked_keys",
+    "request",
+    "sender",
+    "wait_unparked",
+]
 
 Action = Literal["redrive", "purge"]
 
@@ -100,17 +110,42 @@ def request(amqp_url: AmqpURL, spec: StreamSpec, record: Parked, action: Action)
         HEADER_PARTITION: record.partition,
         HEADER_CONTROL: action,
     }
-    properties = pika.BasicProperties(
-        delivery_mode=2,
-        message_id=f"partq-{action}-{record.key_id}-{time.time_ns()}",
-        headers=headers,
-        app_id="partq",
-    )
     with blocking_connection(amqp_url) as connection:
+        properties = pika.BasicProperties(
+            delivery_mode=2,
+            message_id=f"partq-{action}-{record.key_id}-{time.time_ns()}",
+            headers=headers,
+            app_id="partq",
+            user_id=sender(connection, spec.exchange),
+        )
         channel = connection.channel()
         channel.confirm_delivery()
         channel.basic_publish(spec.exchange, str(record.partition), b"", properties, mandatory=True)
     return str(properties.message_id)
+
+
+_WHO = re.compile(r"authenticated user was '(.*)'")
+
+
+def sender(connection: pika.BlockingConnection, exchange: str) -> str:
+    """The user ``connection`` logged in as: the URL's, or for a certificate login (SASL
+    EXTERNAL) the one RabbitMQ names when it refuses a publish to ``exchange`` (which the
+    user may write to) whose ``user_id`` is not it."""
+    username = getattr(connection._impl.params.credentials, "username", None)
+    if username:
+        return str(username)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    probe = pika.BasicProperties(user_id="partq-who-am-i")  # routed nowhere if it were us
+    try:
+        channel.basic_publish(exchange, "", b"", probe)
+    except pika.exceptions.ChannelClosedByBroker as e:
+        found = _WHO.search(e.reply_text)
+        if e.reply_code == 406 and found:
+            return found.group(1)
+        raise
+    channel.close()
+    return "partq-who-am-i"
 
 
 def wait_unparked(

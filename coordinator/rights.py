@@ -19,13 +19,15 @@ admin          read and write all of the stream            the stream's exchange
 =============  ==========================================  ===================================
 
 A consumer named with ``--member`` gets its own role whose member key is that one key:
-etcd then refuses it another member's key, and (etcd checks a put's lease against every
-key already on it) another member's lease, so it cannot pose as another member. The
-``claims/`` prefix is shared by design (any member may be assigned any partition): a
-consumer's credentials can write or delete any claim of its stream. Readers check that a
-claim sits on its member's lease (``policy.unbound_claims``; ``partq status``, the
-``partq_claims_unbound`` gauge); the broker's single-active-consumer queue still lets
-only one consumer take from a partition whatever etcd says.
+etcd then refuses it another member's key, and a put (or revoke) on another member's lease
+(etcd checks every key on the lease; etcd 3.4 skips that check for a put inside a
+transaction). The ``claims/`` and ``parked/`` prefixes are shared (any member may be
+assigned any partition), so what a consumer's credentials can write there is judged by
+the readers: a claim not on its member's lease (``policy.forged_claims``) and a parked
+record its partition's holder did not write (``policy.parked_by_holder``) are ignored
+and deleted by the leader, and a claim on a lease no live member holds is deleted after
+a grace period (``coordinator.forged``); the coordinator's role may therefore delete
+under both. :func:`etcd_table` is the exact table in docs/security.md.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ from producer.contract import (
     exchange_name,
     park_queue_pattern,
     queue_pattern,
-    validate_stream_name,
+    refuse_overlap,
+    role_name,
 )
 
-__all__ = ["COMPONENTS", "AmqpRights", "EtcdRight", "Role", "roles", "script"]
+__all__ = ["COMPONENTS", "AmqpRights", "EtcdRight", "Role", "etcd_table", "roles", "script"]
 
 COMPONENTS = ("producer", "consumer", "coordinator", "operator", "admin")
 Permission = Literal["read", "write", "readwrite"]
@@ -99,7 +102,7 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
     With ``members`` the shared consumer role is left out: each member gets
     ``partq-S-consumer-ID``, which may write only its own member key.
     """
-    validate_stream_name(stream)
+    refuse_overlap(stream)  # another stream's rights would reach this one's queues
     named = sorted(set(members))
     for member in named:
         validate_member_id(member)
@@ -119,7 +122,7 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
     read_policies = EtcdRight("read", keys.policies(stream), prefix=True)  # coordinators'
 
     def role(component: str, etcd: Sequence[EtcdRight], amqp: AmqpRights) -> Role:
-        return Role(f"partq-{stream}-{component}", component, stream, tuple(etcd), amqp)
+        return Role(role_name(stream, component), component, stream, tuple(etcd), amqp)
 
     found = [
         role("producer", [EtcdRight("read", keys.spec(stream))],
@@ -129,7 +132,8 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
              EtcdRight("readwrite", keys.leader_prefix(stream), prefix=True),
              EtcdRight("readwrite", keys.standbys(stream), prefix=True),
              EtcdRight("readwrite", keys.requests(stream), prefix=True),
-             EtcdRight("readwrite", keys.policies(stream), prefix=True)], AmqpRights()),
+             EtcdRight("readwrite", keys.policies(stream), prefix=True),
+             claims, parked], AmqpRights()),  # deletes forged ones: coordinator.forged
         role("operator", [read_all, read_loads, read_policies,
                           EtcdRight("readwrite", keys.requests(stream), prefix=True)],
              AmqpRights(write=_exactly(exchange_name(stream)),  # dlq requests, redriven copies
@@ -150,7 +154,7 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
         own_load = EtcdRight("readwrite", keys.load(stream, member))
         found.append(
             Role(
-                f"partq-{stream}-consumer-{member}",
+                role_name(stream, "consumer", member),
                 "consumer",
                 stream,
                 (read_all, own, claims, parked, own_load),
@@ -166,6 +170,21 @@ def _admin_pattern(stream: str, queues: str) -> str:
     (``stream delete`` deletes the parking queues)."""
     fixed = _exactly(exchange_name(stream), dead_letter_exchange(stream), dead_letter_queue(stream))
     return f"{fixed}|{queues}|{park_queue_pattern(stream)}"
+
+
+def amqp_table(stream: str = "orders") -> str:
+    """The RabbitMQ permissions of each component as the markdown table in docs/security.md
+    (a test keeps the two equal)."""
+
+    def cell(pattern: str) -> str:
+        return "\u2013" if pattern == _NOTHING else "`" + pattern.replace("|", "\\|") + "`"
+
+    lines = ["| component | configure | write | read |", "|---|---|---|---|"]
+    for r in roles(stream):
+        rights = r.amqp
+        row = [r.component, cell(rights.configure), cell(rights.write), cell(rights.read)]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def script(found: Sequence[Role], *, vhost: str = "/", secrets: str = "$SECRETS") -> str:
@@ -200,6 +219,9 @@ def script(found: Sequence[Role], *, vhost: str = "/", secrets: str = "$SECRETS"
     lines += [
         "",
         "# -- RabbitMQ ------------------------------------------------------------------",
+        "# A consumer's user may declare any parking queue of its stream: a vhost per stream",
+        "# with a queue limit bounds them (docs/security.md, Least privilege on RabbitMQ):",
+        f"# rabbitmqctl set_vhost_limits -p {shlex.quote(vhost)} '{{\"max-queues\": N}}'",
     ]
     for r in found:
         q = shlex.quote(r.name)
@@ -209,4 +231,15 @@ def script(found: Sequence[Role], *, vhost: str = "/", secrets: str = "$SECRETS"
             f"{shlex.quote(r.amqp.configure)} {shlex.quote(r.amqp.write)} "
             f"{shlex.quote(r.amqp.read)}"
         )
+    return "\n".join(lines) + "\n"
+
+
+def etcd_table(found: Sequence[Role]) -> str:
+    """The etcd rights of ``found`` as a Markdown table, one row per right (docs/security.md
+    holds it for stream ``S``; a test checks the two agree)."""
+    lines = ["| role | permission | key |", "|---|---|---|"]
+    for r in found:
+        for right in r.etcd:
+            key = f"`{right.key}`" + (" and every key under it" if right.prefix else "")
+            lines.append(f"| `{r.name}` | {right.permission} | {key} |")
     return "\n".join(lines) + "\n"

@@ -56,6 +56,8 @@ __all__ = [
 ]
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+# basic.qos prefetch_count is a 16-bit field: RabbitMQ cannot take a larger prefetch
+MAX_PREFETCH = 65_535
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 

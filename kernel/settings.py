@@ -24,9 +24,19 @@ from pydantic_settings import (
 from kernel.amqp import DEFAULT_AMQP_URL, AmqpTarget, AmqpTLS, redact_url, with_password
 from kernel.errors import UsageError
 
-__all__ = ["DEFAULT_ETCD_ENDPOINTS", "Endpoint", "HttpSecurity", "Settings"]
+__all__ = [
+    "DEFAULT_AMQP_OUTAGE_LIMIT",
+    "DEFAULT_ETCD_ENDPOINTS",
+    "Endpoint",
+    "HttpSecurity",
+    "Settings",
+]
 
 DEFAULT_ETCD_ENDPOINTS = "http://127.0.0.1:2379"
+# Seconds a consumer stays in its group without a usable RabbitMQ connection: past it the
+# member leaves, so its partitions move to members that can consume them. Longer than a
+# broker restart (a node takes ~5 s to accept connections, reconnects back off to 5 s).
+DEFAULT_AMQP_OUTAGE_LIMIT = 30.0
 
 Endpoint = tuple[str, int, bool]  # host, port, tls
 
@@ -62,6 +72,7 @@ class Settings(BaseSettings):
     amqp_cert: Path | None = None
     amqp_key: Path | None = None
     amqp_external_auth: bool = False
+    amqp_outage_limit: float = DEFAULT_AMQP_OUTAGE_LIMIT  # consumers: see the constant
     http_cert: Path | None = None
     http_key: Path | None = None
     http_token: SecretStr | None = None
@@ -156,6 +167,13 @@ class Settings(BaseSettings):
     @classmethod
     def _check_endpoints(cls, value: str) -> str:
         parse_endpoints(value)
+        return value
+
+    @field_validator("amqp_outage_limit")
+    @classmethod
+    def _check_outage_limit(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError(f"must be a number of seconds above 0, got {value}")
         return value
 
     @field_validator("amqp_url")

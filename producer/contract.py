@@ -47,11 +47,15 @@ __all__ = [
     "key_bytes",
     "key_from_id",
     "key_id",
+    "long_key_id",
     "park_queue",
     "park_queue_pattern",
     "partition_for",
     "queue_name",
     "queue_pattern",
+    "refuse_control_headers",
+    "refuse_overlap",
+    "role_name",
     "validate_stream_name",
 ]
 
@@ -90,6 +94,10 @@ DEAD_LETTER_HEADERS = (
     "x-first-death-reason", "x-last-death-exchange", "x-last-death-queue",
     "x-last-death-reason", "x-delivery-count",
 )  # fmt: skip
+# Who may send one: the AMQP users of these roles of the stream (see :func:`role_name`) and,
+# for a deployment with one shared user, the consumer's own user. RabbitMQ checks a
+# message's ``user_id`` property against the user that published it, so it cannot be forged.
+CONTROL_ROLES = ("operator", "admin")
 
 # Quorum partition queues carry an explicit delivery limit, far above partq's own retries
 # (which count handler attempts in the consumer, not broker deliveries), and dead-letter to
@@ -131,6 +139,43 @@ def validate_stream_name(name: str) -> str:
     return name
 
 
+# What partq appends to a stream's name for its queues and exchanges: a stream whose name
+# ends like this would be named as another stream's queue, and the rights of one would
+# reach the other's (RabbitMQ permissions are regular expressions over names).
+_RESERVED_SUFFIX = re.compile(r"\.(?:p\d{5}|dlq|dlx|park\.[0-9a-f]{16})$")
+
+
+def refuse_overlap(name: str) -> str:
+    """Return ``name`` if no other stream's queue or exchange is named like it, else raise
+    :class:`InvalidStreamName` naming the conflict (for a stream about to be created)."""
+    validate_stream_name(name)
+    found = _RESERVED_SUFFIX.search(name)
+    if found is None:
+        return name
+    other, suffix = name[: found.start()], found.group()[1:]
+    kind = {"dlq": "dead-letter queue", "dlx": "dead-letter exchange"}.get(suffix)
+    kind = kind or ("parking queue" if suffix.startswith("park.") else "partition queue")
+    raise InvalidStreamName(
+        f"stream name {name!r} overlaps stream {other!r}: {_PREFIX}.{name} is the name of "
+        f"its {kind}; pick a name that does not end in .pNNNNN, .dlq, .dlx or .park.<16 hex>"
+    )
+
+
+def role_name(stream: str, component: str, member: str | None = None) -> str:
+    """The etcd role and RabbitMQ user of one component of ``stream`` (``partq security
+    roles``): ``partq-S-COMPONENT``, or ``partq-S-consumer-ID`` for a named member."""
+    return f"partq-{stream}-{component}" + (f"-{member}" if member is not None else "")
+
+
+def refuse_control_headers(headers: Mapping[str, Any] | None) -> None:
+    """Producers may not send partq's control header (only ``partq dlq`` sends it)."""
+    if headers and HEADER_CONTROL in headers:
+        raise UsageError(
+            f"header {HEADER_CONTROL!r} is partq's own (a dlq redrive or purge request): "
+            f"use `partq dlq redrive|purge` as the stream's operator, or drop the header"
+        )
+
+
 def exchange_name(stream: str) -> str:
     return f"{_PREFIX}.{stream}"
 
@@ -161,13 +206,32 @@ def key_bytes(key: str | bytes) -> bytes:
     return key.encode("utf-8") if isinstance(key, str) else bytes(key)
 
 
+# A key up to this many bytes is named by its unpadded base64url (at most 2,048 characters,
+# readable as it is); a longer one (the producer takes keys of ~128 KiB, as large as an AMQP
+# header frame allows) by ``sha256.<hex digest>``: "." is not base64url, so the two never
+# meet, and the full key is kept in the parked record.
+PLAIN_KEY_ID_BYTES = 1536
+_LONG_KEY_ID = "sha256."
+
+
 def key_id(key: str | bytes) -> str:
-    """A key as one etcd key segment: unpadded URL-safe base64 of its bytes."""
-    return base64.urlsafe_b64encode(key_bytes(key)).rstrip(b"=").decode("ascii")
+    """A key as one etcd key segment: unpadded URL-safe base64 of its bytes, or for a key
+    longer than :data:`PLAIN_KEY_ID_BYTES` ``sha256.`` and the hex digest of its bytes."""
+    data = key_bytes(key)
+    if len(data) > PLAIN_KEY_ID_BYTES:
+        return _LONG_KEY_ID + hashlib.sha256(data).hexdigest()
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def long_key_id(name: str) -> bool:
+    """Whether ``name`` is a long key's id (a digest: the key is not in it)."""
+    return name.startswith(_LONG_KEY_ID)
 
 
 def key_from_id(name: str) -> bytes:
-    """The key bytes of a :func:`key_id`."""
+    """The key bytes of a :func:`key_id`; ``ValueError`` for a long key's (a digest)."""
+    if long_key_id(name):
+        raise ValueError(f"{name} names a long key by its digest: the key is in its record")
     return base64.urlsafe_b64decode(name + "=" * (-len(name) % 4))
 
 

@@ -60,7 +60,7 @@ from kernel.errors import (
 )
 from kernel.settings import Settings
 from producer import metrics
-from producer.contract import StreamSpec, validate_stream_name
+from producer.contract import StreamSpec, refuse_control_headers, validate_stream_name
 from producer.futures import PublishFuture, resolve_all
 from producer.registry import read_spec_from_settings
 from producer.topology import check_partition_queues, encoded_properties, message_properties
@@ -241,7 +241,8 @@ class Producer:
         a key that is not ``str``/``bytes``, :class:`UsageError` for a message AMQP
         cannot carry (a header value other than str, bytes, bool, a 64-bit int,
         ``Decimal``, ``datetime``, None or a dict/list of those; a ``message_id`` or
-        header name over 255 bytes; a key and headers too large for one frame) and
+        header name over 255 bytes; a key and headers too large for one frame; partq's
+        control header ``x-partq-control``) and
         :class:`ProducerClosed` after close. The future fails with
         :class:`PublishFailed` if the broker refuses the message (e.g. a body above
         its ``max_message_size``). It cannot be cancelled: the message may already
@@ -322,6 +323,7 @@ class Producer:
         now: float,
     ) -> _Pending:
         """One message, hashed and encoded in the caller's thread (its checks raise here)."""
+        refuse_control_headers(headers)
         partition = self.spec.partition_for(key)
         if isinstance(body, str):
             body = body.encode("utf-8")

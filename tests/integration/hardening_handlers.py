@@ -16,7 +16,7 @@ import threading
 from consumers.examples import record_handler
 from consumers.message import Message
 
-__all__ = ["misbehave"]
+__all__ = ["asynchronous", "asynchronous_object", "lazy", "misbehave"]
 
 _FOREVER = threading.Event()
 
@@ -31,3 +31,22 @@ def misbehave(message: Message) -> None:
     if b"hang" in message.body:
         _FOREVER.wait()
     record_handler(message)
+
+
+async def asynchronous(message: Message) -> None:
+    record_handler(message)
+
+
+class _Asynchronous:
+    async def __call__(self, message: Message) -> None:
+        record_handler(message)
+
+
+asynchronous_object = _Asynchronous()
+
+
+def lazy(message: Message) -> object:
+    if b"lazy" in message.body:
+        return asynchronous(message)
+    record_handler(message)
+    return None

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import admin
+from coordinator import admin, dlq
 from kernel.amqp import AmqpTarget, AmqpTLS, blocking_connection, connect_blocking
 from kernel.errors import BrokerUnavailable, StreamNotFound
 from kernel.local import LocalEtcd
@@ -227,22 +227,40 @@ def test_a_client_certificate_gets_in_where_one_is_required(
         assert connection.is_open
 
 
-def test_external_auth_logs_in_as_the_certificates_cn(
-    strict_broker: PrivateRabbit, pki: PKI
-) -> None:
-    # Given no password in the URL, a client certificate with CN=partq, and EXTERNAL auth
-    settings = Settings.load(
-        amqp_url=f"amqps://localhost:{strict_broker.tls_port}/%2F",
+def _external(node: PrivateRabbit, pki: PKI) -> Settings:
+    """Settings that log in with the client certificate (CN=partq) and no password."""
+    return Settings.load(
+        amqp_url=f"amqps://localhost:{node.tls_port}/%2F",
         amqp_ca=pki.ca,
         amqp_cert=pki.client[0],
         amqp_key=pki.client[1],
         amqp_external_auth=True,
     )
+
+
+def test_external_auth_logs_in_as_the_certificates_cn(
+    strict_broker: PrivateRabbit, pki: PKI
+) -> None:
+    # Given no password in the URL, a client certificate with CN=partq, and EXTERNAL auth
+    settings = _external(strict_broker, pki)
     # When a connection is made, Then RabbitMQ takes the certificate's CN as the user
     with blocking_connection(settings.amqp) as connection:
         connection.channel().queue_declare("", exclusive=True)
         users = strict_broker.ctl("list_connections", "user", "auth_mechanism", "--quiet")
     assert users.split()[-2:] == [USER, "EXTERNAL"]  # after the header line
+
+
+def test_partq_dlq_signs_its_requests_with_the_certificates_user(
+    strict_broker: PrivateRabbit, pki: PKI
+) -> None:
+    # Given a certificate login (EXTERNAL: the URL names no user)
+    settings = _external(strict_broker, pki)
+    with blocking_connection(settings.amqp) as connection:
+        channel = connection.channel()
+        channel.exchange_declare("partq.who", durable=False)
+        # When partq dlq asks who it is, Then it learns the CN RabbitMQ logged it in as
+        assert dlq.sender(connection, "partq.who") == USER
+        connection.channel().exchange_delete("partq.who")
 
 
 def test_an_unreachable_broker_is_still_is_it_running(pki: PKI) -> None:

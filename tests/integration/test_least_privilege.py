@@ -30,11 +30,12 @@ from coordinator import codec
 from coordinator.group import Group
 from kernel import keys
 from kernel.amqp import connect_blocking
-from kernel.errors import EtcdPermissionDenied
+from kernel.errors import EtcdPermissionDenied, UsageError
 from kernel.etcd import connect, etcd_errors
 from kernel.local import EtcdTLS, LocalEtcd
 from kernel.settings import Settings
 from producer import Producer
+from producer.contract import HEADER_CONTROL, HEADER_PARTITION, encode_key, park_queue
 from producer.registry import Registry
 from tests.integration.groups.harness import PARTQ, ROOT, Fleet, balanced
 from tests.pki import issue, make_ca
@@ -86,12 +87,18 @@ class Site:
         values = {k.removeprefix("PARTQ_").lower(): v for k, v in self.env(who).items()}
         return Settings.load(**values)
 
-    def partq(self, who: str, *args: str, extra: dict[str, str] | None = None) -> str:
+    def partq(
+        self, who: str, *args: str, extra: dict[str, str] | None = None, fails: bool = False
+    ) -> str:
+        """partq's stdout (its stderr when ``fails``: it must then exit non-zero)."""
         env = {**os.environ, **self.env(who), **(extra or {}), "PYTHONPATH": str(ROOT)}
         done = subprocess.run(
             [str(PARTQ), *args], env=env, capture_output=True, text=True, timeout=120, check=False
         )
         self.outputs += [done.stdout, done.stderr]
+        if fails:
+            assert done.returncode != 0, f"partq {' '.join(args)} did not fail: {done.stdout}"
+            return done.stderr
         assert done.returncode == 0, f"partq {' '.join(args)}: {done.stderr[-2000:]}"
         return done.stdout
 
@@ -134,6 +141,67 @@ def _refused(action: Any) -> int:
     except pika.exceptions.ChannelClosedByBroker as e:
         return int(e.reply_code)
     return 0
+
+
+def _depth(site: Site, queue: str) -> int | None:
+    """Messages in ``queue`` (None: it does not exist), as the admin sees it."""
+    with _amqp(site, "admin") as connection:
+        channel = connection.channel()
+        try:
+            return int(channel.queue_declare(queue, passive=True).method.message_count)
+        except pika.exceptions.ChannelClosedByBroker as e:
+            assert e.reply_code == 404, e
+            return None
+
+
+def _dead_letters(site: Site) -> list[dict[str, Any]]:
+    """The headers of every dead letter, taken off the DLQ by the admin."""
+    found = []
+    with _amqp(site, "admin") as connection:
+        channel = connection.channel()
+        for _ in range(100):
+            method, properties, _body = channel.basic_get(f"partq.{STREAM}.dlq", auto_ack=True)
+            if method is None:
+                break
+            found.append(dict(properties.headers or {}))
+    return found
+
+
+def _forged_purges_are_not_obeyed(site: Site, group: Group) -> None:
+    """The producer's identity asks to purge the parked key k07: the SDK refuses the header;
+    sent raw, RabbitMQ refuses a user_id not its own, and the consumer dead-letters the
+    others unobeyed: k07 stays parked with every message it had."""
+    (record,) = group.parked().values()
+    parking = park_queue(STREAM, "k07")
+    before = _depth(site, parking)
+    assert before, "k07's parking queue holds its messages"
+    registry = Registry.connect(site.settings("producer"))
+    refused = pytest.raises(UsageError, match="header 'x-partq-control' is partq's own")
+    try:
+        with Producer(STREAM, amqp_url=site.settings("producer").amqp, etcd=registry) as p, refused:
+            p.publish("k07", b"", headers={HEADER_CONTROL: "purge"})
+    finally:
+        registry.close()
+    headers = {**encode_key("k07"), HEADER_PARTITION: record.partition, HEADER_CONTROL: "purge"}
+    with _amqp(site, "producer") as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+
+        def send(user: str | None) -> None:
+            properties = pika.BasicProperties(headers=headers, user_id=user, message_id=str(user))
+            channel.basic_publish(f"partq.{STREAM}", str(record.partition), b"", properties)
+
+        send(None)
+        send(USERS["producer"])  # its own user: RabbitMQ lets it through, the consumer not
+        assert _refused(lambda: send(USERS["operator"])) == 406  # PRECONDITION_FAILED
+    wait_until(lambda: _depth(site, f"partq.{STREAM}.dlq") == 2, 30, 0.2, "2 dead letters")
+    dead = _dead_letters(site)
+    assert [h["x-partq-error-type"] for h in dead] == ["ForgedControl", "ForgedControl"]
+    assert all("not obeyed" in h["x-partq-error"] for h in dead)
+    assert set(group.parked()) == {record.key_id}
+    assert _depth(site, parking) == before
+    listed = site.partq("operator", "dlq", "list", STREAM)
+    assert f"{'k07':<24} {record.partition:>9} {before:>8}" in listed
 
 
 def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> None:
@@ -183,12 +251,24 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
         wait_until(lambda: handled() >= sent - poisoned, 60, 0.2, "the others handled")
         wait_until(group.parked, 30, 0.2, "k07 parked by the consumer's own rights")
         assert not handled() & poisoned
+        # ... and only the operator (or admin) can have it purged
+        _forged_purges_are_not_obeyed(site, group)
         # ... and the operator redrives k07 once the handler is fixed
         flag.unlink()
         redriven = site.partq("operator", "dlq", "redrive", STREAM, "--key", "k07")
         assert "k07 redriven and unparked" in redriven
         wait_until(lambda: handled() >= sent, 60, 0.2, "all messages handled")
         assert audit.order_violations(audit.load(record)) == []
+        # ... and the admin purges k07 once it is parked again
+        flag.touch()
+        with Producer(STREAM, amqp_url=site.settings("producer").amqp, etcd=admin) as p:
+            for n in (20, 21):
+                p.publish("k07", json.dumps({"key": "k07", "seq": n}).encode())
+        wait_until(lambda: _depth(site, park_queue(STREAM, "k07")) == 2, 30, 0.2, "parked")
+        purged = site.partq("admin", "dlq", "purge", STREAM, "--key", "k07", "--yes")
+        assert "k07 purged and unparked" in purged
+        assert _depth(site, park_queue(STREAM, "k07")) is None
+        flag.unlink()
         # ... and each member put its load report with its own rights (every 5 s)
         wait_until(lambda: set(group.loads()) == set(MEMBERS), 20, 0.2, "both load reports")
 
@@ -204,7 +284,6 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
             ("producer", "get", keys.members(STREAM), 0),
             ("producer", "put", keys.spec(STREAM), 0),
             ("coordinator", "put", keys.member(STREAM, "c-1"), 0),
-            ("coordinator", "put", keys.claim(STREAM, 1), 0),
             ("operator", "put", keys.assignment(STREAM, 1), 0),
             ("admin", "get", keys.spec("other"), 0),
         }
@@ -248,15 +327,65 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
         assert declare("c-1", "stolen") == 403
         assert declare("admin", "partq.other.p00000") == 403
 
+        # ... and a hostile consumer's user is refused what RabbitMQ can refuse it
+        def purge(who: str, queue: str) -> int:
+            with _amqp(site, who) as connection:
+                channel = connection.channel()
+                return _refused(lambda: channel.queue_purge(queue))
+
+        def delete(who: str, queue: str) -> int:
+            with _amqp(site, who) as connection:
+                channel = connection.channel()
+                return _refused(lambda: channel.queue_delete(queue))
+
+        def forge(who: str, user: str) -> int:
+            with _amqp(site, who) as connection:
+                channel = connection.channel()
+                channel.confirm_delivery()
+                properties = pika.BasicProperties(user_id=user)
+                dlx, dlq = f"partq.{STREAM}.dlx", f"partq.{STREAM}.dlq"
+                return _refused(lambda: channel.basic_publish(dlx, dlq, b"x", properties))
+
+        partition, dead_letter_queue = f"partq.{STREAM}.p00001", f"partq.{STREAM}.dlq"
+        assert delete("c-1", partition) == 403
+        assert delete("c-1", dead_letter_queue) == 403
+        assert purge("c-1", dead_letter_queue) == 403
+        assert declare("c-1", f"partq.{STREAM}.park.x") == 403  # not a parking queue's name
+        assert forge("c-1", USERS["operator"]) == 406
+        with _amqp(site, "c-1") as connection:  # routing dead letters into a partition
+            channel = connection.channel()
+            dlx = f"partq.{STREAM}.dlx"
+            assert _refused(lambda: channel.queue_bind(partition, dlx, routing_key="x")) == 403
+        # ... and what RabbitMQ cannot refuse it, as docs/security.md says: purging the
+        # queues it reads (read includes purge), declaring and deleting any parking queue
+        # (configure covers both), publishing into the DLQ and parking queues (the dlx)
+        spare = park_queue(STREAM, "nobody")
+        assert declare("c-1", spare) == 0
+        assert delete("c-1", spare) == 0
+        assert purge("c-1", partition) == 0  # every message is handled: nothing is lost here
+        forged = _dead_letters(site)  # the one that publish("c-1", dlx, dlq) put there
+        assert [h.get("x-partq-error-type") for h in forged] == [None]
+
+        # ... and stream names that would overlap this one's queues are refused
+        for name, kind in (("p00001", "partition queue"), ("dlq", "dead-letter queue")):
+            refused = site.partq("admin", "stream", "create", f"{STREAM}.{name}",
+                                 "--partitions", "1", fails=True)  # fmt: skip
+            assert f"stream name '{STREAM}.{name}' overlaps stream '{STREAM}'" in refused
+            assert f"partq.{STREAM}.{name} is the name of its {kind}" in refused
+        refused = site.partq("root", "security", "roles", f"{STREAM}.dlx", fails=True)
+        assert "is the name of its dead-letter exchange" in refused
+
         # ... and the operator reads, redrives and purges dead letters with its own rights:
-        # a dead letter of k08 (as the consumer writes one) behind c-1's headerless one
+        # dead letters of k08 and k09 (as the consumer writes them)
         with _amqp(site, "c-1") as connection:
             channel = connection.channel()
             channel.confirm_delivery()
-            headers = {"partq-key": "k08", "x-partq-error-type": "ValueError"}
-            body = json.dumps({"key": "k08", "seq": 100}).encode()
-            properties = pika.BasicProperties(headers=headers, message_id="k08:100")
-            channel.basic_publish(f"partq.{STREAM}.dlx", f"partq.{STREAM}.dlq", body, properties)
+            for key in ("k08", "k09"):
+                headers = {"partq-key": key, "x-partq-error-type": "ValueError"}
+                body = json.dumps({"key": key, "seq": 100}).encode()
+                properties = pika.BasicProperties(headers=headers, message_id=f"{key}:100")
+                dlx, dlq = f"partq.{STREAM}.dlx", f"partq.{STREAM}.dlq"
+                channel.basic_publish(dlx, dlq, body, properties)
         listed = site.partq("operator", "dlq", "list", STREAM)
         assert f"dead letters in partq.{STREAM}.dlq: 2" in listed and "k08" in listed
         site.partq("operator", "dlq", "redrive", STREAM, "--dead-letters", "--key", "k08")
@@ -276,7 +405,7 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
             lease.revoke()
         finally:
             client.close()
-        assert "claims not on their member's lease (1)" in status
+        assert "claims on a lease no live member holds (1)" in status
         assert f"partition {victim}: names c-2 (lease {c2_lease:x}) but is on lease" in status
     finally:
         for fleet in fleets:

@@ -28,6 +28,7 @@ from consumers.broker import Delivery
 from consumers.parking import ParkedKeys, Parking
 from coordinator import dlq
 from coordinator.group import Group
+from coordinator.session import Session
 from producer import Producer, StreamSpec
 from producer.contract import key_id
 from producer.registry import Registry
@@ -201,17 +202,20 @@ def test_a_copy_parked_twice_by_a_crash_is_replayed_once(
     spec = StreamSpec(fleet.stream, P, "quorum", on_failure="park")
     group = Group(registry.client, registry.where, fleet.stream)
     parking = Parking(rabbitmq, spec, "m", group, ParkedKeys())
+    session = Session(registry.client, registry.where, ttl=30)
     try:
         partition = spec.partition_for(POISON_KEY)
+        group.join(session, "m")
+        assert group.claim(partition, "m", session)  # only the partition's holder parks
 
         def delivery(seq: int) -> Delivery:
             props = pika.BasicProperties(message_id=f"{POISON_KEY}:{seq}", headers={})
             body = json.dumps({"key": POISON_KEY, "seq": seq}).encode()
             return Delivery(partition, None, seq, False, props, body)  # type: ignore[arg-type]
 
-        parking.park(delivery(0), POISON_KEY, ValueError("poisoned"), 2)
+        parking.park(delivery(0), POISON_KEY, ValueError("poisoned"), 2, session)
         for seq in (1, 0):
-            parking.park(delivery(seq), POISON_KEY, None, 0)
+            parking.park(delivery(seq), POISON_KEY, None, 0, session)
         assert dlq.parked_keys(registry, rabbitmq, spec)[0].messages == 3
         # When the key is replayed / Then m0 and m1 are handled once each, in order
         handled: list[bytes] = []
@@ -221,6 +225,7 @@ def test_a_copy_parked_twice_by_a_crash_is_replayed_once(
         assert group.parked() == {}
     finally:
         parking.close()
+        session.close(revoke=True)
 
 
 def test_a_redrive_interrupted_by_a_crash_is_finished_by_the_next_owner(
@@ -272,3 +277,63 @@ def test_a_redrive_whose_replay_fails_returns_at_once_with_the_error(
     assert parked.messages == 3
     assert parked.record.redrive_error == "ValueError: poisoned message p:0"
     assert seqs(fleet.records(), POISON_KEY) == []
+
+
+def test_a_60000_byte_key_is_parked_and_its_partition_flows_on(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str, tmp_path: Path
+) -> None:
+    # Given a parking stream whose handler fails every message of one 60,000-byte key, and
+    # other keys, two of them in that key's partition
+    long_key = "L" * 59_990 + "-the-end!!"
+    fleet, spec, flag = poisoned_stream(quorum_fleet, tmp_path, 0)
+    fleet.env["PARTQ_POISON_KEY"] = long_key
+    partition = spec.partition_for(long_key)
+    neighbours = [
+        k for k in (f"key-{i:03d}" for i in range(200)) if spec.partition_for(k) == partition
+    ]
+    others = [*neighbours[:2], *(f"other-{i}" for i in range(6))]
+    group = Group(registry.client, registry.where, fleet.stream)
+    fleet.coordinator(settle=0.5)
+    args = ["consume", fleet.stream, "--handler", "tests.integration.groups.recorder:poison_key"]
+    args += ["--member-id", "c1", "--ttl", "2", "--http-port", "0", "--max-attempts", "2"]
+    c1 = fleet._start("c1", args, fleet._env(PARTQ_MEMBER_ID="c1"))  # no --debug: pika's
+    # debug lines would print the headers, the key among them
+    wait_until(lambda: balanced(group, P, {"c1"}), 30, 0.1, "c1 owning every partition")
+    # When the long key's messages come between the others'
+    sent: set[tuple[str, int]] = set()
+    with Producer(spec, amqp_url=rabbitmq) as producer:
+        for seq in range(20):
+            for key in [*others, long_key] if seq < 5 else others:
+                producer.publish(key, json.dumps({"seq": seq}), message_id=f"{key[-8:]}:{seq}")
+                sent.add((key, seq))
+        producer.flush(30)
+    # Then every other key is handled, in order, and the long key is parked (a fixed-size id)
+    expected = {m for m in sent if m[0] != long_key}
+    try:
+        wait_until(lambda: not audit.lost(expected, fleet.records()), 30, 0.25, "others handled")
+    except AssertionError:
+        print(c1.tail(20)[-3000:])
+        raise
+    name = key_id(long_key)
+    wait_until(lambda: name in group.parked(), 10, 0.1, "the long key parked")
+    assert name.startswith("sha256.")
+    records = fleet.records()
+    assert audit.order_violations(records) == []
+    assert not [r for r in records if r["key"] == long_key]
+    assert dlq.parked_keys(registry, rabbitmq, spec)[0].messages == 5
+    # And `partq dlq list` shows the whole key; `partq status` shows it cut short
+    (entry,) = json.loads(partq(fleet, "dlq", "list", fleet.stream, "--json").stdout)["parked"]
+    assert entry["key"] == long_key and entry["partition"] == partition
+    status = partq(fleet, "status", fleet.stream).stdout
+    assert "(60000 bytes)" in status and len(status) < 20_000
+    # And no log line carries the key
+    longest = max(len(line) for line in c1.log.read_text(errors="replace").splitlines())
+    assert longest < 2000, f"a log line of {longest} characters"
+    # When the handler is fixed and the key redriven (the whole key on the command line)
+    flag.unlink()
+    done = partq(fleet, "dlq", "redrive", fleet.stream, "--key", long_key)
+    assert "unparked" in done.stdout
+    # Then its parked messages are handled, in order
+    wait_until(lambda: not audit.lost(sent, fleet.records()), 30, 0.25, "all handled")
+    assert seqs(fleet.records(), long_key) == list(range(5))
+    assert group.parked() == {}

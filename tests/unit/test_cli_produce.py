@@ -82,6 +82,10 @@ def test_last_line_without_newline() -> None:
         ('{"key": 7, "body": "b"}', 'line 1: "key" must be a string, got int'),
         ('{"key": null, "body": "b"}', 'line 1: "key" must be a string, got NoneType'),
         ('{"key": "k", "body": "b", "headers": [1]}', 'line 1: "headers" must be an object'),
+        (
+            '{"key": "k", "body": "", "headers": {"x-partq-control": "purge"}}',
+            "line 1: header 'x-partq-control' is partq's own (a dlq redrive or purge request)",
+        ),
     ],
 )
 def test_invalid_line_gives_an_error_naming_it(raw: str, expected: str) -> None:

@@ -31,7 +31,7 @@ from coordinator.group import Group
 from coordinator.session import Session
 from coordinator.testing import FakeEtcd
 from kernel import keys
-from producer.contract import StreamSpec
+from producer.contract import OnFailure, StreamSpec
 from producer.registry import Registry
 from tests.polling import eventually
 
@@ -80,11 +80,11 @@ class Running:
 
 
 class Env:
-    def __init__(self) -> None:
+    def __init__(self, on_failure: OnFailure = "dead-letter") -> None:
         self.fake = FakeEtcd()
         self.registry = Registry(self.fake, "fake")
         self.stream = f"s-{uuid.uuid4().hex[:8]}"
-        self.registry.create(StreamSpec(self.stream, P))
+        self.registry.create(StreamSpec(self.stream, P, on_failure=on_failure))
         self.group = Group(self.fake, "fake", self.stream)
         self.running: list[Running] = []
 
@@ -357,6 +357,92 @@ def test_a_lost_channel_resubscribes_and_a_lost_connection_waits_for_the_broker(
     c1.broker.reconnect()
     eventually("consuming again", lambda: c1.consumer.owned() == [1])
     assert c1.consumer.ready.is_set() and env.claim_of(1) == ("c1", c1.lease)
+
+
+def test_a_broker_unusable_past_the_outage_limit_makes_the_member_leave_until_it_works(
+    env: Env,
+) -> None:
+    # Given c1 consuming two partitions, with an outage limit of 1 s
+    c1 = env.consumer("c1", amqp_outage_limit=1.0)
+    for partition in (0, 1):
+        env.assign(partition, "c1")
+    eventually("consuming", lambda: c1.consumer.owned() == [0, 1])
+    first = c1.lease
+    # When the broker connection drops and stays down
+    c1.broker.disconnect()
+    # Then it is unready at once, and past the limit it leaves: member key, claims and lease
+    eventually("not ready", lambda: not c1.consumer.ready.is_set())
+    assert "c1" in env.group.snapshot().members  # within the limit it stays
+    eventually("left", lambda: "c1" not in env.group.snapshot().members, timeout=5)
+    assert env.group.snapshot().claims == {} and first not in env.fake.leases()
+    assert not c1.consumer.ready.is_set()
+    # And once the broker works again it rejoins and consumes what is assigned to it
+    c1.broker.reconnect()
+    eventually("back", lambda: "c1" in env.group.snapshot().members)
+    eventually("consuming again", lambda: c1.consumer.owned() == [0, 1])
+    assert c1.lease != first and c1.consumer.ready.is_set()
+    assert c1.stop() == EXIT_OK
+
+
+def test_a_stop_while_the_broker_is_away_ends_within_the_drain_timeout(env: Env) -> None:
+    # Given c1 consuming two partitions, and its broker connection gone (within the limit)
+    c1 = consuming(env, "c1", 0, 1)
+    c1.broker.disconnect()
+    eventually("not ready", lambda: not c1.consumer.ready.is_set())
+    # When it is stopped / Then it leaves at once and exits 0, well within its 5 s drain
+    started = time.monotonic()
+    assert c1.stop() == EXIT_OK
+    assert time.monotonic() - started < 2
+    assert env.group.snapshot().members == {} and env.group.snapshot().claims == {}
+
+
+class _OfflineBroker(StubBroker):
+    """A broker that never becomes usable (a wrong password, say)."""
+
+    def start(self) -> None:
+        pass
+
+
+def test_a_member_without_a_usable_broker_never_joins_and_stops_at_once(env: Env) -> None:
+    # Given a consumer whose broker connection never works
+    consumer = Consumer(
+        env.registry,
+        lambda _m: None,
+        ConsumerConfig(env.stream, member_id="c1", ttl=1, drain_timeout=5.0),
+        broker=_OfflineBroker,
+    )
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(consumer.run()), daemon=True)
+    thread.start()
+    eventually("running", consumer.alive.is_set)
+    env.assign(0, "c1")
+    # Then it is not a member, claims nothing and is not ready
+    time.sleep(0.5)  # what it would have done by now: join, claim (a join takes ms here)
+    assert env.group.snapshot().members == {} and env.group.snapshot().claims == {}
+    assert not consumer.ready.is_set()
+    # And a stop ends it at once
+    started = time.monotonic()
+    consumer.stop()
+    thread.join(5)
+    assert codes == [EXIT_OK] and time.monotonic() - started < 2
+
+
+def test_a_partition_waiting_for_a_park_makes_the_member_unready_until_it_parks() -> None:
+    env = Env("park")
+    try:
+        c1 = consuming(env, "c1", 0)
+        stalls = c1.consumer.parking.stalls  # type: ignore[union-attr]
+        # When partition 0's worker cannot park a message / Then /readyz turns false
+        stalls.failed(0, b"k", RuntimeError("etcd refused"))
+        eventually("not ready", lambda: not c1.consumer.ready.is_set())
+        # And the load report (partq status) names the partition
+        c1.consumer._report_load()
+        assert env.group.loads()["c1"].parking_stalled == (0,)
+        # When it parks / Then ready again
+        stalls.ended(0, parked=True)
+        eventually("ready again", c1.consumer.ready.is_set)
+    finally:
+        env.close()
 
 
 def test_a_failed_worker_makes_the_member_leave_and_exit_4(env: Env) -> None:

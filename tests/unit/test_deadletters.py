@@ -71,6 +71,9 @@ def test_a_redrive_routes_by_key_else_by_the_failed_partition() -> None:
     assert target(SPEC, letter_from(0, dead({"x-partq-partition": 3}), b"")) == 3
     assert target(SPEC, letter_from(0, dead({"x-partq-partition": 99}), b"")) is None
     assert target(SPEC, letter_from(0, dead({}), b"")) is None
+    # And a control request the consumer refused is never replayed
+    refused = {"partq-key": "k9", "x-partq-control": "purge"}
+    assert target(SPEC, letter_from(0, dead(refused), b"")) is None
 
 
 def test_a_quorum_dlq_has_no_delivery_limit_on_rabbitmq_4_only() -> None:

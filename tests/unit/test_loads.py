@@ -4,6 +4,7 @@ that the most loaded member never gets more loaded."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -195,6 +196,17 @@ def test_a_load_report_round_trips_and_bad_ones_are_malformed() -> None:
             codec.decode_load("c1", raw)
     with pytest.raises(ValueError, match="not be negative"):
         codec.encode_load(LoadReport("c1", {0: -1.0}, 1.0, 5.0))
+
+
+def test_a_load_report_carries_the_partitions_waiting_for_a_park() -> None:
+    report = LoadReport("c1", {0: 1.0}, 1.0, 5.0, parking_stalled=(3, 0))
+    raw = codec.encode_load(report)
+    assert json.loads(raw)["parking_stalled"] == [0, 3]
+    assert codec.decode_load("c1", raw).parking_stalled == (0, 3)
+    assert "parking_stalled" not in codec.encode_load(LoadReport("c1", {}, 1.0, 5.0))
+    bad = '{"v": 1, "member": "c1", "at": 1, "interval": 5, "rates": {}, "parking_stalled": [-1]}'
+    with pytest.raises(MalformedValue, match="parking_stalled"):
+        codec.decode_load("c1", bad)
 
 
 def test_the_meter_counts_per_worker_since_the_last_report() -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import pytest
 
-from consumers.message import MalformedHeaders, message_from
+from consumers.message import MalformedHeaders, Message, check_handler, load_handler, message_from
+from kernel.errors import UsageError
 from producer.contract import encode_key
 from producer.spark.replay import ReplayId
 
@@ -77,3 +81,54 @@ def test_a_malformed_partq_header_is_refused_naming_header_and_value(
         message_from("orders", 0, b"x", "id", {header: value}, False, 1)
     assert raised.value.header == header
     assert header in str(raised.value) and repr(value) in str(raised.value)
+
+
+async def _async_handler(message: Message) -> None:
+    pass
+
+
+async def _async_generator(message: Message) -> Any:
+    yield message
+
+
+class _AsyncCall:
+    async def __call__(self, message: Message) -> None:
+        pass
+
+
+class _SyncCall:
+    def __call__(self, message: Message) -> None:
+        pass
+
+
+def _sync_handler(message: Message, extra: int = 0) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [
+        _async_handler,
+        _async_generator,
+        _AsyncCall(),
+        functools.partial(_async_handler),
+        functools.partial(functools.partial(_AsyncCall())),
+    ],
+    ids=["async-def", "async-generator", "async-call", "partial", "partial-of-partial-object"],
+)
+def test_an_asynchronous_handler_is_refused_in_one_line(handler: Any) -> None:
+    with pytest.raises(UsageError) as refused:
+        check_handler(handler)
+    assert "asynchronous" in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "handler", [_sync_handler, _SyncCall(), functools.partial(_sync_handler, extra=1), print]
+)
+def test_a_synchronous_handler_is_accepted(handler: Any) -> None:
+    assert check_handler(handler) is handler
+
+
+def test_load_handler_refuses_an_asynchronous_handler() -> None:
+    with pytest.raises(UsageError, match=r"test_message:_async_handler is asynchronous"):
+        load_handler("tests.unit.test_message:_async_handler")

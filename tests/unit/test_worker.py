@@ -82,11 +82,11 @@ class Run:
         self.session = Session()
         self.tag = 0
 
-        def handler(message: Message) -> None:
+        def handler(message: Message) -> object:
             self.seen.append((message.message_id, message.attempt, message.delivery_count))
-            if behaviour is not None:
-                behaviour(message)
+            result = None if behaviour is None else behaviour(message)
             self.handled.append(message.message_id)
+            return result
 
         def on_failure(partition: int, reason: str) -> None:
             self.failures.append((partition, reason))
@@ -109,11 +109,13 @@ class Run:
         )
         self.worker.start()
 
-    def deliver(self, message_id: str, headers: dict[str, Any] | None = None) -> int:
+    def deliver(
+        self, message_id: str, headers: dict[str, Any] | None = None, user_id: str | None = None
+    ) -> int:
         self.tag += 1
         if headers is None:
             headers = {"partq-key": "k", "partq-partition": PARTITION, "partq-published-ms": 1}
-        props = pika.BasicProperties(message_id=message_id, headers=headers)
+        props = pika.BasicProperties(message_id=message_id, headers=headers, user_id=user_id)
         self.worker.inbox.put(
             Delivery(PARTITION, self.channel, self.tag, False, props, message_id.encode())  # type: ignore[arg-type]
         )
@@ -342,3 +344,29 @@ def test_a_waiter_never_takes_an_expired_lease_for_a_renewal(
         assert session.lost.is_set()
     finally:
         session.close(revoke=False)
+
+
+def test_a_handler_returning_a_coroutine_fails_its_attempts_and_is_never_acked_as_handled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ran: list[str | None] = []
+
+    async def work(message: Message) -> None:
+        ran.append(message.message_id)
+
+    def behaviour(message: Message) -> object:
+        return work(message) if message.message_id == "lazy" else None
+
+    run = Run(behaviour)
+    run.deliver("lazy")
+    run.deliver("next")
+    run.end()  # filterwarnings = error: an unawaited coroutine's RuntimeWarning would fail it
+    assert ran == []  # closed, never run
+    [(message_id, error, attempts)] = run.dead.published
+    assert (message_id, type(error).__name__, attempts) == ("lazy", "AwaitableReturned", 3)
+    assert "coroutine" in str(error) and "asyncio.run" in str(error)
+    assert run.broker.acked == [1, 2]  # acked once dead-lettered: never as handled
+    assert run.metric("partq_consumer_messages_handled_total", outcome="ok") == 1
+    said = [r.getMessage() for r in caplog.records]
+    said = [line for line in said if line.startswith("partition 2: the handler")]
+    assert len(said) == 1 and "returned a coroutine" in said[0]  # one clear line, not per attempt
