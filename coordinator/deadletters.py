@@ -9,8 +9,10 @@ avoids, each measured to reorder a quorum queue: ``basic.get`` (many returned ge
 back out of order), ``basic.nack``/``reject`` with requeue (appended at the back on 3.x
 without a delivery limit), and deliveries pika received but had not handed over when the
 channel closes (pika nacks those): taking exactly the prefetch leaves the broker no credit
-to send more. Being exclusive, a second reader is refused instead of taking part of the
-window. A quorum queue counts each give-back in ``x-delivery-count`` (:attr:`DeadLetter.returns`).
+to send more. It reads only when the queue has no other consumer, and consumes
+exclusively (RabbitMQ 3.10 enforces that on classic queues only): two readers at once would
+interleave what they give back. A quorum queue counts each give-back in
+``x-delivery-count`` (:attr:`DeadLetter.returns`).
 
 A redrive or purge takes the first messages the same way and acks those it acts on (a
 redrive only once the broker confirmed the copy published into the partition: at least
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -55,6 +58,7 @@ __all__ = ["WINDOW", "Acted", "DeadLetter", "Read", "act", "letter_from", "read"
 Action = Literal["redrive", "purge"]
 WINDOW = 10_000  # messages held at once (AMQP's prefetch count is at most 65 535)
 _WAIT = 10.0  # seconds to wait for a window's next delivery before giving up on it
+_ALONE_CHECKS, _ALONE_INTERVAL = 25, 0.2  # wait up to 5 s for another reader to go away
 
 
 def _text(value: Any) -> str | None:
@@ -197,7 +201,15 @@ def _window(
     closing the channel gives back in order whatever was not acked (see the module doc)."""
     channel = connection.channel()
     try:
-        depth = int(channel.queue_declare(queue, passive=True).method.message_count)
+        frame = channel.queue_declare(queue, passive=True).method
+        for _ in range(_ALONE_CHECKS):  # the broker may count a reader that just closed
+            if not frame.consumer_count:
+                break
+            time.sleep(_ALONE_INTERVAL)
+            frame = channel.queue_declare(queue, passive=True).method
+        if frame.consumer_count:  # its messages would interleave with ours when given back
+            raise _busy(queue)
+        depth = int(frame.message_count)
         wanted = min(depth, most, 65_535)
         taken: Taken = []
         if wanted:
@@ -212,14 +224,20 @@ def _window(
         yield channel, depth, taken
     except pika.exceptions.ChannelClosedByBroker as e:
         if e.reply_code == 403 and "exclusive" in e.reply_text:
-            raise UsageError(
-                f"another `partq dlq` command is reading {queue}: run this one when it is done"
-            ) from None
+            raise _busy(queue) from None
         raise
     finally:
         if channel.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError):
                 channel.close()
+
+
+def _busy(queue: str) -> UsageError:
+    return UsageError(
+        f"another consumer is reading {queue} (another `partq dlq` command, or a program of "
+        f"yours): partq reads it only alone, to give it back in order; run this one when "
+        f"that one is done"
+    )
 
 
 def read(amqp_url: AmqpURL, spec: StreamSpec, window: int = WINDOW) -> Read:

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 
 from coordinator import deadletters, dlq
 from coordinator.group import Group
+from kernel.errors import UsageError
 from producer import Producer, StreamSpec
 from producer.contract import QueueType
 from producer.registry import Registry
@@ -142,3 +144,24 @@ def test_dead_letters_are_listed_in_place_then_redriven_and_purged_by_key(
     assert handled(fleet_, "key-d") == list(range(PER_KEY))
     assert dlq.dead_letter_depth(rabbitmq, spec) == 0
     assert handled(fleet_, "key-b") == []
+
+
+def test_a_second_reader_is_refused_while_one_holds_the_queue(
+    quorum_fleet: Callable[..., Fleet], rabbitmq: str
+) -> None:
+    # Given two dead letters, one held by another reader
+    fleet = quorum_fleet(P, "dead-letter")
+    spec = StreamSpec(fleet.stream, P, "quorum", on_failure="dead-letter")
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for body in (b"x", b"y"):
+            channel.basic_publish(spec.dead_letter_exchange, spec.dead_letter_queue, body)
+        holder = connection.channel()
+        holder.basic_qos(prefetch_count=1)
+        holder.basic_consume(spec.dead_letter_queue, lambda *_a: None)
+        # When another reads; Then it is told to wait its turn, and nothing is taken
+        with pytest.raises(UsageError, match="another consumer is reading"):
+            deadletters.read(rabbitmq, spec)
+        holder.close()
+    assert dlq.dead_letter_depth(rabbitmq, spec) == 2
