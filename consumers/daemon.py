@@ -209,6 +209,7 @@ class Consumer:
             resync=lambda: self._schedule(Resync()),
             settle_takeover=lambda p: self._after(config.ttl + 1.0, SettleTakeover(p)),
             parking=self.parking,
+            concurrency=config.concurrency,
         )
 
     # -- public --------------------------------------------------------------------------
@@ -605,6 +606,7 @@ class Consumer:
         if self.watch_id is not None:
             self.group.cancel_watch(self.watch_id)
         self.partitions.stop_workers()
+        self.partitions.close()
         self.broker.stop()
         self.broker.join(timeout=5)
         if self.parking is not None:
