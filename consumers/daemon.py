@@ -330,7 +330,14 @@ class Consumer:
         if not session.fresh():  # etcd has not answered lately: no report to wait on
             return
         stalled = tuple(self.parking.stalls.stalled()) if self.parking is not None else ()
-        report = LoadReport(self.member, rates, time.time(), round(elapsed, 3), stalled)
+        report = LoadReport(
+            self.member,
+            rates,
+            time.time(),
+            round(elapsed, 3),
+            stalled,
+            self.partitions.in_flight(),
+        )
         try:
             self.group.report_load(report, session)
         except PartqError as e:  # etcd away, or the role may not write it: consuming goes on

@@ -114,10 +114,10 @@ class Partitions:
         self.loop = EventLoop()  # awaits what async handlers return, for every partition
         self.pool = HandlerPool(concurrency, f"handler-{member}") if concurrency > 1 else None
         metrics.CONCURRENCY.labels(*self._labels).set(concurrency)
-        metrics.IN_FLIGHT_MEMBER.labels(*self._labels).set_function(self._in_flight)
+        metrics.IN_FLIGHT_MEMBER.labels(*self._labels).set_function(self.in_flight)
         metrics.KEY_WAIT_SECONDS.labels(*self._labels).set_function(self._longest_wait)
 
-    def _in_flight(self) -> float:
+    def in_flight(self) -> int:
         """Messages of this member in a handler now (one per busy worker without a pool)."""
         if self.pool is not None:
             return self.pool.busy
