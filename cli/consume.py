@@ -144,6 +144,7 @@ def consume(
         load_report=load_report,
         amqp_outage_limit=ctx.settings.amqp_outage_limit,
         concurrency=ctx.settings.concurrency if concurrency is None else concurrency,
+        stall_after=ctx.settings.stall_after,
     )
     consumer = Consumer(ctx.registry(), function, config, amqp_url=ctx.settings.amqp)
     server = serve_http(

@@ -67,6 +67,9 @@ class ConsumerConfig:
     # Messages of different keys of a partition handled at once, at most this many in the
     # member (the setting PARTQ_CONCURRENCY); 1: one at a time per partition, as always.
     concurrency: int = DEFAULT_CONCURRENCY
+    # Seconds an owned partition's worker may wait for a delivery while its queue has
+    # messages ready before that is logged and counted as a stall (consumers.flow); 0: never.
+    stall_after: float = 30.0
 
     def __post_init__(self) -> None:
         if self.member_id is not None:  # InvalidMemberId: a usage error, exit code 2
@@ -86,6 +89,8 @@ class ConsumerConfig:
             raise ValueError(f"max attempts must be at least 1, got {self.max_attempts}")
         if not self.load_report >= 0:
             raise ValueError(f"load report interval must be 0 or more, got {self.load_report}")
+        if not self.stall_after >= 0:
+            raise ValueError(f"stall bound must be 0 or more, got {self.stall_after}")
         if self.handler_timeout is not None and not self.handler_timeout >= 0:
             raise ValueError(f"handler timeout must be 0 or more, got {self.handler_timeout}")
 

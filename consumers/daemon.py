@@ -67,9 +67,11 @@ from consumers.events import (
     BrokerConnection,
     BrokerOutage,
     BrokerRefused,
+    CheckFlow,
     CheckLeader,
     CheckTakeovers,
     ControllerEvent,
+    FlowReady,
     Handoff,
     LeaveNow,
     ParkStall,
@@ -80,6 +82,7 @@ from consumers.events import (
     Standby,
     WorkerFailed,
 )
+from consumers.flow import FlowWatch
 from consumers.handoff import Event
 from consumers.load import LoadMeter
 from consumers.message import Handler, check_handler
@@ -157,6 +160,7 @@ class Consumer:
         self._retries = _BACKOFF.delays()  # of resyncs and releases, until a resync works
         self._labels = (self.spec.name, self.member)
         self.load = LoadMeter()
+        self.flow = FlowWatch()
         self.dead_letters = DeadLetters(amqp_url, self.spec, self.member)
         self.parking = (
             Parking(
@@ -235,6 +239,8 @@ class Consumer:
         log.info("waiting for a usable RabbitMQ connection before joining %s", self.spec.name)
         if self.config.load_report > 0:
             self._after(self.config.load_report, ReportLoad())
+        if self.config.stall_after > 0:
+            self._after(self.config.stall_after / 3, CheckFlow())
         try:
             while True:
                 deadline = self._deadline
@@ -307,6 +313,11 @@ class Consumer:
             case ReportLoad():
                 self._report_load()
                 self._after(self.config.load_report, ReportLoad())
+            case CheckFlow():
+                self._check_flow()
+                self._after(self.config.stall_after / 3, CheckFlow())
+            case FlowReady(ready=ready):
+                self._flow(ready)
             case BrokerRefused(partition=partition, reason=reason):
                 self.partitions.abandon(partition)  # never subscribed again: it would spin
                 self._fail(EXIT_PERMISSION_DENIED, reason)
@@ -342,6 +353,41 @@ class Consumer:
             self.group.report_load(report, session)
         except PartqError as e:  # etcd away, or the role may not write it: consuming goes on
             log.warning("cannot report load: %s", e)
+
+    def _waiting(self) -> set[int]:
+        """Owned partitions whose worker has waited for a delivery past the stall bound."""
+        bound = time.monotonic() - self.config.stall_after
+        workers = self.partitions.workers
+        return {
+            p
+            for p in self.owned()
+            if (w := workers.get(p)) is not None
+            and (since := w.waiting_since) is not None
+            and since < bound
+        }
+
+    def _check_flow(self) -> None:
+        """Ask RabbitMQ what is ready for the partitions whose workers wait (``consumers.flow``)."""
+        waiting = sorted(self._waiting())
+        if waiting:
+            self.broker.ready(waiting, lambda ready: self.events.put(FlowReady(ready)))
+        else:
+            self._flow({})
+
+    def _flow(self, ready: dict[int, int]) -> None:
+        change = self.flow.check(set(self.owned()), self._waiting(), ready)
+        for partition, count in change.began.items():
+            log.warning(
+                "partition %d: stalled: %d messages ready in its queue, and RabbitMQ delivered "
+                "nothing for over %gs though the worker waits (partq_consumer_stalled_partitions)",
+                partition,
+                count,
+                self.config.stall_after,
+            )
+            metrics.STALLS.labels(*self._labels).inc()
+        for partition in change.ended:
+            log.info("partition %d: no longer stalled", partition)
+        metrics.STALLED.labels(*self._labels).set(len(change.stalled))
 
     def _after(self, seconds: float, event: ControllerEvent) -> None:
         timer = threading.Timer(seconds, self.events.put, args=(event,))

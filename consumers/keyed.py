@@ -107,6 +107,10 @@ class KeyedWorker(Worker):
                 in_flight += 1
                 self.pool.submit(functools.partial(self._run_one, start))
             self._m_in_flight.set(in_flight)
+            if in_flight:  # the stall detector's view: waiting only with nothing in a handler
+                self.waiting_since = None
+            elif self.waiting_since is None:
+                self.waiting_since = time.monotonic()
             self.longest_wait = keys.longest_wait(time.monotonic())
             if in_flight == 0 and (halted or ending is not None):
                 if not halted:

@@ -108,6 +108,7 @@ class Partitions:
         self.freed_at: dict[int, float] = {}
         self.abandoned: set[int] = set()  # partitions whose worker failed: not drained
         self.standing: set[int] = set()  # subscribed as the hot standby
+        self.behind: dict[int, str] = {}  # the owner each standby subscription waits behind
         self.taken: dict[int, str] = {}  # taken over from this (dead) owner, until reassigned
         self._activated: set[int] = set()  # standbys activated, awaiting check_takeovers
         self._labels = (spec.name, member)
@@ -265,14 +266,17 @@ class Partitions:
         if want and partition not in self.standing:
             if self.broker.stand_by(partition):
                 self.standing.add(partition)
+                self.behind[partition] = claim.member if claim is not None else ""
                 log.info("partition %d: standing by behind %s", partition, owner)
         elif not want and partition in self.standing:
             self.standing.discard(partition)
+            self.behind.pop(partition, None)
             self.broker.stand_down(partition)
 
     def standby_lost(self, partition: int) -> None:
         """The standby's channel or connection went: stand by again if still wanted."""
         self.standing.discard(partition)
+        self.behind.pop(partition, None)
         self._sync_standby(partition)
 
     def activated(self, partition: int) -> bool:
@@ -301,7 +305,10 @@ class Partitions:
             self._take_over(partition, state, session)
 
     def _take_over(self, partition: int, state: GroupState | None, session: Session | None) -> None:
-        seen = may_take_over(state, partition, self.member) if state is not None else None
+        behind = self.behind.pop(partition, "")
+        seen = None
+        if state is not None and behind:
+            seen = may_take_over(state, partition, self.member, behind)
         owner = state.claims[partition].member if state is not None and seen is not None else ""
         revision = 0
         if owner and seen is not None and session is not None:

@@ -228,6 +228,9 @@ class Worker(threading.Thread):
         self._first = True  # no delivery handled yet: the next one measures the handoff gap
         self._finished = threading.Event()
         self.handled = 0  # messages handled (acked after the handler returned), for load reports
+        # since when the worker has waited for its next delivery (None: it has one): a
+        # partition whose worker waits while its queue has messages ready is stalled
+        self.waiting_since: float | None = time.monotonic()
         self._given_back: set[int] = set()  # channels closed to return what we left unacked
 
     @property
@@ -275,7 +278,9 @@ class Worker(threading.Thread):
         if self.previous is not None:
             self.previous.join()  # never two handlers of one partition in this process
         while True:
+            self.waiting_since = time.monotonic()
             item = self.inbox.get()
+            self.waiting_since = None
             if item is STOP:
                 return
             if isinstance(item, tuple) and item[0] is END:
