@@ -29,7 +29,7 @@ def run(
     The first signal drains (finish and ack what was delivered, release the
     partitions, revoke the lease) within ``drain_timeout``; a second exits at once.
     """
-    check_handler(handler)  # an async one: a usage error before anything connects
+    check_handler(handler)  # an async generator: a usage error before anything connects
     settings = settings or Settings.load()
     registry = Registry.connect(settings)
     consumer = Consumer(
@@ -37,7 +37,11 @@ def run(
         handler,
         ConsumerConfig(
             stream=stream,
-            **{"amqp_outage_limit": settings.amqp_outage_limit, **config},  # type: ignore[arg-type]
+            **{  # type: ignore[arg-type]
+                "amqp_outage_limit": settings.amqp_outage_limit,
+                "concurrency": settings.concurrency,
+                **config,
+            },
         ),
         amqp_url=settings.amqp,
     )

@@ -11,7 +11,7 @@ from coordinator.group import validate_member_id
 from kernel import __version__
 from kernel.amqp import MAX_PREFETCH
 from kernel.errors import UsageError
-from kernel.settings import DEFAULT_AMQP_OUTAGE_LIMIT
+from kernel.settings import DEFAULT_AMQP_OUTAGE_LIMIT, DEFAULT_CONCURRENCY
 
 __all__ = [
     "DEFAULT_HANDLER_TIMEOUT",
@@ -64,6 +64,9 @@ class ConsumerConfig:
     # Seconds without a usable RabbitMQ connection before the member leaves its group (the
     # setting PARTQ_AMQP_OUTAGE_LIMIT; kernel.settings.DEFAULT_AMQP_OUTAGE_LIMIT).
     amqp_outage_limit: float = DEFAULT_AMQP_OUTAGE_LIMIT
+    # Messages of different keys of a partition handled at once, at most this many in the
+    # member (the setting PARTQ_CONCURRENCY); 1: one at a time per partition, as always.
+    concurrency: int = DEFAULT_CONCURRENCY
     # Seconds an owned partition's worker may wait for a delivery while its queue has
     # messages ready before that is logged and counted as a stall (consumers.flow); 0: never.
     stall_after: float = 30.0
@@ -80,6 +83,8 @@ class ConsumerConfig:
             )
         if not self.amqp_outage_limit > 0:
             raise ValueError(f"AMQP outage limit must be above 0, got {self.amqp_outage_limit}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.max_attempts < 1:
             raise ValueError(f"max attempts must be at least 1, got {self.max_attempts}")
         if not self.load_report >= 0:
