@@ -65,7 +65,17 @@ from kernel import logs
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.backoff import Backoff
 from kernel.errors import PartqError
-from producer.contract import HEADER_CONTROL, StreamSpec, key_id
+from producer.contract import (
+    HEADER_ATTEMPTS,
+    HEADER_CONTROL,
+    HEADER_ERROR,
+    HEADER_ERROR_TYPE,
+    HEADER_FAILED_MS,
+    HEADER_FAILED_PARTITION,
+    HEADER_MEMBER,
+    StreamSpec,
+    key_id,
+)
 
 __all__ = ["CRASH", "HANDLER_TIMEOUT", "DeadLetters", "HandlerTimeout", "Worker"]
 
@@ -100,12 +110,12 @@ class DeadLetters:
         headers = dict(props.headers or {})
         headers.update(
             {
-                "x-partq-error": "".join(traceback.format_exception_only(error)).strip()[:2000],
-                "x-partq-error-type": type(error).__name__,
-                "x-partq-attempts": attempts,
-                "x-partq-partition": delivery.partition,
-                "x-partq-member": self.member,
-                "x-partq-failed-ms": int(time.time() * 1000),
+                HEADER_ERROR: "".join(traceback.format_exception_only(error)).strip()[:2000],
+                HEADER_ERROR_TYPE: type(error).__name__,
+                HEADER_ATTEMPTS: attempts,
+                HEADER_FAILED_PARTITION: delivery.partition,
+                HEADER_MEMBER: self.member,
+                HEADER_FAILED_MS: int(time.time() * 1000),
             }
         )
         properties = pika.BasicProperties(

@@ -27,11 +27,10 @@ def poison(message: Message) -> None:
 
 def poison_key(message: Message) -> None:
     key = message.key.decode() if isinstance(message.key, bytes) else message.key
-    poisoned = key == os.environ.get("PARTQ_POISON_KEY") and os.path.exists(
-        os.environ["PARTQ_POISON_FLAG"]
-    )
+    chosen = os.environ.get("PARTQ_POISON_KEY", "").split(",")  # one key, or several
+    poisoned = key in chosen and os.path.exists(os.environ["PARTQ_POISON_FLAG"])
     if poisoned and json.loads(message.body)["seq"] >= int(os.environ["PARTQ_POISON_SEQ"]):
         raise ValueError(f"poisoned message {message.message_id}")
-    if key == os.environ.get("PARTQ_POISON_KEY"):  # once fixed, slower: a replay takes time
+    if key in chosen:  # once fixed, slower: a replay takes time
         time.sleep(float(os.environ.get("PARTQ_POISON_SLOW", "0")))
     record(message)
