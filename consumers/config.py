@@ -75,24 +75,24 @@ class ConsumerConfig:
         if self.member_id is not None:  # InvalidMemberId: a usage error, exit code 2
             validate_member_id(self.member_id)
         if self.weight < 1:
-            raise ValueError(f"weight must be at least 1, got {self.weight}")
+            raise UsageError(f"weight must be at least 1, got {self.weight}")
         if not 1 <= self.prefetch <= MAX_PREFETCH:  # a usage error: exit 2, one line
             raise UsageError(
                 f"prefetch must be between 1 and {MAX_PREFETCH} (RabbitMQ's basic.qos takes a "
                 f"16-bit count), got {self.prefetch}"
             )
         if not self.amqp_outage_limit > 0:
-            raise ValueError(f"AMQP outage limit must be above 0, got {self.amqp_outage_limit}")
+            raise UsageError(f"AMQP outage limit must be above 0, got {self.amqp_outage_limit}")
         if self.concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+            raise UsageError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.max_attempts < 1:
-            raise ValueError(f"max attempts must be at least 1, got {self.max_attempts}")
+            raise UsageError(f"max attempts must be at least 1, got {self.max_attempts}")
         if not self.load_report >= 0:
-            raise ValueError(f"load report interval must be 0 or more, got {self.load_report}")
+            raise UsageError(f"load report interval must be 0 or more, got {self.load_report}")
         if not self.stall_after >= 0:
-            raise ValueError(f"stall bound must be 0 or more, got {self.stall_after}")
+            raise UsageError(f"stall bound must be 0 or more, got {self.stall_after}")
         if self.handler_timeout is not None and not self.handler_timeout >= 0:
-            raise ValueError(f"handler timeout must be 0 or more, got {self.handler_timeout}")
+            raise UsageError(f"handler timeout must be 0 or more, got {self.handler_timeout}")
 
     @property
     def member(self) -> str:

@@ -192,6 +192,7 @@ class Consumer:
                 if self.spec.queue_type == "quorum"
                 else None
             ),
+            on_kept=lambda p: put(Handoff(p, Event.KEPT)),
             on_channel_lost=lambda p: put(Handoff(p, Event.CHANNEL_LOST)),
             on_connection=lambda up: put(BrokerConnection(up)),
             on_refused=lambda p, reason: put(BrokerRefused(p, reason)),

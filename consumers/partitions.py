@@ -420,7 +420,9 @@ class Partitions:
             )
         if after.phase is Phase.WAITING and before.phase is not Phase.WAITING:
             self.broker.warm(partition)  # ours once the claim goes: a channel ready for it
-        if after.phase is Phase.ACTIVE and before.phase is not Phase.ACTIVE:
+        if event is Event.KEPT and after.phase is Phase.ACTIVE:
+            log.info("partition %d: ours again before the cancel: consuming on", partition)
+        elif after.phase is Phase.ACTIVE and before.phase is not Phase.ACTIVE:
             metrics.HANDOFFS.labels(*self._labels, "acquired").inc()
             log.info("partition %d: consuming", partition)
         if before.phase is Phase.DRAINING and after.phase is not Phase.DRAINING:
@@ -440,6 +442,7 @@ class Partitions:
             Command.SUBSCRIBE,
             Command.CANCEL,
             Command.CUT,
+            Command.RESUME,
         ):
             return []
         match command:
@@ -456,6 +459,9 @@ class Partitions:
                 return []
             case Command.CUT:
                 self.broker.cut(partition)
+                return []
+            case Command.RESUME:
+                self.broker.resume(partition)
                 return []
             case Command.CLAIM:
                 self.broker.warm(partition)  # the channel opens while the claim is written
