@@ -1,4 +1,4 @@
-"""The seeded nemesis: one fault every 5-15 s, drawn from ``random.Random(seed)``.
+"""The seeded nemesis: one fault every 5-15 s, drawn with ``random.Random(seed)``.
 
 Each fault is recorded as a :class:`~benchmarks.chaos.verdict.Fault` (wall-clock time,
 kind, target, the pid it hit). What a fault undoes later (SIGCONT of a frozen consumer, the
@@ -64,6 +64,7 @@ class Nemesis:
     frozen: set[str] = field(default_factory=set)
     draining: str | None = None
     _repairs: list[_Repair] = field(default_factory=list)
+    _deck: list[str] = field(default_factory=list)  # kinds not yet fired this round
     _next_member: int = 1
 
     def __post_init__(self) -> None:
@@ -119,6 +120,7 @@ class Nemesis:
             repair = self._repairs.pop(0)
             try:
                 repair.run()
+                self.log(f"repaired: {repair.what}")
             except Exception as e:  # a failed repair is reported; heal tries the rest
                 self.log(f"repair failed: {repair.what}: {e}")
 
@@ -127,10 +129,14 @@ class Nemesis:
         self._run_due(float("inf"))
 
     def fire(self) -> None:
-        possible = [k for k in self.kinds if self._applies(k)]
-        if not possible:
+        """The next fault of a shuffled deck of every kind that applies now: a short run
+        still sees each kind once, in an order the seed decides."""
+        if not self._deck:
+            self._deck = self.rng.sample(self.kinds, len(self.kinds))
+        kind = next((k for k in self._deck if self._applies(k)), None)
+        if kind is None:
             return
-        kind = self.rng.choice(possible)
+        self._deck.remove(kind)
         fault = getattr(self, "_" + kind.replace("-", "_"))()
         self.faults.append(fault)
         self.log(f"fault {kind} {fault.target} pid={fault.pid} ok={fault.ok} {fault.detail}")

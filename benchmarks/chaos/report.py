@@ -30,7 +30,8 @@ def table(results: dict[str, Any]) -> str:
         "| check | result |",
         "|---|---|",
         f"| faults fired | {faults} |",
-        f"| confirmed / handled | {v['confirmed']} / {v['handled']} |",
+        f"| confirmed / handled / redelivered | {v['confirmed']} / {v['handled']} / "
+        f"{v['redelivered']} |",
         f"| publishes failed (nacked or unconfirmed, reported to the producer) | "
         f"{results['publish_failures']} |",
         f"| **lost** (confirmed, never handled) | **{v['lost']}** |",

@@ -59,6 +59,7 @@ class Sample:
 class Verdict:
     confirmed: int
     handled: int
+    redelivered: int  # handlings of a message the broker flagged redelivered
     lost: int
     lost_examples: list[str]
     duplicates: dict[str, int]  # by cause: the latest fault between the two handlings
@@ -189,6 +190,7 @@ def judge(
     return Verdict(
         confirmed=len(confirmed),
         handled=len(records),
+        redelivered=sum(1 for r in records if r.get("redelivered")),
         lost=len(missing),
         lost_examples=[f"{k}:{s}" for k, s in missing[:10]],
         duplicates=duplicates_by_cause(records, faults),
