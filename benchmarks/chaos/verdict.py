@@ -102,14 +102,12 @@ def frozen_windows(faults: Iterable[Fault]) -> dict[int, list[tuple[float, float
 
 
 def duplicates_by_cause(records: Sequence[Record], faults: Sequence[Fault]) -> dict[str, int]:
-    """Each handling of a (key, seq) after its first, charged to the latest fault between the
-    first handling and it ("none" if no fault came between)."""
+    """Each handling of a (key, seq) after its first, charged to the latest fault in the
+    ``PAUSE_HORIZON`` s before it ("none" if there was none), and split by how it came: a
+    broker redelivery (flagged), or a second copy of the message in the queue (not flagged:
+    a publish the broker took twice)."""
     times = sorted((f.at, f.kind) for f in faults if f.ok)
     starts = [t for t, _ in times]
-    first: dict[tuple[str, int], float] = {}
-    for r in sorted(records, key=lambda r: r["start"]):
-        k = (r["key"], r["seq"])
-        first.setdefault(k, r["start"])
     causes: Counter[str] = Counter()
     seen: set[tuple[str, int]] = set()
     for r in sorted(records, key=lambda r: r["start"]):
@@ -118,8 +116,9 @@ def duplicates_by_cause(records: Sequence[Record], faults: Sequence[Fault]) -> d
             seen.add(k)
             continue
         i = bisect.bisect_right(starts, r["start"]) - 1
-        cause = times[i][1] if i >= 0 and times[i][0] >= first[k] else "none"
-        causes[cause] += 1
+        near = i >= 0 and r["start"] - times[i][0] <= PAUSE_HORIZON
+        how = "redelivered" if r.get("redelivered") else "second copy"
+        causes[f"{times[i][1] if near else 'none'} ({how})"] += 1
     return dict(sorted(causes.items()))
 
 

@@ -74,16 +74,22 @@ def test_a_frozen_process_does_not_overlap_while_it_is_stopped() -> None:
     assert judge(records, confirmed, [frozen]).overlaps == 1
 
 
-def test_duplicates_are_charged_to_the_latest_fault_between_the_two_handlings() -> None:
+def test_duplicates_are_charged_to_the_latest_fault_before_them_and_split_by_how() -> None:
     records = [
         rec(1, 0, "a", 0, 1.0),
-        rec(2, 0, "a", 0, 3.0),  # after the kill at 2
+        rec(2, 0, "a", 0, 3.0, redelivered=True),  # after the kill at 2
         rec(2, 0, "b", 0, 5.0),
-        rec(2, 0, "b", 0, 5.5),  # no fault between
+        rec(2, 0, "b", 0, 5.5),  # a second copy, still within the kill's horizon
+        rec(2, 0, "c", 0, 50.0),
+        rec(2, 0, "c", 0, 50.5),  # long after any fault
     ]
     faults = [Fault(0.5, "move", "p0->c2"), Fault(2.0, "rabbit-kill", "n1")]
-    verdict = judge(records, {("a", 0), ("b", 0)}, faults)
-    assert verdict.duplicates == {"none": 1, "rabbit-kill": 1}
+    verdict = judge(records, {("a", 0), ("b", 0), ("c", 0)}, faults)
+    assert verdict.duplicates == {
+        "none (second copy)": 1,
+        "rabbit-kill (redelivered)": 1,
+        "rabbit-kill (second copy)": 1,
+    }
 
 
 def test_the_pause_after_a_fault_is_the_longest_gap_in_each_partition_up_to_the_next() -> None:
