@@ -173,7 +173,7 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "standby": args.standby,
             "balance": args.balance,
             "publish_failures": len(load.failed),
-            "publish_failure_examples": load.failed[:5],
+            "publish_failure_examples": load.failed[:1000],
             "fault_log": [asdict(f) for f in nemesis.faults],
             "verdict": verdict.as_json(),
             "rss_samples": [asdict(s) for s in sampler.samples],
