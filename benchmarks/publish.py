@@ -9,6 +9,9 @@ times, from the first publish to the last confirm:
 * ``sdk``       — ``producer.Producer.publish``, one call per message (its I/O
   thread, window ``--window``);
 * ``sdk-many``  — ``producer.Producer.publish_many``, ``--batch`` messages a call;
+* ``async``     — ``producer.AsyncProducer.send``, one call per message, in an asyncio
+  event loop, then ``flush`` (the same Producer underneath, bridged to asyncio futures);
+* ``async-many`` — ``producer.AsyncProducer.send_many``, ``--batch`` messages a call;
 * ``pipelined`` — raw pika ``SelectConnection``, publisher confirms handled in a
   callback, at most ``--window`` unconfirmed (the best a hand-written loop does);
 * ``bare``      — the same raw pipelined loop, but every message carries one
@@ -23,14 +26,15 @@ Every loop but ``bare`` does the same per-message work as the SDK: hash the key 
 ``partition_for``, persistent properties with key/partition headers, a fresh
 ``message_id`` and a timestamp (``producer.topology.message_properties``), and a
 ``mandatory`` publish. Each measurement is repeated ``--repeats`` times,
-interleaved (sdk, sdk-many, pipelined, bare, wait-each, sdk, …) so drifting load hits all
-alike; the table shows the median. Not a test: it asserts only that every
+interleaved (sdk, sdk-many, async, async-many, pipelined, bare, wait-each, sdk, …) so
+drifting load hits all alike; the table shows the median. Not a test: it asserts only that every
 message was confirmed.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import os
 import platform
@@ -39,7 +43,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -51,12 +55,12 @@ from coordinator import admin
 from kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
 from kernel.local import LocalEtcd
 from kernel.settings import Settings
-from producer import Producer, Receipt, StreamSpec, partition_for
+from producer import AsyncProducer, Producer, Receipt, StreamSpec, partition_for
 from producer.contract import QueueType
 from producer.registry import Registry
 from producer.topology import message_properties
 
-METHODS = ("sdk", "sdk-many", "pipelined", "bare", "wait-each")
+METHODS = ("sdk", "sdk-many", "async", "async-many", "pipelined", "bare", "wait-each")
 TIMES = "\N{MULTIPLICATION SIGN}"
 
 
@@ -122,6 +126,50 @@ def _sdk(
         cpu0, t0 = time.process_time(), time.perf_counter()
         futures = publish_all(producer)
         producer.flush(timeout=600)
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    failed = sum(1 for f in futures if f.exception() is not None)
+    if failed:
+        raise SystemExit(f"{method}: {failed} of {n} messages failed")
+    return elapsed, cpu
+
+
+def publish_async(url: str, spec: StreamSpec, n: int, work: Workload) -> tuple[float, float]:
+    """``AsyncProducer.send``, one call per message, then ``flush``."""
+
+    async def one_by_one(producer: AsyncProducer) -> list[asyncio.Future[Receipt]]:
+        return [await producer.send(work.key(i), work.body) for i in range(n)]
+
+    return asyncio.run(_async(url, spec, n, work, "async", one_by_one))
+
+
+def publish_async_many(url: str, spec: StreamSpec, n: int, work: Workload) -> tuple[float, float]:
+    """``AsyncProducer.send_many``, ``work.batch`` messages per call, then ``flush``."""
+
+    async def in_batches(producer: AsyncProducer) -> list[asyncio.Future[Receipt]]:
+        futures: list[asyncio.Future[Receipt]] = []
+        for start in range(0, n, work.batch):
+            stop = min(n, start + work.batch)
+            futures += await producer.send_many(
+                (work.key(i), work.body) for i in range(start, stop)
+            )
+        return futures
+
+    return asyncio.run(_async(url, spec, n, work, "async-many", in_batches))
+
+
+async def _async(
+    url: str,
+    spec: StreamSpec,
+    n: int,
+    work: Workload,
+    method: str,
+    publish_all: Callable[[AsyncProducer], Awaitable[list[asyncio.Future[Receipt]]]],
+) -> tuple[float, float]:
+    name = f"bench-{method}"
+    async with AsyncProducer(spec, amqp_url=url, window=work.window, name=name) as producer:
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        futures = await publish_all(producer)
+        await producer.flush(timeout=600)
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     failed = sum(1 for f in futures if f.exception() is not None)
     if failed:
@@ -242,6 +290,8 @@ def publish_wait_each(url: str, spec: StreamSpec, n: int, work: Workload) -> tup
 PUBLISHERS: dict[str, Callable[[str, StreamSpec, int, Workload], tuple[float, float]]] = {
     "sdk": publish_sdk,
     "sdk-many": publish_sdk_many,
+    "async": publish_async,
+    "async-many": publish_async_many,
     "pipelined": publish_pipelined,
     "bare": publish_bare,
     "wait-each": publish_wait_each,
@@ -310,14 +360,14 @@ def report(
         f" and other work; Python {platform.python_version()}, pika {pika.__version__}",
         f"- RabbitMQ {rabbit} on 127.0.0.1; {args.messages:,} {TIMES} {args.size}-byte persistent "
         f"messages, mandatory, {args.keys:,} keys over P={args.partitions} partitions, "
-        f"window {args.window}; sdk-many: {args.batch} messages per `publish_many`; "
+        f"window {args.window}; sdk-many and async-many: {args.batch} messages per call; "
         f"wait-each: {args.wait_each_messages:,} messages",
         f"- median of {args.repeats} runs, each on a fresh stream, methods interleaved (msg/s; "
         f"CPU = this process's CPU seconds per 10k messages, every thread: robust to load)",
         "",
-        "| queue type | method | msg/s | ÷ pipelined | ÷ bare | CPU s/10k "
+        "| queue type | method | msg/s | ÷ sdk | ÷ pipelined | ÷ bare | CPU s/10k "
         "| CPU ÷ pipelined's | CPU ÷ bare's |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for queue_type in args.queue_types:
 
@@ -336,7 +386,8 @@ def report(
         for method in methods:
             rate, pipelined, bare = median(method), median("pipelined"), median("bare")
             lines.append(
-                f"| {queue_type} | {method} | {rate:,.0f} | {rate / pipelined:.2f}{TIMES} "
+                f"| {queue_type} | {method} | {rate:,.0f} | {rate / median('sdk'):.2f}{TIMES} "
+                f"| {rate / pipelined:.2f}{TIMES} "
                 f"| {rate / bare:.2f}{TIMES} | {cpu(method):.3f} "
                 f"| {cpu(method) / cpu('pipelined'):.2f} | {cpu(method) / cpu('bare'):.2f} |"
             )

@@ -133,6 +133,7 @@ def consume(
         announce_leave=announce_leave,
         load_report=load_report,
         amqp_outage_limit=ctx.settings.amqp_outage_limit,
+        stall_after=ctx.settings.stall_after,
     )
     consumer = Consumer(ctx.registry(), function, config, amqp_url=ctx.settings.amqp)
     server = serve_http(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any
 
 import click
@@ -15,6 +16,8 @@ from consumers.signals import on_stop_signals
 from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
 from coordinator.service import CoordinatorConfig, StreamCoordinator
 from coordinator.status import render_html, snapshot_status
+from coordinator.trends import Trends, sample_of
+from kernel.errors import PartqError
 from producer.contract import StreamSpec
 
 log = logging.getLogger("partq.cli")
@@ -61,6 +64,14 @@ log = logging.getLogger("partq.cli")
     show_default=True,
     help="With --balance load: partitions moved from a live owner per measurement, at most.",
 )
+@click.option(
+    "--unbound-grace",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds a claim on a lease no live member holds (a departed member draining) is "
+    "honoured before the leader deletes it; longer than the consumers' --drain-timeout.",
+)
 @http_options(default_port=9400)
 @pass_context
 def coordinator(
@@ -75,6 +86,7 @@ def coordinator(
     balance: str,
     load_interval: float,
     load_moves: int,
+    unbound_grace: float,
     http_host: str,
     http_port: int,
 ) -> None:
@@ -94,6 +106,7 @@ def coordinator(
         balance="load" if balance == "load" else "count",
         load_interval=load_interval,
         load_moves=load_moves,
+        unbound_grace=unbound_grace,
     )
     # One AMQP connection for every scrape, page load and load measurement, refreshed at
     # most every 2 s; etcd asked for /readyz at most as often. Failures: 503 with one line.
@@ -111,8 +124,25 @@ def coordinator(
     exporter = DepthExporter(depths)
     etcd = EtcdHealth(registry)
 
+    trends = {t.stream: Trends() for t in threads}
+
     def page() -> str:
         return render_html([console_report(t) for t in threads])
+
+    def sample_trends() -> None:
+        """One sample per stream every few seconds, whether or not anyone looks."""
+        for thread in threads:
+            now = time.time()
+            if not trends[thread.stream].due(now):
+                continue
+            try:
+                report = snapshot_status(
+                    registry, ctx.settings.amqp, thread.stream, depths=depths.stats
+                )
+            except PartqError as e:  # etcd or RabbitMQ away: a gap in the charts
+                log.debug("no trend sample of %s: %s", thread.stream, e)
+                continue
+            trends[thread.stream].record(sample_of(report, now))
 
     def console_report(thread: StreamCoordinator) -> dict[str, Any]:
         """The stream's report, with what this process saw lately (coordinator.history)."""
@@ -123,6 +153,10 @@ def coordinator(
         for row in rows:
             row["rate"] = rates.get(row["partition"])
         report["timeline"] = [dataclasses.asdict(e) for e in thread.history.entries()]
+        now, kept = time.time(), trends[thread.stream]
+        kept.record(sample_of(report, now))
+        report["trends"], report["trends_now"] = kept.samples(now), now
+        report["trends_window"] = kept.window
         spec = thread.spec
         if spec is not None:
             report["dead_letters"] = depths.messages(spec.dead_letter_queue)
@@ -160,6 +194,7 @@ def coordinator(
     while not stop.wait(1.0):
         if not all(t.is_alive() for t in threads):
             break
+        sample_trends()
     dead = [t for t in threads if not t.is_alive()]  # before we stop them: they died
     for thread in threads:
         thread.stop()

@@ -60,7 +60,8 @@ def list_(ctx: Context, stream: str, as_json: bool) -> None:
         for k in keys:
             r = k.record
             count = "?" if k.messages is None else str(k.messages)
-            error = f"{r.error_type}: {r.error.splitlines()[-1] if r.error else ''}"
+            # the error is Python's own line for the exception: "ValueError: why"
+            error = (r.error.splitlines() or [r.error_type])[-1]
             click.echo(
                 printable(
                     f"{r.key_text:<24} {r.partition:>9} {count:>8}  {_when(r.at):<19}  {error[:80]}"

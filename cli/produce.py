@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from typing import IO, Any
 import click
 
 from cli.context import Context, pass_context
+from cli.web import base_url, http_options, serve_http, server_context
 from kernel.errors import PartqError, UsageError
 from kernel.terminal import printable
 from producer.contract import refuse_control_headers
@@ -104,6 +106,7 @@ def problem(line: Line) -> str | None:
 
 
 _SHOWN = 10  # invalid line numbers named in one error, at most
+log = logging.getLogger("partq.cli")
 
 
 @click.command()
@@ -135,6 +138,7 @@ _SHOWN = 10  # invalid line numbers named in one error, at most
     show_default=True,
     help="Unconfirmed messages in flight at most.",
 )
+@http_options(default_port=None)
 @pass_context
 def produce(
     ctx: Context,
@@ -145,8 +149,14 @@ def produce(
     skip_invalid: bool,
     partitions: int | None,
     window: int,
+    http_host: str,
+    http_port: int | None,
 ) -> None:
-    """Publish keyed messages to stream NAME and print a summary."""
+    """Publish keyed messages to stream NAME and print a summary.
+
+    With --http-port, serves /metrics (the partq_producer_* series), /livez and /readyz
+    while it publishes: for a long-running producer reading stdin.
+    """
     if (key is None) != (body is None):
         raise click.UsageError("give both --key and --body, or neither (to read JSON lines)")
     if key is not None and source is not None:
@@ -166,6 +176,8 @@ def produce(
             _check_whole(source)
         lines = parse_lines(source)
     settings = ctx.settings
+    if http_port is not None:
+        server_context(settings.http)  # a certificate that cannot be used: exit 2 first
     invalid = 0
     failed = 0
     stopped: str | None = None
@@ -174,6 +186,9 @@ def produce(
     with Producer(
         name, amqp_url=settings.amqp, etcd=ctx.registry(), partitions=partitions, window=window
     ) as producer:
+        if http_port is not None:
+            server = serve_http(http_host, http_port, settings.http, live=_always, ready=_always)
+            log.info("producer metrics on %s/metrics", base_url(http_host, server, settings.http))
         for line in lines:
             if isinstance(line, str):
                 invalid += 1
@@ -192,6 +207,8 @@ def produce(
                 break
             futures.append((line.number, future))
         producer.flush(timeout=None)
+    if http_port is not None:
+        server.shutdown()
     for number, result in futures:
         error = result.exception()
         if error is not None:
@@ -211,6 +228,11 @@ def produce(
         )
     if failed or invalid:
         raise click.exceptions.Exit(1)
+
+
+def _always() -> bool:
+    """A producer is live and ready while it runs: it connected before its port opened."""
+    return True
 
 
 def _seekable(source: IO[str]) -> bool:

@@ -264,8 +264,9 @@ def _to_settings(ctx: click.Context, param: click.Parameter, value: Any) -> None
         ctx.find_object(Context).overrides[param.name] = value  # type: ignore[union-attr]
 
 
-def http_options(default_port: int) -> Callable[[F], F]:
-    """``--http-host``, ``--http-port``, and the TLS and token settings of the daemon's port."""
+def http_options(default_port: int | None) -> Callable[[F], F]:
+    """``--http-host``, ``--http-port``, and the TLS and token settings of the daemon's port
+    (``default_port`` None: no port unless ``--http-port`` is given)."""
 
     def decorate(command: F) -> F:
         settings = [
@@ -301,8 +302,10 @@ def http_options(default_port: int) -> Callable[[F], F]:
             "--http-port",
             type=click.IntRange(0, 65535),
             default=default_port,
-            show_default=True,
-            help="0: pick a free port (the chosen one is logged).",
+            show_default=default_port is not None,
+            envvar="PARTQ_HTTP_PORT",
+            help="0: pick a free port (the chosen one is logged) [PARTQ_HTTP_PORT]."
+            + (" Default: serve no port." if default_port is None else ""),
         )(command)
         return click.option(
             "--http-host",

@@ -213,6 +213,7 @@ class Broker(threading.Thread):
         self._acks_scheduled = False
         self._stopping = False
         self._fenced: SelectConnection | None = None  # being aborted: nothing more on it
+        self._probe: Channel | None = None  # passive declares for ``ready``
         self.connected = threading.Event()
 
     # -- thread-safe API -----------------------------------------------------------------
@@ -290,6 +291,12 @@ class Broker(threading.Thread):
     def give_back(self, partition: int) -> None:
         """Return the activated standby's deliveries in order, then cancel it."""
         self._call(lambda: self._give_back(partition))
+
+    def ready(self, partitions: list[int], reply: Callable[[dict[int, int]], None]) -> None:
+        """Ask RabbitMQ how many messages are ready in ``partitions``' queues (passive
+        declares on a channel of their own); ``reply(counts)`` on the I/O thread. No reply
+        while disconnected, or if a queue is missing (its 404 closes that channel)."""
+        self._call(lambda: self._count_ready(list(partitions), {}, reply))
 
     def fence(self) -> None:
         """Our lease is gone: drop the connection, and every partition on it, by aborting its
@@ -471,8 +478,13 @@ class Broker(threading.Thread):
         warm = self._warming[partition] = _Warm()
 
         def ready(channel: Channel) -> None:
-            if self._warming.get(partition) is not warm or not channel.is_open:
-                return  # reset (fence, reconnect) meanwhile, or closed: see closed()
+            if self._warming.get(partition) is not warm:
+                # reset (fence, reconnect, a standby promoted meanwhile): never consumed on
+                if channel.is_open and self._connection is not self._fenced:
+                    channel.close()
+                return
+            if not channel.is_open:
+                return  # closed: see closed()
             del self._warming[partition]
             if warm.subscribe:
                 self._consume(partition, channel, new=False)
@@ -611,6 +623,14 @@ class Broker(threading.Thread):
         if standby is None or not standby.channel.is_open:
             self._on_channel_lost(partition)
             return
+        # A channel warming for the claim we were waiting for (the leader gave us the
+        # partition before RabbitMQ activated us) must not become the partition's
+        # subscription once warm: the worker's acks for the promoted channel would be
+        # dropped as an old channel's, and no delivery would come past the prefetch.
+        self._warming.pop(partition, None)
+        warm = self._subs.get(partition)
+        if warm is not None and warm.tag is None and warm.channel.is_open:
+            warm.channel.close()  # warm, never consumed on: nothing to return
         channel = standby.channel
         sub = _Subscription(channel, tag=standby.tag, received=len(standby.buffer))
         sub.consuming = True
@@ -621,6 +641,31 @@ class Broker(threading.Thread):
             sub.unacked.append(delivery.delivery_tag)
             self._deliver(partition, delivery)
         standby.buffer.clear()
+
+    def _count_ready(
+        self, todo: list[int], counts: dict[int, int], reply: Callable[[dict[int, int]], None]
+    ) -> None:
+        """One passive declare after the other, then ``reply`` (``ready``)."""
+        channel = self._probe
+        if channel is None or not channel.is_open:
+            assert self._connection is not None
+
+            def opened(channel: Channel) -> None:
+                self._probe = channel
+                self._count_ready(todo, counts, reply)
+
+            self._connection.channel(on_open_callback=opened)
+            return
+        if not todo:
+            reply(counts)
+            return
+        partition, rest = todo[0], todo[1:]
+
+        def counted(frame: Any) -> None:
+            counts[partition] = frame.method.message_count
+            self._count_ready(rest, counts, reply)
+
+        channel.queue_declare(self.spec.queue(partition), passive=True, callback=counted)
 
     def _drop_acks(self) -> None:
         """The connection is gone, and a ``_send_acks`` queued on its loop with it: forget

@@ -64,6 +64,9 @@ class ConsumerConfig:
     # Seconds without a usable RabbitMQ connection before the member leaves its group (the
     # setting PARTQ_AMQP_OUTAGE_LIMIT; kernel.settings.DEFAULT_AMQP_OUTAGE_LIMIT).
     amqp_outage_limit: float = DEFAULT_AMQP_OUTAGE_LIMIT
+    # Seconds an owned partition's worker may wait for a delivery while its queue has
+    # messages ready before that is logged and counted as a stall (consumers.flow); 0: never.
+    stall_after: float = 30.0
 
     def __post_init__(self) -> None:
         if self.member_id is not None:  # InvalidMemberId: a usage error, exit code 2
@@ -81,6 +84,8 @@ class ConsumerConfig:
             raise ValueError(f"max attempts must be at least 1, got {self.max_attempts}")
         if not self.load_report >= 0:
             raise ValueError(f"load report interval must be 0 or more, got {self.load_report}")
+        if not self.stall_after >= 0:
+            raise ValueError(f"stall bound must be 0 or more, got {self.stall_after}")
         if self.handler_timeout is not None and not self.handler_timeout >= 0:
             raise ValueError(f"handler timeout must be 0 or more, got {self.handler_timeout}")
 

@@ -67,8 +67,11 @@ from consumers.events import (
     BrokerConnection,
     BrokerOutage,
     BrokerRefused,
+    CheckFlow,
+    CheckLeader,
     CheckTakeovers,
     ControllerEvent,
+    FlowReady,
     Handoff,
     LeaveNow,
     ParkStall,
@@ -79,6 +82,7 @@ from consumers.events import (
     Standby,
     WorkerFailed,
 )
+from consumers.flow import FlowWatch
 from consumers.handoff import Event
 from consumers.load import LoadMeter
 from consumers.message import Handler, check_handler
@@ -113,6 +117,10 @@ log = logging.getLogger("partq.consumer")
 
 _BACKOFF = Backoff()  # joining, and resyncing with etcd: 0.2 s doubling to 5 s
 
+# Seconds after joining before a member with no coordinator leading its stream says so:
+# nothing is ever assigned without one, and a new user would otherwise wait in silence.
+NO_LEADER_WARNING = 5.0
+
 
 class Consumer:
     """A member of a stream's group (the module docstring). ``broker``: the RabbitMQ edge's
@@ -139,6 +147,7 @@ class Consumer:
         self.watch_id: int | None = None
         self.stopping = False
         self.deleted = False  # the stream is gone; waiting for it to be created again
+        self.leaderless = False  # said that no coordinator leads: say so when one does
         # Not in the group for want of a usable broker: before RabbitMQ first worked, and
         # after it was unusable for the outage limit. Joins (again) once it works.
         self.away = True
@@ -151,6 +160,7 @@ class Consumer:
         self._retries = _BACKOFF.delays()  # of resyncs and releases, until a resync works
         self._labels = (self.spec.name, self.member)
         self.load = LoadMeter()
+        self.flow = FlowWatch()
         self.dead_letters = DeadLetters(amqp_url, self.spec, self.member)
         self.parking = (
             Parking(
@@ -228,6 +238,8 @@ class Consumer:
         log.info("waiting for a usable RabbitMQ connection before joining %s", self.spec.name)
         if self.config.load_report > 0:
             self._after(self.config.load_report, ReportLoad())
+        if self.config.stall_after > 0:
+            self._after(self.config.stall_after / 3, CheckFlow())
         try:
             while True:
                 deadline = self._deadline
@@ -260,6 +272,9 @@ class Consumer:
                 # a recreated stream is read afresh (_resync), and so is the group on a rejoin
                 if not self.deleted and not self.away:
                     self.partitions.apply(event)
+                    self._leader_seen()
+            case CheckLeader(lease=lease):
+                self._check_leader(lease)
             case WatchFailed(error=error):
                 if not self.stopping:
                     log.warning("etcd watch failed: %s; consuming on, resyncing", error)
@@ -297,6 +312,11 @@ class Consumer:
             case ReportLoad():
                 self._report_load()
                 self._after(self.config.load_report, ReportLoad())
+            case CheckFlow():
+                self._check_flow()
+                self._after(self.config.stall_after / 3, CheckFlow())
+            case FlowReady(ready=ready):
+                self._flow(ready)
             case BrokerRefused(partition=partition, reason=reason):
                 self.partitions.abandon(partition)  # never subscribed again: it would spin
                 self._fail(EXIT_PERMISSION_DENIED, reason)
@@ -325,6 +345,41 @@ class Consumer:
             self.group.report_load(report, session)
         except PartqError as e:  # etcd away, or the role may not write it: consuming goes on
             log.warning("cannot report load: %s", e)
+
+    def _waiting(self) -> set[int]:
+        """Owned partitions whose worker has waited for a delivery past the stall bound."""
+        bound = time.monotonic() - self.config.stall_after
+        workers = self.partitions.workers
+        return {
+            p
+            for p in self.owned()
+            if (w := workers.get(p)) is not None
+            and (since := w.waiting_since) is not None
+            and since < bound
+        }
+
+    def _check_flow(self) -> None:
+        """Ask RabbitMQ what is ready for the partitions whose workers wait (``consumers.flow``)."""
+        waiting = sorted(self._waiting())
+        if waiting:
+            self.broker.ready(waiting, lambda ready: self.events.put(FlowReady(ready)))
+        else:
+            self._flow({})
+
+    def _flow(self, ready: dict[int, int]) -> None:
+        change = self.flow.check(set(self.owned()), self._waiting(), ready)
+        for partition, count in change.began.items():
+            log.warning(
+                "partition %d: stalled: %d messages ready in its queue, and RabbitMQ delivered "
+                "nothing for over %gs though the worker waits (partq_consumer_stalled_partitions)",
+                partition,
+                count,
+                self.config.stall_after,
+            )
+            metrics.STALLS.labels(*self._labels).inc()
+        for partition in change.ended:
+            log.info("partition %d: no longer stalled", partition)
+        metrics.STALLED.labels(*self._labels).set(len(change.stalled))
 
     def _after(self, seconds: float, event: ControllerEvent) -> None:
         timer = threading.Timer(seconds, self.events.put, args=(event,))
@@ -403,6 +458,28 @@ class Consumer:
         log.info("joined %s as %s (lease %x)", self.spec.name, self.member, self.session.id)
         self.partitions.session = self.session
         self._resync()
+        self._after(NO_LEADER_WARNING, CheckLeader(self.session.id))
+
+    def _check_leader(self, lease: int) -> None:
+        """Warn, once per join, when no coordinator leads the stream."""
+        session = self.session
+        if self.stopping or self.deleted or session is None or session.id != lease:
+            return
+        if self.partitions.mirror.candidates:
+            return
+        self.leaderless = True
+        log.warning(
+            "no coordinator leads stream %s (%gs after joining): nothing is assigned until "
+            "one runs; start one with `partq coordinator %s`",
+            self.spec.name,
+            NO_LEADER_WARNING,
+            self.spec.name,
+        )
+
+    def _leader_seen(self) -> None:
+        if self.leaderless and self.partitions.mirror.candidates:
+            self.leaderless = False
+            log.info("a coordinator now runs for stream %s", self.spec.name)
 
     def _resync(self) -> None:
         if self.watch_id is not None:

@@ -14,8 +14,11 @@ __all__ = [
     "BrokerConnection",
     "BrokerOutage",
     "BrokerRefused",
+    "CheckFlow",
+    "CheckLeader",
     "CheckTakeovers",
     "ControllerEvent",
+    "FlowReady",
     "Handoff",
     "LeaveNow",
     "ParkStall",
@@ -90,6 +93,18 @@ class SettleTakeover:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckFlow:
+    """Time to look for stalled partitions (``consumers.flow``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlowReady:
+    """RabbitMQ's count of messages ready in the queues of partitions whose workers wait."""
+
+    ready: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
 class LeaveNow:
     """A stop was announced a while ago: leave the group now, whatever is still ours."""
 
@@ -115,6 +130,13 @@ class BrokerConnection:
     up: bool
 
 
+@dataclass(frozen=True, slots=True)
+class CheckLeader:
+    """A while after joining with the session ``lease``: does a coordinator lead the stream?"""
+
+    lease: int
+
+
 ControllerEvent = (
     Stop
     | LeaseLost
@@ -131,6 +153,9 @@ ControllerEvent = (
     | Standby
     | SettleTakeover
     | CheckTakeovers
+    | CheckFlow
+    | FlowReady
     | BrokerRefused
     | ReportLoad
+    | CheckLeader
 )

@@ -17,6 +17,8 @@ __all__ = [
     "PARTITIONS_OWNED",
     "PARTITIONS_PAUSED",
     "REDELIVERIES",
+    "STALLED",
+    "STALLS",
     "TAKEOVERS",
     "WORKER_FAILURES",
 ]
@@ -87,6 +89,17 @@ REDRIVES = Counter(
 DEAD_LETTERED = Counter(
     "partq_consumer_dead_lettered",
     "Messages sent to the dead-letter queue (retries exhausted, malformed headers, timeout)",
+    ["stream", "member"],
+)
+STALLED = Gauge(
+    "partq_consumer_stalled_partitions",
+    "Owned partitions whose worker has waited past the stall bound while their queue has "
+    "messages ready: RabbitMQ is not delivering them",
+    ["stream", "member"],
+)
+STALLS = Counter(
+    "partq_consumer_stalls",
+    "Stalls begun: an owned partition with messages ready and nothing delivered past the bound",
     ["stream", "member"],
 )
 LEASE_RENEWAL_FAILURES = Counter(

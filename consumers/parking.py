@@ -43,6 +43,7 @@ from consumers import control, metrics
 from consumers.broker import Delivery
 from coordinator.codec import Parked
 from coordinator.group import Group
+from coordinator.session import Session
 from kernel.amqp import AmqpURL, connect_blocking
 from kernel.errors import PartqError
 from producer.contract import StreamSpec, key_bytes, key_id, long_key_id
@@ -271,8 +272,10 @@ class Parking:
         key: str | bytes,
         error: BaseException | None,
         attempts: int,
+        session: Session,
     ) -> None:
-        """Park ``delivery`` (its key's record first when ``error`` parks the key now)."""
+        """Park ``delivery`` (its key's record first when ``error`` parks the key now, while
+        our claim on its partition is on ``session``'s lease)."""
         name = key_id(key)
         if error is not None and self.parked.get(name) is None:
             record = Parked(
@@ -285,7 +288,7 @@ class Parking:
                 time.time(),
                 long_key=key_bytes(key) if long_key_id(name) else b"",
             )
-            revision = self.group.park(record)
+            revision = self.group.park(record, session)
             self.parked.apply(name, record, revision)
         headers = dict(delivery.properties.headers or {})
         headers[PARKED_HEADER] = "failed" if error is not None else "key parked"

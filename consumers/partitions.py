@@ -31,7 +31,7 @@ from coordinator import policy
 from coordinator.group import Claim, Group, GroupState, Member, Parked, WatchEvent
 from coordinator.mirror import GroupMirror
 from coordinator.session import Session
-from kernel.errors import EtcdUnavailable
+from kernel.errors import EtcdPermissionDenied, EtcdUnavailable
 from producer.contract import StreamSpec
 
 __all__ = ["Partitions"]
@@ -101,6 +101,7 @@ class Partitions:
         self.freed_at: dict[int, float] = {}
         self.abandoned: set[int] = set()  # partitions whose worker failed: not drained
         self.standing: set[int] = set()  # subscribed as the hot standby
+        self.behind: dict[int, str] = {}  # the owner each standby subscription waits behind
         self.taken: dict[int, str] = {}  # taken over from this (dead) owner, until reassigned
         self._activated: set[int] = set()  # standbys activated, awaiting check_takeovers
         self._labels = (spec.name, member)
@@ -125,9 +126,37 @@ class Partitions:
         """Mirror one change and act on the partitions it concerns."""
         if event.kind == "parked" and self.parking is not None:
             record = event.value if isinstance(event.value, Parked) else None
-            self.parking.parked.apply(event.name, record, event.revision)
+            if record is None or self._parked_by_holder(record, event.revision):
+                self.parking.parked.apply(event.name, record, event.revision)
         for partition in sorted(self.mirror.apply(event)):
             self.sync(partition)
+
+    def _parked_by_holder(self, record: Parked, revision: int) -> bool:
+        """Whether the record put at ``revision`` is one its partition's holder wrote. The
+        mirror holds the group as it was just before (the watch delivers in revision order),
+        unless our own claim write is newer: then the leader judges it (it deletes a record
+        that fails). A record that fails is ignored: it would divert a key we may hold."""
+        mirror = self.mirror
+        if record.partition < self.spec.partitions and (
+            mirror.claim_writes.get(record.partition, 0) >= revision
+        ):
+            return True
+        ok = policy.parked_by_holder(
+            record,
+            self.spec.partitions,
+            mirror.claims.get(record.partition),
+            mirror.members.get(record.member),
+        )
+        if not ok:
+            log.warning(
+                "ignoring the parked record of key %s (revision %d): not written by the holder "
+                "of partition %d (it names %s)",
+                record.key_text,
+                revision,
+                record.partition,
+                record.member,
+            )
+        return ok
 
     def forget(self) -> None:
         """The stream is gone: so are its keys."""
@@ -209,14 +238,17 @@ class Partitions:
         if want and partition not in self.standing:
             if self.broker.stand_by(partition):
                 self.standing.add(partition)
+                self.behind[partition] = claim.member if claim is not None else ""
                 log.info("partition %d: standing by behind %s", partition, owner)
         elif not want and partition in self.standing:
             self.standing.discard(partition)
+            self.behind.pop(partition, None)
             self.broker.stand_down(partition)
 
     def standby_lost(self, partition: int) -> None:
         """The standby's channel or connection went: stand by again if still wanted."""
         self.standing.discard(partition)
+        self.behind.pop(partition, None)
         self._sync_standby(partition)
 
     def activated(self, partition: int) -> bool:
@@ -245,7 +277,10 @@ class Partitions:
             self._take_over(partition, state, session)
 
     def _take_over(self, partition: int, state: GroupState | None, session: Session | None) -> None:
-        seen = may_take_over(state, partition, self.member) if state is not None else None
+        behind = self.behind.pop(partition, "")
+        seen = None
+        if state is not None and behind:
+            seen = may_take_over(state, partition, self.member, behind)
         owner = state.claims[partition].member if state is not None and seen is not None else ""
         revision = 0
         if owner and seen is not None and session is not None:
@@ -449,7 +484,7 @@ class Partitions:
         assert session is not None
         heir = self._heir(partition)
         try:
-            handed = self.group.hand_over(partition, session, heir) if heir else 0
+            handed = self._hand_over(partition, session, heir) if heir else 0
             revision = handed or self.group.release(partition, session)
         except EtcdUnavailable as e:
             log.warning("partition %d: cannot release the claim yet: %s", partition, e)
@@ -462,6 +497,16 @@ class Partitions:
         if revision > 0:
             self.mirror.wrote_claim(partition, None, revision)
         return [_Step(partition, Event.RELEASED)]
+
+    def _hand_over(self, partition: int, session: Session, heir: Member) -> int:
+        """Hand the claim to ``heir``, or 0 if our etcd role may not put on its lease (etcd
+        3.4 does not check a transaction's lease puts; a version that did would refuse it
+        to a ``--member`` role every time): then we release it instead."""
+        try:
+            return self.group.hand_over(partition, session, heir)
+        except EtcdPermissionDenied as e:
+            log.warning("partition %d: cannot hand the claim to %s: %s", partition, heir.id, e)
+            return 0
 
     def _heir(self, partition: int) -> Member | None:
         """The live member the partition is assigned to, if not us: our claim goes straight

@@ -14,6 +14,14 @@ the owner already lost another partition to a takeover (a suspect: its connectio
 Then it takes the claim over (a transaction on the claim's revision) and consumes at
 once, its first deliveries being the dead owner's unacked messages, redelivered first.
 Otherwise it gives every delivery back, in order, and cancels.
+
+And the claim must be that of the owner it stood behind (``behind``). A standby stands by
+behind one owner's consumer; while a partition moves (a graceful leave, a rebalance) its
+claim passes to the next owner, and the old consumer's cancel, or its connection's end,
+may activate the standby before it stood down. It then sees a consistent group: the new
+owner, live, holds the claim, assigned to it, with us its standby again. Taking that over
+took a partition from a live member and made it a suspect, so every partition of it moved
+away and, a lease TTL later, back (seen: 14-15 partitions moved on a leave instead of 4).
 """
 
 from __future__ import annotations
@@ -24,10 +32,11 @@ from coordinator.policy import paused, suspects
 __all__ = ["may_take_over"]
 
 
-def may_take_over(state: GroupState, partition: int, me: str) -> int | None:
-    """The claim revision to take ``partition`` over from, or None (give it back)."""
+def may_take_over(state: GroupState, partition: int, me: str, behind: str) -> int | None:
+    """The claim revision to take ``partition`` over from, or None (give it back).
+    ``behind``: the owner whose consumer our standby subscription waited behind."""
     claim = state.claims.get(partition)
-    if claim is None or claim.member == me:
+    if claim is None or claim.member == me or claim.member != behind:
         return None
     owner = state.members.get(claim.member)
     if owner is None or owner.leaving or claim.lease != owner.lease:

@@ -125,6 +125,10 @@ class StubBroker(Broker):
     def warm(self, partition: int) -> None:
         self._record("warm", partition)
 
+    def ready(self, partitions: list[int], reply: Callable[[dict[int, int]], None]) -> None:
+        """Every queue empty (the stub keeps no queues)."""
+        reply(dict.fromkeys(partitions, 0))
+
     def cut(self, partition: int) -> None:
         """After :meth:`empty`: the cancel, the held acks, then drained (at once)."""
         self._record("cut", partition)

@@ -218,6 +218,9 @@ class Worker(threading.Thread):
         self._timed_out = False
         self._finished = threading.Event()
         self.handled = 0  # messages handled (acked after the handler returned), for load reports
+        # since when the worker has waited for its next delivery (None: it has one): a
+        # partition whose worker waits while its queue has messages ready is stalled
+        self.waiting_since: float | None = time.monotonic()
         self._replay_outcome = _Outcome.ACK  # TIMED_OUT: a handler timed out during a replay
         self._replay_failure: BaseException | None = None  # why the last replay stopped
         self._given_back: set[int] = set()  # channels closed to return what we left unacked
@@ -260,7 +263,9 @@ class Worker(threading.Thread):
             self.previous.join()  # never two handlers of one partition in this process
         first = True
         while True:
+            self.waiting_since = time.monotonic()
             item = self.inbox.get()
+            self.waiting_since = None
             if item is STOP:
                 return
             if isinstance(item, tuple) and item[0] is END:
@@ -421,7 +426,7 @@ class Worker(threading.Thread):
         delays = _DEAD_LETTER_BACKOFF.delays()
         while not self.stopped.is_set():
             try:
-                self.parking.park(delivery, key, error, attempts)
+                self.parking.park(delivery, key, error, attempts, self.session)
             except Exception as e:  # etcd or broker trouble: keep the message, try again
                 stalls.failed(self.partition, key, e)
                 self.stopped.wait(delays.next())

@@ -23,7 +23,7 @@ from typing import Any
 
 import etcd3.exceptions
 
-from coordinator import codec, metrics
+from coordinator import codec, metrics, policy
 from coordinator.codec import (
     Assignment,
     Candidate,
@@ -43,7 +43,7 @@ from coordinator.codec import (
 )
 from coordinator.session import Session
 from kernel import keys
-from kernel.errors import EtcdUnavailable, MalformedValue, MemberIdTaken
+from kernel.errors import EtcdUnavailable, MalformedValue, MemberIdTaken, NotHolder
 from kernel.etcd import etcd_errors, lease_is
 from producer.contract import StreamSpec
 
@@ -85,12 +85,14 @@ class GroupState:
     revision: int
     members: dict[str, Member] = field(default_factory=dict)
     assignment: dict[int, str] = field(default_factory=dict)
-    claims: dict[int, Claim] = field(default_factory=dict)
+    claims: dict[int, Claim] = field(default_factory=dict)  # forged ones left out
+    forged: dict[int, Claim] = field(default_factory=dict)  # policy.forged_claims: ignored
     standbys: dict[int, str] = field(default_factory=dict)  # partition -> hot standby member
     claim_revisions: dict[int, int] = field(default_factory=dict)  # partition -> mod revision
     leaders: list[tuple[int, str]] = field(default_factory=list)  # (create revision, key)
     requests: dict[str, Request] = field(default_factory=dict)
     parked: dict[str, Parked] = field(default_factory=dict)  # key id -> record
+    parked_revisions: dict[str, int] = field(default_factory=dict)  # key id -> mod revision
     malformed: dict[str, Malformed] = field(default_factory=dict)  # key -> why
     spec: StreamSpec | None = None  # None: deleted, or malformed
 
@@ -220,10 +222,13 @@ class Group:
                 state.requests[name] = value
             elif isinstance(value, Parked):
                 state.parked[name] = value
+                state.parked_revisions[name] = kv.mod_revision
             elif isinstance(value, StreamSpec):
                 spec = value
         state.leaders.sort()
-        return dataclasses.replace(state, spec=spec)
+        forged = policy.forged_claims(state.members, state.claims)
+        claims = {p: c for p, c in state.claims.items() if p not in forged}
+        return dataclasses.replace(state, spec=spec, claims=claims, forged=forged)
 
     def read_claim(self, partition: int) -> tuple[Claim | None, int]:
         """The claim on ``partition`` (None: none, or malformed) and its mod revision."""
@@ -335,8 +340,8 @@ class Group:
         return int(existing.lease_id)
 
     def _put_if_absent(self, key: str, value: str, session: Session, kind: str) -> tuple[Any, Any]:
-        """Put ``value`` on our lease if ``key`` is absent, or if it holds a malformed value
-        (partq never writes one: it is nobody's claim or membership).
+        """Put ``value`` on our lease if ``key`` is absent, or if it holds a value partq never
+        writes (malformed, or a claim on no lease): it is nobody's claim or membership.
 
         (the put's response if done else None, the metadata of the value found or None).
         """
@@ -355,6 +360,8 @@ class Group:
         name = key.rsplit("/", 1)[1]
         try:
             codec.decode(kind, self.stream, name, raw, existing.lease_id)
+            if kind == "claim" and not existing.lease_id:
+                raise MalformedValue("a claim on no lease (policy.forged_claims)")
         except MalformedValue as e:
             with etcd_errors(self.where):
                 ok, responses = self.client.transaction(
@@ -456,20 +463,54 @@ class Group:
 
     # -- parked keys (on_failure = park) --------------------------------------------------
 
-    def park(self, parked: Parked) -> int:
-        """Record ``parked`` unless its key is parked already: the revision at which the key
-        is parked (ours, or the earlier record's)."""
+    def park(self, parked: Parked, session: Session) -> int:
+        """Record ``parked`` unless its key is parked already, while our claim on its
+        partition is on ``session``'s lease (what :func:`coordinator.policy.parked_by_holder`
+        checks): the revision at which the key is parked (ours, or the earlier record's).
+        :class:`NotHolder` if the key is not parked and the claim is not ours."""
         key = keys.parked(self.stream, parked.key_id)
         value = codec.encode_parked(parked)
         t = self.client.transactions
+        claim = keys.claim(self.stream, parked.partition)
         with etcd_errors(self.where):
             ok, responses = self.client.transaction(
-                compare=[t.version(key) == 0], success=[t.put(key, value)], failure=[t.get(key)]
+                compare=[t.version(key) == 0, lease_is(claim, session.id)],
+                success=[t.put(key, value)],
+                failure=[t.get(key)],
             )
         if ok:
             return int(responses[0].response_put.header.revision)
         found = responses[0][0][1] if responses and responses[0] else None
-        return int(found.mod_revision) if found is not None else 0
+        if found is None:
+            raise NotHolder(
+                f"cannot park a key of partition {parked.partition}: its claim is no longer "
+                f"ours; its next owner handles the message"
+            )
+        return int(found.mod_revision)
+
+    def parked_at(self, record: Parked, revision: int) -> tuple[Claim | None, Member | None]:
+        """The claim on ``record``'s partition and the record's member as they were at
+        ``revision`` (the record's): the facts :func:`coordinator.policy.parked_by_holder`
+        judges. Raises :class:`EtcdUnavailable` if etcd compacted that revision away."""
+        claim_key = keys.claim(self.stream, record.partition)
+        member_key = keys.member(self.stream, record.member)
+        found: list[Value | Malformed | None] = []
+        for kind, name, key in (
+            ("claim", f"{record.partition:05d}", claim_key),
+            ("member", record.member, member_key),
+        ):
+            with etcd_errors(self.where):
+                raw, meta = self.client.get(key, revision=revision)
+            found.append(
+                None
+                if raw is None
+                else self._decode(kind, name, key, raw, meta.lease_id, meta.mod_revision)
+            )
+        claim, member = found
+        return (
+            claim if isinstance(claim, Claim) else None,
+            member if isinstance(member, Member) else None,
+        )
 
     def report_redrive_failed(self, parked: Parked) -> int:
         """Put ``parked`` (the failed replay named in it) over the key's record if the key is

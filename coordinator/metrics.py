@@ -12,6 +12,7 @@ __all__ = [
     "CLAIMS_UNBOUND",
     "ETCD_SECONDS",
     "FAILURES",
+    "FORGED_REMOVED",
     "IMBALANCE",
     "IS_LEADER",
     "LOAD_SPREAD",
@@ -54,9 +55,16 @@ PARTITIONS_MOVED = Counter(
 )
 CLAIMS_UNBOUND = Gauge(
     "partq_claims_unbound",
-    "Claims that name a live member but are not on its lease: a restarted member's "
-    "leftovers (gone within a lease TTL) or claims written with other credentials",
+    "Claims not on their member's lease: forged ones (on no lease, or on another live "
+    "member's; ignored by every reader, deleted by the leader) and a restarted member's "
+    "leftovers (honoured until their lease ends)",
     ["stream"],
+)
+FORGED_REMOVED = Counter(
+    "partq_forged_removed",
+    "Keys partq never writes that the leader deleted, by kind: claims not on their "
+    "member's lease, parked records not written by the partition's holder",
+    ["stream", "kind"],
 )
 PARKED_KEYS = Gauge(
     "partq_parked_keys",

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from coordinator.assignor import assign, limit_moves
-from coordinator.codec import Claim, Drain, Member, Move, Pause, Rebalance, Request
+from coordinator.codec import Claim, Drain, Member, Move, Parked, Pause, Rebalance, Request
 from coordinator.loads import spread
-from producer.contract import StreamSpec
+from producer.contract import StreamSpec, partition_for
 
 __all__ = [
     "Reason",
@@ -47,9 +47,11 @@ __all__ = [
     "automatic",
     "differences",
     "draining",
+    "forged_claims",
     "imbalance",
     "in_motion",
     "owned",
+    "parked_by_holder",
     "plan",
     "requested",
     "settled",
@@ -108,19 +110,49 @@ def in_motion(assignment: Mapping[int, str], claims: Mapping[int, Claim]) -> set
     return {p for p, owner in assignment.items() if held.get(p) != owner}
 
 
-def unbound_claims(members: Mapping[str, Member], claims: Mapping[int, Claim]) -> dict[int, Claim]:
-    """Claims that name a live member but are not on that member's lease.
+def forged_claims(members: Mapping[str, Member], claims: Mapping[int, Claim]) -> dict[int, Claim]:
+    """Claims partq never writes: on no lease, or on a live member's lease in another's name.
 
-    A member's own claims are on its lease (etcd refuses a put on a lease that holds a key
-    the writer may not write, and each member's role may write only its own member key).
-    So such a claim is a restarted member's leftover, gone when its old lease expires, or
-    one written with other credentials: alarming if it outlives a lease TTL.
+    partq puts a claim on the lease of the member it names (its own, or the heir's in a
+    hand-over while the heir's member key is on that lease). A lease-less claim would never
+    expire, and one on another member's lease would last as long as that member: written
+    with a consumer's credentials (the ``claims/`` prefix is shared), they could stop a
+    partition for good. Every reader ignores them (:class:`coordinator.group.GroupState`,
+    :class:`coordinator.mirror.GroupMirror`) and the leader deletes them.
     """
+    holders = {m.lease: m.id for m in members.values() if m.lease}
     return {
         p: c
         for p, c in sorted(claims.items())
-        if (m := members.get(c.member)) is not None and m.lease and c.lease != m.lease
+        if c.lease == 0 or holders.get(c.lease, c.member) != c.member
     }
+
+
+def unbound_claims(members: Mapping[str, Member], claims: Mapping[int, Claim]) -> dict[int, Claim]:
+    """Claims on a lease that holds no live member key: a member that left (or restarted)
+    while it drains, until it releases them or its lease ends. Honoured, but a lease can be
+    kept alive by whoever granted it: the leader deletes them after a grace period
+    (:func:`coordinator.forged.remove_unbound`). Pass ``claims`` without the
+    :func:`forged_claims` (as readers see them)."""
+    leases = {m.lease for m in members.values() if m.lease}
+    return {p: c for p, c in sorted(claims.items()) if c.lease not in leases}
+
+
+def parked_by_holder(
+    record: Parked, partitions: int, claim: Claim | None, member: Member | None
+) -> bool:
+    """Whether ``record`` is one its partition's holder wrote: its key is in its partition,
+    and the partition's ``claim`` when it was written names ``member``, the record's, on
+    that member's lease. A consumer's credentials may write any ``parked/`` key (a shared
+    prefix); a record that fails this would divert another holder's key: readers ignore
+    it and the leader deletes it."""
+    return (
+        partition_for(record.key, partitions) == record.partition
+        and claim is not None
+        and member is not None
+        and claim.member == record.member == member.id
+        and claim.lease == member.lease != 0
+    )
 
 
 def suspects(claims: Mapping[int, Claim]) -> set[str]:

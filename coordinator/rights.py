@@ -19,13 +19,15 @@ admin          read and write all of the stream            the stream's exchange
 =============  ==========================================  ===================================
 
 A consumer named with ``--member`` gets its own role whose member key is that one key:
-etcd then refuses it another member's key, and (etcd checks a put's lease against every
-key already on it) another member's lease, so it cannot pose as another member. The
-``claims/`` prefix is shared by design (any member may be assigned any partition): a
-consumer's credentials can write or delete any claim of its stream. Readers check that a
-claim sits on its member's lease (``policy.unbound_claims``; ``partq status``, the
-``partq_claims_unbound`` gauge); the broker's single-active-consumer queue still lets
-only one consumer take from a partition whatever etcd says.
+etcd then refuses it another member's key, and a put (or revoke) on another member's lease
+(etcd checks every key on the lease; etcd 3.4 skips that check for a put inside a
+transaction). The ``claims/`` and ``parked/`` prefixes are shared (any member may be
+assigned any partition), so what a consumer's credentials can write there is judged by
+the readers: a claim not on its member's lease (``policy.forged_claims``) and a parked
+record its partition's holder did not write (``policy.parked_by_holder``) are ignored
+and deleted by the leader, and a claim on a lease no live member holds is deleted after
+a grace period (``coordinator.forged``); the coordinator's role may therefore delete
+under both. :func:`etcd_table` is the exact table in docs/security.md.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from producer.contract import (
     role_name,
 )
 
-__all__ = ["COMPONENTS", "AmqpRights", "EtcdRight", "Role", "roles", "script"]
+__all__ = ["COMPONENTS", "AmqpRights", "EtcdRight", "Role", "etcd_table", "roles", "script"]
 
 COMPONENTS = ("producer", "consumer", "coordinator", "operator", "admin")
 Permission = Literal["read", "write", "readwrite"]
@@ -130,7 +132,8 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
              EtcdRight("readwrite", keys.leader_prefix(stream), prefix=True),
              EtcdRight("readwrite", keys.standbys(stream), prefix=True),
              EtcdRight("readwrite", keys.requests(stream), prefix=True),
-             EtcdRight("readwrite", keys.policies(stream), prefix=True)], AmqpRights()),
+             EtcdRight("readwrite", keys.policies(stream), prefix=True),
+             claims, parked], AmqpRights()),  # deletes forged ones: coordinator.forged
         role("operator", [read_all, read_loads, read_policies,
                           EtcdRight("readwrite", keys.requests(stream), prefix=True)],
              AmqpRights(write=_exactly(exchange_name(stream)),  # dlq redrive/purge requests
@@ -228,4 +231,15 @@ def script(found: Sequence[Role], *, vhost: str = "/", secrets: str = "$SECRETS"
             f"{shlex.quote(r.amqp.configure)} {shlex.quote(r.amqp.write)} "
             f"{shlex.quote(r.amqp.read)}"
         )
+    return "\n".join(lines) + "\n"
+
+
+def etcd_table(found: Sequence[Role]) -> str:
+    """The etcd rights of ``found`` as a Markdown table, one row per right (docs/security.md
+    holds it for stream ``S``; a test checks the two agree)."""
+    lines = ["| role | permission | key |", "|---|---|---|"]
+    for r in found:
+        for right in r.etcd:
+            key = f"`{right.key}`" + (" and every key under it" if right.prefix else "")
+            lines.append(f"| `{r.name}` | {right.permission} | {key} |")
     return "\n".join(lines) + "\n"

@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from coordinator import codec, loads, metrics, policy
-from coordinator.codec import Claim, Member
+from coordinator import codec, forged, loads, metrics, policy
+from coordinator.codec import Member
 from coordinator.election import Election
 from coordinator.events import LeaseLost, LoadTick, Settled, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
@@ -80,6 +80,8 @@ class CoordinatorConfig:
     balance: Literal["count", "load"] = "count"  # what plans even out (the module docstring)
     load_interval: float = 10.0  # seconds between load measurements (balance = "load")
     load_moves: int = 2  # partitions moved from a live owner per load tick, at most
+    # seconds a claim on a lease no live member holds is honoured (coordinator.forged)
+    unbound_grace: float = 60.0
     horizon: float = 60.0  # a backlog counts as load spread over this many seconds
 
     def __post_init__(self) -> None:
@@ -131,6 +133,8 @@ class StreamCoordinator(threading.Thread):
         self.missing: str | None = None  # why the stream is missing, while it is
         self.failure: BaseException | None = None  # what ended the thread, if anything did
         self.mirror = GroupMirror()
+        self._unverified: dict[str, int] = {}  # parked records to check: key id -> revision
+        self._unbound: dict[int, tuple[int, float]] = {}  # partition -> (revision, deadline)
         self.history = History()  # for the status page: rebalances, handoffs, depth rates
         self._settle_at: float | None = None
         self._assigned_once = False
@@ -269,6 +273,7 @@ class StreamCoordinator(threading.Thread):
         if self.leading.is_set():
             log.info("%s: no longer leading", self.stream)
         self.leading.clear()
+        self._unbound.clear()  # its deadlines would wake a follower for nothing
         metrics.IS_LEADER.labels(self.stream).set(0)
         self._export_assignment(set())
 
@@ -282,7 +287,8 @@ class StreamCoordinator(threading.Thread):
             if self._load_at is not None and now >= self._load_at:
                 self._load_at = now + self.config.load_interval
                 return LoadTick()
-            timers = [t for t in (self._settle_at, self._load_at) if t is not None]
+            unbound = min((d for _, d in self._unbound.values()), default=None)
+            timers = [t for t in (self._settle_at, self._load_at, unbound) if t is not None]
             timeout = max(0.0, min(timers) - now) if timers else None
             try:
                 return self.events.get(timeout=timeout)
@@ -336,10 +342,12 @@ class StreamCoordinator(threading.Thread):
     def _apply(self, event: WatchEvent) -> None:
         """Mirror one change, and react to what is about the campaign itself."""
         self.mirror.apply(event)
+        if event.kind == "parked" and event.value is None:
+            self._unverified.pop(event.name, None)
+        elif event.kind == "parked":  # the leader checks who wrote it (coordinator.forged)
+            self._unverified[event.name] = event.revision
         if event.kind == "claim":
-            self.history.claim(
-                event.partition, event.value if isinstance(event.value, Claim) else None
-            )
+            self.history.claim(event.partition, self.mirror.claims.get(event.partition))
         fence = self.election.fence
         match event:
             case WatchEvent(kind="member", value=Member(leaving=True)):
@@ -371,6 +379,7 @@ class StreamCoordinator(threading.Thread):
             assert self.election.fence is not None
             log.info("%s: leading (candidate %s)", self.stream, self.election.fence.key)
             self.leading.set()
+            self._unverified = dict(self.mirror.parked_revisions)
             self._settle_at = time.monotonic() + self.config.settle
         elif not leading and self.leading.is_set():
             self._step_down()
@@ -380,6 +389,7 @@ class StreamCoordinator(threading.Thread):
         """Carry out the operator requests, then (once settled) the automatic step."""
         assert self.spec is not None
         spec, config = self.spec, self.config
+        self._remove_forged()
         taken = policy.takeovers(self.mirror)
         if taken:  # a standby took these from a dead owner: the assignment follows, at once
             self._write(taken, "takeover")
@@ -444,6 +454,22 @@ class StreamCoordinator(threading.Thread):
             self._depth_sample = (time.monotonic(), depths)
         measured = loads.estimate(rates, depths, previous, elapsed, self.config.horizon)
         self.loads = loads.smooth(self.loads or {}, measured)  # rates are noisy: an average
+
+    def _remove_forged(self) -> None:
+        """Delete the claims and parked records partq never writes (:mod:`coordinator.forged`)."""
+        fence = self.election.fence
+        assert fence is not None
+        forged.remove_claims(self.group, fence, self.mirror)
+        forged.remove_unbound(
+            self.group,
+            fence,
+            self.mirror,
+            self._unbound,
+            time.monotonic(),
+            self.config.unbound_grace,
+        )
+        assert self.spec is not None
+        forged.remove_parked(self.group, fence, self.mirror, self._unverified, self.spec)
 
     def _write_standbys(self, target: Mapping[int, str]) -> None:
         """Put (and delete) the standby keys that differ from ``target``, fenced."""
@@ -530,7 +556,7 @@ class StreamCoordinator(threading.Thread):
         metrics.PARTITIONS_IN_MOTION.labels(self.stream).set(len(in_motion))
         metrics.IMBALANCE.labels(self.stream).set(policy.imbalance(spec, mirror.members, owned))
         unbound = policy.unbound_claims(mirror.members, mirror.claims)
-        metrics.CLAIMS_UNBOUND.labels(self.stream).set(len(unbound))
+        metrics.CLAIMS_UNBOUND.labels(self.stream).set(len(unbound) + len(mirror.forged))
         metrics.PARKED_KEYS.labels(self.stream).set(len(mirror.parked))
         if self.loads is not None and self.leading.is_set():
             metrics.LOAD_SPREAD.labels(self.stream).set(self._load_spread(spec, owned))

@@ -5,15 +5,15 @@ Keys whose values partq did not write are listed under ``malformed`` (and ignore
 
 from __future__ import annotations
 
-import hashlib
 import html
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from coordinator.admin import beyond_line
+from coordinator.charts import charts_html, member_hue
 from coordinator.codec import LoadReport
-from coordinator.group import Group
+from coordinator.group import Claim, Group, GroupState
 from coordinator.policy import draining, in_motion, paused, unbound_claims
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import BrokerUnavailable, PartqError
@@ -112,15 +112,8 @@ def snapshot_status(
         ],
         "assignment": {str(p): o for p, o in sorted(owned.items())},
         "claims": {str(p): c.member for p, c in sorted(state.claims.items())},
-        "unbound_claims": [
-            {
-                "partition": p,
-                "member": c.member,
-                "lease": f"{c.lease:x}",
-                "member_lease": f"{state.members[c.member].lease:x}",
-            }
-            for p, c in unbound_claims(state.members, state.claims).items()
-        ],
+        "unbound_claims": _claims(state, unbound_claims(state.members, state.claims)),
+        "forged_claims": _claims(state, state.forged),
         "unassigned": [p for p in range(spec.partitions) if p not in owned],
         "in_motion": moving,
         "paused": sorted(p for p in range(spec.partitions) if paused(state.requests, p)),
@@ -174,8 +167,7 @@ def beyond_lines(report: dict[str, Any]) -> list[str]:
 
 def owner_colour(member: str) -> str:
     """A stable, light colour per member (the same on every page and coordinator)."""
-    hue = int(hashlib.sha256(member.encode()).hexdigest()[:4], 16) % 360
-    return f"hsl({hue},62%,78%)"
+    return f"hsl({member_hue(member)},62%,78%)"
 
 
 _CSS = (
@@ -194,6 +186,9 @@ _CSS = (
     "margin-right:4px;vertical-align:middle}"
     ".legend span.m{margin-right:1.2em;white-space:nowrap}"
     ".summary{display:flex;gap:2em;flex-wrap:wrap}.summary div{white-space:nowrap}"
+    ".charts{display:flex;flex-wrap:wrap;gap:.5em 1.5em;margin:.5em 0 1em}"
+    "figure.chart{margin:0}figure.chart figcaption{font-size:12px;color:#444}"
+    ".chart-legend{font-size:11px;max-width:440px}"
 )
 
 
@@ -269,6 +264,8 @@ def _stream_html(r: dict[str, Any]) -> list[str]:
             "</div>"
         )
     parts.append("</div>")
+    if "trends" in r:  # the coordinator's page: what it sampled lately
+        parts.append(charts_html(r["trends"], r["trends_now"], r["trends_window"]))
     timeline = r.get("timeline") or []
     parts.append(
         f"<h3>Recent rebalances and handoffs ({len(timeline)})</h3>"
@@ -344,15 +341,41 @@ def malformed_lines(report: dict[str, Any]) -> list[str]:
         lines += [
             f"  {m['key']}  ({m['kind']}, revision {m['revision']}): {m['error']}" for m in bad
         ]
+    forged = report.get("forged_claims", [])
+    if forged:
+        lines.append(
+            f"forged claims ({len(forged)}): not on their member's lease, so not written by "
+            f"partq; ignored (the partition counts as unclaimed) and deleted by the leader"
+        )
+        lines += [f"  partition {f['partition']}: {_claim_lease(f)}" for f in forged]
     unbound = report.get("unbound_claims", [])
     if unbound:
         lines.append(
-            f"claims not on their member's lease ({len(unbound)}): a restarted member's "
-            f"leftovers (gone within its lease TTL) or written with other credentials"
+            f"claims on a lease no live member holds ({len(unbound)}): a departed or restarted "
+            f"member's while it drains; honoured until released, until that lease ends, or "
+            f"until the leader deletes them (coordinator --unbound-grace)"
         )
-        lines += [
-            f"  partition {u['partition']}: names {u['member']} (lease {u['member_lease']}) "
-            f"but is on lease {u['lease']}"
-            for u in unbound
-        ]
+        lines += [f"  partition {u['partition']}: {_claim_lease(u)}" for u in unbound]
     return lines
+
+
+def _claims(state: GroupState, claims: Mapping[int, Claim]) -> list[dict[str, Any]]:
+    """Claims not on their member's lease, for the report: whose name, which leases."""
+    return [
+        {
+            "partition": p,
+            "member": c.member,
+            "lease": f"{c.lease:x}" if c.lease else None,
+            "member_lease": f"{m.lease:x}" if (m := state.members.get(c.member)) else None,
+        }
+        for p, c in sorted(claims.items())
+    ]
+
+
+def _claim_lease(claim: dict[str, Any]) -> str:
+    """Whose name a claim carries and which lease it is on, for people."""
+    member = claim["member"]
+    named = f"{member} (lease {claim['member_lease']})" if claim["member_lease"] else member
+    named += "" if claim["member_lease"] else " (not a member)"
+    lease = f"lease {claim['lease']}" if claim["lease"] else "no lease"
+    return f"names {named} but is on {lease}"

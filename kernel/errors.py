@@ -16,6 +16,7 @@
     │   ├── EtcdTLSError           a certificate not trusted, or a client one required/refused
     │   └── EtcdPermissionDenied   the etcd user's roles do not allow this key
     ├── NotLeader                  a fenced write found another leader
+    ├── NotHolder                  a write for a partition whose claim is no longer ours
     ├── PublishFailed              a message was not confirmed (its future fails with this)
     │   ├── MessageNacked
     │   ├── MessageUnroutable
@@ -44,6 +45,7 @@ __all__ = [
     "MemberIdTaken",
     "MessageNacked",
     "MessageUnroutable",
+    "NotHolder",
     "NotLeader",
     "PartqError",
     "ProducerClosed",
@@ -128,4 +130,8 @@ class InvalidMemberId(UsageError):
 
 
 class NotLeader(PartqError):
+    pass
+
+
+class NotHolder(PartqError):
     pass

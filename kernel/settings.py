@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     amqp_key: Path | None = None
     amqp_external_auth: bool = False
     amqp_outage_limit: float = DEFAULT_AMQP_OUTAGE_LIMIT  # consumers: see the constant
+    # consumers: seconds an owned partition may get nothing while messages are ready before
+    # it is reported stalled (consumers.flow); 0: never
+    stall_after: float = 30.0
     http_cert: Path | None = None
     http_key: Path | None = None
     http_token: SecretStr | None = None
@@ -174,6 +177,13 @@ class Settings(BaseSettings):
     def _check_outage_limit(cls, value: float) -> float:
         if not value > 0:
             raise ValueError(f"must be a number of seconds above 0, got {value}")
+        return value
+
+    @field_validator("stall_after")
+    @classmethod
+    def _check_stall_after(cls, value: float) -> float:
+        if not value >= 0:
+            raise ValueError(f"must be a number of seconds, 0 or more, got {value}")
         return value
 
     @field_validator("amqp_url")

@@ -17,6 +17,7 @@ from kernel.errors import (
     StreamNotFound,
     UsageError,
 )
+from producer.async_publisher import AsyncProducer
 from producer.contract import (
     StreamSpec,
     dead_letter_queue,
@@ -30,6 +31,7 @@ from producer.publisher import Producer, Receipt, SpecSource
 
 __all__ = [
     "DEFAULT_AMQP_URL",
+    "AsyncProducer",
     "BrokerUnavailable",
     "ConnectionLost",
     "InvalidStreamName",

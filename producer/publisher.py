@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
@@ -147,6 +147,11 @@ class Producer:
     Without ``amqp_url`` or ``etcd`` it finds RabbitMQ and etcd the way the ``partq``
     command does: ``PARTQ_*`` environment variables, then the TOML file named by
     ``PARTQ_CONFIG``, then the defaults (both on 127.0.0.1).
+
+    ``on_settled``, if given, is called with the futures that just settled (confirmed or
+    failed), each future once, on whichever thread settled them (mostly the I/O thread,
+    once per confirm frame); it must be quick and must not raise. It lets a bridge such
+    as :class:`producer.AsyncProducer` follow every future without a callback on each.
     """
 
     def __init__(
@@ -160,6 +165,7 @@ class Producer:
         connect_timeout: float = 10.0,
         reconnect_timeout: float = 30.0,
         name: str = "partq-producer",
+        on_settled: Callable[[Sequence[Future[Receipt]]], None] | None = None,
     ) -> None:
         settings = None
         if amqp_url is None or (etcd is None and not isinstance(stream, StreamSpec)):
@@ -187,6 +193,7 @@ class Producer:
         self._recycled_at = 0.0  # when a nack last made us reconnect
         self._reconnect_timeout = reconnect_timeout
         self._window = window
+        self._on_settled = on_settled
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # nothing outstanding
         self._space = threading.Condition(self._lock)  # fewer than window outstanding
@@ -277,8 +284,14 @@ class Producer:
         is closed before the whole batch is queued, the rest fail with
         :class:`ProducerClosed` (raised instead when nothing was queued).
         """
-        now = time.time()
-        batch = [self._prepare(*_unpack(item), now) for item in messages]
+        return self._hand_over(self._prepare_batch(messages, time.time()))
+
+    def _prepare_batch(self, messages: Iterable[BatchItem], now: float) -> list[_Pending]:
+        """publish_many's first half: every message checked and encoded, none queued."""
+        return [self._prepare(*_unpack(item), now) for item in messages]
+
+    def _hand_over(self, batch: list[_Pending]) -> list[Future[Receipt]]:
+        """publish_many's second half: queue prepared messages in order, a window at a time."""
         futures: list[Future[Receipt]] = [pending.future for pending in batch]
         limit = self._max_body
         if limit != sys.maxsize and any(len(pending.body) > limit for pending in batch):
@@ -303,6 +316,7 @@ class Producer:
                     raise closed
                 for pending in batch[queued:]:
                     pending.future.set_exception(closed)
+                self._settled([pending.future for pending in batch[queued:]])
                 break
             if wake:
                 self._wake()
@@ -313,6 +327,12 @@ class Producer:
         metrics.FAILED.labels(*self._labels, "refused").inc(len(refused))
         for pending in refused:
             pending.future.set_exception(body_refused(len(pending.body), limit))
+        self._settled([pending.future for pending in refused])
+
+    def _settled(self, futures: Sequence[Future[Receipt]]) -> None:
+        """Tell ``on_settled`` (a bridge such as AsyncProducer) which futures just settled."""
+        if self._on_settled is not None and futures:
+            self._on_settled(futures)
 
     def _prepare(
         self,
@@ -417,6 +437,8 @@ class Producer:
             self._space.notify(settled)
             if self._outstanding == 0:
                 self._idle.notify_all()
+        if self._on_settled is not None:  # after the window opened: the bridge may refill it
+            self._settled([p.future for p in confirmed] + [p.future for p, _ in failed or ()])
 
     def _fail_all(self, error: PublishFailed | ProducerClosed) -> None:
         with self._lock:

@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 import yaml
 
+from cli.produce import produce
 from tests.deploy.conftest import DEPLOY, REPO
+from tests.deploy.metric_names import (
+    dashboard_expressions,
+    exported_families,
+    family_of,
+    referenced_metrics,
+)
 
 COMPOSE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
@@ -188,14 +195,7 @@ def test_prometheus_loads_the_repos_config_and_rules_and_scrapes_partq() -> None
         )
 
     # Every partq daemon is scraped on the port it serves
-    scraped: set[tuple[str, int]] = set()
-    for job in config["scrape_configs"]:
-        for static in job.get("static_configs", []):
-            for target in static["targets"]:
-                host, port = target.rsplit(":", 1)
-                scraped.add((host, int(port)))
-        for dns in job.get("dns_sd_configs", []):
-            scraped |= {(name, dns["port"]) for name in dns["names"]}
+    scraped = scrape_targets()
     for name, service in partq_services().items():
         command = service["command"]
         if command[0] in DEFAULT_PORTS:
@@ -207,6 +207,43 @@ def test_prometheus_loads_the_repos_config_and_rules_and_scrapes_partq() -> None
             assert (name, port) in scraped, f"Prometheus does not scrape {name}:{port}"
     for host, _ in scraped - {("localhost", 9090)}:
         assert host in services(), f"scrape target {host} is not a compose service"
+
+
+def scrape_targets() -> set[tuple[str, int]]:
+    """(host, port) of every target the compose Prometheus scrapes."""
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    scraped: set[tuple[str, int]] = set()
+    for job in config["scrape_configs"]:
+        for static in job.get("static_configs", []):
+            for target in static["targets"]:
+                host, port = target.rsplit(":", 1)
+                scraped.add((host, int(port)))
+        for dns in job.get("dns_sd_configs", []):
+            scraped |= {(name, dns["port"]) for name in dns["names"]}
+    return scraped
+
+
+def test_prometheus_scrapes_a_producer_serving_the_dashboards_producer_metrics() -> None:
+    # Given the producer series the dashboard draws (all from producer/metrics.py)
+    families = exported_families(["producer.metrics"])
+    dashboard = DEPLOY / "grafana" / "partq-dashboard.json"
+    drawn = {
+        family_of(series, families)
+        for _, expr in dashboard_expressions(dashboard)
+        for series in referenced_metrics(expr)
+    } - {None}
+    assert drawn, "the dashboard draws no producer metric"
+    # When the compose producer's `partq produce` command line is parsed as partq parses it
+    script = services()["producer"]["command"][0]
+    argv = shlex.split(script.rsplit("|", 1)[1])
+    assert argv[:2] == ["partq", "produce"], argv
+    with produce.make_context("produce", argv[2:]) as parsed:
+        host, port = parsed.params["http_host"], parsed.params["http_port"]
+    # Then it serves /metrics (every partq_producer_* series of its process) beyond
+    # loopback, on a port Prometheus scrapes
+    assert port is not None, "the compose producer serves no metrics (--http-port)"
+    assert host in {"0.0.0.0", "::"}
+    assert ("producer", port) in scrape_targets(), f"Prometheus does not scrape producer:{port}"
 
 
 # ---------------------------------------------------------------- Dockerfile

@@ -81,4 +81,5 @@ def test_a_standby_takes_over_a_killed_owner_before_its_lease_expires(
     records = fleet.records()
     assert audit.overlaps(records) == []
     assert audit.order_violations(records, [killed]) == []
+    assert not any("stalled" in m.tail(2000) for m in members.values())
     assert "taken over" in members["c2"].tail(400)

@@ -28,6 +28,7 @@ from consumers.broker import Delivery
 from consumers.parking import ParkedKeys, Parking
 from coordinator import dlq
 from coordinator.group import Group
+from coordinator.session import Session
 from producer import Producer, StreamSpec
 from producer.contract import key_id
 from producer.registry import Registry
@@ -201,17 +202,20 @@ def test_a_copy_parked_twice_by_a_crash_is_replayed_once(
     spec = StreamSpec(fleet.stream, P, "quorum", on_failure="park")
     group = Group(registry.client, registry.where, fleet.stream)
     parking = Parking(rabbitmq, spec, "m", group, ParkedKeys())
+    session = Session(registry.client, registry.where, ttl=30)
     try:
         partition = spec.partition_for(POISON_KEY)
+        group.join(session, "m")
+        assert group.claim(partition, "m", session)  # only the partition's holder parks
 
         def delivery(seq: int) -> Delivery:
             props = pika.BasicProperties(message_id=f"{POISON_KEY}:{seq}", headers={})
             body = json.dumps({"key": POISON_KEY, "seq": seq}).encode()
             return Delivery(partition, None, seq, False, props, body)  # type: ignore[arg-type]
 
-        parking.park(delivery(0), POISON_KEY, ValueError("poisoned"), 2)
+        parking.park(delivery(0), POISON_KEY, ValueError("poisoned"), 2, session)
         for seq in (1, 0):
-            parking.park(delivery(seq), POISON_KEY, None, 0)
+            parking.park(delivery(seq), POISON_KEY, None, 0, session)
         assert dlq.parked_keys(registry, rabbitmq, spec)[0].messages == 3
         # When the key is replayed / Then m0 and m1 are handled once each, in order
         handled: list[bytes] = []
@@ -221,6 +225,7 @@ def test_a_copy_parked_twice_by_a_crash_is_replayed_once(
         assert group.parked() == {}
     finally:
         parking.close()
+        session.close(revoke=True)
 
 
 def test_a_redrive_interrupted_by_a_crash_is_finished_by_the_next_owner(

@@ -4,13 +4,17 @@ the folder they run ``partq consume`` from, adopting a parking stream's queues."
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from consumers.daemon import NO_LEADER_WARNING
 from coordinator import admin
 from kernel import keys
 from kernel.settings import Settings
@@ -65,17 +69,32 @@ def stream(registry: Registry, rabbitmq: str, stream_name: str) -> Iterator[str]
         admin.delete(registry, rabbitmq, stream_name)
 
 
+def first_steps(
+    settings: Settings, registry: Registry, stream: str, folder: Path
+) -> tuple[StreamSpec, dict[str, str]]:
+    """myhandlers.py in ``folder`` and a 2-partition stream; its spec, and the environment."""
+    (folder / "myhandlers.py").write_text(FIRST_HANDLER)
+    spec = StreamSpec(stream, 2, "quorum")
+    admin.create_stream(registry, settings.amqp, spec)
+    return spec, partq_env(settings)
+
+
+def consume_args(stream: str) -> list[str]:
+    return ["consume", stream, "--handler", "myhandlers:handle", "--http-port", "0"]
+
+
+def coordinator_args(stream: str) -> list[str]:
+    return ["coordinator", stream, "--settle", "0.5", "--http-port", "0"]
+
+
 def test_a_handler_module_in_the_working_directory_is_found(
     settings: Settings, registry: Registry, stream: str, tmp_path: Path
 ) -> None:
     # Given myhandlers.py in the folder the user works in, and a stream with a coordinator
-    (tmp_path / "myhandlers.py").write_text(FIRST_HANDLER)
-    spec = StreamSpec(stream, 2, "quorum")
-    admin.create_stream(registry, settings.amqp, spec)
-    env = partq_env(settings)
-    coordinator = ["coordinator", stream, "--settle", "0.5", "--http-port", "0"]
+    spec, env = first_steps(settings, registry, stream, tmp_path)
+    coordinator = coordinator_args(stream)
     # When `partq consume --handler myhandlers:handle` runs from that folder
-    consume = ["consume", stream, "--handler", "myhandlers:handle", "--http-port", "0"]
+    consume = consume_args(stream)
     with (
         started("coordinator", coordinator, env, tmp_path),
         started("consumer", consume, env, tmp_path) as consumer,
@@ -93,6 +112,48 @@ def test_a_handler_module_in_the_working_directory_is_found(
         wait_until(lambda: len(handled()) == 3, 60, what="3 messages handled")
         assert sorted(handled()) == ["hello 0", "hello 1", "hello 2"]
         assert consumer.terminate() == 0, consumer.tail()
+
+
+def said(proc: Proc, text: str) -> list[tuple[float, str]]:
+    """(time, message) of each record of the process's JSON log that holds ``text``."""
+    found = []
+    for line in proc.log.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            record = json.loads(line)
+            if text in record["message"]:
+                at = datetime.fromisoformat(record["time"]).timestamp()
+                found.append((at, record["message"]))
+    return found
+
+
+def test_a_consumer_without_a_coordinator_says_so_within_seconds(
+    settings: Settings, registry: Registry, stream: str, tmp_path: Path
+) -> None:
+    # Given a stream, a handler, and no coordinator for the stream
+    spec, env = first_steps(settings, registry, stream, tmp_path)
+    warning = "no coordinator leads stream"
+    with started("consumer", consume_args(stream), env, tmp_path) as consumer:
+        # When the consumer has joined its group
+        (joined, _), *_ = wait_until(lambda: said(consumer, "joined "), 30, what="a join")
+        # Then within NO_LEADER_WARNING seconds it says why nothing is assigned, and what to run
+        (warned, line), *_ = wait_until(
+            lambda: said(consumer, warning), NO_LEADER_WARNING + 30, what="the warning"
+        )
+        assert NO_LEADER_WARNING <= warned - joined <= NO_LEADER_WARNING + 2.0, warned - joined
+        assert f"start one with `partq coordinator {stream}`" in line
+        # When a coordinator starts
+        with started("coordinator", coordinator_args(stream), env, tmp_path):
+            # Then the consumer says once that one runs, consumes, and warns no more
+            wait_until(lambda: said(consumer, "a coordinator now runs for"), 30, what="news")
+            with Producer(spec, amqp_url=settings.amqp, name="partq-test-no-leader") as producer:
+                producer.publish("k", "after the coordinator").result(10)
+            handled = tmp_path / "handled.txt"
+            wait_until(handled.exists, 60, what="the message handled")
+            # a whole warning period more, in which a repeated warning would show
+            wait_until(lambda: time.time() > warned + 2 * NO_LEADER_WARNING + 1, 30)
+            assert consumer.terminate() == 0, consumer.tail()
+    assert len(said(consumer, warning)) == 1, said(consumer, warning)
+    assert len(said(consumer, "a coordinator now runs for")) == 1
 
 
 def partq(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:

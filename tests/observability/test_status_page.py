@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CHROMIUM = Path("/usr/bin/chromium")
 PARTITIONS = 8
 MEMBERS = ("obs-a", "obs-b")
+PLOT_BOTTOM = 122.0  # the y of a chart's 0 (coordinator/charts.py)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class PageParser(HTMLParser):
         self.tables: list[Table] = []
         self.metas: list[dict[str, str]] = []
         self.cells: list[dict[str, str]] = []  # the console grid's partition cells
+        self.charts: dict[str, list[dict[str, str]]] = {}  # chart name -> its polylines
         self._row: tuple[str, list[str]] | None = None
         self._cell: list[str] | None = None
         self._header = False
@@ -52,6 +54,10 @@ class PageParser(HTMLParser):
             self.metas.append(a)
         elif tag == "div" and "cell" in a.get("class", "").split():
             self.cells.append(a)
+        elif tag == "svg" and a.get("class") == "chart":
+            self.charts[a["data-chart"]] = []
+        elif tag == "polyline" and self.charts:
+            self.charts[list(self.charts)[-1]].append(a)
         elif tag == "table":
             self.tables.append(Table(a.get("class", "")))
         elif tag == "tr" and self.tables:
@@ -140,6 +146,22 @@ def both_handling(url: str) -> bool:
     return len(rates) == len(MEMBERS) and all(r != "-" and float(r[:-2]) > 0 for r in rates)
 
 
+def charted(url: str, points: int) -> bool:
+    """Whether the server's page charts every member's handled rate with ``points`` samples."""
+    status, body = http_get(url)
+    if status != 200:
+        return False
+    lines = parse(body.decode()).charts.get("member-handled", [])
+    return {line["data-name"] for line in lines} == set(MEMBERS) and all(
+        int(line["data-points"]) >= points for line in lines
+    )
+
+
+def heights(line: dict[str, str]) -> list[float]:
+    """The y coordinates of a polyline's points (larger is lower)."""
+    return [float(point.split(",")[1]) for point in line["points"].split()]
+
+
 def chromium(url: str, screenshot: Path, profile: Path) -> str:
     """Load ``url`` in headless Chromium: the rendered DOM, and a screenshot written."""
     screenshot.unlink(missing_ok=True)
@@ -201,6 +223,8 @@ def test_status_page_in_chromium(
         thread.start()
         try:
             wait_until(lambda: both_handling(url), 30, what="both members' handled rate > 0")
+            # the charts sample every 5 s: wait for three samples of each member's rate
+            wait_until(lambda: charted(url, 3), 40, interval=1, what="3 samples charted")
             # what Chromium rendered
             shot = artifacts / "status-page.png"
             page = parse(chromium(url, shot, tmp_path / "chromium-1"))
@@ -226,6 +250,21 @@ def test_status_page_in_chromium(
     colours = {o: {bg for oo, bg in cells.values() if oo == o} for o in MEMBERS}
     assert all(len(c) == 1 for c in colours.values()), colours
     assert colours["obs-a"] != colours["obs-b"]
+
+    # the charts: inline SVG, per member and per partition, with the sampled data
+    assert set(page.charts) == {
+        "member-handled",
+        "member-depth",
+        "partition-handled",
+        "partition-depth",
+    }, page.charts
+    for chart in ("member-handled", "member-depth"):
+        assert {line["data-name"] for line in page.charts[chart]} == set(MEMBERS), chart
+    partition_lines = {line["data-name"] for line in page.charts["partition-depth"]}
+    assert partition_lines == {f"p{p}" for p in range(PARTITIONS)}
+    for line in page.charts["member-handled"]:
+        assert int(line["data-points"]) >= 3, line
+        assert min(heights(line)) < PLOT_BOTTOM, f"{line['data-name']}: a line at 0: {line}"
 
     # one member leaves (SIGTERM, by PID): a later load shows the other owning all 8
     rows_before, timeline_before = rows, timeline(page)

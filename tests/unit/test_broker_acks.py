@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumers.broker import Broker, _Subscription
+from consumers.broker import Broker, Delivery, _Standby, _Subscription
 from producer.contract import StreamSpec
 
 
@@ -99,3 +99,60 @@ def test_acks_queued_on_a_connection_that_died_do_not_stop_later_acks() -> None:
     assert len(sent) == 2
     b._send_acks()
     assert new_channel.acks == [(1, False)] and channel.acks == []
+
+
+class OpeningChannel(Channel):
+    """A channel whose callbacks the test runs by hand (the broker's round trips)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qos: list[Any] = []
+        self.closed = False
+
+    def add_on_close_callback(self, _callback: Any) -> None:
+        return None
+
+    def add_on_cancel_callback(self, _callback: Any) -> None:
+        return None
+
+    def basic_qos(self, prefetch_count: int, callback: Any) -> None:
+        self.qos.append(callback)
+
+    def close(self) -> None:
+        self.closed = True
+        self.is_open = False
+
+
+class Connection:
+    def __init__(self) -> None:
+        self.opening: list[Any] = []
+        self.is_open = True
+
+    def channel(self, on_open_callback: Any) -> None:
+        self.opening.append(on_open_callback)
+
+
+def test_a_channel_warming_while_a_standby_is_promoted_does_not_take_its_acks() -> None:
+    # Given partition 1 assigned to us before its owner's death reached us: its channel
+    # warms (open, basic.qos under way) while our standby on it holds a delivery
+    b = broker()
+    delivered: list[Any] = []
+    b._deliver = lambda _p, item: delivered.append(item)
+    connection = Connection()
+    b._connection = connection  # type: ignore[assignment]
+    b._warm(1)
+    warm = OpeningChannel()
+    connection.opening.pop()(warm)
+    standby = OpeningChannel()
+    delivery = Delivery(1, standby, 7, True, None, b"")  # type: ignore[arg-type]
+    b._standbys[1] = _Standby(standby, tag="standby", buffer=[delivery], activated=True)  # type: ignore[arg-type]
+    # When the standby is promoted (a takeover) and then the warm channel's qos completes
+    b._promote(1)
+    warm.qos.pop()(None)
+    # Then the worker's ack of the standby's delivery reaches RabbitMQ, and the warm
+    # channel, never consumed on, is closed
+    assert delivered == [delivery]
+    b._acks.append((1, standby, 7))  # type: ignore[arg-type]
+    b._send_acks()
+    assert standby.acks == [(7, False)]
+    assert b._subs[1].channel is standby and warm.closed

@@ -92,3 +92,5 @@ def test_dlq_list_escapes_parked_keys_and_errors(
     # Then the escapes are shown escaped
     assert "\x1b" not in out and "\x07" not in out
     assert out.count(SHOWN) >= 4
+    # And the error is Python's line for it, its type named once
+    assert "ValueError: ValueError" not in out

@@ -293,3 +293,33 @@ def test_a_lost_lease_or_an_etcd_outage_ends_the_campaign_and_it_campaigns_again
     assert coordinator.leading.wait(5)
     env.join("a")
     eventually("an assignment", lambda: env.counts() == {"a": P})
+
+
+def test_the_leader_deletes_forged_claims_at_once_and_unbound_ones_after_the_grace(
+    env: Env,
+) -> None:
+    # Given a led, balanced stream whose members hold their claims
+    env.start(unbound_grace=0.5)
+    env.join("a", "b")
+    eventually("balance", lambda: env.counts() == {"a": 4, "b": 4})
+    env.claim_assigned()
+    victim = min(p for p, owner in env.assignment().items() if owner == "b")
+    removed = REGISTRY.get_sample_value(
+        "partq_forged_removed_total", {"stream": env.stream, "kind": "claim"}
+    )
+    # When a claim in b's name is put on no lease
+    env.fake.put(keys.claim(env.stream, victim), '{"v": 1, "member": "b", "at": 1}')
+    # Then readers do not see it, and the leader deletes it
+    assert victim not in env.group.snapshot().claims
+    eventually("deleted", lambda: env.fake.get(keys.claim(env.stream, victim))[0] is None)
+    # When one in b's name is put on a lease no member holds
+    spare = env.fake.lease(30)
+    began = time.monotonic()
+    env.fake.put(keys.claim(env.stream, victim), '{"v": 1, "member": "b", "at": 1}', lease=spare)
+    assert env.group.snapshot().claims[victim].member == "b"  # honoured, as a drain's
+    eventually("deleted", lambda: env.fake.get(keys.claim(env.stream, victim))[0] is None)
+    assert time.monotonic() - began >= 0.5
+    after = REGISTRY.get_sample_value(
+        "partq_forged_removed_total", {"stream": env.stream, "kind": "claim"}
+    )
+    assert (after or 0) - (removed or 0) == 2

@@ -43,6 +43,7 @@ def test_apply_mirrors_every_kind_and_names_the_partitions_it_touched() -> None:
         members={"a": Member("a", 2)},
         assignment={3: "a"},
         claims={3: Claim("a", 7)},
+        claim_revisions={3: 10},
         candidates={"00000000000000aa": 4},
         requests={"drain-a": Drain("a")},
         spec=SPEC,
@@ -58,6 +59,30 @@ def test_apply_mirrors_every_kind_and_names_the_partitions_it_touched() -> None:
     ]:
         mirror.apply(WatchEvent(kind, name, None, revision=11, malformed="not JSON"))  # type: ignore[arg-type]
     assert mirror == GroupMirror()
+
+
+def test_forged_claims_are_kept_apart_and_sorted_again_when_members_change() -> None:
+    # Given: members a (lease 10) and b (lease 20)
+    mirror = GroupMirror()
+    mirror.apply(WatchEvent("member", "a", Member("a", lease=10)))
+    mirror.apply(WatchEvent("member", "b", Member("b", lease=20)))
+    # When: claims arrive on no lease, on a's lease in b's name, on b's own lease
+    assert mirror.apply(WatchEvent("claim", "00000", Claim("b", 0), revision=5)) == {0}
+    assert mirror.apply(WatchEvent("claim", "00001", Claim("b", 10), revision=6)) == {1}
+    assert mirror.apply(WatchEvent("claim", "00002", Claim("b", 20), revision=7)) == {2}
+    # Then: readers see only b's own; the forged ones are kept with their revisions
+    assert mirror.claims == {2: Claim("b", 20)}
+    assert mirror.forged == {0: Claim("b", 0), 1: Claim("b", 10)}
+    assert mirror.claim_revisions == {0: 5, 1: 6, 2: 7}
+    # When: a leaves (lease 10 holds no member key now): 1 is a leftover, honoured
+    assert mirror.apply(WatchEvent("member", "a", None)) == {1}
+    assert mirror.claims == {1: Claim("b", 10), 2: Claim("b", 20)}
+    # ... and a joins again on lease 10: forged again
+    assert mirror.apply(WatchEvent("member", "a", Member("a", lease=10))) == {1}
+    assert 1 in mirror.forged
+    # When: the forged claim is deleted, it is gone from both
+    assert mirror.apply(WatchEvent("claim", "00000", None, revision=8)) == {0}
+    assert 0 not in mirror.forged and 0 not in mirror.claim_revisions
 
 
 def test_our_own_claim_writes_make_older_claim_events_stale() -> None:

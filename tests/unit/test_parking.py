@@ -119,7 +119,7 @@ class FakeParking:
     def refuse(self, error: BaseException) -> Any:
         return too_many(SPEC.name, len(self.parked), self.limit, error)
 
-    def park(self, delivery: Delivery, key: Any, error: Any, attempts: int) -> None:
+    def park(self, delivery: Delivery, key: Any, error: Any, attempts: int, session: Any) -> None:
         if self.failures > 0:
             self.failures -= 1
             raise RuntimeError(f"etcd refused parked/{key_id(key)}")

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from cli.context import Context
 from cli.operate import rebalance
 from coordinator import policy
-from coordinator.codec import Claim, Drain, Member, Move, Rebalance, Request
+from coordinator.codec import Claim, Drain, Member, Move, Parked, Rebalance, Request
 from coordinator.group import Group
 from coordinator.session import Session
 from coordinator.testing import FakeEtcd
-from producer.contract import StreamSpec
+from producer.contract import StreamSpec, key_id, partition_for
 from producer.registry import Registry
 
 SPEC = StreamSpec("orders", 8)
@@ -235,15 +235,41 @@ def test_rebalance_dry_run_prints_the_leaders_plan() -> None:
             session.close()
 
 
-def test_unbound_claims_are_those_not_on_their_live_members_lease() -> None:
+def test_claims_not_on_their_members_lease_are_forged_or_a_restarted_members() -> None:
     members = {"a": Member("a", lease=10), "b": Member("b", lease=20)}
     claims = {
         0: Claim("a", 10, 1.0),  # on a's lease: bound
-        1: Claim("b", 10, 1.0),  # b's name on a's lease: unbound
-        2: Claim("c", 30, 1.0),  # no such member (left or crashed): not judged here
+        1: Claim("b", 10, 1.0),  # b's name on a's lease: forged
+        2: Claim("c", 30, 1.0),  # a lease no member holds: a departed member's, draining
         3: Claim("b", 20, 1.0),
+        4: Claim("b", 0, 1.0),  # on no lease: forged (it would never go)
+        5: Claim("c", 0, 1.0),  # ... whoever it names
+        6: Claim("c", 20, 1.0),  # a non-member's name on b's lease: forged
+        7: Claim("b", 30, 1.0),  # b's name on a lease no member holds: b restarted
     }
-    assert policy.unbound_claims(members, claims) == {1: Claim("b", 10, 1.0)}
+    forged = policy.forged_claims(members, claims)
+    assert sorted(forged) == [1, 4, 5, 6]
+    honoured = {p: c for p, c in claims.items() if p not in forged}
+    assert sorted(policy.unbound_claims(members, honoured)) == [2, 7]
+
+
+def test_a_parked_record_counts_only_if_its_partitions_holder_wrote_it() -> None:
+    p = partition_for("k", SPEC.partitions)
+    a, b = Member("a", lease=10), Member("b", lease=20)
+    record = Parked(key_id("k"), p, "e", "E", "m", "a", 1.0)
+    assert policy.parked_by_holder(record, SPEC.partitions, Claim("a", 10), a)
+    # the claim then was b's, or a's on another lease, or there was none
+    assert not policy.parked_by_holder(record, SPEC.partitions, Claim("b", 20), a)
+    assert not policy.parked_by_holder(record, SPEC.partitions, Claim("a", 20), a)
+    assert not policy.parked_by_holder(record, SPEC.partitions, None, a)
+    assert not policy.parked_by_holder(record, SPEC.partitions, Claim("a", 10), None)
+    assert not policy.parked_by_holder(record, SPEC.partitions, Claim("b", 20), b)
+    assert not policy.parked_by_holder(  # a lease-less member and claim
+        record, SPEC.partitions, Claim("a", 0), Member("a", lease=0)
+    )
+    # a key of another partition, recorded under a partition a holds
+    other = Parked(key_id("k"), (p + 1) % SPEC.partitions, "e", "E", "m", "a", 1.0)
+    assert not policy.parked_by_holder(other, SPEC.partitions, Claim("a", 10), a)
 
 
 def test_a_member_that_announced_its_stop_gets_no_partitions() -> None:

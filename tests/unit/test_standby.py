@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from consumers.standby import may_take_over
 from coordinator import codec, policy
+from coordinator.assignor import assign
 from coordinator.codec import Claim, Member, Pause, Standby
 from coordinator.group import Group, GroupState
 from coordinator.session import Session
@@ -30,32 +34,38 @@ def state(**changes: object) -> GroupState:
 
 
 def test_the_standby_of_a_live_owners_partition_may_take_it_over() -> None:
-    assert may_take_over(state(), 0, "b") == 7
+    assert may_take_over(state(), 0, "b", "a") == 7
 
 
 def test_a_planned_move_or_stop_is_given_back() -> None:
     moved = state(assignment={0: "c", 1: "b"})
-    assert may_take_over(moved, 0, "b") is None  # the leader moved it: the owner drains
+    assert may_take_over(moved, 0, "b", "a") is None  # the leader moved it: the owner drains
     leaving = state(members={"a": Member("a", lease=1, leaving=True), "b": B, "c": C})
-    assert may_take_over(leaving, 0, "b") is None  # the owner announced its stop
+    assert may_take_over(leaving, 0, "b", "a") is None  # the owner announced its stop
     left = state(members={"b": B, "c": C})
-    assert may_take_over(left, 0, "b") is None  # the owner left (and drains)
+    assert may_take_over(left, 0, "b", "a") is None  # the owner left (and drains)
     released = state(claims={1: Claim("b", 2)})
-    assert may_take_over(released, 0, "b") is None  # the owner released its claim
+    assert may_take_over(released, 0, "b", "a") is None  # the owner released its claim
     paused = state(requests={"pause": Pause()})
-    assert may_take_over(paused, 0, "b") is None  # an operator paused it
-    assert may_take_over(state(), 0, "c") is None  # not our standby
+    assert may_take_over(paused, 0, "b", "a") is None  # an operator paused it
+    assert may_take_over(state(), 0, "c", "a") is None  # not our standby
     stale = state(claims={0: Claim("a", 99), 1: Claim("b", 2)})
-    assert may_take_over(stale, 0, "b") is None  # not on the owner's lease
+    assert may_take_over(stale, 0, "b", "a") is None  # not on the owner's lease
 
 
 def test_a_partition_the_leader_gave_us_from_a_suspect_owner_may_be_taken_over() -> None:
     # a lost partition 1 to c already (a takeover claim names it), and p0 is now ours
     claims = {0: Claim("a", 1), 1: Claim("c", 3, takeover=True, taken_from="a")}
     reassigned = state(assignment={0: "b", 1: "c"}, claims=claims)
-    assert may_take_over(reassigned, 0, "b") == 7
+    assert may_take_over(reassigned, 0, "b", "a") == 7
     not_suspect = state(assignment={0: "b", 1: "b"})
-    assert may_take_over(not_suspect, 0, "b") is None  # a planned move to us: give back
+    assert may_take_over(not_suspect, 0, "b", "a") is None  # a planned move to us: give back
+
+
+def test_a_claim_that_moved_on_from_the_owner_we_stood_behind_is_given_back() -> None:
+    # we stood behind c; c handed p0 to a, and we are a's standby again: c's cancel (or
+    # its end) activated us, but a, live, consumes p0 (or is about to)
+    assert may_take_over(state(), 0, "b", "c") is None
 
 
 def test_standbys_are_the_next_live_member_after_the_owner_and_suspects_get_nothing() -> None:
@@ -99,3 +109,43 @@ def test_read_claim_gives_the_claim_and_its_revision_for_a_takeover_transaction(
     finally:
         mine.close(revoke=True)
         other.close(revoke=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    count=st.integers(min_value=2, max_value=6),
+    partitions=st.integers(min_value=2, max_value=36),
+    data=st.data(),
+)
+def test_a_graceful_leave_with_standbys_moves_only_the_leavers_partitions(
+    count: int, partitions: int, data: st.DataObject
+) -> None:
+    # Given a balanced group with a standby per partition
+    spec = StreamSpec("s", partitions)
+    members = {f"m{i}": Member(f"m{i}", lease=i + 1) for i in range(count)}
+    leases = {m.id: m.lease for m in members.values()}
+    assignment = assign(partitions, dict.fromkeys(members, 1), {})
+    claims = {p: Claim(o, leases[o]) for p, o in assignment.items()}
+    revisions = dict.fromkeys(range(partitions), 5)
+    view = GroupState(1, members, assignment, claims, claim_revisions=revisions)
+    behind = {p: (s, assignment[p]) for p, s in policy.standbys(spec, view).items()}
+    # When one member announces its stop and the leader plans
+    leaver = data.draw(st.sampled_from(sorted(members)))
+    members = {**members, leaver: dataclasses.replace(members[leaver], leaving=True)}
+    planned = policy.plan(spec, dataclasses.replace(view, members=members), None)
+    theirs = {p for p, o in assignment.items() if o == leaver}
+    assert {p for p in planned if planned[p] != assignment[p]} == theirs
+    # and each of its partitions passes to its next owner, whose claim the leader gives a
+    # standby, and the leaver's cancel then activates the old standby (not stood down yet)
+    for p in sorted(theirs):
+        claims = {**claims, p: Claim(planned[p], leases[planned[p]])}
+        now = GroupState(1, members, planned, claims, claim_revisions=revisions)
+        standbys = policy.standbys(spec, now)
+        now = dataclasses.replace(now, standbys=standbys)
+        standby, stood_behind = behind[p]
+        # Then that standby gives back: no partition is taken from a live member
+        assert may_take_over(now, p, standby, stood_behind) is None
+    # and once the leaver is gone, the plan moves nothing more
+    stayers = {m: v for m, v in members.items() if m != leaver}
+    after = GroupState(1, stayers, planned, claims)
+    assert policy.plan(spec, after, None) == planned

@@ -1,0 +1,155 @@
+"""The leader deletes what partq never writes but a consumer's credentials can.
+
+etcd grants by key prefix, and every consumer may write ``claims/`` and ``parked/`` (any
+member may be given any partition). Two kinds of key written there outside partq would
+stop or divert a partition of another member:
+
+- a claim not on its member's lease (:func:`coordinator.policy.forged_claims`): on no
+  lease it would never go; every reader already ignores it;
+- a claim on a lease that holds no live member key (:func:`coordinator.policy.unbound_claims`),
+  as a departed member's claims are while it drains: honoured for a grace period (longer
+  than a drain), then deleted, so a lease its writer keeps alive stops a partition no longer;
+- a parked record its partition's holder did not write
+  (:func:`coordinator.policy.parked_by_holder`, judged on the claim and the member *as they
+  were* at the record's revision, read from etcd's history): it would divert the key's
+  messages to its parking queue; consumers ignore one that arrives while they watch.
+
+Each deletion compares the key's revision (a key rewritten since is judged again) and the
+leader's candidate key (fenced like every other leader write); each is logged at warning
+and counted in ``partq_forged_removed_total{stream,kind}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from coordinator import metrics, policy
+from coordinator.election import Fence
+from coordinator.group import Group
+from coordinator.mirror import GroupMirror
+from kernel import keys
+from kernel.errors import EtcdPermissionDenied, EtcdUnavailable
+from kernel.etcd import etcd_errors
+from producer.contract import StreamSpec
+
+__all__ = ["remove_claims", "remove_parked", "remove_unbound"]
+
+log = logging.getLogger("partq.coordinator")
+
+
+def _delete(group: Group, fence: Fence, key: str, revision: int) -> bool:
+    """Delete ``key`` if it is still at ``revision`` and we still lead. Refused by roles
+    made before the leader deleted forged keys: logged, and the leader goes on leading."""
+    client: Any = group.client
+    t = client.transactions
+    try:
+        with etcd_errors(group.where):
+            ok, _ = client.transaction(
+                compare=[fence.compare(t), t.mod(key) == revision],
+                success=[t.delete(key)],
+                failure=[],
+            )
+    except EtcdPermissionDenied as e:
+        log.warning("%s: cannot delete the forged key %s: %s", group.stream, key, e)
+        return False
+    return bool(ok)
+
+
+def _delete_claim(group: Group, fence: Fence, mirror: GroupMirror, p: int, forged: bool) -> bool:
+    """Delete the claim on ``p`` as mirrored (in ``forged`` or ``claims``), counted."""
+    revision = mirror.claim_revisions.get(p, 0)
+    if not _delete(group, fence, keys.claim(group.stream, p), revision):
+        return False  # changed since (the watch brings it), or we no longer lead
+    (mirror.forged if forged else mirror.claims).pop(p, None)
+    mirror.claim_revisions.pop(p, None)
+    metrics.FORGED_REMOVED.labels(group.stream, "claim").inc()
+    return True
+
+
+def remove_claims(group: Group, fence: Fence, mirror: GroupMirror) -> None:
+    """Delete every claim the mirror holds apart as forged."""
+    for p, claim in sorted(mirror.forged.items()):
+        if not _delete_claim(group, fence, mirror, p, forged=True):
+            continue
+        log.warning(
+            "%s: deleted the claim on partition %d naming %s on %s: not on its member's lease, "
+            "so written outside partq with a consumer's credentials",
+            group.stream,
+            p,
+            claim.member,
+            f"lease {claim.lease:x}" if claim.lease else "no lease",
+        )
+
+
+def remove_unbound(
+    group: Group,
+    fence: Fence,
+    mirror: GroupMirror,
+    seen: dict[int, tuple[int, float]],
+    now: float,
+    grace: float,
+) -> None:
+    """Delete the claims unbound for ``grace`` seconds. ``seen``: each unbound claim's
+    (revision, deadline), kept up to date here (the caller wakes up at the first deadline)."""
+    unbound = policy.unbound_claims(mirror.members, mirror.claims)
+    for p in [p for p in seen if p not in unbound]:
+        del seen[p]
+    for p, claim in unbound.items():
+        revision = mirror.claim_revisions.get(p, 0)
+        if seen.get(p, (None, 0.0))[0] != revision:
+            seen[p] = (revision, now + grace)
+        if now < seen[p][1]:
+            continue
+        del seen[p]
+        if not _delete_claim(group, fence, mirror, p, forged=False):
+            continue
+        log.warning(
+            "%s: deleted the claim on partition %d naming %s on lease %x: no live member "
+            "holds that lease, and it outlived the grace of %.0f s",
+            group.stream,
+            p,
+            claim.member,
+            claim.lease,
+            grace,
+        )
+
+
+def remove_parked(
+    group: Group, fence: Fence, mirror: GroupMirror, unverified: dict[str, int], spec: StreamSpec
+) -> None:
+    """Judge each record in ``unverified`` (key id -> revision; emptied) and delete those
+    their partition's holder did not write. A record whose revision etcd compacted away
+    cannot be judged: it stays (logged); one that cannot be read now is judged next time."""
+    for name, revision in sorted(unverified.items()):
+        del unverified[name]  # put back below if etcd cannot say now
+        record = mirror.parked.get(name)
+        if record is None or mirror.parked_revisions.get(name) != revision:
+            continue  # gone or rewritten since: its own event brought it back here
+        try:
+            claim, member = group.parked_at(record, revision)
+        except EtcdUnavailable as e:
+            if "compacted" not in str(e):
+                unverified[name] = revision  # etcd away: judged on the leader's next step
+                continue
+            log.warning(
+                "%s: cannot check who parked key %s (revision %d): %s; keeping it",
+                group.stream,
+                record.key_text,
+                revision,
+                e,
+            )
+            continue
+        if policy.parked_by_holder(record, spec.partitions, claim, member):
+            continue
+        if not _delete(group, fence, keys.parked(group.stream, name), revision):
+            continue
+        metrics.FORGED_REMOVED.labels(group.stream, "parked").inc()
+        log.warning(
+            "%s: deleted the parked record of key %s (partition %d, naming %s): not written by "
+            "the partition's holder, so written outside partq with a consumer's credentials",
+            group.stream,
+            record.key_text,
+            record.partition,
+            record.member,
+        )

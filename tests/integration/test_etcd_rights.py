@@ -1,0 +1,353 @@
+"""The etcd rights of ``partq security roles``, against a real etcd with auth, and what the
+readers make of what those rights still allow.
+
+Given a private etcd (TLS, auth) with every role of :func:`coordinator.rights.roles`
+applied through :mod:`coordinator.grants`: each role may do exactly what its rights say
+(read, write and delete of one key of every kind, for every role), and nothing through
+another member's lease. With a coordinator and two consumers running on those identities
+(RabbitMQ: the machine's broker), a consumer's credentials writing a claim without a lease
+in another member's name, or a parked record for a partition they do not hold, stop
+nothing: the claim is ignored and deleted, the record ignored and deleted, and the
+messages flow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumers import audit
+from coordinator import codec, grants
+from coordinator.codec import Parked
+from coordinator.group import Group
+from coordinator.rights import Role, roles
+from kernel import keys
+from kernel.errors import EtcdPermissionDenied
+from kernel.etcd import connect, etcd_errors, lease_is
+from kernel.local import EtcdTLS, LocalEtcd
+from kernel.settings import Settings
+from producer import Producer
+from producer.contract import key_id, partition_for
+from producer.registry import Registry
+from tests.conftest import AMQP_URL
+from tests.integration.groups.harness import PARTQ, ROOT, Fleet, balanced
+from tests.pki import issue, make_ca
+from tests.polling import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+STREAM = f"er-{uuid.uuid4().hex[:8]}"
+PARTITIONS = 4
+GRACE = 2.0  # coordinator --unbound-grace
+MEMBERS = ("c-1", "c-2")
+ROLES = {r.name: r for r in [*roles(STREAM), *roles(STREAM, MEMBERS)]}  # + the shared one
+
+
+def user(who: str, stream: str = STREAM) -> str:
+    """The etcd user of ``who`` (a component, a member, or root) for ``stream``."""
+    if who == "root":
+        return who
+    return f"partq-{stream}-consumer-{who}" if who in MEMBERS else f"partq-{stream}-{who}"
+
+
+@dataclass
+class Site:
+    tmp: Path
+    ca: Path
+    etcd: LocalEtcd
+    passwords: Path
+
+    def env(self, who: str, stream: str = STREAM) -> dict[str, str]:
+        name = who if who in ROLES else user(who, stream)
+        return {
+            "PARTQ_ETCD_ENDPOINTS": self.etcd.endpoint,
+            "PARTQ_ETCD_CA": str(self.ca),
+            "PARTQ_ETCD_USER": name,
+            "PARTQ_ETCD_PASSWORD_FILE": str(self.passwords / name),
+            "PARTQ_AMQP_URL": os.environ.get("PARTQ_TEST_AMQP_URL", AMQP_URL),
+        }
+
+    def settings(self, who: str, stream: str = STREAM) -> Settings:
+        values = {k.removeprefix("PARTQ_").lower(): v for k, v in self.env(who, stream).items()}
+        return Settings.load(**values)
+
+    def grant(self, found: list[Role]) -> None:
+        """Apply ``found`` as etcd's root, each user with a fresh password file."""
+        for role in found:
+            (self.passwords / role.name).write_text(secrets.token_urlsafe(18) + "\n")
+        root = connect(self.settings("root"))
+        try:
+            grants.apply_etcd(root, found, self.passwords, no_password=False)
+        finally:
+            root.close()
+
+    def partq(self, who: str, *args: str, stream: str = STREAM) -> str:
+        command = [str(PARTQ), *args]
+        env = {**os.environ, **self.env(who, stream), "PYTHONPATH": str(ROOT)}
+        try:
+            return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120,
+                                  check=True).stdout  # fmt: skip
+        except subprocess.CalledProcessError as e:
+            raise AssertionError(f"partq {' '.join(args)}: {e.stderr[-2000:]}") from None
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory, rabbitmq: str) -> Iterator[Site]:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl CLI")
+    tmp = tmp_path_factory.mktemp("etcd-rights")
+    ca, _ = make_ca(tmp, "ca")
+    cert, key = issue(tmp, "ca", "server", "localhost", "IP:127.0.0.1,DNS:localhost")
+    passwords = tmp / "passwords"
+    passwords.mkdir()
+    (passwords / "root").write_text(secrets.token_urlsafe(18) + "\n")
+    etcd = LocalEtcd(tls=EtcdTLS(cert, key, ca), auth_token_ttl=30)
+    etcd.start()
+    try:
+        etcd.etcdctl("user", "add", f"root:{(passwords / 'root').read_text().strip()}")
+        etcd.etcdctl("auth", "enable")
+        site = Site(tmp, ca, etcd, passwords)
+        os.environ.setdefault("PARTQ_TEST_AMQP_URL", rabbitmq)
+        site.grant(list(ROLES.values()))
+        yield site
+    finally:
+        etcd.stop()
+
+
+# -- every role, every kind of key: what etcd allows is what the rights say --------------
+
+PROBES = {  # one key of every kind in the layout, and keys of another stream
+    "spec": keys.spec(STREAM),
+    "member c-1": keys.member(STREAM, "c-1"),
+    "member c-2": keys.member(STREAM, "c-2"),
+    "leader": keys.leader_candidate(STREAM, 0xABC),
+    "assignment": keys.assignment(STREAM, 0),
+    "claim": keys.claim(STREAM, 0),
+    "standby": keys.standby(STREAM, 0),
+    "request": keys.request(STREAM, "rebalance"),
+    "parked": keys.parked(STREAM, key_id("k")),
+    "load c-1": keys.load(STREAM, "c-1"),
+    "load c-2": keys.load(STREAM, "c-2"),
+    "other stream's spec": keys.spec("other"),
+    "other stream's load": keys.load("other", "c-1"),
+}
+
+
+def permits(role: Role, op: str, key: str) -> bool:
+    """What etcd's RBAC makes of ``role``'s rights: a right covers its key, or every key
+    under it; reading needs read, putting and deleting need write."""
+    need = "read" if op == "get" else "write"
+    return any(
+        (key == r.key or (r.prefix and key.startswith(r.key))) and need in r.permission
+        for r in role.etcd
+    )
+
+
+def attempt(client: Any, op: str, key: str) -> bool:
+    """Whether etcd lets ``client`` do ``op`` on ``key`` (False: permission denied)."""
+    try:
+        with etcd_errors("test"):
+            if op == "get":
+                client.get(key)
+            elif op == "put":
+                client.put(key, "{}")
+            else:
+                client.delete(key)
+    except EtcdPermissionDenied:
+        return False
+    return True
+
+
+def test_each_role_may_do_exactly_what_its_rights_say(site: Site) -> None:
+    # Given: every role applied; When: each identity gets, puts and deletes one key of
+    # every kind; Then: etcd allows exactly what permits() reads from roles()
+    seen: dict[tuple[str, str, str], bool] = {}
+    expected: dict[tuple[str, str, str], bool] = {}
+    for name, role in sorted(ROLES.items()):
+        client = connect(site.settings(name))
+        try:
+            for what, key in PROBES.items():
+                for op in ("get", "put", "delete"):
+                    seen[name, op, what] = attempt(client, op, key)
+                    expected[name, op, what] = permits(role, op, key)
+        finally:
+            client.close()
+    wrong = {k: v for k, v in seen.items() if expected[k] != v}
+    assert wrong == {}, f"etcd allowed (True) or refused (False) against the rights: {wrong}"
+    # every role is allowed something and refused something
+    for name in ROLES:
+        outcomes = {v for (who, _, _), v in seen.items() if who == name}
+        assert outcomes == {True, False}, name
+    print(  # the numbers for the report
+        f"{len(seen)} operations: {sum(seen.values())} allowed, "
+        f"{len(seen) - sum(seen.values())} refused, as the rights say"
+    )
+
+
+def test_a_consumer_cannot_put_anything_on_another_members_lease(site: Site) -> None:
+    # Given: c-2's member key on c-2's lease
+    c1, c2 = connect(site.settings("c-1")), connect(site.settings("c-2"))
+    try:
+        lease = c2.lease(30)
+        with etcd_errors("test"):
+            c2.put(keys.member(STREAM, "c-2"), "{}", lease=lease)
+        t = c1.transactions
+        claim = keys.claim(STREAM, 3)
+        # When: c-1 puts a claim on that lease, or revokes it: Then etcd refuses both
+        with pytest.raises(EtcdPermissionDenied), etcd_errors("test"):
+            c1.put(claim, codec.encode_claim("c-2", 1.0), lease=lease)
+        with pytest.raises(EtcdPermissionDenied), etcd_errors("test"):
+            c1.revoke_lease(lease.id)
+        # But etcd 3.4 does not check a lease's keys for a put inside a transaction: the
+        # claim lands on c-2's lease in c-2's name. It is what a hand-over writes, and lasts
+        # no longer than c-2 (which releases a partition it is granted but not assigned).
+        with etcd_errors("test"):
+            ok, _ = c1.transaction(
+                compare=[lease_is(keys.member(STREAM, "c-2"), lease.id)],
+                success=[t.put(claim, codec.encode_claim("c-2", 1.0), lease=lease)],
+                failure=[],
+            )
+        assert ok, "etcd now checks leases in transactions: tighten docs/security.md"
+        lease.revoke()
+        assert c2.get(claim)[0] is None  # gone with c-2's lease
+    finally:
+        c1.close()
+        c2.close()
+
+
+# -- what those rights still allow, and what the readers make of it ----------------------
+
+
+def _keys_of(partition: int, count: int) -> list[str]:
+    found = [f"k{i}" for i in range(10_000) if partition_for(f"k{i}", PARTITIONS) == partition]
+    return found[:count]
+
+
+@contextlib.contextmanager
+def running(site: Site, stream: str) -> Iterator[tuple[Group, Fleet, Any]]:
+    """``stream`` created, balanced over c-1 and c-2 with a coordinator, each on its own
+    identity: (the admin's view of the group, the coordinator's fleet, c-1's etcd client).
+    """
+    site.grant(roles(stream, MEMBERS))
+    site.partq("admin", "stream", "create", stream, "--partitions", str(PARTITIONS), stream=stream)
+    record = site.tmp / f"{stream}.jsonl"
+    tmp = site.tmp / stream
+    tmp.mkdir()
+    fleets = [
+        Fleet(stream, tmp, site.etcd.endpoint, "", record, env=site.env(who, stream))
+        for who in ("coordinator", *MEMBERS)
+    ]
+    admin = Registry.connect(site.settings("admin", stream))
+    hostile = connect(site.settings("c-1", stream))
+    try:
+        fleets[0].coordinator(ttl=3, extra=("--unbound-grace", str(GRACE)))
+        for fleet, member in zip(fleets[1:], MEMBERS, strict=True):
+            fleet.consumer(member, ttl=3)
+        group = Group(admin.client, admin.where, stream)
+        wait_until(lambda: balanced(group, PARTITIONS, set(MEMBERS)), 60, 0.2, "balanced")
+        yield group, fleets[0], hostile
+    except AssertionError:
+        print("\n".join(f.logs() for f in fleets))
+        raise
+    finally:
+        hostile.close()
+        for fleet in fleets:
+            fleet.close()
+        admin.close()
+        site.partq("admin", "stream", "delete", stream, "--yes", stream=stream)
+
+
+def publish_and_wait(site: Site, group: Group, fleet: Fleet, keys_: list[str]) -> float:
+    """Publish 5 messages of each key; seconds until all are handled, in order, by c-2."""
+    sent = {(k, n) for k in keys_ for n in range(5)}
+    settings = site.settings("producer", group.stream)
+    producer = Registry.connect(settings)
+    began = time.monotonic()
+    with Producer(group.stream, amqp_url=settings.amqp, etcd=producer) as p:
+        for key, n in sorted(sent, key=lambda s: (s[1], s[0])):
+            p.publish(key, json.dumps({"key": key, "seq": n}).encode(), message_id=f"{key}:{n}")
+        p.flush(30)
+    producer.close()
+
+    def handled() -> set[tuple[str, int]]:
+        return {(r["key"], r["seq"]) for r in fleet.records()} if fleet.record.exists() else set()
+
+    wait_until(lambda: handled() >= sent, 30, 0.1, "the victim partition's messages")
+    took = time.monotonic() - began
+    records = fleet.records()
+    assert {r["member"] for r in records if (r["key"], r["seq"]) in sent} == {"c-2"}
+    assert audit.order_violations(records) == []
+    return took
+
+
+def claim_on(group: Group, partition: int) -> int:
+    """The lease the partition's claim is on (-1: no claim)."""
+    raw, meta = group.client.get(keys.claim(group.stream, partition))
+    return -1 if raw is None else int(meta.lease_id)
+
+
+def test_a_lease_less_claim_in_another_members_name_stops_nothing(site: Site) -> None:
+    with running(site, f"{STREAM}-c") as (group, fleet, hostile):
+        state = group.snapshot()
+        victim = min(p for p, owner in state.assignment.items() if owner == "c-2")
+        c2_lease = state.members["c-2"].lease
+        # When: c-1's credentials put a claim on c-2's partition in c-2's name, on no lease
+        began = time.monotonic()
+        with etcd_errors("test"):
+            hostile.put(keys.claim(group.stream, victim), codec.encode_claim("c-2", 1.0))
+        # Then: the claim is back on c-2's lease (c-2 replaces a lease-less claim, or the
+        # leader deletes it) and the partition's messages are handled by c-2
+        wait_until(lambda: claim_on(group, victim) == c2_lease, 20, 0.05, "c-2's claim back")
+        back = time.monotonic() - began
+        took = publish_and_wait(site, group, fleet, _keys_of(victim, 5))
+        # When: they put one in c-2's name on a lease of their own that holds no member key
+        # (honoured, as a departed member's while it drains; only the leader removes it)
+        lease = hostile.lease(60)
+        began = time.monotonic()
+        with etcd_errors("test"):
+            hostile.put(
+                keys.claim(group.stream, victim), codec.encode_claim("c-2", 1.0), lease=lease
+            )
+        wait_until(lambda: claim_on(group, victim) == c2_lease, 20, 0.05, "c-2's claim again")
+        again = time.monotonic() - began
+        lease.revoke()
+        logs = fleet.procs[0].log.read_text()
+        assert f"deleted the claim on partition {victim} naming c-2 on lease {lease.id:x}" in logs
+        assert GRACE <= again < GRACE + 10
+        took_again = publish_and_wait(site, group, fleet, _keys_of(victim, 5)[:1])
+        print(
+            f"lease-less claim: c-2's claim back after {back:.2f} s, 25 messages handled "
+            f"{took:.2f} s after publishing; claim on a spare lease: back after {again:.2f} s "
+            f"(grace {GRACE} s), "
+            f"then handled in {took_again:.2f} s"
+        )
+
+
+def test_a_parked_record_for_a_partition_not_held_is_ignored_and_removed(site: Site) -> None:
+    with running(site, f"{STREAM}-p") as (group, fleet, hostile):
+        state = group.snapshot()
+        victim = min(p for p, owner in state.assignment.items() if owner == "c-2")
+        # When: c-1's credentials park a key of c-2's partition, in c-1's name
+        key = _keys_of(victim, 1)[0]
+        forged = Parked(key_id(key), victim, "forged", "X", "m", "c-1", 1.0)
+        with etcd_errors("test"):
+            hostile.put(keys.parked(group.stream, forged.key_id), codec.encode_parked(forged))
+        # Then: the leader deletes it, c-2 ignored it, and the key's messages reach c-2
+        wait_until(lambda: not group.parked(), 20, 0.05, "the forged record deleted")
+        took = publish_and_wait(site, group, fleet, [key])
+        assert "deleted the parked record of key" in fleet.procs[0].log.read_text()
+        c2_log = Path(fleet.tmp / "c-2.log").read_text()
+        assert f"ignoring the parked record of key {key} " in c2_log
+        print(f"forged parked record: removed; the key's 5 messages handled in {took:.2f} s")
