@@ -130,6 +130,7 @@ class _Subscription:
     held: list[int] = field(default_factory=list)
     held_since: float = 0.0
     cancel_sent: bool = False
+    drains: int = 0  # drains begun: a called-off one's timers see a newer count and stop
     consuming: bool = False
     emptied: bool = False  # reported emptied: the controller cuts it
     # delivery tags handed to the worker and not acked yet, in delivery order
@@ -177,8 +178,10 @@ class Broker(threading.Thread):
         on_activated: Callable[[int], None] | None = None,
         on_standby_lost: Callable[[int], None] | None = None,
         on_emptied: Callable[[int], None] | None = None,
+        on_kept: Callable[[int], None] | None = None,
     ) -> None:
-        """``on_emptied(partition)``: a drain's window is full and every delivery handled;
+        """``on_kept(partition)``: :meth:`resume` called a drain off (its acks were sent).
+        ``on_emptied(partition)``: a drain's window is full and every delivery handled;
         the caller then calls :meth:`cut` (the module docstring). Without it, a full window
         is cancelled at once and the worker gets END. ``on_refused(partition, reason)``:
         RabbitMQ refused this user the partition's queue (403 ACCESS_REFUSED); ``reason`` is
@@ -199,6 +202,7 @@ class Broker(threading.Thread):
         self._on_activated = on_activated or (lambda _p: None)
         self._on_standby_lost = on_standby_lost or (lambda _p: None)
         self._on_emptied = on_emptied
+        self._on_kept = on_kept or (lambda _p: None)
         self._standbys: dict[int, _Standby | None] = {}  # None: its channel is opening
         self._connection: SelectConnection | None = None
         self._subs: dict[int, _Subscription] = {}
@@ -242,6 +246,11 @@ class Broker(threading.Thread):
         """Begin draining ``partition``: the worker gets END after its last delivery."""
         if not self._call(lambda: self._revoke(partition)):
             self._on_channel_lost(partition)
+
+    def resume(self, partition: int) -> None:
+        """Call off ``partition``'s drain if its cancel is not sent yet: send the held acks
+        and consume on (``on_kept``). Otherwise nothing: the drain goes on."""
+        self._call(lambda: self._resume(partition))
 
     def cut(self, partition: int) -> None:
         """After ``on_emptied``: cancel ``partition``, send its held acks, report it drained."""
@@ -723,6 +732,8 @@ class Broker(threading.Thread):
             return
         sub.holding = True
         sub.held_since = time.monotonic()
+        sub.drains += 1
+        drain = sub.drains
         if self._window_full(sub):
             if self._on_emptied is None:
                 self._cancel(partition, sub)
@@ -734,6 +745,8 @@ class Broker(threading.Thread):
 
         def check(seen: int) -> None:
             """``seen`` deliveries had arrived _QUIET seconds ago: has one arrived since?"""
+            if sub.drains != drain or not sub.holding:
+                return  # called off (``resume``)
             if sub.cancel_sent or not sub.channel.is_open or self._emptying(sub):
                 return
             if sub.received != seen and time.monotonic() - sub.held_since < _MAX_HOLD:
@@ -754,6 +767,8 @@ class Broker(threading.Thread):
             )
 
         def confirm(seen: int, ready: int) -> None:
+            if sub.drains != drain or not sub.holding:
+                return  # called off (``resume``)
             if sub.cancel_sent or not sub.channel.is_open or self._emptying(sub):
                 return
             waited = time.monotonic() - sub.held_since
@@ -798,6 +813,20 @@ class Broker(threading.Thread):
             return
         sub.emptied = True
         self._on_emptied(partition)
+
+    def _resume(self, partition: int) -> None:
+        """``resume`` on the I/O thread: un-hold a drain that has not cancelled."""
+        sub = self._subs.get(partition)
+        if sub is None or not sub.channel.is_open or not sub.consuming:
+            return  # gone: on_channel_lost was (or will be) reported
+        if not sub.holding or sub.cancel_sent:
+            return  # not draining, or too late: drained follows
+        sub.holding = False
+        sub.emptied = False
+        held, sub.held = sub.held, []
+        if held:
+            self._ack(partition, sub.channel, held)
+        self._on_kept(partition)
 
     def _cut(self, partition: int) -> None:
         """``basic.cancel`` of an emptied partition, then its held acks, then drained."""

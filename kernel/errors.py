@@ -33,6 +33,8 @@ says what to do.
 from __future__ import annotations
 
 __all__ = [
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
     "BrokerUnavailable",
     "ConnectionLost",
     "EtcdAuthFailed",
@@ -53,7 +55,11 @@ __all__ = [
     "SpecMismatch",
     "StreamNotFound",
     "UsageError",
+    "exit_code",
 ]
+
+EXIT_FAILURE = 1  # a runtime failure: etcd or RabbitMQ unreachable, no such stream, ...
+EXIT_USAGE = 2  # bad input or settings: the caller has to change something
 
 
 class PartqError(Exception):
@@ -135,3 +141,8 @@ class NotLeader(PartqError):
 
 class NotHolder(PartqError):
     pass
+
+
+def exit_code(error: PartqError) -> int:
+    """The process exit code for ``error``: 2 for a usage error, else 1."""
+    return EXIT_USAGE if isinstance(error, UsageError) else EXIT_FAILURE

@@ -26,6 +26,7 @@ from kernel.errors import UsageError
 
 __all__ = [
     "DEFAULT_AMQP_OUTAGE_LIMIT",
+    "DEFAULT_CONCURRENCY",
     "DEFAULT_ETCD_ENDPOINTS",
     "Endpoint",
     "HttpSecurity",
@@ -37,6 +38,9 @@ DEFAULT_ETCD_ENDPOINTS = "http://127.0.0.1:2379"
 # member leaves, so its partitions move to members that can consume them. Longer than a
 # broker restart (a node takes ~5 s to accept connections, reconnects back off to 5 s).
 DEFAULT_AMQP_OUTAGE_LIMIT = 30.0
+# Consumers: messages of different keys handled at once per member (1: one at a time per
+# partition); PARTQ_CONCURRENCY or --concurrency.
+DEFAULT_CONCURRENCY = 1
 
 Endpoint = tuple[str, int, bool]  # host, port, tls
 
@@ -73,6 +77,7 @@ class Settings(BaseSettings):
     amqp_key: Path | None = None
     amqp_external_auth: bool = False
     amqp_outage_limit: float = DEFAULT_AMQP_OUTAGE_LIMIT  # consumers: see the constant
+    concurrency: int = DEFAULT_CONCURRENCY  # consumers: see the constant
     # consumers: seconds an owned partition may get nothing while messages are ready before
     # it is reported stalled (consumers.flow); 0: never
     stall_after: float = 30.0
@@ -170,6 +175,13 @@ class Settings(BaseSettings):
     @classmethod
     def _check_endpoints(cls, value: str) -> str:
         parse_endpoints(value)
+        return value
+
+    @field_validator("concurrency")
+    @classmethod
+    def _check_concurrency(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"must be a whole number of 1 or more, got {value}")
         return value
 
     @field_validator("amqp_outage_limit")
