@@ -49,6 +49,11 @@ _BENCHMARK = re.compile(r"(?<![\w/.])benchmarks\.(\w+)")
 _MACHINE = re.compile(r"(?<![\w.~-])/(?:work|tmp|root|home)/")
 
 
+def _module(name: str) -> str:
+    package = f"benchmarks/{name}/__init__.py"
+    return package if (ROOT / package).exists() else f"benchmarks/{name}.py"
+
+
 def cited(text: str) -> list[str]:
     found = []
     for span in _SPAN.findall(text):
@@ -57,8 +62,8 @@ def cited(text: str) -> list[str]:
         path = span.split("::", 1)[0].split("#", 1)[0].split(":", 1)[0].rstrip(".,;")
         if _PATH.match(path):
             found.append(path)
-        # a benchmark named as a module: python -m benchmarks.planned
-        found.extend(f"benchmarks/{name}.py" for name in _BENCHMARK.findall(span))
+        # a benchmark named as a module: python -m benchmarks.planned (a file, or a package)
+        found.extend(_module(name) for name in _BENCHMARK.findall(span))
     return found
 
 
