@@ -25,7 +25,7 @@ from cli.spark import spark_job
 from cli.streams import stream
 from kernel import __version__, logs
 from kernel.amqp import has_password
-from kernel.errors import PartqError, UsageError
+from kernel.errors import PartqError, exit_code
 from kernel.terminal import printable
 
 __all__ = ["cli", "main", "one_line", "report"]
@@ -129,7 +129,7 @@ def report(error: Exception) -> int:
     elif isinstance(error, click.ClickException):
         code = error.exit_code
     elif isinstance(error, PartqError):
-        code = 2 if isinstance(error, UsageError) else 1
+        code = exit_code(error)
     else:
         code = 1
         hint = "an unexpected error: run again with --debug for the traceback, and report it"

@@ -84,6 +84,15 @@ log = logging.getLogger("partq.cli")
     help="Seconds between this member's load reports in etcd (what it handled per "
     "partition: for `coordinator --balance load` and the status page). 0: none.",
 )
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Messages of different keys of a partition handled at once, at most this many in "
+    "the member (a key's own messages never overlap and keep their order); async handlers "
+    "run that many coroutines. Default 1: one message at a time per partition "
+    "[PARTQ_CONCURRENCY].",
+)
 @http_options(default_port=9401)
 @pass_context
 def consume(
@@ -100,6 +109,7 @@ def consume(
     partitions: int | None,
     announce_leave: bool,
     load_report: float,
+    concurrency: int | None,
     http_host: str,
     http_port: int,
 ) -> None:
@@ -133,6 +143,7 @@ def consume(
         announce_leave=announce_leave,
         load_report=load_report,
         amqp_outage_limit=ctx.settings.amqp_outage_limit,
+        concurrency=ctx.settings.concurrency if concurrency is None else concurrency,
         stall_after=ctx.settings.stall_after,
     )
     consumer = Consumer(ctx.registry(), function, config, amqp_url=ctx.settings.amqp)

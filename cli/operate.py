@@ -43,9 +43,10 @@ def status(ctx: Context, stream: str, as_json: bool) -> None:
     for m in report["members"]:
         marks = " DRAINED" if m.get("draining") else ""
         marks += " LEAVING" if m.get("leaving") else ""
+        busy = f"in flight {m['in_flight']}  " if m.get("in_flight") is not None else ""
         say(
             f"  {m['id']:<30} weight {m['weight']}  age {m['age_s']:.0f}s  "
-            f"owns {m['owns']}  handled {per_second(m.get('handled_per_s'))}  "
+            f"owns {m['owns']}  handled {per_second(m.get('handled_per_s'))}  {busy}"
             f"host {m['host']} pid {m['pid']}{marks}"
         )
     drained = [m["id"] for m in report["members"] if m.get("draining")]

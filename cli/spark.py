@@ -1,7 +1,9 @@
 """``partq spark-job``: a Spark Structured Streaming query publishing files (or a rate) to a stream.
 
-Runs until stopped: SIGTERM or SIGINT stop the query between writes and the
-command exits 0; a failed query exits 1 with the partq error that failed it.
+Runs until stopped: SIGTERM or SIGINT, at any point after the command starts,
+stop the query between writes (or Spark, if it is still starting) and the
+command exits 0 after one log line; a failed query exits 1 with the partq error
+that failed it.
 It reads the stream's spec once, at start, and pins it in the sink's options,
 so the running query never needs etcd. Every batch is logged (rows, seconds)
 and counted in the ``partq_spark_*`` metrics (``--metrics-port``).
@@ -153,6 +155,9 @@ def spark_job(
     spark_conf: tuple[str, ...],
 ) -> None:
     """Publish rows from files in --source (or a --rate) to stream --stream until stopped."""
+    from producer.spark.stop import StopSignal  # imports no pyspark: quick
+
+    stop = StopSignal().install()  # from here a signal stops the job, even while Spark starts
     if (source is None) == (rate is None):
         raise click.UsageError("give --source DIR or --rate N (one of them)")
     if rate is not None:
@@ -210,6 +215,7 @@ def spark_job(
         num_tasks=num_tasks,
         master=master,
         conf=conf,
+        stop=stop,
     )
 
 

@@ -3,11 +3,18 @@
 >>> def handle(message: consumers.Message) -> None:   # doctest: +SKIP
 ...     print(message.key, message.body)               # returning acks the message
 >>> consumers.run("orders", handle)                    # doctest: +SKIP
+
+``run`` returns an exit code for ``sys.exit``: the daemon's (``consumers.daemon``: 0 after
+a clean drain, 1, 3-6 after a failure), or, when it cannot start, 2 for a usage error (a bad
+handler, setting or config value such as ``weight=0``) and 1 otherwise (no such stream,
+etcd unreachable), after one logged line. It logs as ``partq consume`` does (JSON lines on
+stderr, text on a terminal) unless the application has configured logging already.
 """
 
 from __future__ import annotations
 
 from consumers.daemon import Consumer, ConsumerConfig
+from consumers.entry import entry_point
 from consumers.message import Handler, Message, check_handler, load_handler
 from consumers.signals import on_stop_signals
 from kernel.settings import Settings
@@ -16,6 +23,7 @@ from producer.registry import Registry
 __all__ = ["Consumer", "ConsumerConfig", "Handler", "Message", "load_handler", "run"]
 
 
+@entry_point  # partq's logging unless the application's; a start-up error: one line, a code
 def run(
     stream: str,
     handler: Handler,
@@ -29,7 +37,7 @@ def run(
     The first signal drains (finish and ack what was delivered, release the
     partitions, revoke the lease) within ``drain_timeout``; a second exits at once.
     """
-    check_handler(handler)  # an async one: a usage error before anything connects
+    check_handler(handler)  # an async generator: a usage error before anything connects
     settings = settings or Settings.load()
     registry = Registry.connect(settings)
     consumer = Consumer(
@@ -37,7 +45,11 @@ def run(
         handler,
         ConsumerConfig(
             stream=stream,
-            **{"amqp_outage_limit": settings.amqp_outage_limit, **config},  # type: ignore[arg-type]
+            **{  # type: ignore[arg-type]
+                "amqp_outage_limit": settings.amqp_outage_limit,
+                "concurrency": settings.concurrency,
+                **config,
+            },
         ),
         amqp_url=settings.amqp,
     )

@@ -88,6 +88,40 @@ def overlaps(
     return problems
 
 
+def key_overlaps(records: Iterable[Record]) -> list[str]:
+    """Moments when two handlings of one key ran at once, in any processes (never allowed,
+    whatever ``--concurrency``)."""
+    by_key: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for r in records:
+        by_key[r["key"]].append((r["start"], r["end"], r["message_id"]))
+    problems = []
+    for key, intervals in sorted(by_key.items()):
+        intervals.sort()
+        latest, running = float("-inf"), ""
+        for start, end, message_id in intervals:
+            if start < latest:
+                problems.append(f"key {key}: {message_id} started while {running} ran")
+            if end > latest:
+                latest, running = end, message_id
+    return problems
+
+
+def concurrent_keys(records: Iterable[Record]) -> int:
+    """Handlings that started while another key's handling of the same partition and
+    process ran: above 0 only with ``--concurrency`` above 1."""
+    by_owner: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for r in records:
+        by_owner[(r["pid"], r["partition"])].append((r["start"], r["end"]))
+    count = 0
+    for intervals in by_owner.values():
+        intervals.sort()
+        latest = float("-inf")
+        for start, end in intervals:
+            count += start < latest
+            latest = max(latest, end)
+    return count
+
+
 @dataclass(frozen=True, slots=True)
 class Crash:
     """A consumer that went away without acking what it had been delivered, at wall-clock

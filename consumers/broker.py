@@ -74,7 +74,7 @@ _STOP_GRACE = 1.0  # seconds between the last drain's acks and closing the conne
 _QUIET = 0.25  # no delivery for this long while acks are held: nothing is in flight
 # ... and a partition whose window has not filled by then (a steady trickle) is cancelled
 # anyway. A shorter hold let a return reach the queue after the next owner was served
-# (docs/benchmarks.md, "A shorter `_MAX_HOLD`"), so a trickling partition's handoff waits
+# (docs/history.md, "A shorter `_MAX_HOLD`"), so a trickling partition's handoff waits
 # up to 5 s.
 _MAX_HOLD = 5.0
 _STANDBY_RECHECK = 0.2  # seconds between looks for the owner's consumer before standing by
@@ -130,6 +130,7 @@ class _Subscription:
     held: list[int] = field(default_factory=list)
     held_since: float = 0.0
     cancel_sent: bool = False
+    drains: int = 0  # drains begun: a called-off one's timers see a newer count and stop
     consuming: bool = False
     emptied: bool = False  # reported emptied: the controller cuts it
     # delivery tags handed to the worker and not acked yet, in delivery order
@@ -177,8 +178,10 @@ class Broker(threading.Thread):
         on_activated: Callable[[int], None] | None = None,
         on_standby_lost: Callable[[int], None] | None = None,
         on_emptied: Callable[[int], None] | None = None,
+        on_kept: Callable[[int], None] | None = None,
     ) -> None:
-        """``on_emptied(partition)``: a drain's window is full and every delivery handled;
+        """``on_kept(partition)``: :meth:`resume` called a drain off (its acks were sent).
+        ``on_emptied(partition)``: a drain's window is full and every delivery handled;
         the caller then calls :meth:`cut` (the module docstring). Without it, a full window
         is cancelled at once and the worker gets END. ``on_refused(partition, reason)``:
         RabbitMQ refused this user the partition's queue (403 ACCESS_REFUSED); ``reason`` is
@@ -199,6 +202,7 @@ class Broker(threading.Thread):
         self._on_activated = on_activated or (lambda _p: None)
         self._on_standby_lost = on_standby_lost or (lambda _p: None)
         self._on_emptied = on_emptied
+        self._on_kept = on_kept or (lambda _p: None)
         self._standbys: dict[int, _Standby | None] = {}  # None: its channel is opening
         self._connection: SelectConnection | None = None
         self._subs: dict[int, _Subscription] = {}
@@ -242,6 +246,11 @@ class Broker(threading.Thread):
         """Begin draining ``partition``: the worker gets END after its last delivery."""
         if not self._call(lambda: self._revoke(partition)):
             self._on_channel_lost(partition)
+
+    def resume(self, partition: int) -> None:
+        """Call off ``partition``'s drain if its cancel is not sent yet: send the held acks
+        and consume on (``on_kept``). Otherwise nothing: the drain goes on."""
+        self._call(lambda: self._resume(partition))
 
     def cut(self, partition: int) -> None:
         """After ``on_emptied``: cancel ``partition``, send its held acks, report it drained."""
@@ -715,7 +724,7 @@ class Broker(threading.Thread):
                         unacked.remove(tag)
         sub.acks_sent += count
 
-    def _revoke(self, partition: int) -> None:
+    def _revoke(self, partition: int) -> None:  # noqa: C901 — its quiet check closes over the drain
         self._deferred.pop(partition, None)
         sub = self._subs.get(partition)
         if sub is None or not sub.channel.is_open or not sub.consuming:
@@ -723,6 +732,8 @@ class Broker(threading.Thread):
             return
         sub.holding = True
         sub.held_since = time.monotonic()
+        sub.drains += 1
+        drain = sub.drains
         if self._window_full(sub):
             if self._on_emptied is None:
                 self._cancel(partition, sub)
@@ -734,6 +745,8 @@ class Broker(threading.Thread):
 
         def check(seen: int) -> None:
             """``seen`` deliveries had arrived _QUIET seconds ago: has one arrived since?"""
+            if sub.drains != drain or not sub.holding:
+                return  # called off (``resume``)
             if sub.cancel_sent or not sub.channel.is_open or self._emptying(sub):
                 return
             if sub.received != seen and time.monotonic() - sub.held_since < _MAX_HOLD:
@@ -745,7 +758,7 @@ class Broker(threading.Thread):
             # credit for us *yet*: acks sent before the hold are not applied (a loaded
             # broker lags), and once they are, it delivers again. Cancelling then returns
             # those deliveries, and the next owner may be served before the returns are
-            # applied, and a key is reordered (docs/benchmarks.md). So only
+            # applied, and a key is reordered (docs/history.md). So only
             # an empty queue counts as quiet.
             sub.channel.queue_declare(
                 self.spec.queue(partition),
@@ -754,6 +767,8 @@ class Broker(threading.Thread):
             )
 
         def confirm(seen: int, ready: int) -> None:
+            if sub.drains != drain or not sub.holding:
+                return  # called off (``resume``)
             if sub.cancel_sent or not sub.channel.is_open or self._emptying(sub):
                 return
             waited = time.monotonic() - sub.held_since
@@ -798,6 +813,20 @@ class Broker(threading.Thread):
             return
         sub.emptied = True
         self._on_emptied(partition)
+
+    def _resume(self, partition: int) -> None:
+        """``resume`` on the I/O thread: un-hold a drain that has not cancelled."""
+        sub = self._subs.get(partition)
+        if sub is None or not sub.channel.is_open or not sub.consuming:
+            return  # gone: on_channel_lost was (or will be) reported
+        if not sub.holding or sub.cancel_sent:
+            return  # not draining, or too late: drained follows
+        sub.holding = False
+        sub.emptied = False
+        held, sub.held = sub.held, []
+        if held:
+            self._ack(partition, sub.channel, held)
+        self._on_kept(partition)
 
     def _cut(self, partition: int) -> None:
         """``basic.cancel`` of an emptied partition, then its held acks, then drained."""

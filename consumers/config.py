@@ -11,7 +11,7 @@ from coordinator.group import validate_member_id
 from kernel import __version__
 from kernel.amqp import MAX_PREFETCH
 from kernel.errors import UsageError
-from kernel.settings import DEFAULT_AMQP_OUTAGE_LIMIT
+from kernel.settings import DEFAULT_AMQP_OUTAGE_LIMIT, DEFAULT_CONCURRENCY
 
 __all__ = [
     "DEFAULT_HANDLER_TIMEOUT",
@@ -64,6 +64,9 @@ class ConsumerConfig:
     # Seconds without a usable RabbitMQ connection before the member leaves its group (the
     # setting PARTQ_AMQP_OUTAGE_LIMIT; kernel.settings.DEFAULT_AMQP_OUTAGE_LIMIT).
     amqp_outage_limit: float = DEFAULT_AMQP_OUTAGE_LIMIT
+    # Messages of different keys of a partition handled at once, at most this many in the
+    # member (the setting PARTQ_CONCURRENCY); 1: one at a time per partition, as always.
+    concurrency: int = DEFAULT_CONCURRENCY
     # Seconds an owned partition's worker may wait for a delivery while its queue has
     # messages ready before that is logged and counted as a stall (consumers.flow); 0: never.
     stall_after: float = 30.0
@@ -72,22 +75,24 @@ class ConsumerConfig:
         if self.member_id is not None:  # InvalidMemberId: a usage error, exit code 2
             validate_member_id(self.member_id)
         if self.weight < 1:
-            raise ValueError(f"weight must be at least 1, got {self.weight}")
+            raise UsageError(f"weight must be at least 1, got {self.weight}")
         if not 1 <= self.prefetch <= MAX_PREFETCH:  # a usage error: exit 2, one line
             raise UsageError(
                 f"prefetch must be between 1 and {MAX_PREFETCH} (RabbitMQ's basic.qos takes a "
                 f"16-bit count), got {self.prefetch}"
             )
         if not self.amqp_outage_limit > 0:
-            raise ValueError(f"AMQP outage limit must be above 0, got {self.amqp_outage_limit}")
+            raise UsageError(f"AMQP outage limit must be above 0, got {self.amqp_outage_limit}")
+        if self.concurrency < 1:
+            raise UsageError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.max_attempts < 1:
-            raise ValueError(f"max attempts must be at least 1, got {self.max_attempts}")
+            raise UsageError(f"max attempts must be at least 1, got {self.max_attempts}")
         if not self.load_report >= 0:
-            raise ValueError(f"load report interval must be 0 or more, got {self.load_report}")
+            raise UsageError(f"load report interval must be 0 or more, got {self.load_report}")
         if not self.stall_after >= 0:
-            raise ValueError(f"stall bound must be 0 or more, got {self.stall_after}")
+            raise UsageError(f"stall bound must be 0 or more, got {self.stall_after}")
         if self.handler_timeout is not None and not self.handler_timeout >= 0:
-            raise ValueError(f"handler timeout must be 0 or more, got {self.handler_timeout}")
+            raise UsageError(f"handler timeout must be 0 or more, got {self.handler_timeout}")
 
     @property
     def member(self) -> str:

@@ -192,6 +192,7 @@ class Consumer:
                 if self.spec.queue_type == "quorum"
                 else None
             ),
+            on_kept=lambda p: put(Handoff(p, Event.KEPT)),
             on_channel_lost=lambda p: put(Handoff(p, Event.CHANNEL_LOST)),
             on_connection=lambda up: put(BrokerConnection(up)),
             on_refused=lambda p, reason: put(BrokerRefused(p, reason)),
@@ -213,6 +214,7 @@ class Consumer:
             resync=lambda: self._schedule(Resync()),
             settle_takeover=lambda p: self._after(config.ttl + 1.0, SettleTakeover(p)),
             parking=self.parking,
+            concurrency=config.concurrency,
         )
 
     # -- public --------------------------------------------------------------------------
@@ -340,7 +342,14 @@ class Consumer:
         if not session.fresh():  # etcd has not answered lately: no report to wait on
             return
         stalled = tuple(self.parking.stalls.stalled()) if self.parking is not None else ()
-        report = LoadReport(self.member, rates, time.time(), round(elapsed, 3), stalled)
+        report = LoadReport(
+            self.member,
+            rates,
+            time.time(),
+            round(elapsed, 3),
+            stalled,
+            self.partitions.in_flight(),
+        )
         try:
             self.group.report_load(report, session)
         except PartqError as e:  # etcd away, or the role may not write it: consuming goes on
@@ -651,6 +660,7 @@ class Consumer:
         if self.watch_id is not None:
             self.group.cancel_watch(self.watch_id)
         self.partitions.stop_workers()
+        self.partitions.close()
         self.broker.stop()
         self.broker.join(timeout=5)
         if self.parking is not None:

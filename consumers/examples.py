@@ -41,7 +41,11 @@ def record_handler(message: Message) -> None:
     """
     start = time.time()
     time.sleep(float(os.environ.get("PARTQ_RECORD_SLEEP", "0.002")))
-    end = time.time()
+    write_record(message, start, time.time())
+
+
+def write_record(message: Message, start: float, end: float) -> None:
+    """:func:`record_handler`'s line for ``message``, handled from ``start`` to ``end``."""
     key = message.key.decode() if isinstance(message.key, bytes) else message.key
     line = json.dumps(
         {

@@ -16,6 +16,12 @@ goes *before* the cancel, so the next owner claims while we cancel and send the 
 (``consumers.broker``, "emptied"). A drain that cannot prove it (a quiet or trickling
 partition) cancels first and releases after ``drained``, as before.
 
+A drain of a partition that becomes ours again before its cancel is sent (assigned back:
+a leader's assignment can flap right after a takeover) is called off (``resume``): the
+held acks go and the partition stays ACTIVE once the broker says ``kept``. Cancelling it
+only to subscribe again would activate a hot standby that subscribed behind us meanwhile;
+an activated standby can give a planned move's deliveries back only out of order.
+
 A release hands the claim straight to the member the partition is assigned to when that
 member is alive (``Group.hand_over``: one transaction, on its lease), and deletes it
 otherwise; the heir sees ``granted`` and subscribes without a claim of its own.
@@ -68,6 +74,7 @@ class Event(Enum):
     CHANNEL_LOST = "channel-lost"  # the broker closed our channel or connection
     PAUSED = "paused"  # an operator paused the partition
     RESUMED = "resumed"
+    KEPT = "kept"  # a drain called off before its cancel: consuming on (``Command.RESUME``)
 
 
 class Command(Enum):
@@ -76,6 +83,7 @@ class Command(Enum):
     CANCEL = "cancel"  # basic.cancel, finish and ack what was delivered, close the channel
     RELEASE = "release"
     CUT = "cut"  # after emptied: basic.cancel now, then the held acks, then drained
+    RESUME = "resume"  # call off a drain whose cancel is not sent yet: kept, if it could
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +116,25 @@ def _consume(state: State) -> tuple[State, list[Command]]:
     return replace(state, phase=Phase.SUBSCRIBING), [Command.SUBSCRIBE]
 
 
-def step(state: State, event: Event) -> tuple[State, list[Command]]:  # noqa: C901, PLR0912, PLR0915 — the transition table: one branch per (phase, event), read top to bottom
+def _keeps(state: State) -> bool:
+    """A drain of a partition that is ours again (assigned, our claim, not paused)."""
+    return (
+        state.phase is Phase.DRAINING
+        and state.assigned
+        and state.holder is Holder.ME
+        and not state.paused
+    )
+
+
+def step(state: State, event: Event) -> tuple[State, list[Command]]:
+    """One event; a drain that the event makes ours again is called off (``RESUME``)."""
+    after, commands = _step(state, event)
+    if _keeps(after) and not _keeps(state) and Command.RESUME not in commands:
+        commands = [*commands, Command.RESUME]
+    return after, commands
+
+
+def _step(state: State, event: Event) -> tuple[State, list[Command]]:  # noqa: C901, PLR0912, PLR0915 — the transition table: one branch per (phase, event), read top to bottom
     phase = state.phase
     if event is Event.PAUSED:
         state = replace(state, paused=True)
@@ -174,7 +200,15 @@ def step(state: State, event: Event) -> tuple[State, list[Command]]:  # noqa: C9
             return state, []
         if not state.assigned and state.holder is Holder.ME:  # moved away: release first
             return replace(state, phase=Phase.HANDING), [Command.RELEASE, Command.CUT]
-        return state, [Command.CUT]  # kept (paused), moved back, or the claim is gone
+        if _keeps(state):  # moved back: nothing was cancelled, so nothing need be
+            return state, [Command.RESUME]
+        return state, [Command.CUT]  # kept (paused), or the claim is gone
+    if event is Event.KEPT:
+        if phase is not Phase.DRAINING:
+            return state, []
+        if _keeps(state):
+            return replace(state, phase=Phase.ACTIVE), []
+        return state, [Command.CANCEL]  # moved away again meanwhile: a drain anew
     if phase is Phase.HANDING and event in (Event.DRAINED, Event.CHANNEL_LOST):
         if state.holder is Holder.ME:  # the early release failed, or it was handed back
             return replace(state, phase=Phase.RELEASING), [Command.RELEASE]

@@ -17,7 +17,6 @@ from producer.contract import HEADER_KEY, HEADER_KEY_B64, HEADER_PARTITION, HEAD
 from producer.spark.replay import HEADER_BATCH_ID, HEADER_QUERY_ID, HEADER_SEQ, ReplayId
 
 __all__ = [
-    "AwaitableReturned",
     "Handler",
     "MalformedHeaders",
     "Message",
@@ -41,19 +40,6 @@ class MalformedHeaders(PartqError, ValueError):
         self.header = header
         self.value = value
         super().__init__(f"header {header}: {_show(value)} is not {expected}")
-
-
-class AwaitableReturned(PartqError, TypeError):
-    """The handler returned an awaitable (a coroutine): partq calls handlers synchronously,
-    so the work it stands for never ran. A failed attempt like any other (retried, then the
-    key parked or the message dead-lettered), never an ack; a coroutine is closed unrun."""
-
-    def __init__(self, handler: object, result: object) -> None:
-        super().__init__(
-            f"the handler {_name(handler)} returned a {type(result).__name__}, an awaitable "
-            "that partq does not await: the message was not handled; make the handler "
-            "synchronous (e.g. call asyncio.run(...) inside it)"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,10 +191,10 @@ def _delivery_count(headers: Mapping[str, Any]) -> int:
 
 
 def check_handler(handler: object, name: str = "") -> Handler:
-    """``handler`` if partq can call it: a callable that is not a coroutine (``async def``)
-    or async generator function, nor a callable object or ``functools.partial`` of one.
-    Such a handler would return without doing its work and every message would be acked
-    unhandled, so it is a :class:`UsageError` at start."""
+    """``handler`` if partq can call it: a callable, sync or ``async def`` (a coroutine it
+    returns is awaited on the daemon's event loop), but not an async generator function
+    (nor a callable object or ``functools.partial`` of one): it yields instead of handling
+    one message, so it is a :class:`UsageError` at start."""
     shown = name or _name(handler)
     if not callable(handler):
         raise UsageError(f"the handler {shown} is not callable")
@@ -218,11 +204,10 @@ def check_handler(handler: object, name: str = "") -> Handler:
     calls = [target]
     if not inspect.isroutine(target) and not inspect.isclass(target):
         calls.append(type(target).__call__)  # a callable object's method
-    if any(inspect.iscoroutinefunction(c) or inspect.isasyncgenfunction(c) for c in calls):
+    if any(inspect.isasyncgenfunction(c) for c in calls):
         raise UsageError(
-            f"the handler {shown} is asynchronous (async def): partq calls handlers "
-            "synchronously and would ack every message without running it; give a plain "
-            "function (e.g. one that calls asyncio.run(...))"
+            f"the handler {shown} is an async generator (async def with yield): give a "
+            "function, sync or async def, that handles one message and returns"
         )
     return handler
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = [
+    "CONCURRENCY",
     "DEAD_LETTERED",
     "HANDLED",
     "HANDLER_SECONDS",
     "HANDOFFS",
     "HANDOFF_GAP_SECONDS",
     "HEADER_PROBLEMS",
+    "IN_FLIGHT",
+    "IN_FLIGHT_MEMBER",
+    "KEY_WAIT_SECONDS",
     "LEASE_RENEWAL_FAILURES",
     "PARKING_STALLED",
     "PARK_FAILURES",
@@ -118,4 +122,25 @@ WORKER_FAILURES = Counter(
     "handler_timeout: a handler ran past --handler-timeout). Each makes the member leave "
     "the group and exit non-zero",
     ["stream", "member", "reason"],
+)
+CONCURRENCY = Gauge(
+    "partq_consumer_concurrency",
+    "The member's --concurrency: messages of different keys it may handle at once",
+    ["stream", "member"],
+)
+IN_FLIGHT = Gauge(
+    "partq_consumer_in_flight",
+    "Messages of the partition in a handler now (--concurrency above 1)",
+    ["stream", "member", "partition"],
+)
+IN_FLIGHT_MEMBER = Gauge(
+    "partq_consumer_in_flight_member",
+    "Messages of the member in a handler now (at most --concurrency)",
+    ["stream", "member"],
+)
+KEY_WAIT_SECONDS = Gauge(
+    "partq_consumer_key_wait_seconds",
+    "Seconds the longest-waiting message has waited behind an earlier message of its key "
+    "(--concurrency above 1), as of the last load report",
+    ["stream", "member"],
 )

@@ -15,6 +15,7 @@ each is processed in turn until nothing follows.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -23,8 +24,10 @@ from dataclasses import dataclass
 from consumers import metrics
 from consumers.broker import Broker
 from consumers.handoff import Command, Event, Holder, Phase, State, step
+from consumers.keyed import KeyedWorker
 from consumers.message import Handler
 from consumers.parking import Parking
+from consumers.runners import EventLoop, HandlerPool
 from consumers.standby import may_take_over
 from consumers.worker import DeadLetters, Worker
 from coordinator import policy
@@ -75,7 +78,11 @@ class Partitions:
         resync: Callable[[], None],
         settle_takeover: Callable[[int], None] = lambda _p: None,
         parking: Parking | None = None,
+        concurrency: int = 1,
     ) -> None:
+        """``concurrency``: 1, one message at a time per partition (:class:`Worker`); above
+        1, messages of different keys at once, at most that many in the member
+        (:class:`KeyedWorker` on one :class:`HandlerPool`)."""
         self.spec = spec
         self.member = member
         self.group = group
@@ -105,6 +112,27 @@ class Partitions:
         self.taken: dict[int, str] = {}  # taken over from this (dead) owner, until reassigned
         self._activated: set[int] = set()  # standbys activated, awaiting check_takeovers
         self._labels = (spec.name, member)
+        self.loop = EventLoop()  # awaits what async handlers return, for every partition
+        self.pool = HandlerPool(concurrency, f"handler-{member}") if concurrency > 1 else None
+        metrics.CONCURRENCY.labels(*self._labels).set(concurrency)
+        metrics.IN_FLIGHT_MEMBER.labels(*self._labels).set_function(self.in_flight)
+        metrics.KEY_WAIT_SECONDS.labels(*self._labels).set_function(self._longest_wait)
+
+    def in_flight(self) -> int:
+        """Messages of this member in a handler now (one per busy worker without a pool)."""
+        if self.pool is not None:
+            return self.pool.busy
+        return sum(1 for worker in list(self.workers.values()) if worker.busy)
+
+    def _longest_wait(self) -> float:
+        workers = list(self.workers.values())
+        return max((w.longest_wait for w in workers if isinstance(w, KeyedWorker)), default=0.0)
+
+    def close(self) -> None:
+        """The member is done: end the handler pool's threads and the event loop."""
+        if self.pool is not None:
+            self.pool.close()
+        self.loop.close()
 
     # -- what the daemon asks ------------------------------------------------------------
 
@@ -392,7 +420,9 @@ class Partitions:
             )
         if after.phase is Phase.WAITING and before.phase is not Phase.WAITING:
             self.broker.warm(partition)  # ours once the claim goes: a channel ready for it
-        if after.phase is Phase.ACTIVE and before.phase is not Phase.ACTIVE:
+        if event is Event.KEPT and after.phase is Phase.ACTIVE:
+            log.info("partition %d: ours again before the cancel: consuming on", partition)
+        elif after.phase is Phase.ACTIVE and before.phase is not Phase.ACTIVE:
             metrics.HANDOFFS.labels(*self._labels, "acquired").inc()
             log.info("partition %d: consuming", partition)
         if before.phase is Phase.DRAINING and after.phase is not Phase.DRAINING:
@@ -412,6 +442,7 @@ class Partitions:
             Command.SUBSCRIBE,
             Command.CANCEL,
             Command.CUT,
+            Command.RESUME,
         ):
             return []
         match command:
@@ -429,6 +460,9 @@ class Partitions:
             case Command.CUT:
                 self.broker.cut(partition)
                 return []
+            case Command.RESUME:
+                self.broker.resume(partition)
+                return []
             case Command.CLAIM:
                 self.broker.warm(partition)  # the channel opens while the claim is written
                 return [_Step(partition, self._claim(partition))]
@@ -439,13 +473,16 @@ class Partitions:
         old = self.workers.get(partition) or self.retired.pop(partition, None)
         if old is not None:
             old.stop()
-        worker = Worker(
+        make: Callable[..., Worker] = (
+            Worker if self.pool is None else functools.partial(KeyedWorker, pool=self.pool)
+        )
+        worker = make(
             spec=self.spec,
             partition=partition,
             member=self.member,
             handler=self.handler,
             broker=self.broker,
-            session=self.session,  # type: ignore[arg-type]
+            session=self.session,
             dead_letters=self.dead_letters,
             max_attempts=self.max_attempts,
             retry_backoff=self.retry_backoff,
@@ -454,6 +491,7 @@ class Partitions:
             handler_timeout=self.handler_timeout,
             on_failure=self._on_worker_failure,
             parking=self.parking,
+            loop=self.loop,
         )
         self.workers[partition] = worker
         if start:

@@ -6,8 +6,9 @@ records what the daemon and the partition workers ask of it. By default it answe
 as a healthy broker does, at once: ``subscribe`` is confirmed (``on_subscribed``),
 ``cancel`` sends the partition's worker its END mark (after whatever was delivered),
 and the worker's ``finish`` reports the partition drained (``on_drained``). With
-``auto=False`` a test answers itself: :meth:`confirm`, :meth:`end`, or :meth:`empty`
-(the drain proved nothing is left: the daemon releases, then calls ``cut``). A test also
+``auto=False`` a test answers itself: :meth:`confirm`, :meth:`end`, :meth:`empty`
+(the drain proved nothing is left: the daemon releases, then calls ``cut``), or
+:meth:`keep` (a drain called off by ``resume``). A test also
 delivers messages (:meth:`publish`), closes a channel (:meth:`lose_channel`) and drops
 or restores the connection (:meth:`disconnect`, :meth:`reconnect`).
 
@@ -60,6 +61,7 @@ class StubBroker(Broker):
         on_activated: Callable[[int], None] | None = None,
         on_standby_lost: Callable[[int], None] | None = None,
         on_emptied: Callable[[int], None] | None = None,
+        on_kept: Callable[[int], None] | None = None,
         auto: bool = True,
     ) -> None:
         threading.Thread.__init__(self, name=f"{name}-stub", daemon=True)  # never started
@@ -73,11 +75,13 @@ class StubBroker(Broker):
         self.on_connection = on_connection
         self.on_refused = on_refused
         self.on_emptied = on_emptied
+        self.on_kept = on_kept
         self.connected = threading.Event()
         self.stopped = threading.Event()
         self.calls: list[tuple[str, int]] = []  # ("subscribe", p), ("cancel", p), ...
         self.channels: dict[int, StubChannel] = {}  # the partitions subscribed now
         self._acked: dict[int, list[int]] = {}
+        self._ended: set[int] = set()  # cancels done (END sent): too late to resume
         self._lock = threading.Lock()
         self._tags = itertools.count(1)
 
@@ -109,6 +113,7 @@ class StubBroker(Broker):
             return False
         with self._lock:
             self.channels[partition] = StubChannel(partition)
+            self._ended.discard(partition)
         if self.auto:
             self.confirm(partition)
         return True
@@ -121,6 +126,15 @@ class StubBroker(Broker):
             self.on_channel_lost(partition)
         elif self.auto:
             self.end(partition)
+
+    def resume(self, partition: int) -> None:
+        """A drain called off: kept at once while subscribed (a test that ended the cancel
+        with :meth:`end` first gets nothing, as from a broker that sent it)."""
+        self._record("resume", partition)
+        with self._lock:
+            kept = partition in self.channels and partition not in self._ended
+        if kept and self.auto and self.on_kept is not None:
+            self.on_kept(partition)
 
     def warm(self, partition: int) -> None:
         self._record("warm", partition)
@@ -181,7 +195,13 @@ class StubBroker(Broker):
         """The cancel is done: the worker gets END after its last delivery."""
         with self._lock:
             channel = self.channels[partition]
+            self._ended.add(partition)
         self.deliver(partition, (END, channel))
+
+    def keep(self, partition: int) -> None:
+        """A ``resume`` came before the cancel: the drain is called off (``on_kept``)."""
+        assert self.on_kept is not None
+        self.on_kept(partition)
 
     def empty(self, partition: int) -> None:
         """A drain's window is full and every delivery handled: ``on_emptied``."""

@@ -7,10 +7,10 @@ What happens to a delivery (every outcome is logged and counted):
   a failed attempt. Retried with backoff up to ``max_attempts`` handler attempts,
   then published to the stream's dead-letter queue (``x-partq-error-type``,
   ``x-partq-error``, ``x-partq-attempts``) and acked; the partition goes on.
-- **Handler returned an awaitable** (a sync handler returning a coroutine; ``async def``
-  handlers are refused at start): the work never ran, so it is a failed attempt
-  (:class:`~consumers.message.AwaitableReturned`, a coroutine closed unrun), retried,
-  then parked or dead-lettered like any failure; never acked as handled.
+- **Handler returned an awaitable** (an ``async def`` handler or async ``__call__``, or a
+  sync handler returning a coroutine): it is awaited on the daemon's event loop
+  (:class:`~consumers.runners.EventLoop`) and the outcome is the awaitable's: returning
+  acks, raising is a failed attempt. Never acked before it finished.
 - **Malformed partq headers** (:class:`~consumers.message.MalformedHeaders`): never
   handed to the handler; dead-lettered at once with ``x-partq-error-type:
   MalformedHeaders`` and ``x-partq-attempts: 0``, acked, counted
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
 import logging
 import queue
@@ -52,20 +53,25 @@ import pika.exceptions
 
 from consumers import control, metrics
 from consumers.broker import END, Broker, Delivery
-from consumers.message import (
-    AwaitableReturned,
-    Handler,
-    MalformedHeaders,
-    Message,
-    message_from,
-)
+from consumers.message import Handler, MalformedHeaders, Message, message_from
 from consumers.parking import Parking, shown_key
+from consumers.runners import EventLoop
 from coordinator.session import Session
 from kernel import logs
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.backoff import Backoff
 from kernel.errors import PartqError
-from producer.contract import HEADER_CONTROL, StreamSpec, key_id
+from producer.contract import (
+    HEADER_ATTEMPTS,
+    HEADER_CONTROL,
+    HEADER_ERROR,
+    HEADER_ERROR_TYPE,
+    HEADER_FAILED_MS,
+    HEADER_FAILED_PARTITION,
+    HEADER_MEMBER,
+    StreamSpec,
+    key_id,
+)
 
 __all__ = ["CRASH", "HANDLER_TIMEOUT", "DeadLetters", "HandlerTimeout", "Worker"]
 
@@ -100,12 +106,12 @@ class DeadLetters:
         headers = dict(props.headers or {})
         headers.update(
             {
-                "x-partq-error": "".join(traceback.format_exception_only(error)).strip()[:2000],
-                "x-partq-error-type": type(error).__name__,
-                "x-partq-attempts": attempts,
-                "x-partq-partition": delivery.partition,
-                "x-partq-member": self.member,
-                "x-partq-failed-ms": int(time.time() * 1000),
+                HEADER_ERROR: "".join(traceback.format_exception_only(error)).strip()[:2000],
+                HEADER_ERROR_TYPE: type(error).__name__,
+                HEADER_ATTEMPTS: attempts,
+                HEADER_FAILED_PARTITION: delivery.partition,
+                HEADER_MEMBER: self.member,
+                HEADER_FAILED_MS: int(time.time() * 1000),
             }
         )
         properties = pika.BasicProperties(
@@ -162,6 +168,14 @@ class _Running:
     started: float
 
 
+@dataclasses.dataclass(slots=True)
+class _Replay:
+    """What the last parked message of one redrive came to (one redrive, one thread)."""
+
+    timed_out: bool = False
+    failure: BaseException | None = None
+
+
 class _Outcome(enum.Enum):
     ACK = "ack"
     KEEP = "keep"  # stopped before the end: not acked, the broker redelivers it
@@ -186,11 +200,13 @@ class Worker(threading.Thread):
         handler_timeout: float | None = None,
         on_failure: Callable[[int, str], None] | None = None,
         parking: Parking | None = None,
+        loop: EventLoop | None = None,
     ) -> None:
         """``handler_timeout``: seconds (None or 0: none). ``on_failure(partition, reason)``:
         the worker stopped for good, ``reason`` :data:`CRASH` or :data:`HANDLER_TIMEOUT`.
         ``parking``: park keys (the stream's ``on_failure`` is ``park``) instead of
-        dead-lettering single messages."""
+        dead-lettering single messages. ``loop``: where awaitables a handler returns are
+        awaited (the daemon's; by default one of the worker's own, started on first use)."""
         super().__init__(name=f"partition-{partition}", daemon=True)
         self.spec = spec
         self.partition = partition
@@ -206,6 +222,7 @@ class Worker(threading.Thread):
         self.freed_at = freed_at
         self.handler_timeout = handler_timeout or None
         self.on_failure = on_failure
+        self.loop = loop or EventLoop(name=f"handler-loop-{partition}")
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.stopped = threading.Event()
         self.failure: str | None = None  # why the worker stopped for good, if it did
@@ -213,18 +230,23 @@ class Worker(threading.Thread):
         # labelled children looked up once: .labels() costs a lock and a dict per call
         self._m_handled_ok = metrics.HANDLED.labels(*self._labels, "ok")
         self._m_handler_seconds = metrics.HANDLER_SECONDS.labels(*self._labels)
-        self._lock = threading.Lock()  # guards _running and _timed_out (worker, watchdog)
-        self._running: _Running | None = None
+        # guards _running, _timed_out, handled and _first (handling threads, watchdog)
+        self._lock = threading.Lock()
+        # the handler calls under way, by calling thread (one, unless ``consumers.keyed``)
+        self._running: dict[int, _Running] = {}
         self._timed_out = False
+        self._first = True  # no delivery handled yet: the next one measures the handoff gap
         self._finished = threading.Event()
         self.handled = 0  # messages handled (acked after the handler returned), for load reports
         # since when the worker has waited for its next delivery (None: it has one): a
         # partition whose worker waits while its queue has messages ready is stalled
         self.waiting_since: float | None = time.monotonic()
-        self._replay_outcome = _Outcome.ACK  # TIMED_OUT: a handler timed out during a replay
-        self._replay_failure: BaseException | None = None  # why the last replay stopped
         self._given_back: set[int] = set()  # channels closed to return what we left unacked
-        self._awaitable_logged = False  # AwaitableReturned is logged in full once
+
+    @property
+    def busy(self) -> bool:
+        """A handler call of this worker is under way."""
+        return bool(self._running)
 
     def stop(self) -> None:
         """Stop without handling what is queued (the broker requeues it)."""
@@ -239,15 +261,19 @@ class Worker(threading.Thread):
                 ).start()
             try:
                 self._run()
-            except BaseException as error:  # never die silently: log, count, tell the daemon
-                log.error(
-                    "partition %d: the worker failed; this member leaves the group and exits",
-                    self.partition,
-                    exc_info=error,
-                )
-                self._fail(CRASH)
+            except BaseException as error:
+                self._crashed(error)
             finally:
                 self._finished.set()
+
+    def _crashed(self, error: BaseException) -> None:
+        """Never die silently: log, count, tell the daemon."""
+        log.error(
+            "partition %d: the worker failed; this member leaves the group and exits",
+            self.partition,
+            exc_info=error,
+        )
+        self._fail(CRASH)
 
     def _fail(self, reason: str) -> None:
         self.failure = reason
@@ -261,7 +287,6 @@ class Worker(threading.Thread):
     def _run(self) -> None:
         if self.previous is not None:
             self.previous.join()  # never two handlers of one partition in this process
-        first = True
         while True:
             self.waiting_since = time.monotonic()
             item = self.inbox.get()
@@ -271,22 +296,28 @@ class Worker(threading.Thread):
             if isinstance(item, tuple) and item[0] is END:
                 self.broker.finish(self.partition, item[1])
                 return
-            delivery: Delivery = item
-            if self.stopped.is_set() or not self._may_handle(delivery):
-                self._give_back(delivery)
-                continue
-            if first and self.freed_at is not None:
-                metrics.HANDOFF_GAP_SECONDS.labels(*self._labels).observe(
-                    max(0.0, time.time() - self.freed_at)
-                )
-            first = False
-            outcome = self._handle(delivery)
-            if outcome is _Outcome.ACK:
-                self.broker.ack(self.partition, delivery.channel, delivery.delivery_tag)
-            elif outcome is _Outcome.KEEP:
-                self._give_back(delivery)
-            elif outcome is _Outcome.TIMED_OUT:
+            if not self._process(item):
                 return  # the watchdog gave up on the handler: nothing more of this partition
+
+    def _process(self, delivery: Delivery) -> bool:
+        """Everything that happens to one delivery, up to its ack (or giving it back); the
+        one per-message path of both workers. False once the handler timed out: nothing
+        more of the partition may be handled."""
+        if self.stopped.is_set() or not self._may_handle(delivery):
+            self._give_back(delivery)
+            return True
+        with self._lock:
+            first, self._first = self._first, False
+        if first and self.freed_at is not None:
+            metrics.HANDOFF_GAP_SECONDS.labels(*self._labels).observe(
+                max(0.0, time.time() - self.freed_at)
+            )
+        outcome = self._handle(delivery)
+        if outcome is _Outcome.ACK:
+            self.broker.ack(self.partition, delivery.channel, delivery.delivery_tag)
+        elif outcome is _Outcome.KEEP:
+            self._give_back(delivery)
+        return outcome is not _Outcome.TIMED_OUT
 
     def _give_back(self, delivery: Delivery) -> None:
         """A delivery left unacked (stopped) must not stay so on an open channel: behind
@@ -398,7 +429,8 @@ class Worker(threading.Thread):
             self._m_handler_seconds.observe(time.monotonic() - started)
             if failure is None:
                 self._m_handled_ok.inc()
-                self.handled += 1
+                with self._lock:
+                    self.handled += 1
                 return _Outcome.ACK, None, attempt
             if attempt >= self.max_attempts:
                 return _Outcome.KEEP, failure, attempt
@@ -493,14 +525,15 @@ class Worker(threading.Thread):
                         shown_key(key),
                     )
                     return _Outcome.ACK
-                self._replay_outcome = _Outcome.ACK
-                if parking.replay(self.partition, key, self._replay_one, self.stopped):
+                replay = _Replay()
+                one = functools.partial(self._replay_one, replay=replay)
+                if parking.replay(self.partition, key, one, self.stopped):
                     metrics.REDRIVES.labels(*self._labels).inc()
                     log.info(
                         "partition %d: key %s redriven and unparked", self.partition, shown_key(key)
                     )
                     return _Outcome.ACK
-                if self._replay_outcome is _Outcome.TIMED_OUT:
+                if replay.timed_out:
                     return _Outcome.TIMED_OUT
                 if self.stopped.is_set():
                     return _Outcome.KEEP
@@ -509,7 +542,7 @@ class Worker(threading.Thread):
                     self.partition,
                     shown_key(key),
                 )
-                self._report_redrive_failed(parking, key, delivery)
+                self._report_redrive_failed(parking, key, delivery, replay.failure)
                 return _Outcome.ACK
             except Exception as e:  # etcd or broker trouble: keep the request, try again
                 log.warning(
@@ -522,55 +555,48 @@ class Worker(threading.Thread):
                 self.stopped.wait(delays.next())
         return _Outcome.KEEP
 
-    def _replay_one(self, delivery: Delivery) -> bool:
+    def _replay_one(self, delivery: Delivery, replay: _Replay) -> bool:
         """Handle one parked message during a redrive: True once handled."""
         try:
             message = self._message(delivery)
         except MalformedHeaders as e:
-            self._replay_failure = e
+            replay.failure = e
             return False
         outcome, failure, _count = self._attempts(delivery, message)
-        if outcome is _Outcome.TIMED_OUT:
-            self._replay_outcome = outcome
-        self._replay_failure = failure
+        replay.timed_out = outcome is _Outcome.TIMED_OUT
+        replay.failure = failure
         return outcome is _Outcome.ACK
 
-    def _report_redrive_failed(self, parking: Parking, key: str | bytes, request: Delivery) -> None:
+    def _report_redrive_failed(
+        self,
+        parking: Parking,
+        key: str | bytes,
+        request: Delivery,
+        failure: BaseException | None,
+    ) -> None:
         """Best effort: without the report, the waiting command times out instead."""
         try:
-            parking.report_redrive_failed(
-                key, str(request.properties.message_id or ""), self._replay_failure
-            )
+            parking.report_redrive_failed(key, str(request.properties.message_id or ""), failure)
         except Exception as e:
             log.warning("partition %d: reporting the failed redrive failed: %s", self.partition, e)
 
     def _call(self, delivery: Delivery, message: Message) -> BaseException | None:
         """What the handler raised, or None; :class:`_TimedOut` if the watchdog gave up on it."""
+        caller = threading.get_ident()
         with self._lock:
-            self._running = _Running(delivery, message, time.monotonic())
+            self._running[caller] = _Running(delivery, message, time.monotonic())
         try:
-            self._returned(self.handler(message))
+            result = self.handler(message)
+            if inspect.isawaitable(result):  # the work is in it: it has run once awaited
+                self.loop.wait(result)
             failure: BaseException | None = None
         except BaseException as error:  # SystemExit, KeyboardInterrupt too: a failed attempt
             failure = error
         with self._lock:
-            self._running = None
+            del self._running[caller]
             if self._timed_out:
                 raise _TimedOut
         return failure
-
-    def _returned(self, result: object) -> None:
-        """An awaitable returned stands for work that never ran: a failure, not an ack."""
-        if not inspect.isawaitable(result):
-            return
-        close = getattr(result, "close", None)  # a coroutine: no "never awaited" warning
-        if callable(close):
-            close()
-        error = AwaitableReturned(self.handler, result)
-        if not self._awaitable_logged:
-            self._awaitable_logged = True
-            log.error("partition %d: %s", self.partition, error)
-        raise error
 
     def _watch(self) -> None:
         """The watchdog: gives up on a handler call that runs past the handler timeout."""
@@ -579,7 +605,7 @@ class Worker(threading.Thread):
         with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
             while not self._finished.wait(min(1.0, timeout / 4)):
                 with self._lock:
-                    running = self._running
+                    running = min(self._running.values(), key=lambda r: r.started, default=None)
                     if running is None or time.monotonic() - running.started < timeout:
                         continue
                     self._timed_out = True  # the worker never acks or handles anything again

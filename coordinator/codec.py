@@ -234,6 +234,8 @@ class LoadReport:
     interval: float = 0.0
     # partitions waiting because a message cannot be parked now (consumers.parking.ParkStalls)
     parking_stalled: tuple[int, ...] = ()
+    # messages in a handler when reported (None: written by an older partq)
+    in_flight: int | None = None
 
     @property
     def total(self) -> float:
@@ -405,6 +407,11 @@ def encode_load(report: LoadReport) -> str:
         interval=_time(report.interval, "interval"),
         rates=rates,
         **({"parking_stalled": stalled} if stalled else {}),
+        **(
+            {}
+            if report.in_flight is None
+            else {"in_flight": _count(report.in_flight, "in_flight", 0)}
+        ),
     )
 
 
@@ -448,8 +455,16 @@ def decode_load(member_id: str, raw: bytes | str) -> LoadReport:
         type(p) is int and 0 <= p < MAX_PARTITIONS for p in stalled
     ):
         raise MalformedValue(f"'parking_stalled' is not a list of partitions: {stalled!r}")
+    in_flight = doc.get("in_flight")  # absent: written by an older partq
+    if in_flight is not None and (type(in_flight) is not int or in_flight < 0):
+        raise MalformedValue(f"'in_flight' is not a count: {in_flight!r}")
     return LoadReport(
-        member_id, rates, _number(doc, "at"), _number(doc, "interval"), tuple(sorted(stalled))
+        member_id,
+        rates,
+        _number(doc, "at"),
+        _number(doc, "interval"),
+        tuple(sorted(stalled)),
+        in_flight,
     )
 
 

@@ -136,8 +136,8 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
              claims, parked], AmqpRights()),  # deletes forged ones: coordinator.forged
         role("operator", [read_all, read_loads, read_policies,
                           EtcdRight("readwrite", keys.requests(stream), prefix=True)],
-             AmqpRights(write=_exactly(exchange_name(stream)),  # dlq redrive/purge requests
-                        read=_exactly(dead_letter_queue(stream)))),  # dlq purge
+             AmqpRights(write=_exactly(exchange_name(stream)),  # dlq requests, redriven copies
+                        read=_exactly(dead_letter_queue(stream)))),  # dlq list/redrive/purge
         role("admin", [EtcdRight("readwrite", base, prefix=True),
                        EtcdRight("readwrite", keys.loads(stream), prefix=True),
                        EtcdRight("readwrite", keys.policies(stream), prefix=True)],

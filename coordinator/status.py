@@ -161,6 +161,7 @@ def _members(
             "leaving": m.leaving,
             "handled_per_s": handled[m.id].total if m.id in handled else None,
             "parking_stalled": list(handled[m.id].parking_stalled) if m.id in handled else [],
+            "in_flight": handled[m.id].in_flight if m.id in handled else None,
         }
         for m in sorted(state.members.values(), key=lambda m: m.id)
     ]

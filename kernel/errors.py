@@ -44,6 +44,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
     "BrokerUnavailable",
     "ConnectionLost",
     "EtcdAuthFailed",
@@ -66,8 +68,12 @@ __all__ = [
     "SpecMismatch",
     "StreamNotFound",
     "UsageError",
+    "exit_code",
     "retryable",
 ]
+
+EXIT_FAILURE = 1  # a runtime failure: etcd or RabbitMQ unreachable, no such stream, ...
+EXIT_USAGE = 2  # bad input or settings: the caller has to change something
 
 
 class PartqError(Exception):
@@ -171,3 +177,8 @@ class NotLeader(PartqError):
 
 class NotHolder(PartqError):
     pass
+
+
+def exit_code(error: PartqError) -> int:
+    """The process exit code for ``error``: 2 for a usage error, else 1."""
+    return EXIT_USAGE if isinstance(error, UsageError) else EXIT_FAILURE

@@ -29,7 +29,7 @@ from typing import IO, Final
 from kernel.amqp import redact_url
 from kernel.errors import UsageError
 
-__all__ = ["CONTEXT_FIELDS", "QUIET_LIBRARIES", "bind", "bound", "configure"]
+__all__ = ["CONTEXT_FIELDS", "QUIET_LIBRARIES", "bind", "bound", "configure", "configure_if_unset"]
 
 CONTEXT_FIELDS: Final = ("stream", "partition", "member")
 QUIET_LIBRARIES: Final = ("pika", "grpc", "etcd3", "py4j")
@@ -86,6 +86,19 @@ def configure(level: str, *, json: bool | None = None, stream: IO[str] | None = 
     root.setLevel(numeric)
     for library in QUIET_LIBRARIES:
         logging.getLogger(library).setLevel(max(numeric, logging.WARNING))
+
+
+def configure_if_unset(level: str = "INFO") -> bool:
+    """:func:`configure` unless the root logger has a handler already; whether it did.
+
+    For library entry points such as ``consumers.run``: an application that set up
+    its own logging keeps it, and one that did not still sees what partq says
+    (Python's last-resort handler would drop everything below WARNING).
+    """
+    if logging.getLogger().handlers:
+        return False
+    configure(level)
+    return True
 
 
 class JsonFormatter(logging.Formatter):

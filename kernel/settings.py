@@ -26,6 +26,7 @@ from kernel.errors import UsageError
 
 __all__ = [
     "DEFAULT_AMQP_OUTAGE_LIMIT",
+    "DEFAULT_CONCURRENCY",
     "DEFAULT_ETCD_ENDPOINTS",
     "Endpoint",
     "HttpSecurity",
@@ -37,6 +38,9 @@ DEFAULT_ETCD_ENDPOINTS = "http://127.0.0.1:2379"
 # member leaves, so its partitions move to members that can consume them. Longer than a
 # broker restart (a node takes ~5 s to accept connections, reconnects back off to 5 s).
 DEFAULT_AMQP_OUTAGE_LIMIT = 30.0
+# Consumers: messages of different keys handled at once per member (1: one at a time per
+# partition); PARTQ_CONCURRENCY or --concurrency.
+DEFAULT_CONCURRENCY = 1
 
 Endpoint = tuple[str, int, bool]  # host, port, tls
 
@@ -58,34 +62,64 @@ class HttpSecurity:
 class Settings(BaseSettings):
     """Where etcd and RabbitMQ are, and how to authenticate to them."""
 
-    model_config = SettingsConfigDict(env_prefix="PARTQ_", frozen=True, extra="forbid")
+    # Each field's docstring is its description (the settings reference, docs/reference).
+    model_config = SettingsConfigDict(
+        env_prefix="PARTQ_", frozen=True, extra="forbid", use_attribute_docstrings=True
+    )
 
     etcd_endpoints: str = DEFAULT_ETCD_ENDPOINTS
+    """etcd URLs, comma-separated (`http://` or `https://`); no user or password in them."""
     etcd_user: str | None = None
+    """etcd user (password authentication; needs `https://` endpoints)."""
     etcd_password: SecretStr | None = None
+    """etcd password: environment, file or TOML only, never a flag."""
     etcd_ca: Path | None = None
+    """CA file that verifies etcd's certificate."""
     etcd_cert: Path | None = None
+    """Client certificate for etcd (its CN is the user); needs `etcd_key`."""
     etcd_key: Path | None = None
+    """Key of the etcd client certificate; needs `etcd_cert`."""
     etcd_timeout: float = 5.0
+    """Seconds an etcd call may take before it fails."""
     amqp_url: SecretStr = SecretStr(DEFAULT_AMQP_URL)
+    """RabbitMQ URL (`amqp://` or `amqps://`, user and password percent-encoded), or a
+    comma-separated list of them, one per node."""
     amqp_ca: Path | None = None
+    """CA file that verifies RabbitMQ's certificate (`amqps://`; else the system store)."""
     amqp_cert: Path | None = None
+    """Client certificate for RabbitMQ; needs `amqp_key`."""
     amqp_key: Path | None = None
+    """Key of the RabbitMQ client certificate; needs `amqp_cert`."""
     amqp_external_auth: bool = False
-    amqp_outage_limit: float = DEFAULT_AMQP_OUTAGE_LIMIT  # consumers: see the constant
-    # consumers: seconds an owned partition may get nothing while messages are ready before
-    # it is reported stalled (consumers.flow); 0: never
+    """Authenticate to RabbitMQ with the client certificate (EXTERNAL)."""
+    amqp_outage_limit: float = DEFAULT_AMQP_OUTAGE_LIMIT
+    """Consumers: seconds a member stays in its group while RabbitMQ is unusable; past it,
+    it leaves so its partitions move, and rejoins once RabbitMQ works."""
+    concurrency: int = DEFAULT_CONCURRENCY
+    """Consumers: messages of different keys a member handles at once (a key's own never
+    overlap and keep their order); 1: one at a time per partition."""
     stall_after: float = 30.0
+    """Consumers: seconds an owned partition may get nothing while its queue has messages
+    ready before it is reported stalled (`partition N: stalled`,
+    `partq_consumer_stalled_partitions`); 0: never."""
     http_cert: Path | None = None
+    """Certificate for HTTPS on the daemons' port; needs `http_key`."""
     http_key: Path | None = None
+    """Key for HTTPS on the daemons' port; needs `http_cert`."""
     http_token: SecretStr | None = None
+    """Bearer token the status page needs (the probes and `/metrics` stay open)."""
     http_token_metrics: bool = False
+    """The token guards `/metrics` too."""
     # Secrets from files (a Kubernetes Secret mount), read when the settings are built and
     # then cleared: the value lands in etcd_password / amqp_url.
     etcd_password_file: Path | None = None
+    """A file holding the etcd password (one trailing newline stripped)."""
     amqp_password_file: Path | None = None
+    """A file holding the RabbitMQ password, put into every URL that names a user without one."""
     amqp_url_file: Path | None = None
+    """A file holding the RabbitMQ URL (or list of URLs)."""
     http_token_file: Path | None = None
+    """A file holding the HTTP bearer token."""
 
     @model_validator(mode="before")
     @classmethod
@@ -170,6 +204,13 @@ class Settings(BaseSettings):
     @classmethod
     def _check_endpoints(cls, value: str) -> str:
         parse_endpoints(value)
+        return value
+
+    @field_validator("concurrency")
+    @classmethod
+    def _check_concurrency(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"must be a whole number of 1 or more, got {value}")
         return value
 
     @field_validator("amqp_outage_limit")

@@ -21,9 +21,16 @@ import mmh3
 from kernel.errors import InvalidStreamName, MalformedValue, SpecMismatch, UsageError
 
 __all__ = [
+    "DEAD_LETTER_HEADERS",
+    "HEADER_ATTEMPTS",
     "HEADER_CONTROL",
+    "HEADER_ERROR",
+    "HEADER_ERROR_TYPE",
+    "HEADER_FAILED_MS",
+    "HEADER_FAILED_PARTITION",
     "HEADER_KEY",
     "HEADER_KEY_B64",
+    "HEADER_MEMBER",
     "HEADER_PARTITION",
     "HEADER_PUBLISHED_MS",
     "MAX_PARTITIONS",
@@ -71,6 +78,22 @@ HEADER_PUBLISHED_MS = "partq-published-ms"
 # A control message of `partq dlq` for the key in its headers: "redrive" or "purge". The
 # partition's worker acts on it in queue order and never hands it to the handler.
 HEADER_CONTROL = "x-partq-control"
+# Written on a dead letter by the consumer that gave up on it (consumers/worker.py): why,
+# after how many handler attempts, from which partition, by which member, when (ms).
+HEADER_ERROR = "x-partq-error"
+HEADER_ERROR_TYPE = "x-partq-error-type"
+HEADER_ATTEMPTS = "x-partq-attempts"
+HEADER_FAILED_PARTITION = "x-partq-partition"
+HEADER_MEMBER = "x-partq-member"
+HEADER_FAILED_MS = "x-partq-failed-ms"
+# What a redrive removes before publishing a dead letter into its partition again: the
+# consumer's bookkeeping above and the broker's (dead-lettering, quorum redeliveries).
+DEAD_LETTER_HEADERS = (
+    HEADER_ERROR, HEADER_ERROR_TYPE, HEADER_ATTEMPTS, HEADER_FAILED_PARTITION, HEADER_MEMBER,
+    HEADER_FAILED_MS, "x-death", "x-first-death-exchange", "x-first-death-queue",
+    "x-first-death-reason", "x-last-death-exchange", "x-last-death-queue",
+    "x-last-death-reason", "x-delivery-count",
+)  # fmt: skip
 # Who may send one: the AMQP users of these roles of the stream (see :func:`role_name`) and,
 # for a deployment with one shared user, the consumer's own user. RabbitMQ checks a
 # message's ``user_id`` property against the user that published it, so it cannot be forged.

@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -186,3 +187,17 @@ def stream_name(request: pytest.FixtureRequest) -> str:
     base = request.node.name.lower().replace("[", "-").replace("]", "")
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in base)[:40]
     return f"t-{safe}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def vhost(rabbitmq: str, rabbitmqctl: Ctl) -> Iterator[str]:
+    """The run's RabbitMQ URL on a virtual host of its own: README's commands name the
+    stream ``orders``, a name other runs on this broker may use too."""
+    name = f"partq-readme-{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", name)
+    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    parts = urllib.parse.urlsplit(rabbitmq)
+    try:
+        yield urllib.parse.urlunsplit(parts._replace(path="/" + urllib.parse.quote(name, "")))
+    finally:
+        rabbitmqctl("delete_vhost", name)

@@ -2,18 +2,16 @@
 
 ``partq spark-job`` (:mod:`cli.spark`) parses the command line, reads the
 stream's spec once and calls :func:`run_job`; the query itself never reads etcd.
-SIGTERM or SIGINT stop the query between writes; a failed query raises the
-partq error that failed it.
+SIGTERM or SIGINT stop the query between writes, or, during Spark's start-up,
+stop the session before a query starts; a failed query raises the partq error
+that failed it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from kernel.errors import PartqError, UsageError
@@ -22,9 +20,11 @@ from producer.spark.options import SinkOptions
 from producer.spark.partitioning import prepare
 from producer.spark.progress import ProgressListener, failure_reason
 from producer.spark.session import loopback_session
+from producer.spark.stop import StopSignal
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 __all__ = ["RATE_KEYS", "run_job"]
 
@@ -67,18 +67,6 @@ def _source(
     return reader.load(str(source))
 
 
-class _StopSignal:
-    """SIGTERM/SIGINT set an event; the main loop stops the query (py4j is not reentrant)."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.received: str | None = None
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signal.Signals(signum).name
-        self.event.set()
-
-
 def run_job(
     spec: StreamSpec,
     options: SinkOptions,
@@ -96,55 +84,104 @@ def run_job(
     num_tasks: int | None,
     master: str | None,
     conf: dict[str, str],
+    stop: StopSignal,
 ) -> None:
-    """Run the query until it ends or a stop signal arrives."""
+    """Run the query until it ends or ``stop`` is signalled (also during start-up)."""
     stream_name = spec.name
     under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
-    spark = loopback_session(
-        f"partq-spark-job-{stream_name}",
-        master=master or (None if under_spark_submit else "local[2]"),
-        conf=conf,
-    )
-    spark.sparkContext.setLogLevel("WARN")
-    query_name = f"partq-{stream_name}"
-    spark.streams.addListener(ProgressListener(query_name, stream_name))
-    frame = _source(
-        spark, source=source, fmt=fmt, schema=schema, rate=rate, max_files=max_files_per_trigger
-    )
-    prepared = prepare(frame, spec, key_column, order_column, num_tasks=num_tasks)
-    writer = (
-        prepared.writeStream.format("partq")
-        .options(**options.to_options())
-        .option("checkpointLocation", str(checkpoint))
-        .queryName(query_name)
-    )
-    writer = (
-        writer.trigger(availableNow=True)
-        if once
-        else writer.trigger(processingTime=f"{trigger_seconds} seconds")
-    )
-    stop = _StopSignal()
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    log.info("stream %s: starting Spark", stream_name)
+    spark: SparkSession | None = None
+    error: str | None = None
     try:
-        query = writer.start()
-        log.info(
-            "stream %s: query %s publishing %s to %d partitions (checkpoint %s)",
-            stream_name,
-            query.id,
-            f"{rate} rows/s" if rate else f"{fmt} files from {source}",
-            spec.partitions,
-            checkpoint,
+        spark = loopback_session(
+            f"partq-spark-job-{stream_name}",
+            master=master or (None if under_spark_submit else "local[2]"),
+            conf=conf,
         )
-        while not stop.event.wait(0.5) and query.isActive:
-            pass
-        if stop.received is not None:
-            log.info("stream %s: %s received, stopping the query", stream_name, stop.received)
-            query.stop()
-        error = query.exception()
+        stop.install()  # again: SparkContext replaced SIGINT's with one raising KeyboardInterrupt
+        if not stop.event.is_set():
+            spark.sparkContext.setLogLevel("WARN")
+            query_name = f"partq-{stream_name}"
+            spark.streams.addListener(ProgressListener(query_name, stream_name))
+            frame = _source(
+                spark,
+                source=source,
+                fmt=fmt,
+                schema=schema,
+                rate=rate,
+                max_files=max_files_per_trigger,
+            )
+            prepared = prepare(frame, spec, key_column, order_column, num_tasks=num_tasks)
+            writer = (
+                prepared.writeStream.format("partq")
+                .options(**options.to_options())
+                .option("checkpointLocation", str(checkpoint))
+                .queryName(query_name)
+            )
+            writer = (
+                writer.trigger(availableNow=True)
+                if once
+                else writer.trigger(processingTime=f"{trigger_seconds} seconds")
+            )
+            what = f"{rate} rows/s" if rate else f"{fmt} files from {source}"
+            error = _run_query(writer, spec, stop, f"{what} (checkpoint {checkpoint})")
+    except Exception as e:
+        if not stop.event.is_set():
+            raise
+        error = _brief(e)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        spark.stop()
+        if spark is not None:
+            _stop_session(spark, stop)
+    if error is not None and stop.event.is_set():
+        # Stopping anyway: the usual cause is a JVM that got the signal too (a terminal's
+        # Ctrl-C, or a supervisor signalling the whole group) and was already shutting down.
+        # What was not committed is published again from the checkpoint by the next run.
+        log.warning(
+            "stream %s: stopped on %s; Spark ended first (%s)",
+            stream_name,
+            stop.received,
+            failure_reason(error),
+        )
+        return
     if error is not None:
-        raise PartqError(f"the Spark query failed: {failure_reason(str(error))}")
-    log.info("stream %s: stopped", stream_name)
+        raise PartqError(f"the Spark query failed: {failure_reason(error)}")
+    log.info("stream %s: stopped%s", stream_name, _after(stop))
+
+
+def _run_query(
+    writer: DataStreamWriter, spec: StreamSpec, stop: StopSignal, what: str
+) -> str | None:
+    """Start the query and wait until it ends or ``stop`` is set; the query's error."""
+    query = writer.start()
+    log.info(
+        "stream %s: query %s publishing %s to %d partitions",
+        spec.name,
+        query.id,
+        what,
+        spec.partitions,
+    )
+    while not stop.event.wait(0.5) and query.isActive:
+        pass
+    if stop.received is not None:
+        log.info("stream %s: %s received, stopping the query", spec.name, stop.received)
+        query.stop()
+    error = query.exception()
+    return None if error is None else str(error)
+
+
+def _stop_session(spark: SparkSession, stop: StopSignal) -> None:
+    try:
+        spark.stop()
+    except Exception:
+        if not stop.event.is_set():
+            raise  # else: the JVM is gone already (run_job says so)
+
+
+def _after(stop: StopSignal) -> str:
+    return "" if stop.received is None else f" on {stop.received}"
+
+
+def _brief(error: BaseException) -> str:
+    """The first line of an error's text (a Py4J error's holds a Java stack trace)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else "no message"

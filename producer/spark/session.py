@@ -10,6 +10,8 @@ import os
 import sys
 from collections.abc import Mapping
 
+from pyspark import SparkConf, SparkContext
+from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
 from producer.spark.sink import register
@@ -45,6 +47,16 @@ def loopback_session(
     }
     for key, value in settings.items():
         builder = builder.config(key, value)
+    if "PYSPARK_GATEWAY_PORT" not in os.environ and SparkContext._gateway is None:
+        # Spark's JVM in a session of its own: a signal to our process group (a terminal, a
+        # supervisor) reaches only this process, which stops the query, then Spark, in order;
+        # a JVM shut down by it first fails both halfway. The JVM still ends with us: it
+        # exits when its stdin, a pipe from this process, closes.
+        launch = SparkConf().setAll(list(settings.items())).setAppName(app_name)
+        if master is not None:
+            launch.setMaster(master)
+        gateway = launch_gateway(launch, popen_kwargs={"start_new_session": True})  # type: ignore[no-untyped-call]
+        SparkContext._ensure_initialized(gateway=gateway)
     spark = builder.getOrCreate()
     register(spark)
     return spark

@@ -11,6 +11,7 @@ import base64
 import importlib
 import os
 import re
+import shlex
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deploy.conftest import DEPLOY, KUSTOMIZATIONS, Manifest, run
+from tests.deploy.conftest import DEPLOY, KUSTOMIZATIONS, REPO, Manifest, run
 
 Kustomize = Callable[[str], list[Manifest]]
 
@@ -510,3 +511,49 @@ def test_the_keda_query_is_valid_promql(tmp_path: Path, promtool: str) -> None:
     path.write_text(yaml.safe_dump(rules))
     result = run(promtool, "check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def dev_hints() -> dict[str, list[str]]:
+    """The commands in the dev overlay's header comment, by their first two words."""
+    hints: dict[str, list[str]] = {}
+    for line in (
+        (DEPLOY / "k8s" / "overlays" / "dev" / "kustomization.yaml").read_text().splitlines()
+    ):
+        if not line.startswith("#   "):
+            if hints:
+                break  # the header ends at its first line that is not a command
+            continue
+        words = shlex.split(line[1:], comments=True)
+        hints[" ".join(words[:2])] = words
+    return hints
+
+
+def test_the_dev_overlay_s_hints_name_what_exists(kustomize: Kustomize) -> None:
+    # Given the commands the dev overlay's header tells a developer to run
+    hints = dev_hints()
+    docs = kustomize("overlays/dev")
+    image = {c["image"] for _, c in partq_containers(docs)}
+    # Then the image they build and load is the one the overlay's pods run (and never pull)
+    assert hints["docker build"] == ["docker", "build", "-t", "partq:dev", "."]
+    assert (REPO / "Dockerfile").is_file()
+    assert image == {hints["docker build"][3]}
+    assert hints["kind load"] == ["kind", "load", "docker-image", *image]
+    for _, container in partq_containers(docs):
+        assert container.get("imagePullPolicy", "IfNotPresent") != "Always", container["name"]
+    # And `kubectl apply -k` names this overlay, whose Job creates the stream `orders`
+    assert (REPO / hints["kubectl apply"][-1]).resolve() == DEPLOY / "k8s" / "overlays" / "dev"
+    assert generated(docs, "ConfigMap", "partq-config")["data"]["stream"] == "orders"
+    job = next(d for d in docs if d["kind"] == "Job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["stream", "create"]
+    # And the port-forward's namespace, Service and port exist
+    forward = hints["kubectl -n"]
+    namespace, service, port = forward[2], forward[4].removeprefix("svc/"), int(forward[5])
+    assert forward[3] == "port-forward"
+    found = find(docs, "Service", service)
+    assert found["metadata"]["namespace"] == namespace
+    assert port in {p["port"] for p in found["spec"]["ports"]}
+    # And the status page's curl sends the overlay's token to that port
+    curl = hints["curl -H"]
+    token = base64.b64decode(generated(docs, "Secret", "partq-credentials")["data"]["http-token"])
+    assert curl[2] == f"Authorization: Bearer {token.decode()}"
+    assert urlsplit(curl[3]).port == port

@@ -11,7 +11,7 @@ import pytest
 from coordinator import admin
 from kernel.settings import Settings
 from producer import StreamSpec
-from producer.contract import OnFailure
+from producer.contract import OnFailure, QueueType
 from producer.registry import Registry
 
 from .groups.harness import Fleet
@@ -21,12 +21,14 @@ from .groups.harness import Fleet
 def quorum_fleet(
     registry: Registry, settings: Settings, rabbitmq: str, stream_name: str, tmp_path: Path
 ) -> Iterator[Callable[..., Fleet]]:
-    """``quorum_fleet(P[, on_failure])``: a quorum stream of P partitions and a Fleet on it,
-    both removed (the processes ended by PID) after the test."""
+    """``quorum_fleet(P[, on_failure[, queue_type]])``: a stream of P partitions (quorum unless
+    told) and a Fleet on it, both removed (the processes ended by PID) after the test."""
     fleets: list[Fleet] = []
 
-    def make(partitions: int, on_failure: OnFailure = "dead-letter") -> Fleet:
-        spec = StreamSpec(stream_name, partitions, "quorum", on_failure=on_failure)
+    def make(
+        partitions: int, on_failure: OnFailure = "dead-letter", queue_type: QueueType = "quorum"
+    ) -> Fleet:
+        spec = StreamSpec(stream_name, partitions, queue_type, on_failure=on_failure)
         admin.create_stream(registry, rabbitmq, spec)
         fleet = Fleet(
             stream_name, tmp_path, settings.etcd_endpoints, rabbitmq, tmp_path / "rec.jsonl"

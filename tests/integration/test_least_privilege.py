@@ -375,6 +375,24 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
         refused = site.partq("root", "security", "roles", f"{STREAM}.dlx", fails=True)
         assert "is the name of its dead-letter exchange" in refused
 
+        # ... and the operator reads, redrives and purges dead letters with its own rights:
+        # dead letters of k08 and k09 (as the consumer writes them)
+        with _amqp(site, "c-1") as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            for key in ("k08", "k09"):
+                headers = {"partq-key": key, "x-partq-error-type": "ValueError"}
+                body = json.dumps({"key": key, "seq": 100}).encode()
+                properties = pika.BasicProperties(headers=headers, message_id=f"{key}:100")
+                dlx, dlq = f"partq.{STREAM}.dlx", f"partq.{STREAM}.dlq"
+                channel.basic_publish(dlx, dlq, body, properties)
+        listed = site.partq("operator", "dlq", "list", STREAM)
+        assert f"dead letters in partq.{STREAM}.dlq: 2" in listed and "k08" in listed
+        site.partq("operator", "dlq", "redrive", STREAM, "--dead-letters", "--key", "k08")
+        wait_until(lambda: ("k08", 100) in handled(), 30, 0.2, "the dead letter redriven")
+        purged = site.partq("operator", "dlq", "purge", STREAM, "--dead-letters", "--yes")
+        assert "1 dead letters of every key purged; 0 left" in purged
+
         # ... and a claim that c-1's credentials put in c-2's name, on a lease of their
         # own (etcd allows it: the claims prefix is shared), is reported by its readers
         victim = min(p for p, owner in state.assignment.items() if owner == "c-2")

@@ -24,7 +24,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +32,6 @@ import pytest
 
 from consumers.daemon import NO_LEADER_WARNING
 from kernel.local import free_port
-from tests.conftest import Ctl
 from tests.integration.groups.harness import ROOT, Proc
 from tests.polling import wait_until
 
@@ -148,20 +147,6 @@ def wait_gone(pid: int, timeout: float) -> bool:
     except AssertionError:
         return False
     return True
-
-
-@pytest.fixture
-def vhost(rabbitmq: str, rabbitmqctl: Ctl) -> Iterator[str]:
-    """The run's RabbitMQ URL on a virtual host of its own: the quick start's stream is
-    called ``orders``, a name other runs on this broker may use too."""
-    name = f"partq-quickstart-{uuid.uuid4().hex[:8]}"
-    rabbitmqctl("add_vhost", name)
-    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-    parts = urllib.parse.urlsplit(rabbitmq)
-    try:
-        yield urllib.parse.urlunsplit(parts._replace(path="/" + urllib.parse.quote(name, "")))
-    finally:
-        rabbitmqctl("delete_vhost", name)
 
 
 def quick_start_env(amqp_url: str) -> tuple[dict[str, str], str]:

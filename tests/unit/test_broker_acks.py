@@ -156,3 +156,53 @@ def test_a_channel_warming_while_a_standby_is_promoted_does_not_take_its_acks() 
     b._send_acks()
     assert standby.acks == [(7, False)]
     assert b._subs[1].channel is standby and warm.closed
+
+
+class Loop:
+    """An I/O loop whose timers the test runs by hand."""
+
+    def __init__(self) -> None:
+        self.later: list[Any] = []
+
+    def call_later(self, _delay: float, callback: Any) -> None:
+        self.later.append(callback)
+
+
+def test_a_drain_called_off_before_its_cancel_sends_its_held_acks_and_consumes_on() -> None:
+    # Given partition 0 draining (acks held) with 3 deliveries handled, its window not full
+    b = broker()
+    kept: list[int] = []
+    b._on_kept = kept.append
+    connection = Connection()
+    connection.ioloop = Loop()  # type: ignore[attr-defined]
+    b._connection = connection  # type: ignore[assignment]
+    channel = subscribed(b, 0, [1, 2, 3])
+    b._revoke(0)
+    b._acks += [(0, channel, 1), (0, channel, 2), (0, channel, 3)]  # type: ignore[list-item]
+    b._send_acks()
+    assert channel.acks == [] and b._subs[0].held == [1, 2, 3]
+    # When it is called off (assigned back to us)
+    b._resume(0)
+    # Then the held acks go, as one multiple ack, it is reported kept, and acks flow again
+    assert channel.acks == [(3, True)] and kept == [0]
+    sub = b._subs[0]
+    assert not sub.holding and not sub.cancel_sent and list(sub.unacked) == []
+    sub.unacked.append(4)
+    b._acks.append((0, channel, 4))  # type: ignore[arg-type]
+    b._send_acks()
+    assert channel.acks[-1] == (4, False)
+    # and the called-off drain's quiet timer cancels nothing
+    for timer in connection.ioloop.later:  # type: ignore[attr-defined]
+        timer()
+    assert not sub.cancel_sent
+
+
+def test_a_drain_whose_cancel_was_sent_is_not_called_off() -> None:
+    b = broker()
+    kept: list[int] = []
+    b._on_kept = kept.append
+    subscribed(b, 0, [1])
+    sub = b._subs[0]
+    sub.holding, sub.cancel_sent = True, True
+    b._resume(0)
+    assert kept == [] and sub.holding

@@ -13,6 +13,7 @@ from cli import main
 from cli.context import Context
 from coordinator import dlq
 from coordinator.codec import Parked
+from coordinator.deadletters import DeadLetter, Read
 from producer.contract import StreamSpec, key_id
 
 EVIL = "\x1b]0;pwned\x07\x1b[2J"
@@ -84,13 +85,16 @@ def test_dlq_list_escapes_parked_keys_and_errors(
     record = Parked(key_id(f"k{EVIL}"), 0, f"ValueError: {EVIL}", "ValueError", "m1", "c1", 1.0)
     found = [dlq.ParkedKey(record, "q", 1)]
     monkeypatch.setattr(cli.dlq.dlq, "parked_keys", lambda *_a, **_k: found)
-    monkeypatch.setattr(cli.dlq.dlq, "dead_letter_depth", lambda *_a, **_k: 0)
-    # When dlq list and dlq show print it
+    # And a dead letter whose key, member and error hold escapes
+    letter = DeadLetter(0, f"k{EVIL}", 1, "ValueError", EVIL, 1, 1, f"c{EVIL}", "m2", 3, 0)
+    read = Read(1, (letter,))
+    monkeypatch.setattr(cli.dlq.deadletters, "read", lambda *_a, **_k: read)
+    # When dlq list and dlq show print them
     assert main(["dlq", "list", "s"]) == 0
-    assert main(["dlq", "show", "s", "--key", "k"]) == 0
+    assert main(["dlq", "show", "s", "--key", f"k{EVIL}"]) == 0
     out = capsys.readouterr().out
     # Then the escapes are shown escaped
     assert "\x1b" not in out and "\x07" not in out
-    assert out.count(SHOWN) >= 4
+    assert out.count(SHOWN) >= 7
     # And the error is Python's line for it, its type named once
     assert "ValueError: ValueError" not in out

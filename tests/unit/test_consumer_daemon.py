@@ -235,6 +235,34 @@ def test_an_emptied_drain_releases_the_claim_before_the_cut(env: Env) -> None:
     assert c1.consumer.owned() == []
 
 
+def test_a_partition_assigned_back_while_draining_is_kept_without_a_cancel(env: Env) -> None:
+    # Given c1 consuming partition 0 with c3 its hot standby, and a broker that lets the
+    # test answer (seen after a takeover: the leader moved the partition away and back
+    # within 15 ms; c1 cancelled, released, claimed and subscribed again, and c3, standing
+    # by behind c1 meanwhile, was activated by that cancel and gave a window back out of
+    # order)
+    c1 = consuming(env, "c1", 0)
+    env.fake.put(keys.standby(env.stream, 0), codec.encode_standby("c3"))
+    c1.broker.auto = False
+    tags = [c1.broker.publish(0, f"m{i}".encode()) for i in range(3)]
+    eventually("handled", lambda: len(c1.handled) == 3)
+    # When the leader moves it to c2 and back to c1 while c1's drain holds its acks
+    env.assign(0, "c2")
+    eventually("draining", lambda: c1.phase(0) is Phase.DRAINING)
+    env.assign(0, "c1")
+    # Then c1 calls the drain off instead of cutting it when it empties
+    eventually("the drain called off", lambda: c1.broker.count("resume", 0) >= 1)
+    c1.broker.empty(0)
+    c1.broker.keep(0)
+    eventually("consuming on", lambda: c1.phase(0) is Phase.ACTIVE)
+    assert c1.broker.count("cut", 0) == 0 and c1.broker.count("cancel", 0) == 1
+    assert c1.broker.count("subscribe", 0) == 1  # never subscribed again
+    assert env.claim_of(0) == ("c1", c1.lease)  # never released
+    assert c1.broker.acked(0) == tags
+    more = [c1.broker.publish(0, b"after")]
+    eventually("handled on", lambda: c1.broker.acked(0) == tags + more)
+
+
 def test_a_revoked_claim_is_handed_to_the_next_owner_which_need_not_claim(env: Env) -> None:
     # Given c1 consuming partition 0, and c2 a member that counts its own claims
     c1 = consuming(env, "c1", 0)

@@ -88,9 +88,17 @@ def test_no_subscribe_without_our_claim_and_no_release_without_drain(events: lis
         if before.phase is Phase.HANDING:
             assert Command.SUBSCRIBE not in commands and Command.CLAIM not in commands
             assert state.phase is Phase.HANDING or event in (Event.DRAINED, Event.CHANNEL_LOST)
-        # and cancel only what we consume
+        # and cancel only what we consume (a called-off drain: consumed again)
         if Command.CANCEL in commands:
-            assert before.phase in (Phase.ACTIVE, Phase.SUBSCRIBING)
+            assert before.phase in (Phase.ACTIVE, Phase.SUBSCRIBING) or (
+                before.phase is Phase.DRAINING and event is Event.KEPT
+            )
+        # and call off only a drain of a partition that is ours, and consume on only then
+        if Command.RESUME in commands:
+            assert state.phase is Phase.DRAINING and state.assigned and not state.paused
+            assert state.holder is Holder.ME
+        if state.phase is Phase.ACTIVE and before.phase is Phase.DRAINING:
+            assert event is Event.KEPT and state.assigned and state.holder is Holder.ME
         # and never subscribe while paused
         if Command.SUBSCRIBE in commands:
             assert not state.paused
@@ -196,19 +204,39 @@ def test_a_claim_handed_over_after_we_were_moved_on_is_released() -> None:
 
 
 def test_an_emptied_drain_that_keeps_the_partition_cuts_without_releasing() -> None:
-    # Given a paused partition (kept), and a move revoked mid-way (assigned back to us)
+    # Given a paused partition (kept), and one whose claim vanished under it
     paused, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.PAUSED])
-    moved_back, _ = run(
-        [Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.UNASSIGNED, Event.ASSIGNED]
-    )
-    for draining in (paused, moved_back):
-        # When the drain is emptied / Then it cancels but keeps its claim until drained
+    freed, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.CLAIM_FREE])
+    for draining in (paused, freed):
+        # When the drain is emptied / Then it cancels without releasing first
         state, commands = step(draining, Event.EMPTIED)
-        assert (state.phase, state.holder, commands) == (Phase.DRAINING, Holder.ME, [Command.CUT])
+        assert (state.phase, commands) == (Phase.DRAINING, [Command.CUT])
     assert step(step(paused, Event.EMPTIED)[0], Event.DRAINED)[0].phase is Phase.PAUSED
-    # the moved-back one releases and claims again, as a drain always did
-    state, commands = step(step(moved_back, Event.EMPTIED)[0], Event.DRAINED)
+
+
+def test_a_drain_assigned_back_before_its_cancel_is_called_off() -> None:
+    # Given a partition moved away, its drain holding acks
+    draining, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.UNASSIGNED])
+    # When it is assigned back to us / Then the drain is called off, not cut
+    state, commands = step(draining, Event.ASSIGNED)
+    assert (state.phase, commands) == (Phase.DRAINING, [Command.RESUME])
+    emptied, commands = step(state, Event.EMPTIED)  # reported before the resume arrived
+    assert (emptied.phase, commands) == (Phase.DRAINING, [Command.RESUME])
+    kept, commands = step(emptied, Event.KEPT)
+    assert (kept.phase, kept.holder, commands) == (Phase.ACTIVE, Holder.ME, [])
+    # and one moved away again before the broker kept it is drained anew
+    away, _ = step(state, Event.UNASSIGNED)
+    assert step(away, Event.KEPT) == (away, [Command.CANCEL])
+    # and a cancel already sent (no kept) releases and claims again once drained
+    state, commands = step(state, Event.DRAINED)
     assert (state.phase, commands) == (Phase.RELEASING, [Command.RELEASE])
+    # and a paused drain, or one whose claim went, is never resumed
+    paused, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.PAUSED])
+    assert Command.RESUME not in run([Event.UNASSIGNED, Event.ASSIGNED], paused)[1]
+    freed, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.CLAIM_FREE])
+    assert Command.RESUME not in run([Event.UNASSIGNED, Event.ASSIGNED], freed)[1]
+    # but one paused and resumed while still ours is
+    assert step(paused, Event.RESUMED)[1] == [Command.RESUME]
 
 
 def test_a_move_back_while_handing_claims_again_once_drained() -> None:

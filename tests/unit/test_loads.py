@@ -209,6 +209,16 @@ def test_a_load_report_carries_the_partitions_waiting_for_a_park() -> None:
         codec.decode_load("c1", bad)
 
 
+def test_a_load_report_carries_the_messages_in_flight() -> None:
+    raw = codec.encode_load(LoadReport("c1", {0: 1.0}, 1.0, 5.0, in_flight=17))
+    assert codec.decode_load("c1", raw).in_flight == 17
+    older = codec.encode_load(LoadReport("c1", {}, 1.0, 5.0))  # as an older partq wrote it
+    assert "in_flight" not in older and codec.decode_load("c1", older).in_flight is None
+    bad = '{"v": 1, "member": "c1", "at": 1, "interval": 5, "rates": {}, "in_flight": -2}'
+    with pytest.raises(MalformedValue, match="in_flight"):
+        codec.decode_load("c1", bad)
+
+
 def test_the_meter_counts_per_worker_since_the_last_report() -> None:
     # Given a clock and two workers
     now = [100.0]

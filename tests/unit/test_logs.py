@@ -221,3 +221,24 @@ def test_configuring_twice_replaces_the_handler() -> None:
 def test_an_unknown_level_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="unknown log level 'LOUD'"):
         logs.configure("LOUD")
+
+
+def test_configure_if_unset_keeps_an_application_s_handler() -> None:
+    root = logging.getLogger()
+    pytests = list(root.handlers)
+    for handler in pytests:
+        root.removeHandler(handler)
+    try:
+        # Given a root logger with a handler of the application's
+        theirs = logging.StreamHandler(io.StringIO())
+        root.addHandler(theirs)
+        # When partq's entry point asks for its logging / Then the application's stays alone
+        assert logs.configure_if_unset("INFO") is False
+        assert root.handlers == [theirs]
+        # And with no handler at all, partq configures its own
+        root.removeHandler(theirs)
+        assert logs.configure_if_unset("INFO") is True
+        assert [h.get_name() for h in root.handlers] == ["partq"]
+    finally:
+        for handler in pytests:
+            root.addHandler(handler)

@@ -105,21 +105,34 @@ def _sync_handler(message: Message, extra: int = 0) -> None:
     pass
 
 
+class _AsyncGeneratorCall:
+    async def __call__(self, message: Message) -> Any:
+        yield message
+
+
 @pytest.mark.parametrize(
     "handler",
     [
         _async_handler,
-        _async_generator,
         _AsyncCall(),
         functools.partial(_async_handler),
         functools.partial(functools.partial(_AsyncCall())),
     ],
-    ids=["async-def", "async-generator", "async-call", "partial", "partial-of-partial-object"],
+    ids=["async-def", "async-call", "partial", "partial-of-partial-object"],
 )
-def test_an_asynchronous_handler_is_refused_in_one_line(handler: Any) -> None:
+def test_an_asynchronous_handler_is_accepted(handler: Any) -> None:
+    assert check_handler(handler) is handler
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [_async_generator, _AsyncGeneratorCall(), functools.partial(_async_generator)],
+    ids=["async-generator", "async-generator-call", "partial"],
+)
+def test_an_async_generator_handler_is_refused_in_one_line(handler: Any) -> None:
     with pytest.raises(UsageError) as refused:
         check_handler(handler)
-    assert "asynchronous" in str(refused.value) and "\n" not in str(refused.value)
+    assert "async generator" in str(refused.value) and "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize(
@@ -129,6 +142,10 @@ def test_a_synchronous_handler_is_accepted(handler: Any) -> None:
     assert check_handler(handler) is handler
 
 
-def test_load_handler_refuses_an_asynchronous_handler() -> None:
-    with pytest.raises(UsageError, match=r"test_message:_async_handler is asynchronous"):
-        load_handler("tests.unit.test_message:_async_handler")
+def test_load_handler_loads_an_asynchronous_handler() -> None:
+    assert load_handler("tests.unit.test_message:_async_handler") is _async_handler
+
+
+def test_load_handler_refuses_an_async_generator() -> None:
+    with pytest.raises(UsageError, match=r"test_message:_async_generator is an async generator"):
+        load_handler("tests.unit.test_message:_async_generator")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -16,6 +17,7 @@ from consumers.broker import END, Delivery
 from consumers.message import Message
 from consumers.worker import CRASH, HANDLER_TIMEOUT, Worker
 from producer.contract import StreamSpec
+from tests.polling import wait_until
 
 SPEC = StreamSpec("orders", 4)
 PARTITION = 2
@@ -346,27 +348,45 @@ def test_a_waiter_never_takes_an_expired_lease_for_a_renewal(
         session.close(revoke=False)
 
 
-def test_a_handler_returning_a_coroutine_fails_its_attempts_and_is_never_acked_as_handled(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_a_handler_returning_a_coroutine_has_it_awaited_before_the_ack() -> None:
+    # Given a handler whose coroutines sleep, and fail for one message
     ran: list[str | None] = []
 
     async def work(message: Message) -> None:
+        await asyncio.sleep(0.05)
+        if message.message_id == "bad":
+            raise ValueError("async failure")
         ran.append(message.message_id)
 
-    def behaviour(message: Message) -> object:
-        return work(message) if message.message_id == "lazy" else None
-
-    run = Run(behaviour)
+    run = Run(work)
+    # When three are delivered
     run.deliver("lazy")
+    run.deliver("bad")
     run.deliver("next")
     run.end()  # filterwarnings = error: an unawaited coroutine's RuntimeWarning would fail it
-    assert ran == []  # closed, never run
+    # Then each coroutine ran to its end, and a raising one was retried, then dead-lettered
+    assert ran == ["lazy", "next"]
     [(message_id, error, attempts)] = run.dead.published
-    assert (message_id, type(error).__name__, attempts) == ("lazy", "AwaitableReturned", 3)
-    assert "coroutine" in str(error) and "asyncio.run" in str(error)
-    assert run.broker.acked == [1, 2]  # acked once dead-lettered: never as handled
-    assert run.metric("partq_consumer_messages_handled_total", outcome="ok") == 1
-    said = [r.getMessage() for r in caplog.records]
-    said = [line for line in said if line.startswith("partition 2: the handler")]
-    assert len(said) == 1 and "returned a coroutine" in said[0]  # one clear line, not per attempt
+    assert (message_id, str(error), attempts) == ("bad", "async failure", 3)
+    assert run.broker.acked == [1, 2, 3]
+    assert run.metric("partq_consumer_messages_handled_total", outcome="ok") == 2
+    assert run.metric("partq_consumer_messages_handled_total", outcome="retry") == 2
+
+
+def test_an_awaitable_is_not_acked_before_it_finishes() -> None:
+    # Given an async handler that waits for a gate
+    gate = threading.Event()
+
+    async def work(message: Message) -> None:
+        while not gate.is_set():
+            await asyncio.sleep(0.01)
+
+    run = Run(work)
+    run.deliver("m1")
+    # When it has started but not finished, then nothing is acked
+    wait_until(lambda: run.worker.busy, 5, 0.01, "the handler to start")
+    time.sleep(0.2)  # it stays unacked while the coroutine waits
+    assert run.broker.acked == []
+    gate.set()
+    run.end()
+    assert run.broker.acked == [1]

@@ -1,7 +1,8 @@
 """Handlers for the invariant tests' consumer processes.
 
 ``record`` is :func:`consumers.examples.record_handler` (one JSON line per handling
-to ``$PARTQ_RECORD``); ``poison`` raises for bodies containing ``poison``;
+to ``$PARTQ_RECORD``), ``record_async`` the same as an ``async def`` (it awaits
+``$PARTQ_RECORD_SLEEP`` seconds); ``poison`` raises for bodies containing ``poison``;
 ``poison_key`` raises for ``$PARTQ_POISON_KEY``'s messages from seq
 ``$PARTQ_POISON_SEQ`` on while the file ``$PARTQ_POISON_FLAG`` exists (delete it to
 "fix the handler"), and takes ``$PARTQ_POISON_SLOW`` seconds per message of that key.
@@ -9,14 +10,22 @@ to ``$PARTQ_RECORD``); ``poison`` raises for bodies containing ``poison``;
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
 
 from consumers.examples import record_handler as record
+from consumers.examples import write_record
 from consumers.message import Message
 
-__all__ = ["poison", "poison_key", "record"]
+__all__ = ["poison", "poison_key", "record", "record_async"]
+
+
+async def record_async(message: Message) -> None:
+    start = time.time()
+    await asyncio.sleep(float(os.environ.get("PARTQ_RECORD_SLEEP", "0.002")))
+    write_record(message, start, time.time())
 
 
 def poison(message: Message) -> None:
@@ -27,11 +36,10 @@ def poison(message: Message) -> None:
 
 def poison_key(message: Message) -> None:
     key = message.key.decode() if isinstance(message.key, bytes) else message.key
-    poisoned = key == os.environ.get("PARTQ_POISON_KEY") and os.path.exists(
-        os.environ["PARTQ_POISON_FLAG"]
-    )
+    chosen = os.environ.get("PARTQ_POISON_KEY", "").split(",")  # one key, or several
+    poisoned = key in chosen and os.path.exists(os.environ["PARTQ_POISON_FLAG"])
     if poisoned and json.loads(message.body)["seq"] >= int(os.environ["PARTQ_POISON_SEQ"]):
         raise ValueError(f"poisoned message {message.message_id}")
-    if key == os.environ.get("PARTQ_POISON_KEY"):  # once fixed, slower: a replay takes time
+    if key in chosen:  # once fixed, slower: a replay takes time
         time.sleep(float(os.environ.get("PARTQ_POISON_SLOW", "0")))
     record(message)

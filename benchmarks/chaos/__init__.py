@@ -1,0 +1,19 @@
+"""The randomized fault soak (``python -m benchmarks.chaos --seed N --duration S``).
+
+It builds its own 3-node RabbitMQ cluster and 3-member etcd on loopback
+(``tests.cluster``), creates a stream (12 quorum partitions by default), starts 2
+coordinators and 4-6 consumers as ``partq`` processes recording every handling
+(``tests.integration.groups.recorder``), publishes keyed sequences through the SDK (300
+keys at about 1,000 msg/s: ``SequenceProducer``), and lets a seeded nemesis
+(:mod:`.nemesis`) fire a fault every 5-15 s: kill -9, SIGTERM or SIGSTOP of a consumer,
+kill of an etcd member or its leader, kill of a RabbitMQ node, ``partq move``,
+``rebalance``, ``drain`` (then ``--cancel``), scaling up and down. Then the checker
+(:mod:`.verdict`): lost, duplicates by cause, order violations raw and not explained by a
+crash (``consumers.audit.order_violations``), overlaps, the pause each kind of fault
+causes, and the memory of every process over time (``/proc``). It prints a table, writes
+the results as JSON (``--out``) and exits 1 if anything was lost, out of order without a
+crash to explain it, or handled by two processes at once.
+
+Every process it starts is stopped by PID at the end, on Ctrl-C and SIGTERM too. Not a
+test by itself: ``tests/integration/test_chaos.py`` runs it for 3 minutes with seed 1.
+"""

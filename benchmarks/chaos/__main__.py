@@ -1,0 +1,199 @@
+"""``python -m benchmarks.chaos --seed N --duration S``: the randomized fault soak.
+
+See :mod:`benchmarks.chaos`. Exit status 0 if the checker passes (nothing lost, no
+unexplained order violation, no overlap), 1 if it does not, 2 if the soak could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from coordinator import admin
+from coordinator.group import Group
+from kernel.settings import Settings
+from producer import StreamSpec
+from producer.registry import Registry
+from tests.cluster import EtcdCluster, RabbitCluster
+from tests.integration.groups.harness import Fleet, SequenceProducer, balanced, wait_until
+from tests.rabbit import MACHINE, TREE_40
+
+from .nemesis import KINDS, Nemesis
+from .records import RecordReader
+from .report import table
+from .sampler import Sampler
+from .verdict import judge
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ask = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__)
+    ask.add_argument("--seed", type=int, required=True)
+    ask.add_argument("--duration", type=float, required=True, help="Seconds of faults.")
+    ask.add_argument("--partitions", type=int, default=12)
+    ask.add_argument("--queue-type", choices=["quorum", "classic"], default="quorum")
+    ask.add_argument("--keys", type=int, default=300)
+    ask.add_argument("--rate", type=float, default=1000.0, help="Messages per second.")
+    ask.add_argument("--consumers", type=int, default=5, help="At the start (4..6).")
+    ask.add_argument("--ttl", type=int, default=5, help="Lease TTL of consumers, coordinators.")
+    ask.add_argument("--standby", action="store_true", help="Coordinators run with --standby.")
+    ask.add_argument("--balance", choices=["count", "load"], default="count")
+    ask.add_argument(
+        "--faults", default=",".join(KINDS), help=f"Comma-separated subset of {','.join(KINDS)}."
+    )
+    ask.add_argument("--rabbitmq", choices=["machine", "4.0.5"], default="machine")
+    ask.add_argument("--drain-wait", type=float, default=240.0, help="Seconds to wait at the "
+                     "end for every confirmed message to be handled.")  # fmt: skip
+    ask.add_argument("--out", type=Path, help="Write the results as JSON here.")
+    ask.add_argument("--workdir", type=Path, help="Keep logs and records here (kept).")
+    args = ask.parse_args(argv)
+    kinds = tuple(k for k in args.faults.split(",") if k)
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        ask.error(f"unknown fault kinds {unknown}: choose from {','.join(KINDS)}")
+    if not 4 <= args.consumers <= 6:
+        ask.error("--consumers must be 4..6 (the nemesis scales between 4 and 6)")
+    args.kinds = kinds
+    return args
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def workdir(given: Path | None) -> Iterator[Path]:
+    """``given`` (kept), or a temporary folder removed at the end."""
+    if given is not None:
+        given.mkdir(parents=True, exist_ok=True)
+        yield given
+        return
+    made = Path(tempfile.mkdtemp(prefix="partq-chaos-"))
+    try:
+        yield made
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Clusters up, group up, load and nemesis for ``args.duration``, heal, wait, judge."""
+    install = TREE_40 if args.rabbitmq == "4.0.5" else MACHINE
+    with contextlib.ExitStack() as stack:
+        log(f"starting 3 RabbitMQ nodes and 3 etcd members under {root}")
+        rabbit = stack.enter_context(RabbitCluster(root / "rabbit", install=install))
+        etcd = stack.enter_context(EtcdCluster(root / "etcd"))
+        version = rabbit.ctl(rabbit.nodes[0], "version").strip()
+        urls = ",".join(rabbit.urls)
+        registry = Registry.connect(Settings.load(etcd_endpoints=etcd.endpoints, amqp_url=urls))
+        stack.callback(registry.close)
+        stream = f"chaos-{args.seed}-{uuid.uuid4().hex[:6]}"
+        spec = StreamSpec(stream, args.partitions, args.queue_type)
+        admin.create_stream(registry, urls, spec)
+        fleet = Fleet(stream, root, etcd.endpoints, urls, root / "records.jsonl")
+        stack.callback(fleet.close)  # every process it started, by PID
+        extra = (*(["--standby"] if args.standby else []), "--balance", args.balance)
+        for name in ("k1", "k2"):
+            fleet.coordinator(name, ttl=args.ttl, settle=1.0, extra=extra)
+        nemesis = Nemesis(
+            fleet, rabbit, etcd, args.partitions, args.seed, args.kinds, args.ttl, log
+        )
+        for _ in range(args.consumers):
+            nemesis.start_consumer()
+        group = Group(registry.client, registry.where, stream)
+        wait_until(
+            lambda: balanced(group, args.partitions, set(nemesis.consumers)), 120, 0.5, "balanced"
+        )
+
+        def processes() -> Iterator[tuple[str, int]]:
+            yield "driver+producer", os.getpid()
+            for proc in list(fleet.procs):
+                if proc.alive():
+                    yield f"consumer {proc.name}" if proc.name[0] == "c" else proc.name, proc.pid
+            for member in etcd.members:
+                if member.process is not None:
+                    yield f"etcd {member.name}", member.process.pid
+            for node in rabbit.nodes:
+                pid = node.vm_pid() if node.server is not None else None
+                if pid is not None:
+                    yield f"rabbit {node.name}", pid
+
+        sampler = Sampler(processes)
+        sampler.start()
+        stack.callback(sampler.stop)
+        load = SequenceProducer(spec, urls, keys=args.keys, rate=args.rate)
+        load.start()
+        stack.callback(load.stop)
+        wait_until(lambda: len(load.published()) >= args.keys, 60, 0.1, "first confirms")
+        began, load_before = time.time(), loadavg()
+        log(f"group balanced, load running; nemesis for {args.duration:.0f} s (seed {args.seed})")
+        try:
+            nemesis.run(args.duration)
+        finally:
+            log("healing: SIGCONT, restarts, drain --cancel")
+            nemesis.heal()
+        load.stop()
+        confirmed = load.published()
+        reader = RecordReader(fleet.record)
+        log(f"{len(confirmed)} confirmed; waiting up to {args.drain_wait:.0f} s for every one")
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: reader.covers(confirmed), args.drain_wait, 2.0, "all handled")
+        sampler.stop()
+        verdict = judge(reader.records, confirmed, nemesis.faults, sampler.samples)
+        return {
+            "seed": args.seed,
+            "duration_s": args.duration,
+            "command": " ".join(["python -m benchmarks.chaos", *sys.argv[1:]]),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(began)),
+            "load_before": load_before,
+            "load_after": loadavg(),
+            "rabbitmq": version,
+            "stream": asdict(spec),
+            "keys": args.keys,
+            "rate": args.rate,
+            "standby": args.standby,
+            "balance": args.balance,
+            "publish_failures": len(load.failed),
+            "publish_failure_examples": load.failed[:1000],
+            "fault_log": [asdict(f) for f in nemesis.faults],
+            "verdict": verdict.as_json(),
+            "rss_samples": [asdict(s) for s in sampler.samples],
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # stop by PID on SIGTERM too, as on Ctrl-C
+    try:
+        with workdir(args.workdir) as root:
+            results = soak(args, root)
+    except Exception as e:
+        log(f"the soak could not run: {type(e).__name__}: {e}")
+        return 2
+    print(table(results))
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=1, sort_keys=True, default=str))
+    return 0 if results["verdict"]["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The soak's results as a plain-text table (Markdown-compatible, for docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["table"]
+
+
+def _s(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}"
+
+
+def table(results: dict[str, Any]) -> str:
+    v = results["verdict"]
+    stream = results["stream"]
+    faults = ", ".join(f"{k} {n}" for k, n in v["faults"].items()) or "none"
+    dup_total = sum(v["duplicates"].values())
+    dups = ", ".join(f"{k} {n}" for k, n in v["duplicates"].items()) or "-"
+    lines = [
+        f"partq chaos soak: seed {results['seed']}, {results['duration_s']:.0f} s of faults, "
+        f"{stream['partitions']} {stream['queue_type']} partitions, {results['keys']} keys at "
+        f"{results['rate']:.0f} msg/s, standby {'on' if results['standby'] else 'off'}, "
+        f"balance {results['balance']}",
+        f"RabbitMQ {results['rabbitmq']}; started {results['started']}; load average "
+        f"{results['load_before']} before, {results['load_after']} after",
+        f"command: {results['command']}",
+        "",
+        "| check | result |",
+        "|---|---|",
+        f"| faults fired | {faults} |",
+        f"| confirmed / handled / redelivered | {v['confirmed']} / {v['handled']} / "
+        f"{v['redelivered']} |",
+        f"| publishes failed (nacked or unconfirmed, reported to the producer) | "
+        f"{results['publish_failures']} |",
+        f"| **lost** (confirmed, never handled) | **{v['lost']}** |",
+        f"| duplicates (extra handlings), by the latest fault before them | {dup_total}: {dups} |",
+        f"| order violations, raw | {v['order_raw']} |",
+        f"| **order violations not explained by a crash's window** | "
+        f"**{v['order_unexplained']}** |",
+        f"| **overlaps** (two processes on one partition at once) | **{v['overlaps']}** |",
+        "",
+        "| pause after a fault (longest gap per partition, s) | n | p50 | p99 | max |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {kind} | {p['n']} | {_s(p['p50'])} | {_s(p['p99'])} | {_s(p['max'])} |"
+            for kind, p in v["pauses"].items()
+        ),
+        "",
+        "| process (pid) | RSS first MiB | max | last |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {m['first']:.0f} | {m['max']:.0f} | {m['last']:.0f} |"
+            for name, m in v["memory"].items()
+        ),
+        "",
+    ]
+    for title, key in (
+        ("lost", "lost_examples"),
+        ("order", "order_examples"),
+        ("overlap", "overlap_examples"),
+    ):
+        lines += [f"{title}: {example}" for example in v[key]]
+    lines.append(f"verdict: {'PASS' if v['passed'] else 'FAIL'}")
+    return "\n".join(lines)

@@ -1,0 +1,129 @@
+"""A partition's worker with ``--concurrency`` above 1: different keys at once, each in order.
+
+Threads and what they own:
+
+- the **dispatcher** (this worker's thread) owns the partition's :class:`KeyQueues`: it
+  takes deliveries, END, STOP and the completions of its own messages from the inbox,
+  and hands each delivery whose key is idle to the member's :class:`HandlerPool`;
+- a **pool thread** runs one message exactly as the one-at-a-time worker does
+  (:meth:`consumers.worker.Worker._process`: retries, parking, dead-lettering, redrive
+  control messages, the handler timeout, the ack), then puts :class:`_Done` in the inbox.
+
+So a key never has two messages in a handler and its messages run in arrival order,
+while the member has at most ``--concurrency`` messages in handlers at once. Control
+messages (``partq dlq redrive``/``purge``) carry their key and queue behind it like any
+message. The partition is finished (END: ``Broker.finish``) or given up (STOP) only once
+nothing of it is in a handler any more, so a planned handoff releases it only after every
+in-flight message is handled and acked, and the partition's next worker in this process
+(which joins this one) never overlaps a key. Acks of deliveries whose channel is gone (a
+fence aborted the connection) are dropped by the broker, never sent on a new connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import queue
+import time
+from collections.abc import Hashable
+from typing import Any
+
+from consumers import metrics
+from consumers.broker import END, Delivery
+from consumers.keyorder import KeyQueues
+from consumers.runners import HandlerPool
+from consumers.worker import STOP, Worker
+from kernel import logs
+from producer.contract import decode_key, key_bytes
+
+__all__ = ["KeyedWorker", "key_of"]
+
+_LOOK = 1.0  # seconds between the dispatcher's looks at its waiting keys when idle
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Done:
+    """A message of ``key`` left the handler; ``go_on`` False: stop (handler timeout, crash)."""
+
+    key: Hashable
+    go_on: bool
+
+
+def key_of(delivery: Delivery) -> Hashable:
+    """The key that orders ``delivery``: its bytes (a str key and the same bytes are one key,
+    as for the partition hash), None for all messages without a key, and the raw header for
+    a key that does not decode (the message is dead-lettered, in its turn)."""
+    headers = delivery.properties.headers or {}
+    try:
+        key = decode_key(headers)
+        return None if key is None else key_bytes(key)
+    except Exception:
+        return ("malformed", repr(sorted(headers.items(), key=lambda kv: str(kv[0]))))
+
+
+class KeyedWorker(Worker):
+    """:class:`~consumers.worker.Worker`'s per-message path, run on ``pool`` key by key."""
+
+    def __init__(self, *, pool: HandlerPool, **options: Any) -> None:
+        super().__init__(**options)
+        self.pool = pool
+        # Seconds the longest-waiting delivery had waited behind its key, as of the
+        # dispatcher's last look (at least once a second): read by the member's gauge.
+        self.longest_wait = 0.0
+        self._m_in_flight = metrics.IN_FLIGHT.labels(*self._labels, str(self.partition))
+
+    def _run(self) -> None:  # noqa: C901, PLR0912 — one dispatch loop: deliveries, key slots, stop
+        if self.previous is not None:
+            self.previous.join()  # never a key in two handlers of this process
+        keys: KeyQueues[Delivery] = KeyQueues()
+        ending: Any = None  # END's channel once the broker sent it
+        halted = False  # STOP, or a message timed out: nothing more starts
+        in_flight = 0
+        while True:
+            try:
+                item = self.inbox.get(timeout=_LOOK)
+            except queue.Empty:
+                item = None
+            start: Delivery | None = None
+            if item is None:
+                pass
+            elif item is STOP:
+                halted = True
+            elif isinstance(item, tuple) and item[0] is END:
+                ending = item[1]
+            elif isinstance(item, _Done):
+                in_flight -= 1
+                halted = halted or not item.go_on
+                start = keys.done(item.key)
+            else:
+                start = keys.arrive(key_of(item), item, time.monotonic())
+            if halted:
+                for waiting in keys.take_waiting():
+                    self._give_back(waiting)
+                if start is not None:
+                    keys.done(key_of(start))  # it never runs: its key is free again
+                    self._give_back(start)
+            elif start is not None:
+                in_flight += 1
+                self.pool.submit(functools.partial(self._run_one, start))
+            self._m_in_flight.set(in_flight)
+            if in_flight:  # the stall detector's view: waiting only with nothing in a handler
+                self.waiting_since = None
+            elif self.waiting_since is None:
+                self.waiting_since = time.monotonic()
+            self.longest_wait = keys.longest_wait(time.monotonic())
+            if in_flight == 0 and (halted or ending is not None):
+                if not halted:
+                    self.broker.finish(self.partition, ending)
+                return
+
+    def _run_one(self, delivery: Delivery) -> None:
+        """On a pool thread: the message's whole path; the dispatcher always hears of it."""
+        go_on = False
+        try:
+            with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
+                go_on = self._process(delivery)
+        except BaseException as error:
+            self._crashed(error)
+        finally:
+            self.inbox.put(_Done(key_of(delivery), go_on))

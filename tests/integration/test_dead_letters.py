@@ -1,0 +1,167 @@
+"""Dead letters listed in place, redriven in order and purged by key, on real etcd and
+RabbitMQ, with the dead-letter queue classic and quorum.
+
+Given a ``dead-letter`` stream whose consumer fails every message of three keys, when an
+operator lists and shows the dead letters, then each is there with its error and stays in
+the queue (same count, same order); when one key is redriven after the fix, its messages
+are handled in their original order and only they leave the queue; when another key is
+purged, only its dead letters go; and a redrive of all puts the rest back, in order, and
+empties the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from coordinator import deadletters, dlq
+from coordinator.group import Group
+from kernel.errors import UsageError
+from producer import Producer, StreamSpec
+from producer.contract import QueueType
+from producer.registry import Registry
+
+from .groups.harness import PARTQ, ROOT, Fleet, balanced, wait_until
+
+pytestmark = [pytest.mark.integration]
+
+P = 4
+POISONED = ("key-a", "key-b", "key-d")
+FINE = "key-c"
+PER_KEY = 6
+
+
+@pytest.fixture(params=["quorum", "classic"])
+def fleet(
+    request: pytest.FixtureRequest, quorum_fleet: Callable[..., Fleet]
+) -> tuple[Fleet, StreamSpec]:
+    queue_type: QueueType = request.param
+    fleet = quorum_fleet(P, "dead-letter", queue_type)
+    return fleet, StreamSpec(fleet.stream, P, queue_type, on_failure="dead-letter")
+
+
+def partq(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [str(PARTQ), *args], env=fleet._env(), cwd=ROOT, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def listed(fleet: Fleet) -> list[dict[str, Any]]:
+    doc = json.loads(partq(fleet, "dlq", "list", fleet.stream, "--json").stdout)
+    letters: list[dict[str, Any]] = doc["dead_letter_messages"]
+    assert doc["dead_letters"] == len(letters)
+    return letters
+
+
+def ids(letters: list[dict[str, Any]]) -> list[str]:
+    return [d["message_id"] for d in letters]
+
+
+def handled(fleet: Fleet, key: str) -> list[int]:
+    return [r["seq"] for r in fleet.records() if r["key"] == key]
+
+
+def test_dead_letters_are_listed_in_place_then_redriven_and_purged_by_key(
+    fleet: tuple[Fleet, StreamSpec], registry: Registry, rabbitmq: str, tmp_path: Path
+) -> None:
+    fleet_, spec = fleet
+    flag = tmp_path / "poisoned"
+    flag.touch()
+    fleet_.env.update(
+        PARTQ_POISON_KEY=",".join(POISONED), PARTQ_POISON_SEQ="0", PARTQ_POISON_FLAG=str(flag)
+    )
+    group = Group(registry.client, registry.where, fleet_.stream)
+    fleet_.coordinator(settle=0.5)
+    fleet_.consumer("c1", handler="poison_key", extra=("--max-attempts", "1"))
+    wait_until(lambda: balanced(group, P, {"c1"}), 30, 0.1, "balanced")
+    # Given every message of three keys dead-lettered, interleaved with a key that works
+    with Producer(spec, amqp_url=rabbitmq) as producer:
+        for seq in range(PER_KEY):
+            for key in (*POISONED, FINE):
+                body = json.dumps({"seq": seq}).encode()
+                producer.publish(key, body, message_id=f"{key}:{seq}")
+        producer.flush(30)
+    dead = len(POISONED) * PER_KEY
+    wait_until(lambda: dlq.dead_letter_depth(rabbitmq, spec) == dead, 30, 0.2, "dead letters")
+    wait_until(lambda: len(handled(fleet_, FINE)) == PER_KEY, 30, 0.2, "the fine key handled")
+
+    # When they are listed, twice
+    first = listed(fleet_)
+    second = listed(fleet_)
+    # Then each shows its key, error, attempts, partition, member and time, per key in order
+    assert len(first) == dead
+    for key in POISONED:
+        assert [i for i in ids(first) if i.startswith(key)] == [
+            f"{key}:{s}" for s in range(PER_KEY)
+        ]
+    for d in first:
+        assert d["error_type"] == "ValueError"
+        assert f"poisoned message {d['message_id']}" in d["error"]
+        assert d["attempts"] == 1
+        assert d["member"] == "c1"
+        assert d["partition"] == spec.partition_for(d["key"])
+        assert d["failed_ms"] > 0
+    # And they stay in the queue: same count, same order
+    assert ids(second) == ids(first)
+    assert dlq.dead_letter_depth(rabbitmq, spec) == dead
+    shown = json.loads(
+        partq(fleet_, "dlq", "show", fleet_.stream, "--key", "key-a", "--json").stdout
+    )
+    assert ids(shown["dead_letter_messages"]) == [f"key-a:{s}" for s in range(PER_KEY)]
+    assert ids(listed(fleet_)) == ids(first)
+    # And reading more often than RabbitMQ 4's default delivery limit (20) loses none
+    for _ in range(21):
+        deadletters.read(rabbitmq, spec)
+    assert ids(listed(fleet_)) == ids(first)
+
+    # When the handler is fixed and key-a's dead letters redriven
+    flag.unlink()
+    done = partq(fleet_, "dlq", "redrive", fleet_.stream, "--dead-letters", "--key", "key-a")
+    assert f"{PER_KEY} dead letters of key 'key-a' redriven" in done.stdout
+    # Then they are handled in their original order, and only they left the queue
+    wait_until(lambda: len(handled(fleet_, "key-a")) == PER_KEY, 30, 0.2, "key-a handled")
+    assert handled(fleet_, "key-a") == list(range(PER_KEY))
+    assert ids(listed(fleet_)) == [i for i in ids(first) if not i.startswith("key-a")]
+
+    # When key-b's dead letters are purged
+    partq(fleet_, "dlq", "purge", fleet_.stream, "--dead-letters", "--key", "key-b", "--yes")
+    # Then only key-d's remain, in order
+    assert ids(listed(fleet_)) == [i for i in ids(first) if i.startswith("key-d")]
+
+    # When every dead letter is redriven
+    partq(fleet_, "dlq", "redrive", fleet_.stream, "--dead-letters")
+    # Then key-d's are handled in order, the queue is empty, key-b's were never handled
+    wait_until(lambda: len(handled(fleet_, "key-d")) == PER_KEY, 30, 0.2, "key-d handled")
+    assert handled(fleet_, "key-d") == list(range(PER_KEY))
+    assert dlq.dead_letter_depth(rabbitmq, spec) == 0
+    assert handled(fleet_, "key-b") == []
+
+
+def test_a_second_reader_is_refused_while_one_holds_the_queue(
+    quorum_fleet: Callable[..., Fleet], rabbitmq: str
+) -> None:
+    # Given two dead letters, one held by another reader
+    fleet = quorum_fleet(P, "dead-letter")
+    spec = StreamSpec(fleet.stream, P, "quorum", on_failure="dead-letter")
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for body in (b"x", b"y"):
+            channel.basic_publish(spec.dead_letter_exchange, spec.dead_letter_queue, body)
+        holder = connection.channel()
+        holder.basic_qos(prefetch_count=1)
+        holder.basic_consume(spec.dead_letter_queue, lambda *_a: None)
+        # When another reads; Then it is told to wait its turn, and nothing is taken
+        with pytest.raises(UsageError, match="another consumer is reading"):
+            deadletters.read(rabbitmq, spec)
+        holder.close()
+    assert dlq.dead_letter_depth(rabbitmq, spec) == 2
