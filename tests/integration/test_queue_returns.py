@@ -134,7 +134,7 @@ def test_a_quorum_partition_queue_dead_letters_at_its_delivery_limit(
 def test_queues_of_an_older_partq_are_kept_and_the_upgrade_is_named(
     connection: pika.BlockingConnection, stream_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Given a quorum partition queue declared as partq < 0.2 did (no delivery limit)
+    # Given a quorum partition queue declared as partq 0.1.0 did (no delivery limit)
     spec = StreamSpec(stream_name, 2, "quorum")
     old = connection.channel()
     old.queue_declare(
