@@ -53,6 +53,12 @@ _LETTER_HEADING = (
 )
 
 
+_ONE_KEY = click.option(
+    "--key", "-k", "key_text", help="Only this key [default: every parked key]."
+)
+_TIMEOUT = click.option(
+    "--timeout", type=Seconds(), default=60.0, show_default=True, help="Seconds to wait for it."
+)
 _DEAD_LETTERS = click.option(
     "--dead-letters",
     is_flag=True,
@@ -154,14 +160,8 @@ def show(ctx: Context, stream: str, key_text: str, as_json: bool) -> None:
 
 @dlq_group.command()
 @click.argument("stream")
-@click.option("--key", "-k", "key_text", help="Only this key [default: every parked key].")
-@click.option(
-    "--timeout",
-    type=Seconds(),
-    default=60.0,
-    show_default=True,
-    help="Seconds to wait for it.",
-)
+@_ONE_KEY
+@_TIMEOUT
 @_DEAD_LETTERS
 @pass_context
 def redrive(
@@ -187,15 +187,9 @@ def redrive(
 
 @dlq_group.command()
 @click.argument("stream")
-@click.option("--key", "-k", "key_text", help="Only this key [default: every parked key].")
+@_ONE_KEY
 @click.option("--yes", is_flag=True, help="Yes, delete the messages.")
-@click.option(
-    "--timeout",
-    type=Seconds(),
-    default=60.0,
-    show_default=True,
-    help="Seconds to wait for it.",
-)
+@_TIMEOUT
 @_DEAD_LETTERS
 @pass_context
 def purge(
