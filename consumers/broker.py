@@ -1,8 +1,17 @@
 """The consumer's RabbitMQ edge: one connection, one channel per partition, one I/O thread.
 
-Only the I/O thread touches pika objects and the per-partition state; other
-threads call the public methods, which hop onto the I/O loop with
-``add_callback_threadsafe``. Callbacks into the daemon are queued events.
+Threads. The I/O thread (this ``Thread``, ``<name>-amqp``) runs the ``SelectConnection``
+loop and alone touches pika objects and the per-partition state (``_subs``, ``_standbys``,
+``_warming``, ``_opening``, ``_deferred``, ``_missing``, ``_probe``). The controller and
+the workers call the public methods, which hop onto the loop with
+``add_callback_threadsafe`` (``_call``); ``ack`` appends to ``_acks`` under ``_acks_lock``
+and schedules at most one ``_send_acks`` at a time. ``connected`` is a
+``threading.Event``; ``_connection``, ``_fenced`` and ``_stopping`` are single references
+written by one side and read by the other (a stale one makes ``_call`` refuse, or queue a
+callback that never runs: ``run`` then reports those partitions lost). Every callback
+(``deliver``, ``on_*``, the ``ready`` reply) runs on the I/O thread, except
+``on_channel_lost`` when a public method finds no connection (the caller's thread): the
+daemon's only put an event in its queue, or a delivery in a worker's inbox.
 
 A planned drain never gives a message back to the broker if it can help it,
 and when it cannot, the queue's own settings keep the order

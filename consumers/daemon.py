@@ -1,12 +1,22 @@
 """The consumer daemon: joins a stream's group and consumes the partitions assigned to it.
 
-One controller thread owns all state. etcd watch events, broker callbacks,
-worker reports and signals reach it through one queue, as typed events
-(:mod:`consumers.events`, matched with ``match``); it keeps the member's session, its membership
-and its watch, and hands the rest to :class:`consumers.partitions.Partitions`,
-which mirrors the group keys, steps each partition's pure state machine
-(``consumers.handoff``) and carries out the commands: claim/release in etcd,
-subscribe/cancel at the broker.
+The controller thread handles every event (:mod:`consumers.events`, matched with
+``match``): it keeps the member's session, its membership and its watch, and hands the
+rest to :class:`consumers.partitions.Partitions`, which mirrors the group keys, steps each
+partition's pure state machine (``consumers.handoff``) and carries out the commands:
+claim/release in etcd, subscribe/cancel at the broker.
+
+Threads. The controller is the thread that calls :meth:`Consumer.run` (the main thread
+under ``partq consume``); it alone reads and writes this object and its ``Partitions``.
+The others reach it only as typed events on ``events`` (a ``queue.Queue``): the pika I/O
+thread's broker callbacks (``Handoff``, ``BrokerConnection``, ``Standby``, ``FlowReady``,
+...), the etcd watch stream's thread (``WatchEvent``, ``WatchFailed``), the session's
+keepalive thread (``LeaseLost``), worker, watchdog and pool threads (``WorkerFailed``,
+``ParkStall``), one ``threading.Timer`` thread per delayed event (``_after``,
+``_schedule``), and :meth:`Consumer.stop` from any thread (``Stop``). Two reads cross
+without the queue: ``_deliver`` runs on the I/O thread and looks the partition's worker
+up in ``Partitions.workers`` (one dict lookup) to put the delivery in its ``inbox`` (a
+``SimpleQueue``); the HTTP server thread reads ``ready`` and ``alive`` (``threading.Event``).
 
 A consumer never dies silently. :meth:`Consumer.run` returns an exit code
 (``partq consume`` exits with it):

@@ -7,6 +7,11 @@ is busy, and the handler timeout covers it). Whatever the cause (credit never re
 because acks went astray, a subscription the broker no longer serves), the partition's
 messages wait with nobody noticing but the lag. The daemon asks each check
 (:class:`FlowWatch`) and logs a stall once, when it begins, and once when it ends.
+
+Threads. None of its own: :class:`FlowWatch` belongs to the daemon's controller thread.
+Its inputs cross before the call: ``waiting`` from the workers' ``waiting_since`` (read
+by the controller, one value each), ``ready`` from passive declares on the pika I/O
+thread, queued to the controller as a ``FlowReady`` event.
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
 """A partition's worker with ``--concurrency`` above 1: different keys at once, each in order.
 
-Threads and what they own:
+Threads. The inbox (a ``SimpleQueue``) is the only way in: deliveries and END from the
+pika I/O thread, STOP from the controller, :class:`_Done` from the pool threads. What
+each thread owns:
 
 - the **dispatcher** (this worker's thread) owns the partition's :class:`KeyQueues`: it
   takes deliveries, END, STOP and the completions of its own messages from the inbox,
   and hands each delivery whose key is idle to the member's :class:`HandlerPool`;
 - a **pool thread** runs one message exactly as the one-at-a-time worker does
   (:meth:`consumers.worker.Worker._process`: retries, parking, dead-lettering, redrive
-  control messages, the handler timeout, the ack), then puts :class:`_Done` in the inbox.
+  control messages, the handler timeout, the ack), then puts :class:`_Done` in the inbox;
+- the **HTTP server thread** (a Prometheus scrape) reads ``longest_wait``, one float only
+  the dispatcher writes.
 
 So a key never has two messages in a handler and its messages run in arrival order,
 while the member has at most ``--concurrency`` messages in handlers at once. Control

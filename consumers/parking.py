@@ -21,6 +21,15 @@ Order of writes when a key is parked: the etcd record first, then the message is
 to the parking queue (with a confirm), then acked. A later owner sees the record before it
 can see the claim released (etcd's revision order), so it never handles the key's next
 message ahead of the parked ones.
+
+Threads. Parking runs on the partition workers' threads (a keyed worker's pool threads),
+several at once. :class:`Parking`'s lock serialises its one blocking AMQP connection and
+channel (``_connection``, ``_channel``, ``_declared``); a redrive replays on a connection
+of its own. :class:`ParkedKeys` is written by the controller (the snapshot, watch events)
+and by the workers (their own writes), and read by both, under its lock.
+:class:`ParkStalls` is written by the workers and read by the controller (``/readyz``,
+load reports) under its lock; ``on_change``, called outside it, queues a ``ParkStall``
+event for the controller. etcd is reached through ``Group``, whose only state is locked.
 """
 
 from __future__ import annotations

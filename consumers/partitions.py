@@ -10,6 +10,16 @@ stop the partition's worker.
 Without recursion, as a work list: stepping a partition yields commands, running a
 command may yield a follow-up event (its outcome: claimed, refused, released), and
 each is processed in turn until nothing follows.
+
+Threads. Every method runs on the controller thread, which owns the mirror, ``states``,
+``workers``, ``retired`` and the standby bookkeeping. Other threads only read: the pika
+I/O thread looks a worker up (``workers.get``, in ``Consumer._deliver``); the HTTP server
+thread's Prometheus scrape calls :meth:`in_flight` and ``_longest_wait``, which copy
+``workers.values()`` first (one C-level copy, atomic under the GIL) and read each worker's
+``busy`` / ``longest_wait`` or the pool's ``busy``. The broker is driven only through its
+thread-safe methods, and a worker, once started here, reaches the controller only through
+``on_worker_failure`` (a queued event). The member's :class:`HandlerPool` and
+:class:`EventLoop` are made and closed here, and used by the workers' threads.
 """
 
 from __future__ import annotations

@@ -11,6 +11,15 @@ shared by its partitions' workers:
   returns an awaitable (an ``async def`` handler, an async ``__call__``, or a sync one
   returning a coroutine) has it awaited there while the calling thread waits for the
   result: N calling threads, up to N coroutines at once.
+
+Threads. The controller makes both and closes them (``Partitions.close``); worker and pool
+threads use them. :class:`HandlerPool`: ``submit`` puts work in a ``SimpleQueue`` that
+the pool threads take from; ``_busy`` is counted under ``_lock`` and read without it by
+the HTTP scrape (``busy``, one int). :class:`EventLoop`: ``_loop`` is made, read and
+cleared under ``_lock``; the loop thread owns the asyncio loop and every coroutine on it;
+work crosses in with ``run_coroutine_threadsafe`` (the caller blocks on its
+``concurrent.futures.Future``) and :meth:`EventLoop.close` stops it with
+``call_soon_threadsafe``.
 """
 
 from __future__ import annotations

@@ -22,6 +22,10 @@ may activate the standby before it stood down. It then sees a consistent group: 
 owner, live, holds the claim, assigned to it, with us its standby again. Taking that over
 took a partition from a live member and made it a suspect, so every partition of it moved
 away and, a lease TTL later, back (seen: 14-15 partitions moved on a leave instead of 4).
+
+Threads. None of its own, and no state: :func:`may_take_over` runs on the daemon's
+controller thread (``Partitions.check_takeovers``), on a group snapshot that thread read
+itself after the broker's activation reached it as a queued ``Standby`` event.
 """
 
 from __future__ import annotations

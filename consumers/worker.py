@@ -32,6 +32,18 @@ What happens to a delivery (every outcome is logged and counted):
   counted, and the daemon told (``on_failure``): it turns ``/readyz`` false,
   leaves the group and exits non-zero. The partition's unacked deliveries go
   back to the queue when the connection closes.
+
+Threads. The worker thread (``partition-<p>``) takes items from ``inbox`` (a
+``SimpleQueue``: deliveries and END from the pika I/O thread, STOP from the controller)
+and runs the handler; with a handler timeout, its watchdog thread (``watchdog-<p>``)
+watches ``_running`` and may dead-letter and ack the running message itself. ``_lock``
+guards ``_running``, ``_timed_out``, ``handled`` and ``_first`` between them (and the pool
+threads of ``consumers.keyed``). An awaitable goes to the member's ``EventLoop`` thread;
+the caller blocks on its result. Acks, channel closes and ``finish`` go through the
+broker's thread-safe methods; a failure reaches the controller through ``on_failure`` (a
+queued event). Read without the lock, one value each: ``waiting_since`` and ``handled``
+by the controller, ``busy`` by the HTTP scrape, pika's ``Channel.is_open`` by this thread.
+:class:`DeadLetters` is shared by the member's workers; its lock serialises publishes.
 """
 
 from __future__ import annotations

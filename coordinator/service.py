@@ -20,6 +20,17 @@ Values come decoded from :class:`coordinator.group.Group`; a malformed one is an
 absent key (so a garbled assignment is rewritten, a garbled request ignored). A
 stream deleted, or whose spec is malformed, makes the coordinator not ready
 (:meth:`StreamCoordinator.check`) until it is back; then it campaigns again.
+
+Threads. Each :class:`StreamCoordinator` is one thread (``coordinator-<stream>``) that
+alone reads and writes its mirror, spec, loads, timers and the gauges it exports. Others
+reach it only through ``events`` (a ``queue.Queue``): the etcd watch stream's thread
+(``_watched``: ``WatchEvent``, ``WatchFailed``), the session's keepalive thread
+(``LeaseLost``) and :meth:`StreamCoordinator.stop` (``Stop``, with the ``stopping``
+event). ``partq coordinator``'s main and HTTP server threads read ``leading`` (a
+``threading.Event``), ``spec``, ``missing`` and ``failure`` (single references to values
+never changed in place) and ``history`` (locked inside ``History``). ``depths`` is
+called on this thread: the CLI's ``QueueDepths`` is shared with the HTTP thread, under
+its own lock.
 """
 
 from __future__ import annotations

@@ -11,6 +11,15 @@ consumer waits for the next refresh before handling more messages. An etcd that
 certificate no longer accepted) will refuse every later one, and the lease then runs
 out unseen: the session counts as lost at once, so its owner stops and rejoins,
 where the same refusal ends it with its line.
+
+Threads. The keepalive thread (``lease-<id>``) calls :meth:`renew` every ``ttl / 3``
+seconds; the owner may call it too (a consumer after a freeze), so two renewals can run
+at once. ``_ticked`` (a condition) guards ``last_tick``, wakes :meth:`wait_fresh`'s
+waiters (worker threads) and makes ``lost`` be set, and ``on_lost`` called, once;
+:meth:`fresh` reads ``last_tick`` without it (one float). ``on_lost`` and
+``on_renewal_failure`` run on whichever thread renewed: they must be quick and
+thread-safe (the daemon and the coordinator queue an event). :meth:`close`, on the
+owner's thread, sets ``_closed``, revokes the lease and joins the keepalive thread.
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
 """The producer SDK for asyncio: :class:`AsyncProducer` wraps one :class:`Producer`.
 
 The contract (confirms, the window, republishing in order after a reconnect, the errors)
-is the thread-based :class:`Producer`'s: this module adds no AMQP of its own. Who owns
-what: the event loop's thread calls every method here and owns ``_waiting`` and the
-counters; the Producer's I/O thread owns the connection and settles its
-``concurrent.futures`` futures, then reports them through ``on_settled``, which crosses to
-the loop through a queue and at most one scheduled ``call_soon_threadsafe`` at a time (not
-one per message or per confirm frame), where :meth:`AsyncProducer._settle` settles the
-matching asyncio futures.
+is the thread-based :class:`Producer`'s: this module adds no AMQP of its own.
+
+Threads. The event loop's thread calls every method here and owns ``_waiting``,
+``_space``, ``_idle`` and the counters. The Producer's I/O thread owns the connection and
+settles its ``concurrent.futures`` futures (so do the executor thread running its close,
+and the loop's thread for a message refused unsent), then reports them through
+``on_settled``: it appends them to ``_settled`` (a deque, whose append and popleft are
+atomic) and schedules at most one ``call_soon_threadsafe(_settle)`` at a time
+(``_settle_scheduled``: a race schedules one call too many, never one too few), not one
+per message or per confirm frame; :meth:`AsyncProducer._settle` then settles the matching
+asyncio futures on the loop.
 
 Nothing here blocks the loop: connecting and closing run in the loop's default executor;
 a publish is handed to the Producer only when the window has room, so the Producer never

@@ -23,6 +23,18 @@ broker refuses (a body above its ``max_message_size``) fails its own future
 with :class:`PublishFailed` and is not sent again; the others are republished
 in order. Should the I/O thread ever fail, every pending and later publish fails
 with :class:`ProducerClosed` naming the cause.
+
+Threads. The I/O thread (``<name>-io``) owns the connection, its channel and ``Framer``,
+and the delivery tags. Callers of ``publish``/``publish_many`` (any thread) encode in
+their own thread, append to ``_outbox`` under ``_lock`` and wake the I/O thread with one
+``add_callback_threadsafe(_drain)`` per burst (``_wake_scheduled``). ``_lock`` also guards
+``_unconfirmed``, ``_outstanding`` and the connection references; ``_space`` and ``_idle``,
+conditions on it, block publishers on a full window and ``flush`` until nothing is left.
+Futures are settled outside the lock: on the I/O thread (confirms, refusals), on the
+caller's thread (a body already known too large, a batch cut short by a close) and on
+the closing thread (what ``close`` fails). ``_max_body`` and ``_max_properties``, written
+by the I/O thread, and ``_closing`` are read without the lock (one value each; a stale
+limit only means the broker refuses the message).
 """
 
 from __future__ import annotations
