@@ -8,7 +8,8 @@ claim/release in etcd, subscribe/cancel at the broker.
 
 Threads. The controller is the thread that calls :meth:`Consumer.run` (the main thread
 under ``partq consume``); it alone reads and writes this object and its ``Partitions``.
-The others reach it only as typed events on ``events`` (a ``queue.Queue``): the pika I/O
+The others reach it only as typed events on ``events`` (a ``queue.Queue``; a stop signal
+reaches it through consumers.signals' relay thread, never from the handler): the pika I/O
 thread's broker callbacks (``Handoff``, ``BrokerConnection``, ``Standby``, ``FlowReady``,
 ...), the etcd watch stream's thread (``WatchEvent``, ``WatchFailed``), the session's
 keepalive thread (``LeaseLost``), worker, watchdog and pool threads (``WorkerFailed``,
