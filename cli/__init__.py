@@ -23,10 +23,9 @@ from cli.produce import produce
 from cli.security import security
 from cli.spark import spark_job
 from cli.streams import stream
-from kernel import __version__, logs
+from kernel import __version__, logs, terminal
 from kernel.amqp import has_password
 from kernel.errors import PartqError, exit_code
-from kernel.terminal import printable
 
 __all__ = ["cli", "main", "one_line", "report"]
 
@@ -146,8 +145,8 @@ def report(error: Exception) -> int:
 
 
 def one_line(text: str) -> str:
-    """``text`` on one printable line: its lines joined, control characters escaped."""
-    return printable(" ".join(text.split())) or "(no message)"
+    """``text`` on one printable line (:func:`kernel.terminal.one_line`), never empty."""
+    return terminal.one_line(text) or "(no message)"
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import threading
 
 import click
 
-from cli.context import Context, Seconds, pass_context
+from cli.context import Context, Seconds, expected_partitions, pass_context
 from cli.web import base_url, http_options, serve_http, server_context
 from consumers.daemon import (
     DEFAULT_HANDLER_TIMEOUT,
@@ -62,11 +62,7 @@ log = logging.getLogger("partq.cli")
     "the consumer leaves the group and exits with code 3 (a running handler cannot be "
     "stopped). 0: no limit.",
 )
-@click.option(
-    "--partitions",
-    type=click.IntRange(min=1),
-    help="Expected partition count; refused if etcd differs.",
-)
+@expected_partitions
 @click.option(
     "--announce-leave/--no-announce-leave",
     envvar="PARTQ_ANNOUNCE_LEAVE",
@@ -130,8 +126,10 @@ def consume(
     server_context(security)  # a certificate that cannot be used: exit 2 before connecting
     import_from_working_directory()
     function = load_handler(handler)
-    config = ConsumerConfig(
-        stream=stream,
+    given = {} if concurrency is None else {"concurrency": concurrency}
+    config = ConsumerConfig.of(
+        stream,
+        ctx.settings,
         member_id=member_id,
         weight=weight,
         prefetch=prefetch,
@@ -142,9 +140,7 @@ def consume(
         handler_timeout=handler_timeout or None,
         announce_leave=announce_leave,
         load_report=load_report,
-        amqp_outage_limit=ctx.settings.amqp_outage_limit,
-        concurrency=ctx.settings.concurrency if concurrency is None else concurrency,
-        stall_after=ctx.settings.stall_after,
+        **given,
     )
     consumer = Consumer(ctx.registry(), function, config, amqp_url=ctx.settings.amqp)
     server = serve_http(

@@ -47,3 +47,11 @@ class Seconds(click.FloatRange):
         if not math.isfinite(seconds):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
         return seconds
+
+
+# consume and produce: the partition count the process expects of the stream's spec
+expected_partitions = click.option(
+    "--partitions",
+    type=click.IntRange(min=1),
+    help="Expected partition count; refused if etcd differs.",
+)

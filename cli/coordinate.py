@@ -68,7 +68,7 @@ log = logging.getLogger("partq.cli")
 )
 @click.option(
     "--unbound-grace",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=60.0,
     show_default=True,
     help="Seconds a claim on a lease no live member holds (a departed member draining) is "

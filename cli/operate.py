@@ -24,6 +24,12 @@ from kernel.terminal import printable
 from producer.contract import StreamSpec
 
 log = logging.getLogger("partq.cli")
+_ONE_PARTITION = click.option(
+    "--partition",
+    "-p",
+    type=click.IntRange(min=0),
+    help="Only this partition [default: every one].",
+)
 
 
 @click.command()
@@ -209,12 +215,7 @@ def drain(ctx: Context, stream: str, member: str, cancel: bool, force: bool) -> 
 
 @click.command()
 @click.argument("stream")
-@click.option(
-    "--partition",
-    "-p",
-    type=click.IntRange(min=0),
-    help="Only this partition [default: every one].",
-)
+@_ONE_PARTITION
 @pass_context
 def pause(ctx: Context, stream: str, partition: int | None) -> None:
     """Pause STREAM (or one partition): its owner drains it and stops consuming, but keeps it.
@@ -235,12 +236,7 @@ def pause(ctx: Context, stream: str, partition: int | None) -> None:
 
 @click.command()
 @click.argument("stream")
-@click.option(
-    "--partition",
-    "-p",
-    type=click.IntRange(min=0),
-    help="Only this partition [default: every one].",
-)
+@_ONE_PARTITION
 @pass_context
 def resume(ctx: Context, stream: str, partition: int | None) -> None:
     """Resume what `partq pause` paused (without --partition: every pause of STREAM)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sys
@@ -14,7 +13,7 @@ from typing import IO, Any
 
 import click
 
-from cli.context import Context, pass_context
+from cli.context import Context, expected_partitions, pass_context
 from cli.web import base_url, http_options, serve_http, server_context
 from kernel.errors import PartqError, UsageError
 from kernel.terminal import printable
@@ -33,11 +32,13 @@ class Line:
     message_id: str | None
 
 
-def parse_lines(stream: IO[str]) -> Iterator[Line | str]:
+def parse_lines(stream: IO[str], *, check: bool = True) -> Iterator[Line | str]:
     """Yield a :class:`Line` per valid JSON line, or an error text naming the line.
 
     A valid line is one the producer can send: its key and body are text, its headers
-    and message id are what AMQP carries (:func:`problem`)."""
+    and message id are what AMQP carries (:func:`problem`). ``check`` False: the lines
+    were checked already (a file read again after :func:`_check_whole`), so only what
+    the producer does not check again is."""
     for number, raw in enumerate(stream, start=1):
         if not raw.strip():
             continue
@@ -60,19 +61,7 @@ def parse_lines(stream: IO[str]) -> Iterator[Line | str]:
         if headers is not None and not isinstance(headers, dict):
             yield f'line {number}: "headers" must be an object'
             continue
-        try:
-            refuse_control_headers(headers)
-        except UsageError as e:
-            yield f"line {number}: {e}"
-            continue
         message_id = doc.get("message_id")
-        line = Line(
-            number,
-            key,
-            b"",  # the body is checked (and encoded) below
-            headers,
-            None if message_id is None else str(message_id),
-        )
         try:
             data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         except UnicodeEncodeError:
@@ -81,11 +70,12 @@ def parse_lines(stream: IO[str]) -> Iterator[Line | str]:
         except RecursionError:
             yield f"line {number}: JSON nested too deeply for this parser; flatten it"
             continue
-        wrong = problem(line)
+        line = Line(number, key, data, headers, None if message_id is None else str(message_id))
+        wrong = problem(line) if check else None
         if wrong is not None:
             yield f"line {number}: {wrong}"
             continue
-        yield dataclasses.replace(line, body=data)
+        yield line
 
 
 def problem(line: Line) -> str | None:
@@ -95,6 +85,10 @@ def problem(line: Line) -> str | None:
         line.key.encode("utf-8")
     except UnicodeEncodeError:
         return '"key" is not valid UTF-8 text (it holds a lone surrogate)'
+    try:
+        refuse_control_headers(line.headers)
+    except UsageError as e:
+        return str(e)
     properties = message_properties(
         line.key, 0, message_id=line.message_id, headers=line.headers, now=0.0
     )
@@ -126,11 +120,7 @@ log = logging.getLogger("partq.cli")
     help="Send the valid lines, report the invalid ones (exit 1) [default: send nothing "
     "from a file with an invalid line; stop at one from stdin].",
 )
-@click.option(
-    "--partitions",
-    type=click.IntRange(min=1),
-    help="Expected partition count; refused if etcd differs.",
-)
+@expected_partitions
 @click.option(
     "--window",
     type=click.IntRange(1, 100_000),
@@ -195,6 +185,7 @@ def _lines(
         raise UsageError("stdin is closed: give --from FILE, or --key and --body")
     if not skip_invalid and _seekable(source):
         _check_whole(source)
+        return parse_lines(source, check=False)
     return parse_lines(source)
 
 

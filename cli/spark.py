@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cli.context import Context, pass_context
+from cli.context import Context, Seconds, pass_context
 from cli.web import LOOPBACK
 from kernel.errors import UsageError
 
@@ -99,7 +99,7 @@ def _conf_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option(
     "--trigger-seconds",
-    type=click.FloatRange(0),
+    type=Seconds(),
     default=1.0,
     show_default=True,
     help="Seconds between micro-batches (0: as fast as possible).",

@@ -338,9 +338,11 @@ def http_options(default_port: int | None) -> Callable[[F], F]:
             type=click.IntRange(0, 65535),
             default=default_port,
             show_default=default_port is not None,
-            envvar="PARTQ_HTTP_PORT",
-            help="0: pick a free port (the chosen one is logged) [PARTQ_HTTP_PORT]."
-            + (" Default: serve no port." if default_port is None else ""),
+            # a daemon's port may come from its environment; a command that serves none
+            # unless asked (produce) must not start serving because a daemon's is set
+            envvar="PARTQ_HTTP_PORT" if default_port is not None else None,
+            help="0: pick a free port (the chosen one is logged)."
+            + (" Default: serve no port." if default_port is None else " [PARTQ_HTTP_PORT]"),
         )(command)
         return click.option(
             "--http-host",

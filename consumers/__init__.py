@@ -43,14 +43,7 @@ def run(
     consumer = Consumer(
         registry,
         handler,
-        ConsumerConfig(
-            stream=stream,
-            **{  # type: ignore[arg-type]
-                "amqp_outage_limit": settings.amqp_outage_limit,
-                "concurrency": settings.concurrency,
-                **config,
-            },
-        ),
+        ConsumerConfig.of(stream, settings, **config),
         amqp_url=settings.amqp,
     )
     if install_signal_handlers:

@@ -20,7 +20,9 @@ from typing import Any
 __all__ = [
     "Crash",
     "balance_problems",
+    "concurrent_keys",
     "handoff_gaps",
+    "key_overlaps",
     "load",
     "lost",
     "min_moves",
@@ -88,38 +90,39 @@ def overlaps(
     return problems
 
 
+def _starts_during(
+    intervals: list[tuple[float, float, str]],
+) -> Iterator[tuple[str, str]]:
+    """Each interval (start, end, name) that starts before the latest end so far, in start
+    order: its name and the name of the interval that set that end."""
+    latest, running = float("-inf"), ""
+    for start, end, name in sorted(intervals):
+        if start < latest:
+            yield name, running
+        if end > latest:
+            latest, running = end, name
+
+
 def key_overlaps(records: Iterable[Record]) -> list[str]:
     """Moments when two handlings of one key ran at once, in any processes (never allowed,
     whatever ``--concurrency``)."""
     by_key: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     for r in records:
         by_key[r["key"]].append((r["start"], r["end"], r["message_id"]))
-    problems = []
-    for key, intervals in sorted(by_key.items()):
-        intervals.sort()
-        latest, running = float("-inf"), ""
-        for start, end, message_id in intervals:
-            if start < latest:
-                problems.append(f"key {key}: {message_id} started while {running} ran")
-            if end > latest:
-                latest, running = end, message_id
-    return problems
+    return [
+        f"key {key}: {message_id} started while {running} ran"
+        for key, intervals in sorted(by_key.items())
+        for message_id, running in _starts_during(intervals)
+    ]
 
 
 def concurrent_keys(records: Iterable[Record]) -> int:
     """Handlings that started while another key's handling of the same partition and
     process ran: above 0 only with ``--concurrency`` above 1."""
-    by_owner: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    by_owner: dict[tuple[int, int], list[tuple[float, float, str]]] = defaultdict(list)
     for r in records:
-        by_owner[(r["pid"], r["partition"])].append((r["start"], r["end"]))
-    count = 0
-    for intervals in by_owner.values():
-        intervals.sort()
-        latest = float("-inf")
-        for start, end in intervals:
-            count += start < latest
-            latest = max(latest, end)
-    return count
+        by_owner[(r["pid"], r["partition"])].append((r["start"], r["end"], ""))
+    return sum(1 for intervals in by_owner.values() for _ in _starts_during(intervals))
 
 
 @dataclass(frozen=True, slots=True)

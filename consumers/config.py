@@ -6,12 +6,18 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from coordinator.group import validate_member_id
 from kernel import __version__
 from kernel.amqp import MAX_PREFETCH
 from kernel.errors import UsageError
-from kernel.settings import DEFAULT_AMQP_OUTAGE_LIMIT, DEFAULT_CONCURRENCY
+from kernel.settings import (
+    DEFAULT_AMQP_OUTAGE_LIMIT,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_STALL_AFTER,
+    Settings,
+)
 
 __all__ = [
     "DEFAULT_HANDLER_TIMEOUT",
@@ -69,7 +75,19 @@ class ConsumerConfig:
     concurrency: int = DEFAULT_CONCURRENCY
     # Seconds an owned partition's worker may wait for a delivery while its queue has
     # messages ready before that is logged and counted as a stall (consumers.flow); 0: never.
-    stall_after: float = 30.0
+    stall_after: float = DEFAULT_STALL_AFTER
+
+    @classmethod
+    def of(cls, stream: str, settings: Settings, **options: Any) -> ConsumerConfig:
+        """``stream``'s config: the consumer settings that ``settings`` holds
+        (PARTQ_AMQP_OUTAGE_LIMIT, PARTQ_CONCURRENCY, PARTQ_STALL_AFTER), ``options`` over
+        them (a flag given, a keyword of ``consumers.run``)."""
+        from_settings = {
+            "amqp_outage_limit": settings.amqp_outage_limit,
+            "concurrency": settings.concurrency,
+            "stall_after": settings.stall_after,
+        }
+        return cls(stream=stream, **{**from_settings, **options})
 
     def __post_init__(self) -> None:
         if self.member_id is not None:  # InvalidMemberId: a usage error, exit code 2

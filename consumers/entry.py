@@ -17,7 +17,7 @@ from typing import ParamSpec
 
 from kernel import logs
 from kernel.errors import PartqError, exit_code
-from kernel.terminal import printable
+from kernel.terminal import one_line
 
 __all__ = ["entry_point"]
 
@@ -36,7 +36,7 @@ def entry_point(run: Callable[P, int]) -> Callable[P, int]:
             return run(*args, **kwargs)
         except PartqError as error:
             code = exit_code(error)
-            log.error("%s (exit %d)", printable(" ".join(str(error).split())), code)
+            log.error("%s (exit %d)", one_line(str(error)), code)
             return code
 
     return wrapper

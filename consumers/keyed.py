@@ -83,12 +83,16 @@ class KeyedWorker(Worker):
         ending: Any = None  # END's channel once the broker sent it
         halted = False  # STOP, or a message timed out: nothing more starts
         in_flight = 0
+        next_look = 0.0  # when the longest wait is looked at again
         while True:
             try:
                 item = self.inbox.get(timeout=_LOOK)
             except queue.Empty:
                 item = None
+            now = time.monotonic()
             start: Delivery | None = None
+            key: Hashable = None  # start's key
+            was_in_flight = in_flight
             if item is None:
                 pass
             elif item is STOP:
@@ -98,30 +102,35 @@ class KeyedWorker(Worker):
             elif isinstance(item, _Done):
                 in_flight -= 1
                 halted = halted or not item.go_on
-                start = keys.done(item.key)
+                key = item.key  # the key's next delivery, if any, has the same key
+                start = keys.done(key)
             else:
-                start = keys.arrive(key_of(item), item, time.monotonic())
+                key = key_of(item)
+                start = keys.arrive(key, item, now)
             if halted:
                 for waiting in keys.take_waiting():
                     self._give_back(waiting)
                 if start is not None:
-                    keys.done(key_of(start))  # it never runs: its key is free again
+                    keys.done(key)  # it never runs: its key is free again
                     self._give_back(start)
             elif start is not None:
                 in_flight += 1
-                self.pool.submit(functools.partial(self._run_one, start))
-            self._m_in_flight.set(in_flight)
+                self.pool.submit(functools.partial(self._run_one, start, key))
+            if in_flight != was_in_flight:
+                self._m_in_flight.set(in_flight)
             if in_flight:  # the stall detector's view: waiting only with nothing in a handler
                 self.waiting_since = None
             elif self.waiting_since is None:
-                self.waiting_since = time.monotonic()
-            self.longest_wait = keys.longest_wait(time.monotonic())
+                self.waiting_since = now
+            if now >= next_look:
+                self.longest_wait = keys.longest_wait(now)
+                next_look = now + _LOOK
             if in_flight == 0 and (halted or ending is not None):
                 if not halted:
                     self.broker.finish(self.partition, ending)
                 return
 
-    def _run_one(self, delivery: Delivery) -> None:
+    def _run_one(self, delivery: Delivery, key: Hashable) -> None:
         """On a pool thread: the message's whole path; the dispatcher always hears of it."""
         go_on = False
         try:
@@ -130,4 +139,4 @@ class KeyedWorker(Worker):
         except BaseException as error:
             self._crashed(error)
         finally:
-            self.inbox.put(_Done(key_of(delivery), go_on))
+            self.inbox.put(_Done(key, go_on))

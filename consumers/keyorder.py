@@ -28,7 +28,6 @@ class KeyQueues(Generic[T]):
     def __init__(self) -> None:
         # key -> its waiting (arrived-at, item); a key is running iff it is here
         self._keys: dict[Hashable, deque[tuple[float, T]]] = {}
-        self._waiting = 0
 
     def arrive(self, key: Hashable, item: T, now: float) -> T | None:
         """``item`` if it may start now (its key is idle), else None: it waits its turn."""
@@ -37,14 +36,12 @@ class KeyQueues(Generic[T]):
             self._keys[key] = deque()
             return item
         waiting.append((now, item))
-        self._waiting += 1
         return None
 
     def done(self, key: Hashable) -> T | None:
         """The running item of ``key`` is finished: the key's next item to start, if any."""
         waiting = self._keys[key]  # a KeyError here is a caller's bug: nothing ran for key
         if waiting:
-            self._waiting -= 1
             return waiting.popleft()[1]
         del self._keys[key]
         return None
@@ -54,7 +51,6 @@ class KeyQueues(Generic[T]):
         items = [item for waiting in self._keys.values() for _at, item in waiting]
         for waiting in self._keys.values():
             waiting.clear()
-        self._waiting = 0
         return items
 
     @property
@@ -63,7 +59,7 @@ class KeyQueues(Generic[T]):
 
     @property
     def waiting(self) -> int:
-        return self._waiting
+        return sum(map(len, self._keys.values()))
 
     def longest_wait(self, now: float) -> float:
         """Seconds the longest-waiting item has waited behind its key (0: none waits)."""

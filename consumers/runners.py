@@ -42,7 +42,6 @@ class HandlerPool:
     def __init__(self, size: int, name: str = "handler") -> None:
         if size < 1:
             raise ValueError(f"a handler pool needs at least 1 thread, got {size}")
-        self.size = size
         self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._busy = 0

@@ -318,8 +318,10 @@ class Worker(threading.Thread):
         if self.stopped.is_set() or not self._may_handle(delivery):
             self._give_back(delivery)
             return True
-        with self._lock:
-            first, self._first = self._first, False
+        first = False
+        if self._first:  # only ever goes from True to False: the lock only the first time
+            with self._lock:
+                first, self._first = self._first, False
         if first and self.freed_at is not None:
             metrics.HANDOFF_GAP_SECONDS.labels(*self._labels).observe(
                 max(0.0, time.time() - self.freed_at)
@@ -440,9 +442,7 @@ class Worker(threading.Thread):
                 return _Outcome.TIMED_OUT, None, attempt
             self._m_handler_seconds.observe(time.monotonic() - started)
             if failure is None:
-                self._m_handled_ok.inc()
-                with self._lock:
-                    self.handled += 1
+                self._m_handled_ok.inc()  # and ``handled`` counted it (in _call)
                 return _Outcome.ACK, None, attempt
             if attempt >= self.max_attempts:
                 return _Outcome.KEEP, failure, attempt
@@ -608,6 +608,8 @@ class Worker(threading.Thread):
             del self._running[caller]
             if self._timed_out:
                 raise _TimedOut
+            if failure is None:
+                self.handled += 1
         return failure
 
     def _watch(self) -> None:

@@ -34,7 +34,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from kernel.amqp import AmqpURL, blocking_connection
+from kernel.amqp import MAX_PREFETCH, AmqpURL, blocking_connection
 from kernel.errors import MessageNacked, MessageUnroutable, UsageError
 from producer.contract import (
     DEAD_LETTER_HEADERS,
@@ -56,7 +56,7 @@ from producer.contract import (
 __all__ = ["WINDOW", "Acted", "DeadLetter", "Read", "act", "letter_from", "read"]
 
 Action = Literal["redrive", "purge"]
-WINDOW = 10_000  # messages held at once (AMQP's prefetch count is at most 65 535)
+WINDOW = 10_000  # messages held at once (a prefetch count is at most kernel.amqp.MAX_PREFETCH)
 _WAIT = 10.0  # seconds to wait for a window's next delivery before giving up on it
 _ALONE_CHECKS, _ALONE_INTERVAL = 25, 0.2  # wait up to 5 s for another reader to go away
 
@@ -210,7 +210,7 @@ def _window(
         if frame.consumer_count:  # its messages would interleave with ours when given back
             raise _busy(queue)
         depth = int(frame.message_count)
-        wanted = min(depth, most, 65_535)
+        wanted = min(depth, most, MAX_PREFETCH)
         taken: Taken = []
         if wanted:
             channel.basic_qos(prefetch_count=wanted)

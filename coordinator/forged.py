@@ -26,7 +26,7 @@ from typing import Any
 
 from coordinator import metrics, policy
 from coordinator.election import Fence
-from coordinator.group import Group
+from coordinator.group import Claim, Group
 from coordinator.mirror import GroupMirror
 from kernel import keys
 from kernel.errors import EtcdPermissionDenied, EtcdUnavailable
@@ -56,30 +56,32 @@ def _delete(group: Group, fence: Fence, key: str, revision: int) -> bool:
     return bool(ok)
 
 
-def _delete_claim(group: Group, fence: Fence, mirror: GroupMirror, p: int, forged: bool) -> bool:
-    """Delete the claim on ``p`` as mirrored (in ``forged`` or ``claims``), counted."""
+def _delete_claim(
+    group: Group, fence: Fence, mirror: GroupMirror, p: int, claim: Claim, why: str
+) -> None:
+    """Delete the claim on ``p`` as mirrored (in ``forged`` or ``claims``), logged with
+    ``why`` and counted."""
     revision = mirror.claim_revisions.get(p, 0)
     if not _delete(group, fence, keys.claim(group.stream, p), revision):
-        return False  # changed since (the watch brings it), or we no longer lead
-    (mirror.forged if forged else mirror.claims).pop(p, None)
+        return  # changed since (the watch brings it), or we no longer lead
+    (mirror.forged if p in mirror.forged else mirror.claims).pop(p, None)
     mirror.claim_revisions.pop(p, None)
     metrics.FORGED_REMOVED.labels(group.stream, "claim").inc()
-    return True
+    log.warning(
+        "%s: deleted the claim on partition %d naming %s on %s: %s",
+        group.stream,
+        p,
+        claim.member,
+        f"lease {claim.lease:x}" if claim.lease else "no lease",
+        why,
+    )
 
 
 def remove_claims(group: Group, fence: Fence, mirror: GroupMirror) -> None:
     """Delete every claim the mirror holds apart as forged."""
     for p, claim in sorted(mirror.forged.items()):
-        if not _delete_claim(group, fence, mirror, p, forged=True):
-            continue
-        log.warning(
-            "%s: deleted the claim on partition %d naming %s on %s: not on its member's lease, "
-            "so written outside partq with a consumer's credentials",
-            group.stream,
-            p,
-            claim.member,
-            f"lease {claim.lease:x}" if claim.lease else "no lease",
-        )
+        why = "not on its member's lease, so written outside partq with a consumer's credentials"
+        _delete_claim(group, fence, mirror, p, claim, why)
 
 
 def remove_unbound(
@@ -102,17 +104,8 @@ def remove_unbound(
         if now < seen[p][1]:
             continue
         del seen[p]
-        if not _delete_claim(group, fence, mirror, p, forged=False):
-            continue
-        log.warning(
-            "%s: deleted the claim on partition %d naming %s on lease %x: no live member "
-            "holds that lease, and it outlived the grace of %.0f s",
-            group.stream,
-            p,
-            claim.member,
-            claim.lease,
-            grace,
-        )
+        why = f"no live member holds that lease, and it outlived the grace of {grace:.0f} s"
+        _delete_claim(group, fence, mirror, p, claim, why)
 
 
 def remove_parked(

@@ -365,10 +365,13 @@ class StreamCoordinator(threading.Thread):
     def _apply(self, event: WatchEvent) -> None:
         """Mirror one change, and react to what is about the campaign itself."""
         self.mirror.apply(event)
-        if event.kind == "parked" and event.value is None:
-            self._unverified.pop(event.name, None)
-        elif event.kind == "parked":  # the leader checks who wrote it (coordinator.forged)
-            self._unverified[event.name] = event.revision
+        # the leader checks who wrote a parked record (coordinator.forged); a follower's
+        # list would be replaced when it comes to lead (_update_leadership)
+        if event.kind == "parked" and self.leading.is_set():
+            if event.value is None:
+                self._unverified.pop(event.name, None)
+            else:
+                self._unverified[event.name] = event.revision
         if event.kind == "claim":
             self.history.claim(event.partition, self.mirror.claims.get(event.partition))
         fence = self.election.fence
@@ -412,7 +415,7 @@ class StreamCoordinator(threading.Thread):
         """Carry out the operator requests, then (once settled) the automatic step."""
         assert self.spec is not None
         spec, config = self.spec, self.config
-        self._remove_forged()
+        self._remove_forged_claims()
         taken = policy.takeovers(self.mirror)
         if taken:  # a standby took these from a dead owner: the assignment follows, at once
             self._write(taken, "takeover")
@@ -424,6 +427,8 @@ class StreamCoordinator(threading.Thread):
         if not config.manual and policy.settled(self._settle_at, time.monotonic()):
             self._plan(event)
         self._write_standbys(policy.standbys(spec, self.mirror) if config.standby else {})
+        # last: two historic reads per record, which nothing above depends on
+        self._remove_forged_parked()
 
     def _plan(self, event: CoordinatorEvent) -> None:
         spec, config = self.spec, self.config
@@ -478,8 +483,8 @@ class StreamCoordinator(threading.Thread):
         measured = loads.estimate(rates, depths, previous, elapsed, self.config.horizon)
         self.loads = loads.smooth(self.loads or {}, measured)  # rates are noisy: an average
 
-    def _remove_forged(self) -> None:
-        """Delete the claims and parked records partq never writes (:mod:`coordinator.forged`)."""
+    def _remove_forged_claims(self) -> None:
+        """Delete the claims partq never writes (:mod:`coordinator.forged`)."""
         fence = self.election.fence
         assert fence is not None
         forged.remove_claims(self.group, fence, self.mirror)
@@ -491,7 +496,11 @@ class StreamCoordinator(threading.Thread):
             time.monotonic(),
             self.config.unbound_grace,
         )
-        assert self.spec is not None
+
+    def _remove_forged_parked(self) -> None:
+        """Delete the parked records their partition's holder did not write."""
+        fence = self.election.fence
+        assert fence is not None and self.spec is not None
         forged.remove_parked(self.group, fence, self.mirror, self._unverified, self.spec)
 
     def _write_standbys(self, target: Mapping[int, str]) -> None:

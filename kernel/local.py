@@ -88,6 +88,11 @@ class LocalEtcd:
             args += ["--auth-token", "simple", "--auth-token-ttl", str(self.auth_token_ttl)]
         return args
 
+    def enable_auth(self, root_password: str) -> None:
+        """Add etcd's ``root`` user with ``root_password`` and turn authentication on."""
+        self.etcdctl("user", "add", f"root:{root_password}")
+        self.etcdctl("auth", "enable")
+
     def etcdctl(
         self,
         *args: str,

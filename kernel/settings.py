@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_AMQP_OUTAGE_LIMIT",
     "DEFAULT_CONCURRENCY",
     "DEFAULT_ETCD_ENDPOINTS",
+    "DEFAULT_STALL_AFTER",
     "Endpoint",
     "HttpSecurity",
     "Settings",
@@ -41,6 +42,9 @@ DEFAULT_AMQP_OUTAGE_LIMIT = 30.0
 # Consumers: messages of different keys handled at once per member (1: one at a time per
 # partition); PARTQ_CONCURRENCY or --concurrency.
 DEFAULT_CONCURRENCY = 1
+# Consumers: seconds an owned partition may get nothing while messages are ready in its
+# queue before it is reported stalled; PARTQ_STALL_AFTER.
+DEFAULT_STALL_AFTER = 30.0
 
 Endpoint = tuple[str, int, bool]  # host, port, tls
 
@@ -98,7 +102,7 @@ class Settings(BaseSettings):
     concurrency: int = DEFAULT_CONCURRENCY
     """Consumers: messages of different keys a member handles at once (a key's own never
     overlap and keep their order); 1: one at a time per partition."""
-    stall_after: float = 30.0
+    stall_after: float = DEFAULT_STALL_AFTER
     """Consumers: seconds an owned partition may get nothing while its queue has messages
     ready before it is reported stalled (`partition N: stalled`,
     `partq_consumer_stalled_partitions`); 0: never."""

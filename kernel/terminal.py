@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["printable"]
+__all__ = ["one_line", "printable"]
 
 # Bidirectional overrides and isolates reorder what is shown ("Trojan source").
 _BIDI = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
@@ -34,3 +34,9 @@ def printable(text: str) -> str:
     if not _ANY_UNSAFE.search(text):
         return text
     return "".join(_escape(c) if _unsafe(c) else c for c in text)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one printable line: its lines and runs of blanks joined by one space,
+    then :func:`printable`."""
+    return printable(" ".join(text.split()))

@@ -142,7 +142,9 @@ def validate_stream_name(name: str) -> str:
 # What partq appends to a stream's name for its queues and exchanges: a stream whose name
 # ends like this would be named as another stream's queue, and the rights of one would
 # reach the other's (RabbitMQ permissions are regular expressions over names).
-_RESERVED_SUFFIX = re.compile(r"\.(?:p\d{5}|dlq|dlx|park\.[0-9a-f]{16})$")
+_PARTITION_SUFFIX = r"p\d{5}"  # queue_name's ending
+_PARK_SUFFIX = r"park\.[0-9a-f]{16}"  # park_queue's
+_RESERVED_SUFFIX = re.compile(rf"\.(?:{_PARTITION_SUFFIX}|dlq|dlx|{_PARK_SUFFIX})$")
 
 
 def refuse_overlap(name: str) -> str:
@@ -189,12 +191,12 @@ def queue_name(stream: str, partition: int) -> str:
 
 def queue_pattern(stream: str) -> str:
     """A regex that matches exactly the partition queues of ``stream``."""
-    return rf"^{re.escape(_PREFIX)}\.{re.escape(stream)}\.p\d{{5}}$"
+    return rf"^{re.escape(_PREFIX)}\.{re.escape(stream)}\.{_PARTITION_SUFFIX}$"
 
 
 def park_queue_pattern(stream: str) -> str:
     """A regex that matches exactly the parking queues of ``stream`` (see :func:`park_queue`)."""
-    return rf"^{re.escape(_PREFIX)}\.{re.escape(stream)}\.park\.[0-9a-f]{{16}}$"
+    return rf"^{re.escape(_PREFIX)}\.{re.escape(stream)}\.{_PARK_SUFFIX}$"
 
 
 def dead_letter_queue(stream: str) -> str:

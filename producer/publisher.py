@@ -368,7 +368,6 @@ class Producer:
         now: float,
     ) -> _Pending:
         """One message, hashed and encoded in the caller's thread (its checks raise here)."""
-        refuse_control_headers(headers)
         partition = self.spec.partition_for(key)
         if isinstance(body, str):
             body = body.encode("utf-8")
@@ -382,7 +381,9 @@ class Producer:
             message_id = f"{self._id_prefix}{next(self._ids):016x}"
         encoded = encoded_properties(key, partition, message_id, now, headers)
         if encoded is None or len(encoded) > self._max_properties:
-            # pika's own encoder: headers it alone encodes, or a message it refuses with a reason
+            # pika's own encoder: headers it alone encodes, or a message it refuses with a
+            # reason; the fast encoder leaves partq's control header to this path
+            refuse_control_headers(headers)
             properties = message_properties(
                 key, partition, message_id=message_id, headers=headers, now=now
             )

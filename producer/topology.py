@@ -25,6 +25,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import SpecMismatch, UsageError
 from producer.contract import (
+    HEADER_CONTROL,
     HEADER_KEY,
     HEADER_KEY_B64,
     HEADER_PARTITION,
@@ -427,7 +428,11 @@ def _table_int(value: int) -> bytes:
     return _INT32.pack(b"I", value) if -(2**31) <= value < 2**31 else _INT64.pack(b"l", value)
 
 
-_RESERVED = frozenset((HEADER_KEY, HEADER_KEY_B64, HEADER_PARTITION, HEADER_PUBLISHED_MS))
+# partq's own header names: the fast encoder leaves them to pika's path (for the control
+# header, to the producer's refusal there: ``Producer._prepare``)
+_RESERVED = frozenset(
+    (HEADER_KEY, HEADER_KEY_B64, HEADER_PARTITION, HEADER_PUBLISHED_MS, HEADER_CONTROL)
+)
 _LONG_STRING = struct.Struct(">cI")
 _BOOL = {True: b"t\x01", False: b"t\x00"}
 

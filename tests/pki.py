@@ -9,6 +9,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from kernel.local import EtcdTLS
+
 __all__ = ["issue", "make_ca"]
 
 
@@ -43,3 +45,11 @@ def issue(directory: Path, ca: str, name: str, cn: str, san: str) -> tuple[Path,
         "-out", f"{name}.crt",
     )  # fmt: skip
     return directory / f"{name}.crt", directory / f"{name}.key"
+
+
+def loopback_server_tls(directory: Path) -> EtcdTLS:
+    """A CA ``ca`` in ``directory`` and a server certificate it signed for 127.0.0.1 and
+    localhost: what a private TLS etcd needs."""
+    ca, _ = make_ca(directory, "ca")
+    cert, key = issue(directory, "ca", "server", "localhost", "IP:127.0.0.1,DNS:localhost")
+    return EtcdTLS(cert, key, ca)

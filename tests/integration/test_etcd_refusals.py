@@ -20,12 +20,12 @@ import pytest
 
 from coordinator import admin
 from kernel import keys
-from kernel.local import EtcdTLS, LocalEtcd
+from kernel.local import LocalEtcd
 from kernel.settings import Settings
 from producer import StreamSpec
 from producer.registry import Registry
 from tests.integration.groups.harness import HANDLERS, PARTQ, ROOT, Fleet, Proc
-from tests.pki import issue, make_ca
+from tests.pki import loopback_server_tls
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -42,18 +42,15 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalEtcd, 
     if shutil.which("openssl") is None:
         pytest.skip("the openssl CLI is not installed")
     d = tmp_path_factory.mktemp("refusals-pki")
-    ca, _ = make_ca(d, "ca")
-    server = LocalEtcd(
-        tls=EtcdTLS(*issue(d, "ca", "server", "localhost", "IP:127.0.0.1,DNS:localhost"), ca)
-    )
+    tls = loopback_server_tls(d)
+    server = LocalEtcd(tls=tls)
     try:
         server.start()
     except Exception as e:
         pytest.skip(f"etcd would not start: {e}")
     try:
-        server.etcdctl("user", "add", f"root:{ROOT_PASSWORD}")
-        server.etcdctl("auth", "enable")
-        yield server, ca
+        server.enable_auth(ROOT_PASSWORD)
+        yield server, tls.ca
     finally:
         server.stop()
 

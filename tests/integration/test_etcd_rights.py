@@ -36,14 +36,14 @@ from coordinator.rights import Role, roles
 from kernel import keys
 from kernel.errors import EtcdPermissionDenied
 from kernel.etcd import connect, etcd_errors, lease_is
-from kernel.local import EtcdTLS, LocalEtcd
+from kernel.local import LocalEtcd
 from kernel.settings import Settings
 from producer import Producer
 from producer.contract import key_id, partition_for
 from producer.registry import Registry
 from tests.conftest import AMQP_URL
 from tests.integration.groups.harness import PARTQ, ROOT, Fleet, balanced
-from tests.pki import issue, make_ca
+from tests.pki import loopback_server_tls
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -108,17 +108,15 @@ def site(tmp_path_factory: pytest.TempPathFactory, rabbitmq: str) -> Iterator[Si
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl CLI")
     tmp = tmp_path_factory.mktemp("etcd-rights")
-    ca, _ = make_ca(tmp, "ca")
-    cert, key = issue(tmp, "ca", "server", "localhost", "IP:127.0.0.1,DNS:localhost")
+    tls = loopback_server_tls(tmp)
     passwords = tmp / "passwords"
     passwords.mkdir()
     (passwords / "root").write_text(secrets.token_urlsafe(18) + "\n")
-    etcd = LocalEtcd(tls=EtcdTLS(cert, key, ca), auth_token_ttl=30)
+    etcd = LocalEtcd(tls=tls, auth_token_ttl=30)
     etcd.start()
     try:
-        etcd.etcdctl("user", "add", f"root:{(passwords / 'root').read_text().strip()}")
-        etcd.etcdctl("auth", "enable")
-        site = Site(tmp, ca, etcd, passwords)
+        etcd.enable_auth((passwords / "root").read_text().strip())
+        site = Site(tmp, tls.ca, etcd, passwords)
         os.environ.setdefault("PARTQ_TEST_AMQP_URL", rabbitmq)
         site.grant(list(ROLES.values()))
         yield site

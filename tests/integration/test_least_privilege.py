@@ -32,13 +32,13 @@ from kernel import keys
 from kernel.amqp import connect_blocking
 from kernel.errors import EtcdPermissionDenied, UsageError
 from kernel.etcd import connect, etcd_errors
-from kernel.local import EtcdTLS, LocalEtcd
+from kernel.local import LocalEtcd
 from kernel.settings import Settings
 from producer import Producer
 from producer.contract import HEADER_CONTROL, HEADER_PARTITION, encode_key, park_queue
 from producer.registry import Registry
 from tests.integration.groups.harness import PARTQ, ROOT, Fleet, balanced
-from tests.pki import issue, make_ca
+from tests.pki import loopback_server_tls
 from tests.polling import wait_until
 from tests.rabbit import Install, PrivateRabbit
 
@@ -108,22 +108,22 @@ def site(tmp_path_factory: pytest.TempPathFactory, rabbit_install: Install) -> I
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl CLI")
     tmp = tmp_path_factory.mktemp("least-privilege")
-    ca, _ = make_ca(tmp, "ca")
-    cert, key = issue(tmp, "ca", "server", "localhost", "IP:127.0.0.1,DNS:localhost")
+    tls = loopback_server_tls(tmp)
     passwords = tmp / "passwords"
     passwords.mkdir()
     secret = {user: secrets.token_urlsafe(18) for user in USERS.values()}
     for user, password in secret.items():
         (passwords / user).write_text(password + "\n")
-    etcd = LocalEtcd(tls=EtcdTLS(cert, key, ca), auth_token_ttl=2)
-    rabbit = PrivateRabbit(tmp / "rabbit", cert, key, ca, name="partqlp", install=rabbit_install)
+    etcd = LocalEtcd(tls=tls, auth_token_ttl=2)
+    rabbit = PrivateRabbit(
+        tmp / "rabbit", tls.cert, tls.key, tls.ca, name="partqlp", install=rabbit_install
+    )
     etcd.start()
     try:
-        etcd.etcdctl("user", "add", f"root:{secret['root']}")
-        etcd.etcdctl("auth", "enable")
+        etcd.enable_auth(secret["root"])
         rabbit.start()
         try:
-            yield Site(tmp, ca, etcd, rabbit, passwords, secret, [])
+            yield Site(tmp, tls.ca, etcd, rabbit, passwords, secret, [])
         finally:
             rabbit.stop()
     finally:
