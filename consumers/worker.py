@@ -43,47 +43,34 @@ the caller blocks on its result. Acks, channel closes and ``finish`` go through 
 broker's thread-safe methods; a failure reaches the controller through ``on_failure`` (a
 queued event). Read without the lock, one value each: ``waiting_since`` and ``handled``
 by the controller, ``busy`` by the HTTP scrape, pika's ``Channel.is_open`` by this thread.
-:class:`DeadLetters` is shared by the member's workers; its lock serialises publishes.
+:class:`~consumers.deadletters.DeadLetters` is shared by the member's workers; its lock
+serialises publishes. Parking a key and obeying a redrive (the base class
+:class:`~consumers.keyparking.KeyParking`) run on the thread that handles the message.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import functools
 import inspect
 import logging
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
-import pika
-import pika.exceptions
-
-from consumers import control, metrics
+from consumers import keyparking, metrics
 from consumers.broker import END, Broker, Delivery
+from consumers.deadletters import DeadLetters
+from consumers.keyparking import KeyParking, Outcome
 from consumers.message import Handler, MalformedHeaders, Message, message_from
 from consumers.parking import Parking, shown_key
 from consumers.runners import EventLoop
 from coordinator.session import Session
 from kernel import logs
-from kernel.amqp import AmqpURL, blocking_connection
 from kernel.backoff import Backoff
 from kernel.errors import PartqError
-from producer.contract import (
-    HEADER_ATTEMPTS,
-    HEADER_CONTROL,
-    HEADER_ERROR,
-    HEADER_ERROR_TYPE,
-    HEADER_FAILED_MS,
-    HEADER_FAILED_PARTITION,
-    HEADER_MEMBER,
-    StreamSpec,
-    key_id,
-)
+from producer.contract import HEADER_CONTROL, StreamSpec, key_id
 
 __all__ = ["CRASH", "HANDLER_TIMEOUT", "DeadLetters", "HandlerTimeout", "Worker"]
 
@@ -92,79 +79,10 @@ STOP = object()
 CRASH = "crash"  # worker failure reasons (the label of partq_consumer_worker_failures_total)
 HANDLER_TIMEOUT = "handler_timeout"
 _DEAD_LETTER_PATIENCE = 30.0  # seconds a timed-out message's dead-lettering is retried
-_DEAD_LETTER_BACKOFF = Backoff()  # between dead-lettering attempts: 0.2 s doubling to 5 s
 
 
 class HandlerTimeout(PartqError):
     """The handler did not return within the handler timeout (the dead letter's error type)."""
-
-
-class DeadLetters:
-    """Publishes a message to the stream's dead-letter queue, with the reason in headers."""
-
-    def __init__(self, url: AmqpURL, spec: StreamSpec, member: str) -> None:
-        self.url = url
-        self.spec = spec
-        self.member = member
-        self._lock = threading.Lock()
-        self._warned = False
-
-    def publish(self, delivery: Delivery, error: BaseException, attempts: int) -> None:
-        """Publish with a confirm; raises on failure (the caller then does not ack).
-
-        ``attempts``: the handler attempts made (0: it never ran, malformed headers).
-        """
-        props = delivery.properties
-        headers = dict(props.headers or {})
-        headers.update(
-            {
-                HEADER_ERROR: "".join(traceback.format_exception_only(error)).strip()[:2000],
-                HEADER_ERROR_TYPE: type(error).__name__,
-                HEADER_ATTEMPTS: attempts,
-                HEADER_FAILED_PARTITION: delivery.partition,
-                HEADER_MEMBER: self.member,
-                HEADER_FAILED_MS: int(time.time() * 1000),
-            }
-        )
-        properties = pika.BasicProperties(
-            delivery_mode=2,
-            message_id=props.message_id,
-            timestamp=props.timestamp,
-            headers=headers,
-            app_id="partq",
-            content_type=props.content_type,
-        )
-        spec = self.spec
-        with self._lock, blocking_connection(self.url, name=f"partq-dlq-{self.member}") as conn:
-            channel = conn.channel()
-            channel.confirm_delivery()
-            try:
-                channel.basic_publish(
-                    spec.dead_letter_exchange,
-                    spec.dead_letter_queue,
-                    delivery.body,
-                    properties,
-                    mandatory=True,
-                )
-                return
-            except pika.exceptions.ChannelClosedByBroker as e:
-                if e.reply_code != 404:  # NOT_FOUND: a stream made before the exchange was
-                    raise
-            if not self._warned:
-                self._warned = True
-                log.warning(
-                    "stream %s has no dead-letter exchange %s (created by an older partq): "
-                    "dead letters go through the default exchange; run `partq stream create "
-                    "%s` again to add it",
-                    spec.name,
-                    spec.dead_letter_exchange,
-                    spec.name,
-                )
-            channel = conn.channel()
-            channel.confirm_delivery()
-            channel.basic_publish(
-                "", spec.dead_letter_queue, delivery.body, properties, mandatory=True
-            )
 
 
 class _TimedOut(Exception):
@@ -180,21 +98,7 @@ class _Running:
     started: float
 
 
-@dataclasses.dataclass(slots=True)
-class _Replay:
-    """What the last parked message of one redrive came to (one redrive, one thread)."""
-
-    timed_out: bool = False
-    failure: BaseException | None = None
-
-
-class _Outcome(enum.Enum):
-    ACK = "ack"
-    KEEP = "keep"  # stopped before the end: not acked, the broker redelivers it
-    TIMED_OUT = "timed-out"  # the watchdog dead-lettered and acked it: stop here
-
-
-class Worker(threading.Thread):
+class Worker(KeyParking, threading.Thread):
     def __init__(
         self,
         *,
@@ -327,11 +231,11 @@ class Worker(threading.Thread):
                 max(0.0, time.time() - self.freed_at)
             )
         outcome = self._handle(delivery)
-        if outcome is _Outcome.ACK:
+        if outcome is Outcome.ACK:
             self.broker.ack(self.partition, delivery.channel, delivery.delivery_tag)
-        elif outcome is _Outcome.KEEP:
+        elif outcome is Outcome.KEEP:
             self._give_back(delivery)
-        return outcome is not _Outcome.TIMED_OUT
+        return outcome is not Outcome.TIMED_OUT
 
     def _give_back(self, delivery: Delivery) -> None:
         """A delivery left unacked (stopped) must not stay so on an open channel: behind
@@ -382,7 +286,7 @@ class Worker(threading.Thread):
             1,
         )
 
-    def _handle(self, delivery: Delivery) -> _Outcome:
+    def _handle(self, delivery: Delivery) -> Outcome:
         """Run the handler with bounded retries."""
         props = delivery.properties
         if delivery.redelivered:
@@ -429,7 +333,7 @@ class Worker(threading.Thread):
 
     def _attempts(
         self, delivery: Delivery, message: Message
-    ) -> tuple[_Outcome, BaseException | None, int]:
+    ) -> tuple[Outcome, BaseException | None, int]:
         """Up to ``max_attempts`` handler calls with backoff: (ACK, None, n) once handled;
         (KEEP, failure, n) when every attempt failed (or KEEP when stopped, TIMED_OUT when
         the watchdog gave up on it, with no failure)."""
@@ -439,13 +343,13 @@ class Worker(threading.Thread):
             try:
                 failure = self._call(delivery, message)
             except _TimedOut:
-                return _Outcome.TIMED_OUT, None, attempt
+                return Outcome.TIMED_OUT, None, attempt
             self._m_handler_seconds.observe(time.monotonic() - started)
             if failure is None:
                 self._m_handled_ok.inc()  # and ``handled`` counted it (in _call)
-                return _Outcome.ACK, None, attempt
+                return Outcome.ACK, None, attempt
             if attempt >= self.max_attempts:
-                return _Outcome.KEEP, failure, attempt
+                return Outcome.KEEP, failure, attempt
             metrics.HANDLED.labels(*self._labels, "retry").inc()
             log.warning(
                 "partition %d: handler failed (attempt %d/%d): %r",
@@ -455,142 +359,9 @@ class Worker(threading.Thread):
                 failure,
             )
             if self.stopped.wait(self.retries.delay(attempt)):
-                return _Outcome.KEEP, None, attempt
+                return Outcome.KEEP, None, attempt
             attempt += 1
             message = dataclasses.replace(message, attempt=attempt)
-
-    # -- parking (on_failure = park) ---------------------------------------------------------
-
-    def _park(
-        self, delivery: Delivery, key: str | bytes, error: BaseException | None, attempts: int
-    ) -> _Outcome:
-        """ACK once the message is in its key's parking queue; KEEP if stopped first."""
-        assert self.parking is not None
-        stalls = self.parking.stalls  # logs, counts and reports a failing park
-        delays = _DEAD_LETTER_BACKOFF.delays()
-        while not self.stopped.is_set():
-            try:
-                self.parking.park(delivery, key, error, attempts, self.session)
-            except Exception as e:  # etcd or broker trouble: keep the message, try again
-                stalls.failed(self.partition, key, e)
-                self.stopped.wait(delays.next())
-                continue
-            stalls.ended(self.partition, parked=True)
-            metrics.HANDLED.labels(*self._labels, "parked").inc()
-            metrics.PARKED.labels(*self._labels).inc()
-            if error is not None:
-                log.error(
-                    "partition %d: message %s failed %d handler attempts (%r): key %s parked; "
-                    "its messages wait until `partq dlq redrive %s`",
-                    self.partition,
-                    delivery.properties.message_id,
-                    attempts,
-                    error,
-                    shown_key(key),
-                    self.spec.name,
-                )
-            return _Outcome.ACK
-        stalls.ended(self.partition, parked=False)
-        return _Outcome.KEEP
-
-    def _control(self, delivery: Delivery, message: Message, action: Any) -> _Outcome:
-        """A redrive or purge request of ``partq dlq`` for the message's key; dead-lettered
-        unobeyed unless the stream's operator or admin sent it (:mod:`consumers.control`)."""
-        key, parking = message.key, self.parking
-        if parking is not None:
-            try:
-                control.verify(action, delivery.properties.user_id, parking.senders)
-            except control.ForgedControl as forged:
-                metrics.HEADER_PROBLEMS.labels(*self._labels, "forged_control").inc()
-                log.error("partition %d: %s: dead-lettering it", self.partition, forged)
-                return self._dead_letter(delivery, forged, 0)
-        if (
-            key is None
-            or parking is None
-            or action not in ("redrive", b"redrive", "purge", b"purge")
-        ):
-            log.warning(
-                "partition %d: ignoring control message %r for key %s (stream parks: %s)",
-                self.partition,
-                action,
-                shown_key(key),
-                parking is not None,
-            )
-            return _Outcome.ACK
-        if parking.parked.get(key_id(key)) is None:
-            log.info(
-                "partition %d: key %s is not parked: nothing to %s",
-                self.partition,
-                shown_key(key),
-                action,
-            )
-            return _Outcome.ACK
-        purge = action in ("purge", b"purge")
-        delays = _DEAD_LETTER_BACKOFF.delays()
-        while not self.stopped.is_set():
-            try:
-                if purge:
-                    parking.purge(key)
-                    log.warning(
-                        "partition %d: key %s purged: its parked messages are gone",
-                        self.partition,
-                        shown_key(key),
-                    )
-                    return _Outcome.ACK
-                replay = _Replay()
-                one = functools.partial(self._replay_one, replay=replay)
-                if parking.replay(self.partition, key, one, self.stopped):
-                    metrics.REDRIVES.labels(*self._labels).inc()
-                    log.info(
-                        "partition %d: key %s redriven and unparked", self.partition, shown_key(key)
-                    )
-                    return _Outcome.ACK
-                if replay.timed_out:
-                    return _Outcome.TIMED_OUT
-                if self.stopped.is_set():
-                    return _Outcome.KEEP
-                log.error(
-                    "partition %d: a parked message of key %s failed again: the key stays parked",
-                    self.partition,
-                    shown_key(key),
-                )
-                self._report_redrive_failed(parking, key, delivery, replay.failure)
-                return _Outcome.ACK
-            except Exception as e:  # etcd or broker trouble: keep the request, try again
-                log.warning(
-                    "partition %d: %s of key %s failed: %s",
-                    self.partition,
-                    action,
-                    shown_key(key),
-                    e,
-                )
-                self.stopped.wait(delays.next())
-        return _Outcome.KEEP
-
-    def _replay_one(self, delivery: Delivery, replay: _Replay) -> bool:
-        """Handle one parked message during a redrive: True once handled."""
-        try:
-            message = self._message(delivery)
-        except MalformedHeaders as e:
-            replay.failure = e
-            return False
-        outcome, failure, _count = self._attempts(delivery, message)
-        replay.timed_out = outcome is _Outcome.TIMED_OUT
-        replay.failure = failure
-        return outcome is _Outcome.ACK
-
-    def _report_redrive_failed(
-        self,
-        parking: Parking,
-        key: str | bytes,
-        request: Delivery,
-        failure: BaseException | None,
-    ) -> None:
-        """Best effort: without the report, the waiting command times out instead."""
-        try:
-            parking.report_redrive_failed(key, str(request.properties.message_id or ""), failure)
-        except Exception as e:
-            log.warning("partition %d: reporting the failed redrive failed: %s", self.partition, e)
 
     def _call(self, delivery: Delivery, message: Message) -> BaseException | None:
         """What the handler raised, or None; :class:`_TimedOut` if the watchdog gave up on it."""
@@ -649,7 +420,7 @@ class Worker(threading.Thread):
             f"message {message.message_id}, attempt {message.attempt})"
         )
         if self._dead_letter(delivery, error, message.attempt, _DEAD_LETTER_PATIENCE) is (
-            _Outcome.ACK
+            Outcome.ACK
         ):
             self.broker.ack(self.partition, delivery.channel, delivery.delivery_tag)
         else:
@@ -661,9 +432,9 @@ class Worker(threading.Thread):
 
     def _dead_letter(
         self, delivery: Delivery, error: BaseException, attempts: int, patience: float | None = None
-    ) -> _Outcome:
+    ) -> Outcome:
         """ACK once the dead letter is confirmed; KEEP if stopped (or ``patience`` ran out)."""
-        delays = _DEAD_LETTER_BACKOFF.delays()
+        delays = keyparking.RETRY_BACKOFF.delays()
         deadline = None if patience is None else time.monotonic() + patience
         while not self.stopped.is_set() and (deadline is None or time.monotonic() < deadline):
             try:
@@ -681,5 +452,5 @@ class Worker(threading.Thread):
                 attempts,
                 error,
             )
-            return _Outcome.ACK
-        return _Outcome.KEEP
+            return Outcome.ACK
+        return Outcome.KEEP

@@ -285,7 +285,7 @@ def test_a_failing_park_is_logged_once_with_the_key_cut_short_and_reported_until
 ) -> None:
     # Given a parking worker whose parks fail 4 times, for a key of 60,000 bytes
     caplog.set_level(logging.INFO, "partq.consumer")
-    monkeypatch.setattr("consumers.worker._DEAD_LETTER_BACKOFF", Backoff(initial=0.001))
+    monkeypatch.setattr("consumers.keyparking.RETRY_BACKOFF", Backoff(initial=0.001))
     parking = FakeParking(failures=4)
     key = "k" * 60_000
 
