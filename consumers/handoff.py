@@ -29,7 +29,20 @@ otherwise; the heir sees ``granted`` and subscribes without a claim of its own.
 An operator's pause (``paused``) drains an ACTIVE partition the same way but keeps it:
 DRAINING ──drained──▶ PAUSED (claim held, not consumed) ──resumed──▶ SUBSCRIBING.
 
-The shell (``consumers.daemon``) turns etcd watch events and broker callbacks
+Hot standby (``consumers.standby``) is a second, smaller phase of the same state,
+``standby``: NONE ──standby-wanted──▶ STANDING (subscribed behind the owner's consumer,
+only from IDLE) ──activated──▶ ACTIVATED (RabbitMQ made it the active consumer: the
+owner's connection died, or it cancelled) ──taken-over──▶ NONE, and the partition is
+ACTIVE on our takeover claim (``promote``: the standby's deliveries go to a new worker);
+or ──takeover-refused──▶ NONE (``give-back``: a planned move, returned in order). A
+standby never lives beside our own consumption of the partition: one still standing is
+stood down when we start consuming, and one activated then is given back (the takeover
+check could only say so: the claim is ours). An activation of a standby no longer
+standing (stood down or lost before RabbitMQ's activation reached us) is given back at
+once. ``dropped`` (a fence aborted the connection) starts the partition over from IDLE,
+without a drain; the standby phase is left as the shell last set it.
+
+The shell (``consumers.partitions``) turns etcd watch events and broker callbacks
 into events and carries out the commands; nothing here does I/O.
 """
 
@@ -38,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-__all__ = ["Command", "Event", "Holder", "Phase", "State", "step"]
+__all__ = ["Command", "Event", "Holder", "Phase", "Standby", "State", "step"]
 
 
 class Phase(Enum):
@@ -59,6 +72,12 @@ class Holder(Enum):
     OTHER = "other"
 
 
+class Standby(Enum):
+    NONE = "none"
+    STANDING = "standing"  # subscribed behind the owner's consumer, waiting
+    ACTIVATED = "activated"  # RabbitMQ made it the active consumer: take over or give back
+
+
 class Event(Enum):
     ASSIGNED = "assigned"  # the assignment names us
     UNASSIGNED = "unassigned"
@@ -75,6 +94,13 @@ class Event(Enum):
     PAUSED = "paused"  # an operator paused the partition
     RESUMED = "resumed"
     KEPT = "kept"  # a drain called off before its cancel: consuming on (``Command.RESUME``)
+    STANDBY_WANTED = "standby-wanted"  # the group wants us standing by (``standby.wanted``)
+    STANDBY_UNWANTED = "standby-unwanted"
+    STANDBY_LOST = "standby-lost"  # the standby's channel went (or could not be opened)
+    ACTIVATED = "activated"  # RabbitMQ activated our standby subscription
+    TAKEN_OVER = "taken-over"  # our takeover of the dead owner's claim was written
+    TAKEOVER_REFUSED = "takeover-refused"  # the activation came from a planned move
+    DROPPED = "dropped"  # the connection was aborted (a fence): every subscription gone
 
 
 class Command(Enum):
@@ -84,6 +110,10 @@ class Command(Enum):
     RELEASE = "release"
     CUT = "cut"  # after emptied: basic.cancel now, then the held acks, then drained
     RESUME = "resume"  # call off a drain whose cancel is not sent yet: kept, if it could
+    STAND_BY = "stand-by"  # subscribe behind the owner's consumer
+    STAND_DOWN = "stand-down"  # cancel a standby subscription not activated
+    GIVE_BACK = "give-back"  # return an activated standby's deliveries in order, cancel it
+    PROMOTE = "promote"  # the activated standby becomes the subscription, with a new worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +122,7 @@ class State:
     assigned: bool = False
     holder: Holder = Holder.NOBODY
     paused: bool = False
+    standby: Standby = Standby.NONE
 
     @property
     def consuming(self) -> bool:
@@ -126,12 +157,58 @@ def _keeps(state: State) -> bool:
     )
 
 
+_STANDBY_EVENTS = frozenset(
+    {
+        Event.STANDBY_WANTED,
+        Event.STANDBY_UNWANTED,
+        Event.STANDBY_LOST,
+        Event.ACTIVATED,
+        Event.TAKEN_OVER,
+        Event.TAKEOVER_REFUSED,
+    }
+)
+
+
 def step(state: State, event: Event) -> tuple[State, list[Command]]:
-    """One event; a drain that the event makes ours again is called off (``RESUME``)."""
-    after, commands = _step(state, event)
+    """One event; a drain that the event makes ours again is called off (``RESUME``), and
+    a standby of a partition we now consume is ended (stood down, or given back)."""
+    if event is Event.DROPPED:
+        return State(standby=state.standby), []
+    if event in _STANDBY_EVENTS:
+        after, commands = _standby_step(state, event)
+    else:
+        after, commands = _step(state, event)
     if _keeps(after) and not _keeps(state) and Command.RESUME not in commands:
         commands = [*commands, Command.RESUME]
+    if after.consuming and after.standby is Standby.STANDING:
+        after, commands = replace(after, standby=Standby.NONE), [Command.STAND_DOWN, *commands]
+    elif after.consuming and after.standby is Standby.ACTIVATED:
+        after, commands = replace(after, standby=Standby.NONE), [Command.GIVE_BACK, *commands]
     return after, commands
+
+
+def _standby_step(state: State, event: Event) -> tuple[State, list[Command]]:
+    """The hot standby's events (the module docstring)."""
+    standby = state.standby
+    if event is Event.STANDBY_WANTED:
+        if standby is Standby.NONE and state.phase is Phase.IDLE:
+            return replace(state, standby=Standby.STANDING), [Command.STAND_BY]
+        return state, []
+    if event is Event.STANDBY_UNWANTED:
+        if standby is Standby.STANDING:
+            return replace(state, standby=Standby.NONE), [Command.STAND_DOWN]
+        return state, []
+    if event is Event.STANDBY_LOST:  # the broker dropped it: nothing to cancel
+        return replace(state, standby=Standby.NONE), []
+    if event is Event.ACTIVATED:
+        if standby is Standby.NONE:  # stood down already: nothing to take over
+            return state, [Command.GIVE_BACK]
+        return replace(state, standby=Standby.ACTIVATED), []
+    if standby is not Standby.ACTIVATED:  # a decision on a standby that is gone: stale
+        return state, []
+    if event is Event.TAKEN_OVER:  # ours on our takeover claim, consumed at once
+        return State(Phase.ACTIVE, assigned=True, holder=Holder.ME), [Command.PROMOTE]
+    return replace(state, standby=Standby.NONE), [Command.GIVE_BACK]  # TAKEOVER_REFUSED
 
 
 def _step(state: State, event: Event) -> tuple[State, list[Command]]:  # noqa: C901, PLR0912, PLR0915 — the transition table: one branch per (phase, event), read top to bottom

@@ -11,15 +11,19 @@ Without recursion, as a work list: stepping a partition yields commands, running
 command may yield a follow-up event (its outcome: claimed, refused, released), and
 each is processed in turn until nothing follows.
 
-Threads. Every method runs on the controller thread, which owns the mirror, ``states``,
-``workers``, ``retired`` and the standby bookkeeping. Other threads only read: the pika
-I/O thread looks a worker up (``workers.get``, in ``Consumer._deliver``); the HTTP server
-thread's Prometheus scrape calls :meth:`in_flight` and ``_longest_wait``, which copy
-``workers.values()`` first (one C-level copy, atomic under the GIL) and read each worker's
-``busy`` / ``longest_wait`` or the pool's ``busy``. The broker is driven only through its
-thread-safe methods, and a worker, once started here, reaches the controller only through
-``on_worker_failure`` (a queued event). The member's :class:`HandlerPool` and
-:class:`EventLoop` are made and closed here, and used by the workers' threads.
+Everything about one partition is one :class:`consumers.slot.PartitionSlot`, kept in
+one mapping made at the start and never changed (``slots``); its state changes only by a
+step of its state machine, the hot standby's phases included.
+
+Threads. Every method runs on the controller thread, which owns the mirror and writes
+the slots. Other threads only read: the pika I/O thread looks a worker up
+(``workers.get``, in ``Consumer._deliver``: one dict lookup and one attribute read); the
+HTTP server thread's Prometheus scrape calls :meth:`in_flight` and ``_longest_wait``,
+which read each slot's ``worker`` once and then its ``busy`` / ``longest_wait``, or the
+pool's ``busy``. The broker is driven only through its thread-safe methods, and a worker,
+once started here, reaches the controller only through ``on_worker_failure`` (a queued
+event). The member's :class:`HandlerPool` and :class:`EventLoop` are made and closed
+here, and used by the workers' threads.
 """
 
 from __future__ import annotations
@@ -28,18 +32,19 @@ import collections
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from consumers import metrics
+from consumers import metrics, standby
 from consumers.broker import Broker
-from consumers.handoff import Command, Event, Holder, Phase, State, step
+from consumers.deadletters import DeadLetters
+from consumers.handoff import Command, Event, Holder, Phase, Standby, State
 from consumers.keyed import KeyedWorker
 from consumers.message import Handler
 from consumers.parking import Parking
 from consumers.runners import EventLoop, HandlerPool
-from consumers.standby import may_take_over
-from consumers.worker import DeadLetters, Worker
+from consumers.slot import PartitionSlot
+from consumers.worker import Worker
 from coordinator import policy
 from coordinator.group import Claim, Group, GroupState, Member, Parked, WatchEvent
 from coordinator.mirror import GroupMirror
@@ -66,6 +71,35 @@ class _Do:
 
     partition: int
     command: Command
+
+
+_STANDBY_COMMANDS = frozenset(
+    {Command.STAND_BY, Command.STAND_DOWN, Command.GIVE_BACK, Command.PROMOTE}
+)
+
+
+class _Workers(Mapping[int, Worker]):
+    """The workers consuming now, by partition: a read-only view of the slots."""
+
+    def __init__(self, slots: Mapping[int, PartitionSlot]) -> None:
+        self._slots = slots
+
+    def get(self, partition: int, default: Worker | None = None) -> Worker | None:  # type: ignore[override]
+        slot = self._slots.get(partition)
+        worker = None if slot is None else slot.worker
+        return default if worker is None else worker
+
+    def __getitem__(self, partition: int) -> Worker:
+        worker = self.get(partition)
+        if worker is None:
+            raise KeyError(partition)
+        return worker
+
+    def __iter__(self) -> Iterator[int]:
+        return (p for p, slot in self._slots.items() if slot.worker is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class Partitions:
@@ -110,17 +144,8 @@ class Partitions:
         self.session: Session | None = None  # the member's current session (None: none)
         self.leaving = False  # the member is stopping: nothing counts as assigned to it
         self.mirror = GroupMirror()
-        self.states = {p: State() for p in range(spec.partitions)}
-        self.workers: dict[int, Worker] = {}
-        # Workers stopped but maybe still in their handler: the partition's next worker
-        # waits for them (one handler per partition in this process, also after a fence).
-        self.retired: dict[int, Worker] = {}
-        self.freed_at: dict[int, float] = {}
-        self.abandoned: set[int] = set()  # partitions whose worker failed: not drained
-        self.standing: set[int] = set()  # subscribed as the hot standby
-        self.behind: dict[int, str] = {}  # the owner each standby subscription waits behind
-        self.taken: dict[int, str] = {}  # taken over from this (dead) owner, until reassigned
-        self._activated: set[int] = set()  # standbys activated, awaiting check_takeovers
+        self.slots = {p: PartitionSlot(p) for p in range(spec.partitions)}
+        self.workers: Mapping[int, Worker] = _Workers(self.slots)
         self._labels = (spec.name, member)
         self.loop = EventLoop()  # awaits what async handlers return, for every partition
         self.pool = HandlerPool(concurrency, f"handler-{member}") if concurrency > 1 else None
@@ -132,11 +157,15 @@ class Partitions:
         """Messages of this member in a handler now (one per busy worker without a pool)."""
         if self.pool is not None:
             return self.pool.busy
-        return sum(1 for worker in list(self.workers.values()) if worker.busy)
+        return sum(1 for worker in self._current_workers() if worker.busy)
 
     def _longest_wait(self) -> float:
-        workers = list(self.workers.values())
+        workers = self._current_workers()
         return max((w.longest_wait for w in workers if isinstance(w, KeyedWorker)), default=0.0)
+
+    def _current_workers(self) -> list[Worker]:
+        """Each slot's worker, read once (also from the HTTP server thread)."""
+        return [w for w in (slot.worker for slot in self.slots.values()) if w is not None]
 
     def close(self) -> None:
         """The member is done: end the handler pool's threads and the event loop."""
@@ -147,11 +176,16 @@ class Partitions:
     # -- what the daemon asks ------------------------------------------------------------
 
     def owned(self) -> list[int]:
-        return sorted(p for p, s in self.states.items() if s.phase is Phase.ACTIVE)
+        return [p for p, slot in self.slots.items() if slot.state.phase is Phase.ACTIVE]
+
+    @property
+    def abandoned(self) -> frozenset[int]:
+        """The partitions whose worker failed."""
+        return frozenset(p for p, slot in self.slots.items() if slot.abandoned)
 
     def idle(self) -> bool:
         """Nothing held any more (abandoned partitions aside): a stop is complete."""
-        return all(s.phase is Phase.IDLE or p in self.abandoned for p, s in self.states.items())
+        return all(s.state.phase is Phase.IDLE or s.abandoned for s in self.slots.values())
 
     def follow(self, state: GroupState) -> None:
         """Mirror a fresh snapshot (the watch goes on from it) and act on every partition."""
@@ -209,26 +243,24 @@ class Partitions:
         partition is assigned to us first, then (after that has played out) who holds it."""
         if partition >= self.spec.partitions or self._fencing():
             return
-        state = self.states[partition]
+        slot = self.slots[partition]
         owner = self.mirror.assignment.get(partition)
-        if partition in self.taken and owner != self.taken[partition]:
-            del self.taken[partition]  # the assignment caught up (or moved it on)
-        assigned = (owner == self.member or partition in self.taken) and not self.leaving
-        if assigned != state.assigned:
+        assigned = slot.ours(owner, self.member, leaving=self.leaving)
+        if assigned != slot.state.assigned:
             self._process(_Step(partition, Event.ASSIGNED if assigned else Event.UNASSIGNED))
         paused = policy.paused(self.mirror.requests, partition)
-        if paused != self.states[partition].paused:
+        if paused != slot.state.paused:
             self._process(_Step(partition, Event.PAUSED if paused else Event.RESUMED))
         self._sync_standby(partition)  # stood down before a freed claim is taken the usual way
         holder = self._holder(partition)
-        if holder is not self.states[partition].holder:
+        if holder is not slot.state.holder:
             if holder is Holder.NOBODY:
-                self.freed_at[partition] = time.time()
+                slot.freed_at = time.time()
                 self._process(_Step(partition, Event.CLAIM_FREE))
             elif holder is Holder.OTHER:
                 self._process(_Step(partition, Event.CLAIM_OTHER))
             else:  # our lease, not our write: the last owner handed it over
-                self.freed_at[partition] = time.time()
+                slot.freed_at = time.time()
                 self._process(_Step(partition, Event.GRANTED))
         self._sync_standby(partition)
 
@@ -247,55 +279,31 @@ class Partitions:
         return session.lost.is_set()
 
     def _sync_standby(self, partition: int) -> None:
-        """Stand by for ``partition`` while the leader names us and its owner consumes it;
-        and keep standing by once the leader gave it to us from an owner whose connection
-        died (a suspect: it lost another partition to a takeover) while that owner's claim
-        lasts: RabbitMQ activates us when it notices the same death, and we take it over
-        (``consumers.standby``) instead of waiting out the dead owner's lease. (Seen: the
-        assignment reached us before the activation did, we stood down, and the partition
-        waited 10 s for the lease.)"""
-        mirror, state = self.mirror, self.states[partition]
-        owner = mirror.assignment.get(partition)
-        claim = mirror.claims.get(partition)
+        """Stand by for ``partition``, or stand down, as :func:`consumers.standby.wanted`
+        says, while we can (joined, not leaving)."""
+        slot = self.slots[partition]
         usable = not self.leaving and self.session is not None
-        want = (
-            mirror.standbys.get(partition) == self.member
-            and owner not in (None, self.member)
-            and claim is not None
-            and claim.member == owner
-            and state.phase is Phase.IDLE
-            and usable
-        ) or (
-            partition in self.standing
-            and owner == self.member
-            and claim is not None
-            and claim.member != self.member
-            and usable
-            and claim.member in policy.suspects(mirror.claims)
-        )
-        if want and partition not in self.standing:
-            if self.broker.stand_by(partition):
-                self.standing.add(partition)
-                self.behind[partition] = claim.member if claim is not None else ""
-                log.info("partition %d: standing by behind %s", partition, owner)
-        elif not want and partition in self.standing:
-            self.standing.discard(partition)
-            self.behind.pop(partition, None)
-            self.broker.stand_down(partition)
+        want = usable and standby.wanted(self.mirror, partition, self.member, slot.state)
+        if want and slot.state.standby is Standby.NONE:
+            self._process(_Step(partition, Event.STANDBY_WANTED))
+        elif not want and slot.state.standby is Standby.STANDING:
+            self._process(_Step(partition, Event.STANDBY_UNWANTED))
 
     def standby_lost(self, partition: int) -> None:
         """The standby's channel or connection went: stand by again if still wanted."""
-        self.standing.discard(partition)
-        self.behind.pop(partition, None)
+        self._process(_Step(partition, Event.STANDBY_LOST))
         self._sync_standby(partition)
 
     def activated(self, partition: int) -> bool:
-        """RabbitMQ activated our standby subscription of ``partition``: note it for
-        :meth:`check_takeovers`; True if no check is pending yet (queue one)."""
-        self.standing.discard(partition)
-        first = not self._activated
-        self._activated.add(partition)
-        return first
+        """RabbitMQ activated our standby subscription of ``partition``: pending for
+        :meth:`check_takeovers` if it still stood by (else given back at once); True if it
+        is pending and no check was pending yet (queue one)."""
+        first = not self._pending_takeovers()
+        self._process(_Step(partition, Event.ACTIVATED))
+        return first and self.slots[partition].state.standby is Standby.ACTIVATED
+
+    def _pending_takeovers(self) -> list[int]:
+        return [p for p, s in self.slots.items() if s.state.standby is Standby.ACTIVATED]
 
     def check_takeovers(self, *, allowed: bool = True) -> None:
         """Take over, or give back, every standby activated so far, after one read of the
@@ -303,7 +311,7 @@ class Partitions:
         planned cancel (``consumers.standby``). A dying owner activates all its standbys
         at once: one read for them all, not one each. Not ``allowed`` (stopping): give
         them all back."""
-        pending, self._activated = sorted(self._activated), set()
+        pending = self._pending_takeovers()
         session = self.session
         state: GroupState | None = None
         if allowed and session is not None:
@@ -315,10 +323,10 @@ class Partitions:
             self._take_over(partition, state, session)
 
     def _take_over(self, partition: int, state: GroupState | None, session: Session | None) -> None:
-        behind = self.behind.pop(partition, "")
+        behind = self.slots[partition].behind
         seen = None
         if state is not None and behind:
-            seen = may_take_over(state, partition, self.member, behind)
+            seen = standby.may_take_over(state, partition, self.member, behind)
         owner = state.claims[partition].member if state is not None and seen is not None else ""
         revision = 0
         if owner and seen is not None and session is not None:
@@ -327,21 +335,17 @@ class Partitions:
             except EtcdUnavailable as e:
                 log.warning("partition %d: cannot take it over: %s", partition, e)
         if revision <= 0 or session is None:
-            log.info("partition %d: standby activated by a planned move: giving back", partition)
-            self.broker.give_back(partition)
+            self._process(_Step(partition, Event.TAKEOVER_REFUSED))
             return
         log.warning(
             "partition %d: its owner %s is gone from RabbitMQ: taken over", partition, owner
         )
         metrics.TAKEOVERS.labels(*self._labels).inc()
-        self.taken[partition] = owner
+        self.slots[partition].taken_from = owner
         claim = Claim(self.member, session.id, takeover=True, taken_from=owner)
         self.mirror.wrote_claim(partition, claim, revision)
         self._settle_takeover(partition)
-        self._start_worker(partition)
-        self.states[partition] = State(Phase.ACTIVE, assigned=True, holder=Holder.ME)
-        metrics.PARTITIONS_OWNED.labels(*self._labels).set(len(self.owned()))
-        self.broker.promote(partition)
+        self._process(_Step(partition, Event.TAKEN_OVER))  # PROMOTE: a worker, then promote
 
     def settle_takeover(self, partition: int) -> None:
         """A lease TTL after a takeover: make our takeover claim ordinary, so the member we
@@ -369,33 +373,31 @@ class Partitions:
     def release(self, partition: int) -> None:
         """Try releasing the claim again (it failed while etcd was away), unless the
         partition has moved on meanwhile (released after all, or consumed again)."""
-        if self.states[partition].phase in (Phase.RELEASING, Phase.HANDING):
+        if self.slots[partition].state.phase in (Phase.RELEASING, Phase.HANDING):
             self._process(_Do(partition, Command.RELEASE))
 
     def abandon(self, partition: int) -> None:
         """Its worker failed: nothing is handled or drained there any more."""
-        self.abandoned.add(partition)
+        self.slots[partition].abandoned = True
 
     def drop(self) -> None:
         """Stop every partition now, without a drain: the broker requeues what was unacked,
         ahead of anything newer (``Broker.fence`` aborts the connection)."""
         self.broker.fence()
-        for partition, worker in self.workers.items():
-            worker.stop()
-            self.retired[partition] = worker
-        self.workers.clear()
-        self.states = {p: State() for p in range(self.spec.partitions)}
+        for slot in self.slots.values():
+            slot.retire()
+            slot.step(Event.DROPPED)
         metrics.PARTITIONS_OWNED.labels(*self._labels).set(0)
         metrics.PARTITIONS_PAUSED.labels(*self._labels).set(0)
 
     def resubscribe(self) -> None:
         """The broker is back: subscribe what was waiting for it."""
-        for partition, state in sorted(self.states.items()):
-            if state.phase is Phase.SUBSCRIBING:
+        for partition, slot in self.slots.items():
+            if slot.state.phase is Phase.SUBSCRIBING:
                 self.broker.subscribe(partition)
 
     def stop_workers(self) -> None:
-        for worker in self.workers.values():
+        for worker in self._current_workers():
             worker.stop()
 
     # -- the work list -------------------------------------------------------------------
@@ -417,9 +419,16 @@ class Partitions:
         return Holder.ME if self.session and claim.lease == self.session.id else Holder.OTHER
 
     def _step(self, partition: int, event: Event) -> list[_Do]:
-        before = self.states[partition]
-        after, commands = step(before, event)
-        self.states[partition] = after
+        before, commands = self.slots[partition].step(event)
+        self._note(partition, before, self.slots[partition].state, event)
+        metrics.PARTITIONS_OWNED.labels(*self._labels).set(len(self.owned()))
+        paused = sum(1 for slot in self.slots.values() if slot.state.phase is Phase.PAUSED)
+        metrics.PARTITIONS_PAUSED.labels(*self._labels).set(paused)
+        return [_Do(partition, command) for command in commands]
+
+    def _note(self, partition: int, before: State, after: State, event: Event) -> None:
+        """Log and count a step's handoff; a channel warmed for a claim we wait for. A
+        takeover is counted and logged as one (``_take_over``), not as a handoff."""
         if before.phase is not after.phase:
             log.debug(
                 "partition %d: %s -> %s on %s",
@@ -432,6 +441,8 @@ class Partitions:
             self.broker.warm(partition)  # ours once the claim goes: a channel ready for it
         if event is Event.KEPT and after.phase is Phase.ACTIVE:
             log.info("partition %d: ours again before the cancel: consuming on", partition)
+        elif event is Event.TAKEN_OVER:
+            pass
         elif after.phase is Phase.ACTIVE and before.phase is not Phase.ACTIVE:
             metrics.HANDOFFS.labels(*self._labels, "acquired").inc()
             log.info("partition %d: consuming", partition)
@@ -441,14 +452,12 @@ class Partitions:
                 log.info("partition %d: every delivery handled: released, cancelling", partition)
             else:
                 log.info("partition %d: drained and released", partition)
-        metrics.PARTITIONS_OWNED.labels(*self._labels).set(len(self.owned()))
-        paused = sum(1 for state in self.states.values() if state.phase is Phase.PAUSED)
-        metrics.PARTITIONS_PAUSED.labels(*self._labels).set(paused)
-        return [_Do(partition, command) for command in commands]
 
     def _do(self, partition: int, command: Command) -> list[_Step]:
         """Carry out ``command``; its outcome, if the state machine needs to hear it."""
-        if partition in self.abandoned and command in (
+        if command in _STANDBY_COMMANDS:
+            return self._do_standby(partition, command)
+        if self.slots[partition].abandoned and command in (
             Command.SUBSCRIBE,
             Command.CANCEL,
             Command.CUT,
@@ -463,26 +472,44 @@ class Partitions:
                 if not self.broker.subscribe(partition):
                     log.info("partition %d: subscribing once RabbitMQ is back", partition)
                 worker.start()
-                return []
             case Command.CANCEL:
                 self.broker.cancel(partition)
-                return []
             case Command.CUT:
                 self.broker.cut(partition)
-                return []
             case Command.RESUME:
                 self.broker.resume(partition)
-                return []
             case Command.CLAIM:
                 self.broker.warm(partition)  # the channel opens while the claim is written
                 return [_Step(partition, self._claim(partition))]
             case Command.RELEASE:
                 return self._release(partition)
+        return []
+
+    def _do_standby(self, partition: int, command: Command) -> list[_Step]:
+        """Carry out a command of the hot standby's phases (``consumers.handoff``)."""
+        match command:
+            case Command.STAND_BY:
+                if not self.broker.stand_by(partition):
+                    return [_Step(partition, Event.STANDBY_LOST)]  # no connection: not standing
+                claim = self.mirror.claims.get(partition)
+                self.slots[partition].behind = claim.member if claim is not None else ""
+                owner = self.mirror.assignment.get(partition)
+                log.info("partition %d: standing by behind %s", partition, owner)
+            case Command.STAND_DOWN:
+                self.broker.stand_down(partition)
+            case Command.GIVE_BACK:
+                log.info(
+                    "partition %d: standby activated by a planned move: giving back", partition
+                )
+                self.broker.give_back(partition)
+            case Command.PROMOTE:  # the worker first: the standby's deliveries go to it
+                self._start_worker(partition)
+                self.broker.promote(partition)
+        return []
 
     def _start_worker(self, partition: int, *, start: bool = True) -> Worker:
-        old = self.workers.get(partition) or self.retired.pop(partition, None)
-        if old is not None:
-            old.stop()
+        slot = self.slots[partition]
+        old = slot.predecessor()
         make: Callable[..., Worker] = (
             Worker if self.pool is None else functools.partial(KeyedWorker, pool=self.pool)
         )
@@ -497,13 +524,13 @@ class Partitions:
             max_attempts=self.max_attempts,
             retry_backoff=self.retry_backoff,
             previous=old,
-            freed_at=self.freed_at.pop(partition, None),
+            freed_at=slot.take_freed_at(),
             handler_timeout=self.handler_timeout,
             on_failure=self._on_worker_failure,
             parking=self.parking,
             loop=self.loop,
         )
-        self.workers[partition] = worker
+        slot.worker = worker
         if start:
             worker.start()
         return worker
@@ -524,10 +551,7 @@ class Partitions:
         return Event.CLAIMED
 
     def _release(self, partition: int) -> list[_Step]:
-        released = self.workers.pop(partition, None)
-        if released is not None:
-            released.stop()
-            self.retired[partition] = released
+        self.slots[partition].retire()
         session = self.session
         assert session is not None
         heir = self._heir(partition)

@@ -23,17 +23,48 @@ owner, live, holds the claim, assigned to it, with us its standby again. Taking 
 took a partition from a live member and made it a suspect, so every partition of it moved
 away and, a lease TTL later, back (seen: 14-15 partitions moved on a leave instead of 4).
 
-Threads. None of its own, and no state: :func:`may_take_over` runs on the daemon's
-controller thread (``Partitions.check_takeovers``), on a group snapshot that thread read
-itself after the broker's activation reached it as a queued ``Standby`` event.
+Whether to stand by at all (:func:`wanted`): while the leader names us and the owner
+holds the claim, from IDLE; and, once standing, on through the leader giving the partition
+to us from an owner whose connection died (a suspect: it lost another partition to a
+takeover) while that owner's claim lasts: RabbitMQ activates us when it notices the same
+death, and we take it over instead of waiting out the dead owner's lease. (Seen: the
+assignment reached us before the activation did, we stood down, and the partition waited
+10 s for the lease.) The phases themselves are ``consumers.handoff``'s.
+
+Threads. None of its own, and no state: both functions run on the daemon's controller
+thread (``consumers.partitions``), :func:`may_take_over` on a group snapshot that thread
+read itself after the broker's activation reached it as a queued ``Standby`` event.
 """
 
 from __future__ import annotations
 
+from consumers.handoff import Phase, Standby, State
 from coordinator.group import GroupState
+from coordinator.mirror import GroupMirror
 from coordinator.policy import paused, suspects
 
-__all__ = ["may_take_over"]
+__all__ = ["may_take_over", "wanted"]
+
+
+def wanted(view: GroupMirror, partition: int, me: str, state: State) -> bool:
+    """Whether member ``me`` should stand by for ``partition`` (the module docstring),
+    given its handoff ``state`` there; the caller adds whether it can (not leaving, joined)."""
+    owner = view.assignment.get(partition)
+    claim = view.claims.get(partition)
+    if claim is None:
+        return False
+    named = (
+        state.phase is Phase.IDLE
+        and view.standbys.get(partition) == me
+        and owner not in (None, me)
+        and claim.member == owner
+    )
+    return named or (
+        state.standby is Standby.STANDING
+        and owner == me
+        and claim.member != me
+        and claim.member in suspects(view.claims)
+    )
 
 
 def may_take_over(state: GroupState, partition: int, me: str, behind: str) -> int | None:

@@ -70,7 +70,7 @@ class Running:
         return session.id
 
     def phase(self, partition: int) -> Phase:
-        return self.consumer.partitions.states[partition].phase
+        return self.consumer.partitions.slots[partition].state.phase
 
     def stop(self) -> int | None:
         if self.thread.is_alive():

@@ -1,0 +1,79 @@
+"""One partition on a consumer, as the member's controller keeps it: one slot per partition.
+
+A :class:`PartitionSlot` holds everything the member knows of one partition: its handoff
+state (``consumers.handoff``: phase, assignment, claim holder, pause, standby phase), the
+worker consuming it, the stopped worker the next one must wait for, when the claim was
+freed (for the handoff gap), whether the partition was abandoned, which owner our standby
+subscription waits behind, and which dead owner we took it over from. The claims
+themselves are the group mirror's (``coordinator.mirror``); the state only says whose.
+
+Threads. Slots belong to the daemon's controller thread (``consumers.partitions``): it
+alone writes them, and changes ``state`` only through :meth:`PartitionSlot.step`. A slot
+is made once per partition and never replaced, so two other threads read it without a
+lock, one attribute at a time: the pika I/O thread reads ``worker`` to put a delivery in
+its inbox, and the HTTP server thread's scrape reads ``worker`` (its ``busy`` and
+``longest_wait``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from consumers.handoff import Command, Event, Standby, State, step
+from consumers.worker import Worker
+
+__all__ = ["PartitionSlot"]
+
+
+@dataclass(eq=False, slots=True)
+class PartitionSlot:
+    """One partition of the stream, from this member's side (the module docstring)."""
+
+    partition: int
+    state: State = field(default_factory=State)
+    worker: Worker | None = None  # consumes the partition now
+    # stopped but maybe still in its handler: the partition's next worker waits for it (one
+    # handler per partition in this process, also after a fence)
+    retired: Worker | None = None
+    freed_at: float | None = None  # when the claim was freed or handed to us (epoch seconds)
+    abandoned: bool = False  # its worker failed: nothing is handled or drained here any more
+    behind: str = ""  # the owner our standby subscription waits behind, while standing by
+    taken_from: str | None = None  # taken over from this (dead) owner, until reassigned
+
+    def step(self, event: Event) -> tuple[State, list[Command]]:
+        """Feed ``event`` to the state machine; the state before, and the commands."""
+        before = self.state
+        self.state, commands = step(before, event)
+        if self.state.standby is Standby.NONE:
+            self.behind = ""
+        return before, commands
+
+    def ours(self, owner: str | None, member: str, *, leaving: bool) -> bool:
+        """Whether the partition counts as assigned to ``member``: the assignment names it,
+        or we took the partition over and the assignment still names the owner we took it
+        from (``taken_from`` is forgotten once the assignment names anyone else)."""
+        if self.taken_from is not None and owner != self.taken_from:
+            self.taken_from = None
+        return (owner == member or self.taken_from is not None) and not leaving
+
+    def predecessor(self) -> Worker | None:
+        """Stop and hand over the worker a new one must wait for: the current one, or else
+        the retired one."""
+        old = self.worker
+        if old is None:
+            old, self.retired = self.retired, None
+        if old is not None:
+            old.stop()
+        return old
+
+    def retire(self) -> None:
+        """Stop the worker without a drain; the partition's next worker waits for it."""
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.stop()
+            self.retired = worker
+
+    def take_freed_at(self) -> float | None:
+        """When the claim was freed, once: the next worker measures its handoff gap from it."""
+        freed_at, self.freed_at = self.freed_at, None
+        return freed_at
