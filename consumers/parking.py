@@ -50,8 +50,10 @@ import pika.exceptions
 
 from consumers import control, metrics
 from consumers.broker import Delivery
+from coordinator import policy
 from coordinator.codec import Parked
 from coordinator.group import Group
+from coordinator.mirror import GroupMirror
 from coordinator.session import Session
 from kernel.amqp import AmqpURL, connect_blocking
 from kernel.errors import PartqError
@@ -66,6 +68,7 @@ __all__ = [
     "TooManyParkedKeys",
     "shown_key",
     "too_many",
+    "written_by_holder",
 ]
 
 log = logging.getLogger("partq.consumer.parking")
@@ -231,6 +234,31 @@ class ParkedKeys:
     def __len__(self) -> int:
         with self._lock:
             return len(self._records)
+
+
+def written_by_holder(mirror: GroupMirror, record: Parked, revision: int, partitions: int) -> bool:
+    """Whether the parked record put at ``revision`` is one its partition's holder wrote.
+    ``mirror`` holds the group as it was just before (the watch delivers in revision order),
+    unless our own claim write is newer: then the leader judges it (it deletes a record
+    that fails). A record that fails is ignored: it would divert a key we may hold."""
+    if record.partition < partitions and (mirror.claim_writes.get(record.partition, 0) >= revision):
+        return True
+    ok = policy.parked_by_holder(
+        record,
+        partitions,
+        mirror.claims.get(record.partition),
+        mirror.members.get(record.member),
+    )
+    if not ok:
+        log.warning(
+            "ignoring the parked record of key %s (revision %d): not written by the holder "
+            "of partition %d (it names %s)",
+            record.key_text,
+            revision,
+            record.partition,
+            record.member,
+        )
+    return ok
 
 
 class Parking:

@@ -32,7 +32,7 @@ import collections
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from consumers import metrics, standby
@@ -41,9 +41,9 @@ from consumers.deadletters import DeadLetters
 from consumers.handoff import Command, Event, Holder, Phase, Standby, State
 from consumers.keyed import KeyedWorker
 from consumers.message import Handler
-from consumers.parking import Parking
+from consumers.parking import Parking, written_by_holder
 from consumers.runners import EventLoop, HandlerPool
-from consumers.slot import PartitionSlot
+from consumers.slot import PartitionSlot, WorkerView
 from consumers.worker import Worker
 from coordinator import policy
 from coordinator.group import Claim, Group, GroupState, Member, Parked, WatchEvent
@@ -76,30 +76,6 @@ class _Do:
 _STANDBY_COMMANDS = frozenset(
     {Command.STAND_BY, Command.STAND_DOWN, Command.GIVE_BACK, Command.PROMOTE}
 )
-
-
-class _Workers(Mapping[int, Worker]):
-    """The workers consuming now, by partition: a read-only view of the slots."""
-
-    def __init__(self, slots: Mapping[int, PartitionSlot]) -> None:
-        self._slots = slots
-
-    def get(self, partition: int, default: Worker | None = None) -> Worker | None:  # type: ignore[override]
-        slot = self._slots.get(partition)
-        worker = None if slot is None else slot.worker
-        return default if worker is None else worker
-
-    def __getitem__(self, partition: int) -> Worker:
-        worker = self.get(partition)
-        if worker is None:
-            raise KeyError(partition)
-        return worker
-
-    def __iter__(self) -> Iterator[int]:
-        return (p for p, slot in self._slots.items() if slot.worker is not None)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
 
 
 class Partitions:
@@ -145,7 +121,7 @@ class Partitions:
         self.leaving = False  # the member is stopping: nothing counts as assigned to it
         self.mirror = GroupMirror()
         self.slots = {p: PartitionSlot(p) for p in range(spec.partitions)}
-        self.workers: Mapping[int, Worker] = _Workers(self.slots)
+        self.workers: Mapping[int, Worker] = WorkerView(self.slots)
         self._labels = (spec.name, member)
         self.loop = EventLoop()  # awaits what async handlers return, for every partition
         self.pool = HandlerPool(concurrency, f"handler-{member}") if concurrency > 1 else None
@@ -198,37 +174,12 @@ class Partitions:
         """Mirror one change and act on the partitions it concerns."""
         if event.kind == "parked" and self.parking is not None:
             record = event.value if isinstance(event.value, Parked) else None
-            if record is None or self._parked_by_holder(record, event.revision):
+            if record is None or written_by_holder(
+                self.mirror, record, event.revision, self.spec.partitions
+            ):
                 self.parking.parked.apply(event.name, record, event.revision)
         for partition in sorted(self.mirror.apply(event)):
             self.sync(partition)
-
-    def _parked_by_holder(self, record: Parked, revision: int) -> bool:
-        """Whether the record put at ``revision`` is one its partition's holder wrote. The
-        mirror holds the group as it was just before (the watch delivers in revision order),
-        unless our own claim write is newer: then the leader judges it (it deletes a record
-        that fails). A record that fails is ignored: it would divert a key we may hold."""
-        mirror = self.mirror
-        if record.partition < self.spec.partitions and (
-            mirror.claim_writes.get(record.partition, 0) >= revision
-        ):
-            return True
-        ok = policy.parked_by_holder(
-            record,
-            self.spec.partitions,
-            mirror.claims.get(record.partition),
-            mirror.members.get(record.member),
-        )
-        if not ok:
-            log.warning(
-                "ignoring the parked record of key %s (revision %d): not written by the holder "
-                "of partition %d (it names %s)",
-                record.key_text,
-                revision,
-                record.partition,
-                record.member,
-            )
-        return ok
 
     def forget(self) -> None:
         """The stream is gone: so are its keys."""

@@ -17,12 +17,13 @@ its inbox, and the HTTP server thread's scrape reads ``worker`` (its ``busy`` an
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from consumers.handoff import Command, Event, Standby, State, step
 from consumers.worker import Worker
 
-__all__ = ["PartitionSlot"]
+__all__ = ["PartitionSlot", "WorkerView"]
 
 
 @dataclass(eq=False, slots=True)
@@ -77,3 +78,28 @@ class PartitionSlot:
         """When the claim was freed, once: the next worker measures its handoff gap from it."""
         freed_at, self.freed_at = self.freed_at, None
         return freed_at
+
+
+class WorkerView(Mapping[int, Worker]):
+    """The workers consuming now, by partition: a read-only view of the slots. ``get`` is
+    what the I/O thread calls for each delivery: one dict lookup, one attribute read."""
+
+    def __init__(self, slots: Mapping[int, PartitionSlot]) -> None:
+        self._slots = slots
+
+    def get(self, partition: int, default: Worker | None = None) -> Worker | None:  # type: ignore[override]
+        slot = self._slots.get(partition)
+        worker = None if slot is None else slot.worker
+        return default if worker is None else worker
+
+    def __getitem__(self, partition: int) -> Worker:
+        worker = self.get(partition)
+        if worker is None:
+            raise KeyError(partition)
+        return worker
+
+    def __iter__(self) -> Iterator[int]:
+        return (p for p, slot in self._slots.items() if slot.worker is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

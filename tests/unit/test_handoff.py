@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.handoff import Command, Event, Holder, Phase, State, step
+from consumers.handoff import Command, Event, Holder, Phase, Standby, State, step
 
 
 def run(events: list[Event], state: State | None = None) -> tuple[State, list[Command]]:
@@ -87,7 +87,11 @@ def test_no_subscribe_without_our_claim_and_no_release_without_drain(events: lis
         # and never consume again while the cancel of a released partition is under way
         if before.phase is Phase.HANDING:
             assert Command.SUBSCRIBE not in commands and Command.CLAIM not in commands
-            assert state.phase is Phase.HANDING or event in (Event.DRAINED, Event.CHANNEL_LOST)
+            assert state.phase is Phase.HANDING or event in (
+                Event.DRAINED,
+                Event.CHANNEL_LOST,
+                Event.DROPPED,  # a fence: the broker requeued everything, nothing to finish
+            )
         # and cancel only what we consume (a called-off drain: consumed again)
         if Command.CANCEL in commands:
             assert before.phase in (Phase.ACTIVE, Phase.SUBSCRIBING) or (
@@ -261,3 +265,104 @@ def test_a_move_back_while_handing_claims_again_once_drained() -> None:
     state, _ = step(state, Event.ASSIGNED)
     state, commands = step(state, Event.CHANNEL_LOST)
     assert (state.phase, commands) == (Phase.WAITING, [])
+
+
+# -- hot standby ----------------------------------------------------------------------------
+
+
+def test_a_standby_stands_by_from_idle_and_is_promoted_on_its_takeover() -> None:
+    # Given an idle partition the group wants us standing by for
+    standing, commands = step(State(), Event.STANDBY_WANTED)
+    assert (standing.phase, standing.standby, commands) == (
+        Phase.IDLE,
+        Standby.STANDING,
+        [Command.STAND_BY],
+    )
+    # When RabbitMQ activates it / Then nothing is done until the takeover check
+    activated, commands = step(standing, Event.ACTIVATED)
+    assert (activated.standby, commands) == (Standby.ACTIVATED, [])
+    # When our takeover claim is written / Then the standby becomes the subscription
+    taken, commands = step(activated, Event.TAKEN_OVER)
+    assert taken == State(Phase.ACTIVE, assigned=True, holder=Holder.ME)
+    assert commands == [Command.PROMOTE]
+
+
+def test_an_activation_by_a_planned_move_is_given_back() -> None:
+    activated, _ = run([Event.STANDBY_WANTED, Event.ACTIVATED])
+    state, commands = step(activated, Event.TAKEOVER_REFUSED)
+    assert (state.phase, state.standby, commands) == (Phase.IDLE, Standby.NONE, [Command.GIVE_BACK])
+    # and an activation of a standby we stood down already goes back at once
+    stood_down, commands = run([Event.STANDBY_WANTED, Event.STANDBY_UNWANTED])
+    assert (stood_down.standby, commands) == (Standby.NONE, [Command.STAND_BY, Command.STAND_DOWN])
+    assert step(stood_down, Event.ACTIVATED) == (stood_down, [Command.GIVE_BACK])
+
+
+def test_a_standby_is_only_for_a_partition_we_do_not_consume() -> None:
+    # Given a partition we consume / When the group wants a standby / Then none is made
+    active, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED])
+    assert step(active, Event.STANDBY_WANTED) == (active, [])
+    # Given a standby that is still standing when the partition becomes ours to consume
+    standing, _ = run([Event.STANDBY_WANTED, Event.CLAIM_OTHER, Event.ASSIGNED])
+    assert (standing.phase, standing.standby) == (Phase.WAITING, Standby.STANDING)
+    # When its claim is handed to us / Then it stands down before subscribing
+    state, commands = step(standing, Event.GRANTED)
+    assert (state.phase, state.standby) == (Phase.SUBSCRIBING, Standby.NONE)
+    assert commands == [Command.STAND_DOWN, Command.SUBSCRIBE]
+    # and one activated meanwhile is given back instead
+    activated, _ = step(standing, Event.ACTIVATED)
+    state, commands = step(activated, Event.GRANTED)
+    assert commands == [Command.GIVE_BACK, Command.SUBSCRIBE]
+
+
+def test_a_lost_standby_and_a_stale_takeover_decision_change_nothing_more() -> None:
+    standing, _ = run([Event.STANDBY_WANTED])
+    lost, commands = step(standing, Event.STANDBY_LOST)
+    assert (lost, commands) == (State(), [])
+    # a decision reaching a standby that is gone (lost before the check) is dropped
+    assert step(lost, Event.TAKEN_OVER) == (lost, [])
+    assert step(lost, Event.TAKEOVER_REFUSED) == (lost, [])
+
+
+def test_a_drop_starts_over_from_idle_keeping_the_standby_phase() -> None:
+    active, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED])
+    assert step(active, Event.DROPPED) == (State(), [])
+    standing, _ = run([Event.STANDBY_WANTED, Event.CLAIM_OTHER, Event.ASSIGNED])
+    dropped, commands = step(standing, Event.DROPPED)
+    assert (dropped, commands) == (State(standby=Standby.STANDING), [])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(list(Event)), max_size=40))
+def test_a_standby_never_runs_beside_our_consumption_and_is_promoted_only_once_activated(
+    events: list[Event],
+) -> None:
+    # Given any sequence of events, standby ones mixed in
+    state = State()
+    for event in events:
+        before = state
+        state, commands = step(state, event)
+        # Then a standby never lives beside our own consumption of the partition
+        assert not (state.consuming and state.standby is not Standby.NONE)
+        # and a standby subscription is made only for an idle partition
+        if Command.STAND_BY in commands:
+            assert before.phase is Phase.IDLE and before.standby is Standby.NONE
+            assert state.standby is Standby.STANDING
+        # and promoted only once activated, onto our takeover claim, consumed at once
+        if Command.PROMOTE in commands:
+            assert (before.standby, event) == (Standby.ACTIVATED, Event.TAKEN_OVER)
+            assert state == State(Phase.ACTIVE, assigned=True, holder=Holder.ME)
+        if before.standby is Standby.ACTIVATED and state.standby is Standby.NONE:
+            # and an activated standby ends promoted, given back, or lost with its channel
+            ends = {Command.PROMOTE, Command.GIVE_BACK} & set(commands)
+            assert ends or event in (Event.STANDBY_LOST,), (before, event, state, commands)
+        # and only what was activated (or stood down meanwhile) is given back
+        if Command.GIVE_BACK in commands:
+            assert before.standby is Standby.ACTIVATED or (
+                event is Event.ACTIVATED and before.standby is Standby.NONE
+            )
+        # and a standby command never comes with a claim or a release
+        if {Command.STAND_BY, Command.PROMOTE} & set(commands):
+            assert not {Command.CLAIM, Command.RELEASE} & set(commands)
+        # and a drop leaves nothing consumed
+        if event is Event.DROPPED:
+            assert (state.phase, commands) == (Phase.IDLE, [])

@@ -1,0 +1,174 @@
+"""A hot standby's way through Partitions, with no servers: a FakeEtcd and a recording broker.
+
+The group is written into the fake as the leader and the partition's owner would write it;
+the broker is a recorder of the calls Partitions makes (RabbitMQ's side of a standby is
+proven by tests/integration/test_hot_standby.py). Each test drives what the daemon does on
+the broker's callbacks: ``activated`` (``on_activated``), ``standby_lost``, and the queued
+``check_takeovers``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+
+from consumers.broker import Broker
+from consumers.deadletters import DeadLetters
+from consumers.handoff import Holder, Phase, Standby
+from consumers.message import Message
+from consumers.partitions import Partitions
+from coordinator import codec
+from coordinator.group import Group
+from coordinator.session import Session
+from coordinator.testing import FakeEtcd
+from kernel import keys
+from producer.contract import StreamSpec
+
+SPEC = StreamSpec("s", 2)
+
+
+class RecordingBroker:
+    """The broker calls Partitions makes, in order; standing by always succeeds."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        def record(partition: int = -1, *_args: object) -> bool:
+            self.calls.append((name, partition))
+            return True
+
+        return record
+
+
+class Env:
+    """Owner ``a`` consumes p0 on its claim; the leader names ``b`` (us) p0's standby."""
+
+    def __init__(self) -> None:
+        self.fake = FakeEtcd()
+        self.group = Group(self.fake, "fake", SPEC.name)
+        self.a = Session(self.fake, "fake", ttl=5)
+        self.b = Session(self.fake, "fake", ttl=5)
+        self.group.join(self.a, "a")
+        self.group.join(self.b, "b")
+        self.assign(0, "a")
+        assert self.group.claim(0, "a", self.a) > 0
+        self.fake.put(keys.standby(SPEC.name, 0), codec.encode_standby("b"))
+        self.broker = RecordingBroker()
+        self.settled: list[int] = []
+        self.partitions = Partitions(
+            spec=SPEC,
+            member="b",
+            group=self.group,
+            broker=cast(Broker, self.broker),
+            handler=self.handle,
+            dead_letters=cast(DeadLetters, None),
+            max_attempts=1,
+            retry_backoff=0.01,
+            handler_timeout=None,
+            on_worker_failure=lambda _p, _r: None,
+            retry_release=lambda _p: None,
+            resync=lambda: None,
+            settle_takeover=self.settled.append,
+        )
+        self.partitions.session = self.b
+        self.partitions.follow(self.group.snapshot())
+
+    def handle(self, message: Message) -> None:
+        pass
+
+    def assign(self, partition: int, member: str) -> None:
+        self.fake.put(keys.assignment(SPEC.name, partition), codec.encode_assignment(member))
+
+    def calls(self, name: str) -> int:
+        return self.broker.calls.count((name, 0))
+
+    def close(self) -> None:
+        self.partitions.stop_workers()
+        self.partitions.close()
+        self.a.close(revoke=True)
+        self.b.close(revoke=True)
+
+
+@pytest.fixture
+def env() -> Iterator[Env]:
+    made = Env()
+    yield made
+    made.close()
+
+
+def test_the_standby_of_a_dead_owner_takes_over_and_is_promoted(env: Env) -> None:
+    # Given a standby subscription behind a's consumer
+    slot = env.partitions.slots[0]
+    assert (slot.state.standby, slot.behind, env.calls("stand_by")) == (Standby.STANDING, "a", 1)
+    # When RabbitMQ activates it (a's connection died) / Then one takeover check is queued
+    assert env.partitions.activated(0) is True
+    assert slot.state.standby is Standby.ACTIVATED
+    # When the check runs / Then our takeover claim is written and the standby promoted
+    env.partitions.check_takeovers()
+    claim = env.group.snapshot().claims[0]
+    assert (claim.member, claim.lease, claim.takeover, claim.taken_from) == (
+        "b",
+        env.b.id,
+        True,
+        "a",
+    )
+    assert (slot.state.phase, slot.state.holder, slot.state.standby) == (
+        Phase.ACTIVE,
+        Holder.ME,
+        Standby.NONE,
+    )
+    assert env.broker.calls[-1] == ("promote", 0) and env.calls("give_back") == 0
+    assert slot.worker is not None and slot.worker.is_alive()  # started before the promote
+    assert (slot.taken_from, slot.behind, env.settled) == ("a", "", [0])
+    assert env.partitions.owned() == [0]
+    # and the partition stays ours while the assignment still names a (assigned: taken)
+    env.partitions.sync(0)
+    assert slot.state.phase is Phase.ACTIVE and slot.taken_from == "a"
+
+
+def test_an_activation_by_a_planned_move_is_given_back(env: Env) -> None:
+    # Given a standing standby whose owner's partition the leader moved (a drains it)
+    env.assign(0, "c")
+    # When RabbitMQ activates the standby (a's cancel) and the check reads the group
+    assert env.partitions.activated(0) is True
+    env.partitions.check_takeovers()
+    # Then it gives back, claims nothing and starts no worker
+    slot = env.partitions.slots[0]
+    assert (slot.state.standby, slot.behind, slot.worker) == (Standby.NONE, "", None)
+    assert env.calls("give_back") == 1 and env.calls("promote") == 0
+    assert env.group.snapshot().claims[0].member == "a"
+
+
+def test_an_activation_after_the_standby_stood_down_is_given_back_at_once(env: Env) -> None:
+    # Given a standby stood down (the leader named another member) before the activation
+    env.fake.put(keys.standby(SPEC.name, 0), codec.encode_standby("c"))
+    env.partitions.follow(env.group.snapshot())
+    assert env.calls("stand_down") == 1
+    # When RabbitMQ's activation arrives / Then it goes back at once, with no check queued
+    assert env.partitions.activated(0) is False
+    assert env.calls("give_back") == 1
+    env.partitions.check_takeovers()
+    assert env.calls("promote") == 0 and env.calls("give_back") == 1
+
+
+def test_a_lost_standby_stands_by_again_and_is_not_taken_over_by_an_old_check(
+    env: Env,
+) -> None:
+    # Given an activated standby whose channel then closed before the check
+    env.partitions.activated(0)
+    env.partitions.standby_lost(0)
+    # Then it stands by again (still wanted), and the pending check takes nothing over
+    slot = env.partitions.slots[0]
+    assert (slot.state.standby, env.calls("stand_by")) == (Standby.STANDING, 2)
+    env.partitions.check_takeovers()
+    assert env.calls("promote") == 0 and slot.state.standby is Standby.STANDING
+
+
+def test_a_stopping_member_gives_every_activated_standby_back(env: Env) -> None:
+    env.partitions.activated(0)
+    env.partitions.check_takeovers(allowed=False)
+    assert env.calls("give_back") == 1 and env.calls("promote") == 0
+    assert env.group.snapshot().claims[0].member == "a"
