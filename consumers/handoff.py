@@ -44,6 +44,9 @@ without a drain; the standby phase is left as the shell last set it.
 
 The shell (``consumers.partitions``) turns etcd watch events and broker callbacks
 into events and carries out the commands; nothing here does I/O.
+
+Threads. None, and no shared state: :func:`step` is called on the daemon's controller
+thread (``PartitionSlot.step``), with values it alone holds.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""The partitions of one consumer: the group mirror, a handoff state machine and a worker each.
+"""The partitions of one consumer: the group mirror, and one slot per partition.
 
 :class:`Partitions` belongs to the daemon's controller thread (``consumers.daemon``),
 which hands it watch events and broker callbacks. It keeps the stream's group keys in
 a :class:`coordinator.mirror.GroupMirror` and each partition's state machine
 (:func:`consumers.handoff.step`) in step with it, and carries out the machines'
 commands: claim and release in etcd, subscribe and cancel at the broker, start and
-stop the partition's worker.
+stop the partition's worker, stand by, take over or give back as its hot standby.
 
 Without recursion, as a work list: stepping a partition yields commands, running a
 command may yield a follow-up event (its outcome: claimed, refused, released), and
