@@ -68,7 +68,7 @@ class PartitionSlot:
         return old
 
     def retire(self) -> None:
-        """Stop the worker without a drain; the partition's next worker waits for it."""
+        """Stop the worker and keep it as the one the partition's next worker waits for."""
         worker, self.worker = self.worker, None
         if worker is not None:
             worker.stop()
@@ -87,6 +87,7 @@ class WorkerView(Mapping[int, Worker]):
     def __init__(self, slots: Mapping[int, PartitionSlot]) -> None:
         self._slots = slots
 
+    # one signature instead of Mapping.get's overloads: a worker or the default (None)
     def get(self, partition: int, default: Worker | None = None) -> Worker | None:  # type: ignore[override]
         slot = self._slots.get(partition)
         worker = None if slot is None else slot.worker
