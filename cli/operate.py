@@ -112,7 +112,7 @@ def _check_coordinators(group: Group, state: GroupState, waits: str) -> None:
     except PartqError as e:  # a role without the right to read them: say nothing more
         log.debug("cannot read the coordinators' policies: %s", e)
         return
-    live = {key.rsplit("/", 1)[1] for _revision, key in state.leaders}
+    live = {name for _revision, name in state.leaders}
     differ = differences({name: p for name, p in found.items() if name in live})
     if differ:
         _warn(

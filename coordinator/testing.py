@@ -4,7 +4,9 @@
 "fake")``) and answers with the client's own types (``etcdrpc`` responses, ``KVMetadata``,
 ``Lease``, ``PutEvent``/``DeleteEvent`` in a ``WatchResponse``):
 
-- ``put``/``get``/``get_prefix``/``get_prefix_response``/``delete``/``delete_prefix``;
+- ``put``/``get`` (``revision``: the key as it was then)/``get_prefix``/
+  ``get_prefix_response``/``delete``/``delete_prefix``; ``compact`` (a read or a watch of
+  a revision before it then fails as etcd's does: compacted);
 - ``transaction`` with comparisons on value, version, create and mod revision and lease
   (``kernel.etcd.lease_is``), and put/get/delete operations: one revision per write;
 - leases: ``lease``, ``refresh_lease`` (TTL 0 once gone), ``revoke_lease``,
@@ -17,6 +19,7 @@
   end with it, as when etcd cannot be reached) and :meth:`FakeEtcd.come_up`;
   :meth:`FakeEtcd.end_watches` ends every watch with an error.
 
+It implements :class:`kernel.etcd.EtcdClient` (mypy checks it, at the end of this module).
 tests/unit/test_fake_etcd.py pins this behaviour; tests/integration/test_etcd_contract.py
 runs the same tests against a real etcd.
 """
@@ -42,7 +45,9 @@ from etcd3.leases import Lease
 from etcd3.utils import lease_to_id, prefix_range_end, to_bytes
 from etcd3.watch import WatchResponse
 
-__all__ = ["FakeEtcd", "LeaseNotFound"]
+from kernel.etcd import EtcdClient
+
+__all__ = ["Compacted", "FakeEtcd", "LeaseNotFound"]
 
 log = logging.getLogger("partq.testing.etcd")
 _PUT, _DELETE = Event.PUT, Event.DELETE
@@ -71,6 +76,16 @@ class LeaseNotFound(grpc.RpcError):  # type: ignore[misc]
 
     def details(self) -> str:
         return "etcdserver: requested lease not found"
+
+
+class Compacted(grpc.RpcError):  # type: ignore[misc]
+    """What etcd answers to a read of a revision it has compacted away."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.OUT_OF_RANGE
+
+    def details(self) -> str:
+        return "etcdserver: mvcc: required revision has been compacted"
 
 
 @dataclass
@@ -105,6 +120,7 @@ class FakeEtcd:
         self._dispatching = threading.Lock()
         self._kvs: dict[bytes, KeyValue] = {}
         self._revision = 1  # an empty etcd is at revision 1
+        self._compacted = 0  # revisions before it are gone (compact)
         self._history: list[tuple[int, list[Event]]] = []
         self._leases: dict[int, _Lease] = {}
         self._next_lease = 0x7A3B00000000
@@ -161,12 +177,24 @@ class FakeEtcd:
     def close(self) -> None:
         pass
 
-    def get(self, key: str | bytes) -> tuple[bytes | None, KVMetadata | None]:
-        response = self._range(to_bytes(key), None)
+    def get(
+        self, key: str | bytes, revision: int | None = None
+    ) -> tuple[bytes | None, KVMetadata | None]:
+        if revision is None:
+            response = self._range(to_bytes(key), None)
+        else:
+            response = self._range_at(to_bytes(key), revision)
         if not response.kvs:
             return None, None
         kv = response.kvs[0]
         return kv.value, KVMetadata(kv, response.header)
+
+    def compact(self, revision: int, physical: bool = False) -> None:
+        """Forget the history before ``revision``, as etcd's compaction does."""
+        self._check()
+        with self._lock:
+            self._compacted = max(self._compacted, revision)  # the history is kept: reads
+            # at a later revision replay it from the start
 
     def get_prefix_response(self, prefix: str | bytes) -> etcdrpc.RangeResponse:
         start = to_bytes(prefix)
@@ -315,6 +343,23 @@ class FakeEtcd:
             header = etcdrpc.ResponseHeader(revision=self._revision)
             return etcdrpc.RangeResponse(header=header, kvs=kvs, count=len(kvs))
 
+    def _range_at(self, key: bytes, revision: int) -> etcdrpc.RangeResponse:
+        """``key`` as it was at ``revision``, replayed from the history."""
+        self._check()
+        with self._lock:
+            if revision < self._compacted:
+                raise Compacted()
+            found: KeyValue | None = None
+            for at, events in self._history:
+                if at > revision:
+                    break
+                for event in events:
+                    if event.kv.key == key:
+                        found = event.kv if event.type == _PUT else None
+            header = etcdrpc.ResponseHeader(revision=self._revision)
+            kvs = [] if found is None else [found]
+            return etcdrpc.RangeResponse(header=header, kvs=kvs, count=len(kvs))
+
     def _select(self, key: str | bytes, range_end: str | bytes | None) -> list[KeyValue]:
         start, end = to_bytes(key), None if range_end is None else to_bytes(range_end)
         return [kv for k, kv in sorted(self._kvs.items()) if _covers(start, end, k)]
@@ -420,3 +465,6 @@ def _safe(callback: Callable[[Any], None], response: Any) -> None:
         callback(response)
     except Exception:
         log.exception("watch callback failed")  # as etcd3's watcher does
+
+
+_CHECKED: type[EtcdClient] = FakeEtcd  # mypy --strict checks the fake against the protocol
