@@ -244,7 +244,7 @@ def resume(ctx: Context, stream: str, partition: int | None) -> None:
     requests = group.snapshot().requests
     if partition is None:
         names = sorted(n for n, r in requests.items() if isinstance(r, Pause))
-    elif "pause" in requests:
+    elif Pause().name in requests:
         raise click.UsageError(
             f"{stream} is paused as a whole: resume it all with `partq resume {stream}`"
         )

@@ -1,7 +1,9 @@
 """Every value partq stores in etcd: encoded with :func:`json.dumps`, decoded with checks.
 
-:mod:`kernel.keys` names the keys; this module is the only one that writes or
-reads their values. Encoders refuse what decoders would refuse, so partq never
+:mod:`kernel.keys` names the keys and :data:`coordinator.kinds.KINDS` says which
+decoder of this module reads each kind; this module is the only one that writes or
+reads their values, and parses a request key's name (:func:`parse_request_name`).
+Encoders refuse what decoders would refuse, so partq never
 writes a value it cannot read back; decoders check the JSON, the version ``v``, the
 type of every field and the key's own name, and raise
 :class:`~kernel.errors.MalformedValue` with the reason, never a ``KeyError`` or

@@ -7,7 +7,9 @@ leads (:func:`leader`); there is no blocking wait: the coordinator follows the
 candidates in its mirror of the group keys and asks :meth:`Election.is_leader` after
 every change. A leader's writes are fenced: :meth:`Fence.compare` is the comparison
 "our candidate key still has the create revision it was created with", which the
-caller folds into each of its transactions. A deposed leader's key is gone (its lease
+group's store (:class:`coordinator.group.Group`, which also puts and deletes the
+candidate key) folds into each of the leader's transactions. A deposed leader's key is
+gone (its lease
 expired, or it resigned), so its writes fail. :meth:`Election.resign` deletes the key
 if it is still ours, so the next candidate leads without waiting for the lease.
 """

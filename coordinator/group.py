@@ -1,6 +1,12 @@
-"""The consumer-group client API on etcd: membership, assignment, claims, and a watch.
+"""The store of a stream's group keys: every etcd transaction on them goes through it.
 
-Consumers use this module (never key strings); the coordinator uses it too.
+Membership, claims, hand-overs and parked records for the consumers; the election's
+candidate key and the leader's writes (the assignment, the standbys, the deletion of
+forged keys), each fenced on the leader's candidate key (:class:`coordinator.election.Fence`),
+for the coordinator; a snapshot and a watch for both. Callers never build a transaction
+or a key string. It talks to etcd through :class:`kernel.etcd.EtcdClient` (in unit tests,
+:class:`coordinator.testing.FakeEtcd`); which key is of which kind, and how it is decoded
+and mirrored, comes from :data:`coordinator.kinds.KINDS`.
 Values go through :mod:`coordinator.codec`, decoded once here into typed frozen
 values. A value partq did not write (not JSON, or the wrong shape) is treated as
 absent: it is logged at warning once per key and revision, counted in
@@ -51,7 +57,7 @@ from kernel.errors import (
     MemberIdTaken,
     NotHolder,
 )
-from kernel.etcd import etcd_errors, lease_is, translate
+from kernel.etcd import EtcdClient, etcd_errors, lease_is, translate
 
 __all__ = [
     "Assignment",
@@ -104,7 +110,7 @@ class Group:
     status page only list them.
     """
 
-    def __init__(self, client: Any, where: str, stream: str, *, report: bool = True) -> None:
+    def __init__(self, client: EtcdClient, where: str, stream: str, *, report: bool = True) -> None:
         self.client = client
         self.where = where
         self.stream = stream
