@@ -5,8 +5,9 @@
 ``Lease``, ``PutEvent``/``DeleteEvent`` in a ``WatchResponse``):
 
 - ``put``/``get`` (``revision``: the key as it was then)/``get_prefix``/
-  ``get_prefix_response``/``delete``/``delete_prefix``; ``compact`` (a read or a watch of
-  a revision before it then fails as etcd's does: compacted);
+  ``get_prefix_response``/``delete``/``delete_prefix``; ``compact`` (a read of a revision
+  before it then fails as etcd's does, and a watch from one ends at once with
+  ``RevisionCompactedError``);
 - ``transaction`` with comparisons on value, version, create and mod revision and lease
   (``kernel.etcd.lease_is``), and put/get/delete operations: one revision per write;
 - leases: ``lease``, ``refresh_lease`` (TTL 0 once gone), ``revoke_lease``,
@@ -301,8 +302,12 @@ class FakeEtcd:
             self._next_watch += 1
             watch_id = self._next_watch
             self._watches[watch_id] = watch
+            if start_revision is not None and start_revision < self._compacted:
+                # as etcd: the watch is made, then ends at once with the compaction
+                watch.ended = True
+                watch.backlog.append(etcd3.exceptions.RevisionCompactedError(self._compacted))
             for revision, events in self._history:
-                if start_revision is not None and revision >= start_revision:
+                if start_revision is not None and revision >= start_revision and not watch.ended:
                     self._notify(watch, revision, events)
         self._dispatch()
         return watch_id

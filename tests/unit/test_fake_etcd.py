@@ -108,6 +108,10 @@ def test_a_read_at_a_revision_sees_the_key_as_it_was_then_until_compacted(
     with pytest.raises(EtcdCompacted, match="compacted"), etcd_errors("here"):
         client.get(key, revision=second)
     assert client.get(key, revision=now) == (None, None)  # the compaction's own is kept
+    # And a watch from before it ends at once, saying so
+    ended: queue.Queue[Any] = queue.Queue()
+    client.add_watch_prefix_callback(prefix, ended.put, start_revision=first)
+    assert isinstance(ended.get(timeout=5), etcd3.exceptions.RevisionCompactedError)
 
 
 def test_prefix_reads_are_sorted_and_bounded(client: Any, prefix: str) -> None:

@@ -120,7 +120,11 @@ def test_a_parked_records_judges_are_read_as_they_were_until_compacted(
     claim, member = group.parked_at(record, revision)
     assert claim is not None and claim.member == "c1" and claim.lease == session.id
     assert member is not None and member.id == "c1"
-    # When etcd compacts that revision away / Then it says so, as such
+    # When etcd compacts that revision away / Then it says so, as such, to a read
     fake.compact(fake.get_prefix_response("/").header.revision)
     with pytest.raises(EtcdCompacted):
         group.parked_at(record, revision)
+    # ... and to a watch from before it (its owner reads afresh, not as if etcd were down)
+    ended: list[object] = []
+    group.watch(revision, ended.append)
+    assert len(ended) == 1 and isinstance(ended[0], EtcdCompacted)
