@@ -112,7 +112,7 @@ def _check_coordinators(group: Group, state: GroupState, waits: str) -> None:
     except PartqError as e:  # a role without the right to read them: say nothing more
         log.debug("cannot read the coordinators' policies: %s", e)
         return
-    live = {key.rsplit("/", 1)[1] for _revision, key in state.leaders}
+    live = {name for _revision, name in state.leaders}
     differ = differences({name: p for name, p in found.items() if name in live})
     if differ:
         _warn(
@@ -244,7 +244,7 @@ def resume(ctx: Context, stream: str, partition: int | None) -> None:
     requests = group.snapshot().requests
     if partition is None:
         names = sorted(n for n, r in requests.items() if isinstance(r, Pause))
-    elif "pause" in requests:
+    elif Pause().name in requests:
         raise click.UsageError(
             f"{stream} is paused as a whole: resume it all with `partq resume {stream}`"
         )

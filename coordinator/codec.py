@@ -1,7 +1,9 @@
 """Every value partq stores in etcd: encoded with :func:`json.dumps`, decoded with checks.
 
-:mod:`kernel.keys` names the keys; this module is the only one that writes or
-reads their values. Encoders refuse what decoders would refuse, so partq never
+:mod:`kernel.keys` names the keys and :data:`coordinator.kinds.KINDS` says which
+decoder of this module reads each kind; this module is the only one that writes or
+reads their values, and parses a request key's name (:func:`parse_request_name`).
+Encoders refuse what decoders would refuse, so partq never
 writes a value it cannot read back; decoders check the JSON, the version ``v``, the
 type of every field and the key's own name, and raise
 :class:`~kernel.errors.MalformedValue` with the reason, never a ``KeyError`` or
@@ -64,32 +66,39 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from kernel.errors import InvalidMemberId, MalformedValue, UsageError
 from producer.contract import MAX_PARTITIONS, StreamSpec, key_from_id, key_id, long_key_id
 
 __all__ = [
-    "KINDS",
     "MEMBER_ID_PATTERN",
     "VERSION",
     "Assignment",
     "Candidate",
     "Claim",
     "Drain",
-    "Kind",
     "LoadReport",
     "Member",
     "Move",
     "Parked",
+    "Pause",
     "Policy",
     "Rebalance",
     "Request",
+    "Standby",
     "Value",
-    "check_name",
-    "decode",
+    "candidate_name",
+    "decode_assignment",
+    "decode_candidate",
+    "decode_claim",
     "decode_load",
+    "decode_member",
+    "decode_parked",
     "decode_policy",
+    "decode_request",
+    "decode_spec",
+    "decode_standby",
     "encode_assignment",
     "encode_candidate",
     "encode_claim",
@@ -98,7 +107,13 @@ __all__ = [
     "encode_parked",
     "encode_policy",
     "encode_request",
-    "valid_name",
+    "encode_standby",
+    "member_name",
+    "parked_name",
+    "parse_request_name",
+    "partition_name",
+    "request_name",
+    "spec_name",
     "validate_member_id",
 ]
 
@@ -107,23 +122,8 @@ MEMBER_ID_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,252}"
 _MEMBER_ID = re.compile(MEMBER_ID_PATTERN)
 _PARTITION = re.compile(r"[0-9]{5}")
 _LEASE = re.compile(r"[0-9a-f]{16}")
-_MOVE = re.compile(r"move-(0|[1-9][0-9]{0,4})")
-_PAUSE = re.compile(r"pause(-(0|[1-9][0-9]{0,4}))?")
 # unpadded base64url of a message key, or a long key's digest (producer.contract.key_id)
 _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,2048}|sha256\.[0-9a-f]{64}")
-
-Kind = Literal["member", "assignment", "claim", "standby", "leader", "request", "parked", "spec"]
-KINDS: Final[tuple[Kind, ...]] = (
-    "member",
-    "assignment",
-    "claim",
-    "standby",
-    "leader",
-    "request",
-    "parked",
-    "spec",
-)
-
 
 # -- the values ------------------------------------------------------------------------------
 
@@ -488,46 +488,154 @@ def encode_request(request: Request) -> tuple[str, str]:
     return request.name, _dumps(member=validate_member_id(request.member), at=at)
 
 
-# -- decoding ----------------------------------------------------------------------------------
+# -- key names: what a key's last segment says (the table coordinator.kinds.KINDS uses) ---------
 
 
-def decode(kind: str, stream: str, name: str, raw: bytes | str, lease: int = 0) -> Value:
-    """The value of ``stream``'s key of ``kind`` called ``name`` (the part after the kind's
-    prefix), stored as ``raw`` on ``lease``; :class:`MalformedValue` if partq did not write it.
-    """
-    check_name(kind, name)
-    if kind == "member":
-        return _member(name, raw, lease)
-    if kind == "assignment":
-        return Assignment(_id(_object(raw), "owner"))
-    if kind == "claim":
-        doc = _object(raw)
-        takeover = _flag(doc, "takeover")
-        source = _id(doc, "from") if takeover else ""
-        return Claim(_id(doc, "member"), lease, _number(doc, "at"), takeover, source)
-    if kind == "standby":
-        return Standby(_id(_object(raw), "member"))
-    if kind == "leader":
-        if raw not in (b"", ""):
-            raise MalformedValue("a leader candidate's value is empty")
-        return Candidate(int(name, 16))
-    if kind == "request":
-        return _request(name, raw)
-    if kind == "parked":
-        doc = _object(raw)
-        return Parked(
-            name,
-            _int(doc, "partition", 0),
-            _str(doc, "error"),
-            _str(doc, "error_type"),
-            _str(doc, "message_id"),
-            _id(doc, "member"),
-            _number(doc, "at"),
-            _str(doc, "redrive") if "redrive" in doc else "",
-            _str(doc, "redrive_error") if "redrive" in doc else "",
-            _long_key(name, doc),
-        )
-    return _spec(stream, raw)
+def partition_name(name: str) -> int:
+    """The partition an assignment, claim or standby key is named by (5 digits)."""
+    if not _PARTITION.fullmatch(name) or int(name) >= MAX_PARTITIONS:
+        raise MalformedValue(f"the key names no partition: {name!r} (5 digits below 65536)")
+    return int(name)
+
+
+def member_name(name: str) -> str:
+    """The member id a member key is named by."""
+    return _name_id(name)
+
+
+def candidate_name(name: str) -> str:
+    """A leader candidate's name: its lease in hex (16 digits)."""
+    if not _LEASE.fullmatch(name):
+        raise MalformedValue(f"a leader candidate is named by its lease in hex, not {name!r}")
+    return name
+
+
+def parked_name(name: str) -> str:
+    """The key id a parked record is named by (:func:`producer.contract.key_id`)."""
+    try:
+        return _key_id(name)
+    except ValueError as e:
+        raise MalformedValue(str(e)) from None
+
+
+def spec_name(name: str) -> str:
+    """The spec key has no name of its own: ``name`` is the stream's."""
+    return name
+
+
+# The request grammar, parsed here and only here; :attr:`Rebalance.name` and its siblings
+# write it.
+_REQUEST_NAME = re.compile(
+    r"(?P<rebalance>rebalance)|(?P<every>pause)"
+    r"|move-(?P<move>0|[1-9][0-9]{0,4})|pause-(?P<pause>0|[1-9][0-9]{0,4})|drain-(?P<drain>.*)",
+    re.DOTALL,
+)
+_REQUEST_NAMES = "rebalance, move-<p>, drain-<member>, pause, pause-<p>"
+
+
+def parse_request_name(name: str) -> tuple[type[Request], int | str | None]:
+    """Which request a request key's ``name`` holds and about what: (its class, the
+    partition of a move or a pause, the member of a drain, else None)."""
+    found = _REQUEST_NAME.fullmatch(name)
+    if found is None:
+        raise MalformedValue(f"no request is called {name!r} ({_REQUEST_NAMES})")
+    if found["drain"] is not None:
+        return Drain, _name_id(found["drain"])
+    if found["move"] is not None:
+        return Move, int(found["move"])
+    if found["pause"] is not None:
+        return Pause, int(found["pause"])
+    return (Pause, None) if found["every"] else (Rebalance, None)
+
+
+def request_name(name: str) -> str:
+    """``name`` if it names a request (see :func:`parse_request_name`)."""
+    parse_request_name(name)
+    return name
+
+
+# -- decoding: (stream, key name, raw value, lease) -> value -------------------------------------
+
+
+def decode_member(_stream: str, name: str, raw: bytes | str, lease: int) -> Member:
+    doc = _object(raw)
+    if _str(doc, "id") != name:
+        raise MalformedValue(f"'id' {doc['id']!r} is not the key's member id {name!r}")
+    return Member(
+        id=name,
+        weight=_int(doc, "weight", 1),
+        lease=lease,
+        host=_str(doc, "host"),
+        pid=_int(doc, "pid", 0),
+        version=_str(doc, "version"),
+        started=_number(doc, "started"),
+        leaving=_flag(doc, "leaving"),
+    )
+
+
+def decode_assignment(_stream: str, _name: str, raw: bytes | str, _lease: int) -> Assignment:
+    return Assignment(_id(_object(raw), "owner"))
+
+
+def decode_claim(_stream: str, _name: str, raw: bytes | str, lease: int) -> Claim:
+    doc = _object(raw)
+    takeover = _flag(doc, "takeover")
+    source = _id(doc, "from") if takeover else ""
+    return Claim(_id(doc, "member"), lease, _number(doc, "at"), takeover, source)
+
+
+def decode_standby(_stream: str, _name: str, raw: bytes | str, _lease: int) -> Standby:
+    return Standby(_id(_object(raw), "member"))
+
+
+def decode_candidate(_stream: str, name: str, raw: bytes | str, _lease: int) -> Candidate:
+    if raw not in (b"", ""):
+        raise MalformedValue("a leader candidate's value is empty")
+    return Candidate(int(name, 16))
+
+
+def decode_request(_stream: str, name: str, raw: bytes | str, _lease: int) -> Request:
+    kind, _about = parse_request_name(name)
+    doc = _object(raw)
+    at = _number(doc, "at")
+    request: Request
+    if kind is Move:
+        request = Move(_int(doc, "partition", 0), _id(doc, "to"), at)
+    elif kind is Drain:
+        request = Drain(_id(doc, "member"), at)
+    elif kind is Pause:
+        request = Pause(_int(doc, "partition", 0) if name != "pause" else None, at)
+    else:
+        request = Rebalance(at)
+    if request.name != name:
+        raise MalformedValue(f"the value is request {request.name!r}, not the key's {name!r}")
+    return request
+
+
+def decode_parked(_stream: str, name: str, raw: bytes | str, _lease: int) -> Parked:
+    doc = _object(raw)
+    return Parked(
+        name,
+        _int(doc, "partition", 0),
+        _str(doc, "error"),
+        _str(doc, "error_type"),
+        _str(doc, "message_id"),
+        _id(doc, "member"),
+        _number(doc, "at"),
+        _str(doc, "redrive") if "redrive" in doc else "",
+        _str(doc, "redrive_error") if "redrive" in doc else "",
+        _long_key(name, doc),
+    )
+
+
+def decode_spec(stream: str, _name: str, raw: bytes | str, _lease: int) -> StreamSpec:
+    try:
+        spec = StreamSpec.from_json(raw)
+    except UsageError as e:  # a version this partq does not understand
+        raise MalformedValue(str(e)) from None
+    if spec.name != stream:
+        raise MalformedValue(f"the spec of stream {spec.name!r} is not {stream!r}'s")
+    return spec
 
 
 def _long_key(name: str, doc: dict[str, Any]) -> bytes:
@@ -541,50 +649,6 @@ def _long_key(name: str, doc: dict[str, Any]) -> bytes:
     if key_id(key) != name:
         raise MalformedValue(f"'key' is not the key that {name} names")
     return key
-
-
-def check_name(kind: str, name: str) -> None:
-    """:class:`MalformedValue` unless ``name`` is one partq gives a key of ``kind``."""
-    if kind == "member":
-        _name_id(name)
-    elif kind in ("assignment", "claim", "standby"):
-        _partition(name)
-    elif kind == "leader":
-        if not _LEASE.fullmatch(name):
-            raise MalformedValue(f"a leader candidate is named by its lease in hex, not {name!r}")
-    elif kind == "request":
-        _request_name(name)
-    elif kind == "parked":
-        try:
-            _key_id(name)
-        except ValueError as e:
-            raise MalformedValue(str(e)) from None
-    elif kind != "spec":
-        raise ValueError(f"unknown kind of key {kind!r}")
-
-
-def _request_name(name: str) -> None:
-    if name.startswith("move-"):
-        if not _MOVE.fullmatch(name):
-            raise MalformedValue(f"a move request is named move-<partition>, not {name!r}")
-    elif name.startswith("drain-"):
-        _name_id(name[len("drain-") :])
-    elif name.startswith("pause"):
-        if not _PAUSE.fullmatch(name):
-            raise MalformedValue(f"a pause request is named pause or pause-<p>, not {name!r}")
-    elif name != "rebalance":
-        raise MalformedValue(
-            f"no request is called {name!r} (rebalance, move-<p>, drain-<member>, pause, pause-<p>)"
-        )
-
-
-def valid_name(kind: str, name: str) -> bool:
-    """Whether ``name`` is one partq gives a key of ``kind`` (see :func:`check_name`)."""
-    try:
-        check_name(kind, name)
-    except MalformedValue:
-        return False
-    return True
 
 
 def _key_id(name: str) -> str:
@@ -660,58 +724,3 @@ def _name_id(name: str) -> str:
         return validate_member_id(name)
     except InvalidMemberId:
         raise MalformedValue(f"the key names an invalid member id {name!r}") from None
-
-
-def _partition(name: str) -> int:
-    if not _PARTITION.fullmatch(name) or int(name) >= MAX_PARTITIONS:
-        raise MalformedValue(f"the key names no partition: {name!r} (5 digits below 65536)")
-    return int(name)
-
-
-def _member(member_id: str, raw: bytes | str, lease: int) -> Member:
-    doc = _object(raw)
-    if _str(doc, "id") != member_id:
-        raise MalformedValue(f"'id' {doc['id']!r} is not the key's member id {member_id!r}")
-    return Member(
-        id=member_id,
-        weight=_int(doc, "weight", 1),
-        lease=lease,
-        host=_str(doc, "host"),
-        pid=_int(doc, "pid", 0),
-        version=_str(doc, "version"),
-        started=_number(doc, "started"),
-        leaving=_flag(doc, "leaving"),
-    )
-
-
-def _request(name: str, raw: bytes | str) -> Request:
-    """A request whose ``name`` passed :func:`check_name`."""
-    doc = _object(raw)
-    if name.startswith("move-"):
-        partition = _int(doc, "partition", 0)
-        if name != f"move-{partition}":
-            raise MalformedValue(f"'partition' {partition} is not the key's ({name!r})")
-        return Move(partition, _id(doc, "to"), _number(doc, "at"))
-    if name.startswith("drain-"):
-        member_id = name[len("drain-") :]
-        if _id(doc, "member") != member_id:
-            raise MalformedValue(f"'member' {doc['member']!r} is not the key's {member_id!r}")
-        return Drain(member_id, _number(doc, "at"))
-    if name == "pause":
-        return Pause(None, _number(doc, "at"))
-    if name.startswith("pause-"):
-        partition = _int(doc, "partition", 0)
-        if name != f"pause-{partition}":
-            raise MalformedValue(f"'partition' {partition} is not the key's ({name!r})")
-        return Pause(partition, _number(doc, "at"))
-    return Rebalance(_number(doc, "at"))
-
-
-def _spec(stream: str, raw: bytes | str) -> StreamSpec:
-    try:
-        spec = StreamSpec.from_json(raw)
-    except UsageError as e:  # a version this partq does not understand
-        raise MalformedValue(str(e)) from None
-    if spec.name != stream:
-        raise MalformedValue(f"the spec of stream {spec.name!r} is not {stream!r}'s")
-    return spec

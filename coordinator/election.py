@@ -7,7 +7,9 @@ leads (:func:`leader`); there is no blocking wait: the coordinator follows the
 candidates in its mirror of the group keys and asks :meth:`Election.is_leader` after
 every change. A leader's writes are fenced: :meth:`Fence.compare` is the comparison
 "our candidate key still has the create revision it was created with", which the
-caller folds into each of its transactions. A deposed leader's key is gone (its lease
+group's store (:class:`coordinator.group.Group`, which also puts and deletes the
+candidate key) folds into each of the leader's transactions. A deposed leader's key is
+gone (its lease
 expired, or it resigned), so its writes fail. :meth:`Election.resign` deletes the key
 if it is still ours, so the next candidate leads without waiting for the lease.
 """
@@ -16,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from coordinator import codec
 from coordinator.session import Session
-from kernel import keys
-from kernel.etcd import etcd_errors
+
+if TYPE_CHECKING:
+    from coordinator.group import Group
 
 __all__ = ["Election", "Fence", "leader"]
 
@@ -50,30 +52,17 @@ class Fence:
 
 
 class Election:
-    """One stream's election, campaigned in by at most one session at a time."""
+    """One stream's election, campaigned in by at most one session at a time; its keys are
+    written by the group's store (:meth:`coordinator.group.Group.stand`)."""
 
-    def __init__(self, client: Any, where: str, stream: str) -> None:
-        self.client = client
-        self.where = where
-        self.stream = stream
+    def __init__(self, group: Group) -> None:
+        self.group = group
         self.fence: Fence | None = None
 
     def campaign(self, session: Session) -> Fence:
         """Stand with ``session``'s lease: put our candidate key if absent (else keep the one
         there, ours from before); its create revision orders us among the candidates."""
-        key = keys.leader_candidate(self.stream, session.id)
-        t = self.client.transactions
-        with etcd_errors(self.where):
-            ok, responses = self.client.transaction(
-                compare=[t.create(key) == 0],
-                success=[t.put(key, codec.encode_candidate(), lease=session.lease)],
-                failure=[t.get(key)],
-            )
-        if ok:
-            revision = int(responses[0].response_put.header.revision)
-        else:
-            revision = int(responses[0][0][1].create_revision)
-        self.fence = Fence(key, revision)
+        self.fence = self.group.stand(session)
         return self.fence
 
     def is_leader(self, candidates: Mapping[str, int]) -> bool:
@@ -83,10 +72,5 @@ class Election:
     def resign(self) -> None:
         """Delete our candidate key if it is still the one we put; end the campaign."""
         fence, self.fence = self.fence, None
-        if fence is None:
-            return
-        t = self.client.transactions
-        with etcd_errors(self.where):
-            self.client.transaction(
-                compare=[fence.compare(t)], success=[t.delete(fence.key)], failure=[]
-            )
+        if fence is not None:
+            self.group.resign(fence)

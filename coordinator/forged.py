@@ -15,55 +15,99 @@ stop or divert a partition of another member:
   messages to its parking queue; consumers ignore one that arrives while they watch.
 
 Each deletion compares the key's revision (a key rewritten since is judged again) and the
-leader's candidate key (fenced like every other leader write); each is logged at warning
-and counted in ``partq_forged_removed_total{stream,kind}``.
+leader's candidate key (fenced like every other leader write, in
+:meth:`coordinator.group.Group.remove_claim` and ``remove_parked``); each is logged at warning
+and counted in ``partq_forged_removed_total{stream,kind}``. A deletion etcd refuses (a
+leader's role without delete rights there) is logged once per key and revision and tried
+again only after :attr:`Refusals.RETRY` seconds (:class:`Refusals`), not on every step.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from collections.abc import Callable
 
 from coordinator import metrics, policy
 from coordinator.election import Fence
 from coordinator.group import Claim, Group
 from coordinator.mirror import GroupMirror
-from kernel import keys
-from kernel.errors import EtcdPermissionDenied, EtcdUnavailable
-from kernel.etcd import etcd_errors
+from kernel.errors import EtcdCompacted, EtcdPermissionDenied, EtcdUnavailable
 from producer.contract import StreamSpec
 
-__all__ = ["remove_claims", "remove_parked", "remove_unbound"]
+__all__ = ["Refusals", "remove_claims", "remove_parked", "remove_unbound"]
 
 log = logging.getLogger("partq.coordinator")
 
 
-def _delete(group: Group, fence: Fence, key: str, revision: int) -> bool:
-    """Delete ``key`` if it is still at ``revision`` and we still lead. A role without
-    delete rights there is refused: logged, and the leader goes on leading."""
-    client: Any = group.client
-    t = client.transactions
-    try:
-        with etcd_errors(group.where):
-            ok, _ = client.transaction(
-                compare=[fence.compare(t), t.mod(key) == revision],
-                success=[t.delete(key)],
-                failure=[],
-            )
-    except EtcdPermissionDenied as e:
-        log.warning("%s: cannot delete the forged key %s: %s", group.stream, key, e)
+class Refusals:
+    """The forged keys etcd refused to let the leader delete, by (kind, name): the revision
+    refused and when to try again. Owned by the coordinator's thread; cleared when it stops
+    leading."""
+
+    RETRY = 60.0  # seconds before a refused deletion is tried again (unless the key changed)
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._refused: dict[tuple[str, str], tuple[int, float]] = {}
+
+    def waiting(self, kind: str, name: str, revision: int) -> bool:
+        """Whether the deletion of this key at ``revision`` was refused less than
+        :attr:`RETRY` seconds ago."""
+        found = self._refused.get((kind, name))
+        return found is not None and found[0] == revision and self._clock() < found[1]
+
+    def refused(self, kind: str, name: str, revision: int) -> bool:
+        """Note a refusal; whether it is the first for this key at this revision (the one
+        to log)."""
+        first = self._refused.get((kind, name), (None, 0.0))[0] != revision
+        self._refused[(kind, name)] = (revision, self._clock() + self.RETRY)
+        return first
+
+    def clear(self) -> None:
+        self._refused.clear()
+
+
+def _delete(
+    group: Group, fence: Fence, refusals: Refusals, kind: str, name: str, revision: int
+) -> bool:
+    """Delete the forged key of ``kind`` (claim or parked) called ``name`` if it is still at
+    ``revision`` and we lead: whether it is gone. A role without delete rights there is
+    refused: logged once, tried again after :attr:`Refusals.RETRY` seconds, and the leader
+    goes on leading."""
+    if refusals.waiting(kind, name, revision):
         return False
-    return bool(ok)
+    try:
+        if kind == "claim":
+            return group.remove_claim(fence, int(name), revision)
+        return group.remove_parked(fence, name, revision)
+    except EtcdPermissionDenied as e:
+        if refusals.refused(kind, name, revision):
+            log.warning(
+                "%s: cannot delete the forged %s key %s (trying again every %.0f s): %s",
+                group.stream,
+                kind,
+                name,
+                Refusals.RETRY,
+                e,
+            )
+        return False
 
 
 def _delete_claim(
-    group: Group, fence: Fence, mirror: GroupMirror, p: int, claim: Claim, why: str
+    group: Group,
+    fence: Fence,
+    refusals: Refusals,
+    mirror: GroupMirror,
+    p: int,
+    claim: Claim,
+    why: str,
 ) -> None:
     """Delete the claim on ``p`` as mirrored (in ``forged`` or ``claims``), logged with
     ``why`` and counted."""
     revision = mirror.claim_revisions.get(p, 0)
-    if not _delete(group, fence, keys.claim(group.stream, p), revision):
-        return  # changed since (the watch brings it), or we no longer lead
+    if not _delete(group, fence, refusals, "claim", f"{p:05d}", revision):
+        return  # changed since (the watch brings it), refused, or we no longer lead
     (mirror.forged if p in mirror.forged else mirror.claims).pop(p, None)
     mirror.claim_revisions.pop(p, None)
     metrics.FORGED_REMOVED.labels(group.stream, "claim").inc()
@@ -77,16 +121,17 @@ def _delete_claim(
     )
 
 
-def remove_claims(group: Group, fence: Fence, mirror: GroupMirror) -> None:
+def remove_claims(group: Group, fence: Fence, refusals: Refusals, mirror: GroupMirror) -> None:
     """Delete every claim the mirror holds apart as forged."""
     for p, claim in sorted(mirror.forged.items()):
         why = "not on its member's lease, so written outside partq with a consumer's credentials"
-        _delete_claim(group, fence, mirror, p, claim, why)
+        _delete_claim(group, fence, refusals, mirror, p, claim, why)
 
 
 def remove_unbound(
     group: Group,
     fence: Fence,
+    refusals: Refusals,
     mirror: GroupMirror,
     seen: dict[int, tuple[int, float]],
     now: float,
@@ -105,11 +150,16 @@ def remove_unbound(
             continue
         del seen[p]
         why = f"no live member holds that lease, and it outlived the grace of {grace:.0f} s"
-        _delete_claim(group, fence, mirror, p, claim, why)
+        _delete_claim(group, fence, refusals, mirror, p, claim, why)
 
 
 def remove_parked(
-    group: Group, fence: Fence, mirror: GroupMirror, unverified: dict[str, int], spec: StreamSpec
+    group: Group,
+    fence: Fence,
+    refusals: Refusals,
+    mirror: GroupMirror,
+    unverified: dict[str, int],
+    spec: StreamSpec,
 ) -> None:
     """Judge each record in ``unverified`` (key id -> revision; emptied) and delete those
     their partition's holder did not write. A record whose revision etcd compacted away
@@ -121,10 +171,10 @@ def remove_parked(
             continue  # gone or rewritten since: its own event brought it back here
         try:
             claim, member = group.parked_at(record, revision)
-        except EtcdUnavailable as e:
-            if "compacted" not in str(e):
-                unverified[name] = revision  # etcd away: judged on the leader's next step
-                continue
+        except EtcdUnavailable:
+            unverified[name] = revision  # etcd away: judged on the leader's next step
+            continue
+        except EtcdCompacted as e:
             log.warning(
                 "%s: cannot check who parked key %s (revision %d): %s; keeping it",
                 group.stream,
@@ -135,7 +185,7 @@ def remove_parked(
             continue
         if policy.parked_by_holder(record, spec.partitions, claim, member):
             continue
-        if not _delete(group, fence, keys.parked(group.stream, name), revision):
+        if not _delete(group, fence, refusals, "parked", name, revision):
             continue
         metrics.FORGED_REMOVED.labels(group.stream, "parked").inc()
         log.warning(

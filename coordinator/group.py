@@ -1,6 +1,12 @@
-"""The consumer-group client API on etcd: membership, assignment, claims, and a watch.
+"""The store of a stream's group keys: every etcd transaction on them goes through it.
 
-Consumers use this module (never key strings); the coordinator uses it too.
+Membership, claims, hand-overs and parked records for the consumers; the election's
+candidate key and the leader's writes (the assignment, the standbys, the deletion of
+forged keys), each fenced on the leader's candidate key (:class:`coordinator.election.Fence`),
+for the coordinator; a snapshot and a watch for both. Callers never build a transaction
+or a key string. It talks to etcd through :class:`kernel.etcd.EtcdClient` (in unit tests,
+:class:`coordinator.testing.FakeEtcd`); which key is of which kind, and how it is decoded
+and mirrored, comes from :data:`coordinator.kinds.KINDS`.
 Values go through :mod:`coordinator.codec`, decoded once here into typed frozen
 values. A value partq did not write (not JSON, or the wrong shape) is treated as
 absent: it is logged at warning once per key and revision, counted in
@@ -17,19 +23,17 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import etcd3.exceptions
 
-from coordinator import codec, metrics, policy
+from coordinator import codec, kinds, metrics
 from coordinator.codec import (
     Assignment,
     Candidate,
     Claim,
     Drain,
-    Kind,
     LoadReport,
     Member,
     Move,
@@ -37,15 +41,23 @@ from coordinator.codec import (
     Pause,
     Rebalance,
     Request,
-    Standby,
     Value,
     validate_member_id,
 )
+from coordinator.election import Fence
+from coordinator.kinds import Malformed, WatchEvent, kind_of
+from coordinator.mirror import GroupMirror, GroupState
 from coordinator.session import Session
 from kernel import keys
-from kernel.errors import EtcdError, EtcdUnavailable, MalformedValue, MemberIdTaken, NotHolder
-from kernel.etcd import etcd_errors, lease_is, translate
-from producer.contract import StreamSpec
+from kernel.errors import (
+    EtcdCompacted,
+    EtcdError,
+    EtcdUnavailable,
+    MalformedValue,
+    MemberIdTaken,
+    NotHolder,
+)
+from kernel.etcd import EtcdClient, etcd_errors, lease_is, translate
 
 __all__ = [
     "Assignment",
@@ -66,75 +78,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("partq.group")
-
-
-@dataclass(frozen=True, slots=True)
-class Malformed:
-    """A key whose value partq did not write: ignored, and shown by ``partq status``."""
-
-    key: str
-    kind: str
-    error: str
-    revision: int
-
-
-@dataclass(frozen=True)
-class GroupState:
-    """One consistent read of a stream's group keys, at ``revision``."""
-
-    revision: int
-    members: dict[str, Member] = field(default_factory=dict)
-    assignment: dict[int, str] = field(default_factory=dict)
-    claims: dict[int, Claim] = field(default_factory=dict)  # forged ones left out
-    forged: dict[int, Claim] = field(default_factory=dict)  # policy.forged_claims: ignored
-    standbys: dict[int, str] = field(default_factory=dict)  # partition -> hot standby member
-    claim_revisions: dict[int, int] = field(default_factory=dict)  # partition -> mod revision
-    leaders: list[tuple[int, str]] = field(default_factory=list)  # (create revision, key)
-    requests: dict[str, Request] = field(default_factory=dict)
-    parked: dict[str, Parked] = field(default_factory=dict)  # key id -> record
-    parked_revisions: dict[str, int] = field(default_factory=dict)  # key id -> mod revision
-    malformed: dict[str, Malformed] = field(default_factory=dict)  # key -> why
-    spec: StreamSpec | None = None  # None: deleted, or malformed
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    """A change under the stream: ``kind`` is member/assignment/claim/leader/request/spec.
-
-    ``value`` is the decoded value, or None when the key was deleted or its new value is
-    malformed (then ``malformed`` says why): either way, the key is absent now.
-    """
-
-    kind: Kind
-    name: str
-    value: Value | None  # None: deleted, or malformed
-    lease: int = 0
-    revision: int = 0  # the change's (the key's mod revision)
-    malformed: str | None = None
-    created: int = 0  # the key's create revision (0 for a delete)
-
-    @property
-    def partition(self) -> int:
-        """The partition of an assignment or claim event (its name was checked on decoding)."""
-        return int(self.name)
-
-
-def _kind(stream: str, key: str) -> tuple[Kind, str] | None:
-    prefixes: tuple[tuple[Kind, str], ...] = (
-        ("member", keys.members(stream)),
-        ("assignment", keys.assignments(stream)),
-        ("claim", keys.claims(stream)),
-        ("standby", keys.standbys(stream)),
-        ("leader", keys.leader_prefix(stream)),
-        ("request", keys.requests(stream)),
-        ("parked", keys.parked_keys(stream)),
-    )
-    for kind, prefix in prefixes:
-        if key.startswith(prefix):
-            return kind, key[len(prefix) :]
-    if key == keys.spec(stream):
-        return "spec", stream
-    return None
+_TXN_OPS = 100  # keys per transaction, at most: etcd's default --max-txn-ops is 128
 
 
 class _Reported:
@@ -166,7 +110,7 @@ class Group:
     status page only list them.
     """
 
-    def __init__(self, client: Any, where: str, stream: str, *, report: bool = True) -> None:
+    def __init__(self, client: EtcdClient, where: str, stream: str, *, report: bool = True) -> None:
         self.client = client
         self.where = where
         self.stream = stream
@@ -178,7 +122,7 @@ class Group:
         self, kind: str, name: str, key: str, raw: bytes, lease: int, revision: int
     ) -> Value | Malformed:
         try:
-            return codec.decode(kind, self.stream, name, raw, lease)
+            return kinds.decode(kind, self.stream, name, raw, lease)
         except MalformedValue as e:
             bad = Malformed(key, kind, str(e), revision)
             if self.report and _reported.first(key, revision):
@@ -196,39 +140,24 @@ class Group:
     def snapshot(self) -> GroupState:
         with etcd_errors(self.where):
             response = self.client.get_prefix_response(keys.stream_prefix(self.stream))
-        state = GroupState(revision=response.header.revision)
-        spec: StreamSpec | None = None
+        malformed: dict[str, Malformed] = {}
+        events: list[WatchEvent] = []
         for kv in response.kvs:
             key = kv.key.decode("utf-8", errors="replace")
-            found = _kind(self.stream, key)
+            found = kind_of(self.stream, key)
             if found is None:
                 continue
-            kind, name = found
-            value = self._decode(kind, name, key, kv.value, kv.lease, kv.mod_revision)
+            row, name = found
+            value = self._decode(row.kind, name, key, kv.value, kv.lease, kv.mod_revision)
             if isinstance(value, Malformed):
-                state.malformed[key] = value
-            elif isinstance(value, Member):
-                state.members[name] = value
-            elif isinstance(value, Assignment):
-                state.assignment[int(name)] = value.owner
-            elif isinstance(value, Claim):
-                state.claims[int(name)] = value
-                state.claim_revisions[int(name)] = kv.mod_revision
-            elif isinstance(value, Standby):
-                state.standbys[int(name)] = value.member
-            elif isinstance(value, Candidate):
-                state.leaders.append((kv.create_revision, key))
-            elif isinstance(value, Rebalance | Move | Drain | Pause):
-                state.requests[name] = value
-            elif isinstance(value, Parked):
-                state.parked[name] = value
-                state.parked_revisions[name] = kv.mod_revision
-            elif isinstance(value, StreamSpec):
-                spec = value
-        state.leaders.sort()
-        forged = policy.forged_claims(state.members, state.claims)
-        claims = {p: c for p, c in state.claims.items() if p not in forged}
-        return dataclasses.replace(state, spec=spec, claims=claims, forged=forged)
+                malformed[key] = value
+                continue
+            events.append(
+                WatchEvent(
+                    row.kind, name, value, kv.lease, kv.mod_revision, None, kv.create_revision
+                )
+            )
+        return GroupMirror.load(int(response.header.revision), events, malformed)
 
     def read_claim(self, partition: int) -> tuple[Claim | None, int]:
         """The claim on ``partition`` (None: none, or malformed) and its mod revision."""
@@ -251,15 +180,15 @@ class Group:
                 return
             for event in response.events:
                 key = event.key.decode("utf-8", errors="replace")
-                found = _kind(self.stream, key)
+                found = kind_of(self.stream, key)
                 if found is None:
                     continue
-                kind, name = found
+                kind, name = found[0].kind, found[1]
                 lease = getattr(event, "lease", 0)
                 value: Value | Malformed | None = None
                 if type(event).__name__ != "DeleteEvent":
                     value = self._decode(kind, name, key, event.value, lease, event.mod_revision)
-                if not codec.valid_name(kind, name):
+                if not kinds.valid_name(kind, name):
                     continue  # a key partq never uses (reported if put): no event about it
                 created = getattr(event, "create_revision", 0)
                 if isinstance(value, Malformed):
@@ -280,10 +209,11 @@ class Group:
         return watch_id
 
     def _watch_ended(self, error: Exception | None) -> EtcdError:
-        """Why a watch stream ended: etcd's refusal as such (not retried), else retryable."""
-        refused = translate(error, self.where) if error is not None else None
-        if refused is not None and not refused.retryable:
-            return refused
+        """Why a watch stream ended: etcd's refusal (not retried) or its compaction of the
+        revisions still to come (resync from a fresh read) as such, else unavailable."""
+        found = translate(error, self.where) if error is not None else None
+        if isinstance(found, EtcdCompacted) or (found is not None and not found.retryable):
+            return found
         return EtcdUnavailable(f"watch on {self.stream} ended: {error}")
 
     def cancel_watch(self, watch_id: int) -> None:
@@ -366,7 +296,7 @@ class Group:
         raw, existing = responses[0][0]
         name = key.rsplit("/", 1)[1]
         try:
-            codec.decode(kind, self.stream, name, raw, existing.lease_id)
+            kinds.decode(kind, self.stream, name, raw, existing.lease_id)
             if kind == "claim" and not existing.lease_id:
                 raise MalformedValue("a claim on no lease (policy.forged_claims)")
         except MalformedValue as e:
@@ -467,6 +397,93 @@ class Group:
                 failure=[],
             )
         return int(responses[0].response_put.header.revision) if ok else 0
+
+    # -- the election and the leader's writes, fenced on its candidate key ----------------
+
+    def stand(self, session: Session) -> Fence:
+        """Put our candidate key on ``session``'s lease if absent (else keep the one there,
+        ours from before): the fence of the leader's writes (:mod:`coordinator.election`)."""
+        key = keys.leader_candidate(self.stream, session.id)
+        t = self.client.transactions
+        with etcd_errors(self.where):
+            ok, responses = self.client.transaction(
+                compare=[t.create(key) == 0],
+                success=[t.put(key, codec.encode_candidate(), lease=session.lease)],
+                failure=[t.get(key)],
+            )
+        if ok:
+            return Fence(key, int(responses[0].response_put.header.revision))
+        return Fence(key, int(responses[0][0][1].create_revision))
+
+    def resign(self, fence: Fence) -> None:
+        """Delete our candidate key if it is still the one ``fence`` names."""
+        self._fenced(fence, [(0, self.client.transactions.delete(fence.key))])
+
+    def assign(self, fence: Fence, owners: Mapping[int, str]) -> list[int]:
+        """Write each partition's owner: the partitions written, all of them unless a
+        transaction found another leader (see :meth:`_fenced`)."""
+        t = self.client.transactions
+        puts = [
+            (p, t.put(keys.assignment(self.stream, p), codec.encode_assignment(owner)))
+            for p, owner in owners.items()
+        ]
+        return self._fenced(fence, puts, timed="assign")
+
+    def name_standbys(self, fence: Fence, changes: Sequence[tuple[int, str | None]]) -> list[int]:
+        """Put each partition's hot standby (None: delete its key), in order: the partitions
+        written, all of them unless a transaction found another leader."""
+        t = self.client.transactions
+        ops = [
+            (
+                p,
+                t.delete(keys.standby(self.stream, p))
+                if member is None
+                else t.put(keys.standby(self.stream, p), codec.encode_standby(member)),
+            )
+            for p, member in changes
+        ]
+        return self._fenced(fence, ops)
+
+    def remove_claim(self, fence: Fence, partition: int, revision: int) -> bool:
+        """Delete the claim on ``partition`` if it is still at ``revision`` and we lead."""
+        return self._remove(fence, keys.claim(self.stream, partition), revision)
+
+    def remove_parked(self, fence: Fence, key_id: str, revision: int) -> bool:
+        """Delete a parked record if it is still at ``revision`` and we lead."""
+        return self._remove(fence, keys.parked(self.stream, key_id), revision)
+
+    def _remove(self, fence: Fence, key: str, revision: int) -> bool:
+        t = self.client.transactions
+        with etcd_errors(self.where):
+            ok, _ = self.client.transaction(
+                compare=[fence.compare(t), t.mod(key) == revision],
+                success=[t.delete(key)],
+                failure=[],
+            )
+        return bool(ok)
+
+    def _fenced(
+        self, fence: Fence, ops: Sequence[tuple[int, Any]], timed: str | None = None
+    ) -> list[int]:
+        """Carry out ``ops`` (each with the partition it is about) in transactions of at
+        most ``_TXN_OPS``, each fenced on ``fence``: the partitions done. A transaction that
+        finds another leader ends it (nothing after it is tried). ``timed``: the label of
+        ``partq_etcd_seconds`` each transaction is timed under."""
+        t = self.client.transactions
+        done: list[int] = []
+        for start in range(0, len(ops), _TXN_OPS):
+            chunk = ops[start : start + _TXN_OPS]
+            began = time.monotonic()
+            with etcd_errors(self.where):
+                ok, _ = self.client.transaction(
+                    compare=[fence.compare(t)], success=[op for _, op in chunk], failure=[]
+                )
+            if timed is not None:
+                metrics.ETCD_SECONDS.labels(timed).observe(time.monotonic() - began)
+            if not ok:
+                break
+            done += [p for p, _ in chunk]
+        return done
 
     # -- parked keys (on_failure = park) --------------------------------------------------
 

@@ -1,10 +1,13 @@
 """One mirror of a stream's group keys, kept current by the watch: the coordinator's and
 the consumer daemon's view of members, assignment, claims, candidates and requests.
 
-Built from a snapshot (:meth:`GroupMirror.of` a :class:`coordinator.group.GroupState`),
-then :meth:`GroupMirror.apply` each :class:`coordinator.group.WatchEvent` after it. Values
-arrive decoded (:mod:`coordinator.codec`, once, in :class:`coordinator.group.Group`); a
-malformed one (``value`` None) is an absent key, like a deleted one.
+A :class:`GroupState` holds a stream's group keys by kind, in the fields the table
+:data:`coordinator.kinds.KINDS` names; a snapshot (:meth:`coordinator.group.Group.snapshot`)
+is one, read as changes through :meth:`GroupMirror.load`. A mirror is built from a snapshot
+(:meth:`GroupMirror.of`), then :meth:`GroupMirror.apply` each
+:class:`coordinator.kinds.WatchEvent` after it. Values arrive decoded (once, in
+:class:`coordinator.group.Group`); a malformed one (``value`` None) is an absent key, like a
+deleted one.
 
 Claims :func:`coordinator.policy.forged_claims` (on no lease, or on another live member's
 lease) are kept apart in ``forged`` with their revision, for the leader to delete: every
@@ -18,103 +21,110 @@ revision are older than what the mirror knows, and are skipped.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from coordinator.codec import (
-    Assignment,
-    Candidate,
-    Claim,
-    Drain,
-    Member,
-    Move,
-    Parked,
-    Pause,
-    Rebalance,
-    Request,
-    Standby,
-)
-from coordinator.group import GroupState, WatchEvent
+from coordinator.codec import Claim, Member, Parked, Pause, Request
+from coordinator.kinds import KINDS, Malformed, WatchEvent
 from coordinator.policy import forged_claims
 from producer.contract import StreamSpec
 
-__all__ = ["GroupMirror"]
+__all__ = ["GroupKeys", "GroupMirror", "GroupState"]
 
 
 @dataclass
-class GroupMirror:
+class GroupKeys:
+    """A stream's group keys by kind (the fields :data:`coordinator.kinds.KINDS` names), as
+    they were at ``revision``."""
+
+    revision: int = field(default=0, compare=False)  # what the keys are, not when
     members: dict[str, Member] = field(default_factory=dict)
     assignment: dict[int, str] = field(default_factory=dict)  # partition -> owner
     claims: dict[int, Claim] = field(default_factory=dict)  # forged ones left out
-    forged: dict[int, Claim] = field(default_factory=dict)
-    claim_revisions: dict[int, int] = field(default_factory=dict)  # of claims and forged
+    forged: dict[int, Claim] = field(default_factory=dict)  # policy.forged_claims: ignored
     standbys: dict[int, str] = field(default_factory=dict)  # partition -> hot standby member
+    claim_revisions: dict[int, int] = field(default_factory=dict)  # of claims and forged
     candidates: dict[str, int] = field(default_factory=dict)  # name -> create revision
     requests: dict[str, Request] = field(default_factory=dict)
     parked: dict[str, Parked] = field(default_factory=dict)  # key id -> record
     parked_revisions: dict[str, int] = field(default_factory=dict)  # key id -> mod revision
     spec: StreamSpec | None = None  # None: deleted, or malformed
+
+    @property
+    def leaders(self) -> list[tuple[int, str]]:
+        """The leader candidates as (create revision, name), the leader first."""
+        return sorted((revision, name) for name, revision in self.candidates.items())
+
+
+@dataclass
+class GroupState(GroupKeys):
+    """One consistent read of a stream's group keys (a snapshot), and the keys read whose
+    values partq did not write."""
+
+    malformed: dict[str, Malformed] = field(default_factory=dict)  # key -> why
+
+
+@dataclass
+class GroupMirror(GroupKeys):
+    """A stream's group keys kept current by the watch (the module docstring)."""
+
     # partition -> revision of our own latest claim write: older claim events are stale
     claim_writes: dict[int, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, state: GroupState) -> GroupMirror:
+    def of(cls, state: GroupKeys) -> GroupMirror:
         """The mirror of a snapshot; the watch from ``state.revision`` on keeps it current."""
-        return cls(
-            members=dict(state.members),
-            assignment=dict(state.assignment),
-            claims=dict(state.claims),
-            forged=dict(state.forged),
-            claim_revisions=dict(state.claim_revisions),
-            standbys=dict(state.standbys),
-            candidates={key.rsplit("/", 1)[1]: revision for revision, key in state.leaders},
-            requests=dict(state.requests),
-            parked=dict(state.parked),
-            parked_revisions=dict(state.parked_revisions),
-            spec=state.spec,
-        )
+        return cls(**{name: copy.copy(value) for name, value in _keys(state).items()})
+
+    @classmethod
+    def load(
+        cls, revision: int, events: Iterable[WatchEvent], malformed: dict[str, Malformed]
+    ) -> GroupState:
+        """The state that ``events`` (one per key, read at ``revision``) make."""
+        mirror = cls(revision=revision)
+        for event in events:
+            mirror._store(event)
+        mirror._sort_claims()
+        return GroupState(**_keys(mirror), malformed=malformed)
 
     def apply(self, event: WatchEvent) -> set[int]:
         """Mirror one change; the partitions whose assignment or claim it concerns."""
-        value = event.value
+        if event.kind == "claim" and event.revision <= self.claim_writes.get(event.partition, 0):
+            return set()  # older than our own claim or release
+        before = self.requests.get(event.name) if event.kind == "request" else None
+        self.revision = max(self.revision, event.revision)
+        self._store(event)
         match event.kind:
             case "member":
-                _put(self.members, event.name, value if isinstance(value, Member) else None)
                 return self._sort_claims()
-            case "assignment":
-                owner = value.owner if isinstance(value, Assignment) else None
-                _put(self.assignment, event.partition, owner)
-                return {event.partition}
             case "claim":
-                if event.revision <= self.claim_writes.get(event.partition, 0):
-                    return set()  # older than our own claim or release
-                p, claim = event.partition, value if isinstance(value, Claim) else None
-                forged = claim is not None and p in forged_claims(self.members, {p: claim})
-                _put(self.forged, p, claim if forged else None)
-                _put(self.claims, p, None if forged else claim)
-                _put(self.claim_revisions, p, event.revision if claim else None)
-                return {p}
-            case "standby":
-                member = value.member if isinstance(value, Standby) else None
-                _put(self.standbys, event.partition, member)
+                claim = self.claims.get(event.partition)
+                if claim is not None and forged_claims(self.members, {event.partition: claim}):
+                    self.forged[event.partition] = self.claims.pop(event.partition)
                 return {event.partition}
-            case "leader":
-                if isinstance(value, Candidate):
-                    self.candidates[event.name] = event.created
-                else:
-                    self.candidates.pop(event.name, None)
+            case "assignment" | "standby":
+                return {event.partition}
             case "request":
-                request = value if isinstance(value, Rebalance | Move | Drain | Pause) else None
-                before = self.requests.get(event.name)
-                _put(self.requests, event.name, request)
-                return _paused_partitions(before, request, self.spec)
-            case "parked":
-                record = value if isinstance(value, Parked) else None
-                _put(self.parked, event.name, record)
-                _put(self.parked_revisions, event.name, event.revision if record else None)
-            case "spec":
-                self.spec = value if isinstance(value, StreamSpec) else None
+                return _paused_partitions(before, self.requests.get(event.name), self.spec)
         return set()
+
+    def _store(self, event: WatchEvent) -> None:
+        """Put (or, for a deleted or malformed value, take out) the key in its kind's field."""
+        row = KINDS[event.kind]
+        held = row.held(event)
+        if row.exact:
+            setattr(self, row.mirror, held)
+            return
+        name = row.name(event.name)
+        if event.kind == "claim":
+            self.forged.pop(event.partition, None)  # sorted again by apply or load
+        _put(getattr(self, row.mirror), name, held)
+        if row.revisions is not None:
+            revision = event.revision if held is not None else None
+            _put(getattr(self, row.revisions), name, revision)
 
     def _sort_claims(self) -> set[int]:
         """Move claims between ``claims`` and ``forged`` as the members' leases say; the
@@ -160,3 +170,8 @@ def _put(mapping: dict[K, V], key: K, value: V | None) -> None:
         mapping.pop(key, None)
     else:
         mapping[key] = value
+
+
+def _keys(state: GroupKeys) -> dict[str, Any]:
+    """The fields of :class:`GroupKeys` in ``state``."""
+    return {f.name: getattr(state, f.name) for f in dataclasses.fields(GroupKeys)}

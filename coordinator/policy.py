@@ -96,7 +96,7 @@ def draining(requests: Mapping[str, Request]) -> set[str]:
 def paused(requests: Mapping[str, Request], partition: int) -> bool:
     """Whether an operator paused ``partition`` (or the whole stream): its owner keeps it
     and its claim, and does not consume it."""
-    return "pause" in requests or f"pause-{partition}" in requests
+    return Pause().name in requests or Pause(partition).name in requests
 
 
 def leaving(members: Mapping[str, Member]) -> set[str]:

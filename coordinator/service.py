@@ -45,17 +45,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from coordinator import codec, forged, loads, metrics, policy
+from coordinator import forged, loads, metrics, policy
 from coordinator.codec import Member
-from coordinator.election import Election
+from coordinator.election import Election, Fence
 from coordinator.events import LeaseLost, LoadTick, Settled, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
 from coordinator.history import History
 from coordinator.mirror import GroupMirror
 from coordinator.session import Session
-from kernel import keys, logs
+from kernel import logs
 from kernel.backoff import Backoff
 from kernel.errors import (
+    EtcdCompacted,
     EtcdError,
     EtcdPermissionDenied,
     EtcdUnavailable,
@@ -66,14 +67,12 @@ from kernel.errors import (
     UsageError,
     retryable,
 )
-from kernel.etcd import etcd_errors
 from producer.contract import StreamSpec
 from producer.registry import Registry
 
 __all__ = ["CoordinatorConfig", "CoordinatorEvent", "StreamCoordinator"]
 
 log = logging.getLogger("partq.coordinator")
-_TXN_OPS = 100  # etcd's default --max-txn-ops is 128
 _EXPORT_EVERY = 1.0  # seconds: the gauges' refresh while watch events keep coming
 _BATCH = 10_000  # watch events mirrored before one plan, at most
 _BACKOFF = Backoff()  # between campaigns: 0.2 s doubling to 5 s, reset once one got going
@@ -139,7 +138,7 @@ class StreamCoordinator(threading.Thread):
         self.stream = stream
         self.config = config
         self.group = Group(registry.client, registry.where, stream)
-        self.election = Election(registry.client, registry.where, stream)
+        self.election = Election(self.group)
         self.events: queue.Queue[CoordinatorEvent] = queue.Queue()
         self.stopping = threading.Event()
         self.leading = threading.Event()
@@ -147,8 +146,10 @@ class StreamCoordinator(threading.Thread):
         self.missing: str | None = None  # why the stream is missing, while it is
         self.failure: BaseException | None = None  # what ended the thread, if anything did
         self.mirror = GroupMirror()
+        self._watch_id: int | None = None  # this campaign's watch of the group keys
         self._unverified: dict[str, int] = {}  # parked records to check: key id -> revision
         self._unbound: dict[int, tuple[int, float]] = {}  # partition -> (revision, deadline)
+        self._refusals = forged.Refusals()  # forged keys etcd would not let us delete
         self.history = History()  # for the status page: rebalances, handoffs, depth rates
         self._settle_at: float | None = None
         self._assigned_once = False
@@ -254,20 +255,10 @@ class StreamCoordinator(threading.Thread):
             self.config.ttl,
             on_lost=lambda: self.events.put(LeaseLost()),
         )
-        watch_id = None
         try:
             fence = self.election.campaign(session)
             self._announce_policy(session)
-            state = self.group.snapshot()
-            if state.spec is None:  # deleted (or garbled) since we read it
-                raise _Missing(f"stream {self.stream!r} was deleted")
-            if state.spec != self.spec:
-                raise NotLeader(f"{self.stream}: its spec changed to {state.spec}")
-            self.mirror = GroupMirror.of(state)
-            self.history.seed({p: c.member for p, c in state.claims.items()})
-            if self.mirror.candidates.get(fence.name) != fence.revision:
-                raise NotLeader(f"{self.stream}: our candidate key {fence.key} is gone")
-            watch_id = self.group.watch(state.revision, self._watched)
+            self._follow(fence)
             self._settle_at = time.monotonic() + self.config.settle
             if self.loads is not None:
                 self._load_at = time.monotonic() + self.config.load_interval
@@ -276,9 +267,37 @@ class StreamCoordinator(threading.Thread):
             self._loop()
         finally:
             self._step_down()
-            if watch_id is not None:
-                self.group.cancel_watch(watch_id)
+            if self._watch_id is not None:
+                self.group.cancel_watch(self._watch_id)
+                self._watch_id = None
             session.close(revoke=True)  # our candidate key goes with the lease
+
+    def _follow(self, fence: Fence) -> None:
+        """Read the group keys into the mirror, and watch them from there."""
+        state = self.group.snapshot()
+        if state.spec is None:  # deleted (or garbled) since we read it
+            raise _Missing(f"stream {self.stream!r} was deleted")
+        if state.spec != self.spec:
+            raise NotLeader(f"{self.stream}: its spec changed to {state.spec}")
+        self.mirror = GroupMirror.of(state)
+        self.history.seed({p: c.member for p, c in state.claims.items()})
+        if self.mirror.candidates.get(fence.name) != fence.revision:
+            raise NotLeader(f"{self.stream}: our candidate key {fence.key} is gone")
+        self._watch_id = self.group.watch(state.revision, self._watched)
+
+    def _resync(self, why: EtcdCompacted) -> None:
+        """The watch fell behind etcd's compaction: read the group afresh and watch on from
+        there, in the same campaign. Every change the old watch brought is already taken
+        (it ended after them), so none is applied over the new read."""
+        log.warning("%s: %s; reading the group keys again", self.stream, why)
+        fence = self.election.fence
+        assert fence is not None
+        if self._watch_id is not None:
+            self.group.cancel_watch(self._watch_id)
+            self._watch_id = None
+        self._follow(fence)
+        if self.leading.is_set():  # records parked while unwatched are judged too
+            self._unverified = dict(self.mirror.parked_revisions)
 
     def _watched(self, change: WatchEvent | Exception) -> None:
         self.events.put(WatchFailed(change) if isinstance(change, Exception) else change)
@@ -293,6 +312,7 @@ class StreamCoordinator(threading.Thread):
             log.info("%s: no longer leading", self.stream)
         self.leading.clear()
         self._unbound.clear()  # its deadlines would wake a follower for nothing
+        self._refusals.clear()
         metrics.IS_LEADER.labels(self.stream).set(0)
         self._export_assignment(set())
 
@@ -342,6 +362,8 @@ class StreamCoordinator(threading.Thread):
         match event:
             case LeaseLost():
                 raise EtcdUnavailable("our lease is lost")
+            case WatchFailed(error=EtcdCompacted() as error):
+                self._resync(error)
             case WatchFailed(error=PartqError() as error):
                 raise error
             case WatchFailed(error=error):
@@ -487,10 +509,11 @@ class StreamCoordinator(threading.Thread):
         """Delete the claims partq never writes (:mod:`coordinator.forged`)."""
         fence = self.election.fence
         assert fence is not None
-        forged.remove_claims(self.group, fence, self.mirror)
+        forged.remove_claims(self.group, fence, self._refusals, self.mirror)
         forged.remove_unbound(
             self.group,
             fence,
+            self._refusals,
             self.mirror,
             self._unbound,
             time.monotonic(),
@@ -501,37 +524,30 @@ class StreamCoordinator(threading.Thread):
         """Delete the parked records their partition's holder did not write."""
         fence = self.election.fence
         assert fence is not None and self.spec is not None
-        forged.remove_parked(self.group, fence, self.mirror, self._unverified, self.spec)
+        forged.remove_parked(
+            self.group, fence, self._refusals, self.mirror, self._unverified, self.spec
+        )
 
     def _write_standbys(self, target: Mapping[int, str]) -> None:
         """Put (and delete) the standby keys that differ from ``target``, fenced."""
         current = self.mirror.standbys
-        puts = sorted(p for p, m in target.items() if current.get(p) != m)
-        deletes = sorted(p for p in current if p not in target)
-        if not puts and not deletes:
+        changes: list[tuple[int, str | None]] = [
+            (p, m) for p, m in sorted(target.items()) if current.get(p) != m
+        ]
+        changes += [(p, None) for p in sorted(current) if p not in target]
+        if not changes:
             return
         fence = self.election.fence
         assert fence is not None
-        client = self.registry.client
-        t = client.transactions
-        ops = [
-            (p, t.put(keys.standby(self.stream, p), codec.encode_standby(target[p]))) for p in puts
-        ]
-        ops += [(p, t.delete(keys.standby(self.stream, p))) for p in deletes]
-        for start in range(0, len(ops), _TXN_OPS):
-            chunk = ops[start : start + _TXN_OPS]
-            with etcd_errors(self.registry.where):
-                ok, _ = client.transaction(
-                    compare=[fence.compare(t)], success=[op for _, op in chunk], failure=[]
-                )
-            if not ok:
-                self._step_down()
-                raise NotLeader(f"{self.stream}: lost leadership while writing standbys")
-            for p, _op in chunk:
-                if p in target:
-                    current[p] = target[p]
-                else:
-                    current.pop(p, None)
+        written = self.group.name_standbys(fence, changes)
+        for p in written:
+            if p in target:
+                current[p] = target[p]
+            else:
+                current.pop(p, None)
+        if len(written) < len(changes):
+            self._step_down()
+            raise NotLeader(f"{self.stream}: lost leadership while writing standbys")
 
     def _carry_out(self, step: policy.Step, request: str | None = None) -> None:
         if step.ignored:
@@ -551,22 +567,11 @@ class StreamCoordinator(threading.Thread):
         changed = sorted(p for p, owner in target.items() if assignment.get(p) != owner)
         if not changed:
             return
-        client = self.registry.client
-        t = client.transactions
-        for start in range(0, len(changed), _TXN_OPS):
-            chunk = changed[start : start + _TXN_OPS]
-            puts = [
-                t.put(keys.assignment(self.stream, p), codec.encode_assignment(target[p]))
-                for p in chunk
-            ]
-            began = time.monotonic()
-            with etcd_errors(self.registry.where):
-                ok, _ = client.transaction(compare=[fence.compare(t)], success=puts, failure=[])
-            metrics.ETCD_SECONDS.labels("assign").observe(time.monotonic() - began)
-            if not ok:
-                self._step_down()
-                raise NotLeader(f"{self.stream}: lost leadership while writing the assignment")
-            assignment.update((p, target[p]) for p in chunk)
+        written = self.group.assign(fence, {p: target[p] for p in changed})
+        assignment.update((p, target[p]) for p in written)
+        if len(written) < len(changed):
+            self._step_down()
+            raise NotLeader(f"{self.stream}: lost leadership while writing the assignment")
         moved = sum(1 for p in changed if p in self.mirror.claims)
         metrics.REBALANCES.labels(self.stream, reason).inc()
         metrics.PARTITIONS_MOVED.labels(self.stream).inc(moved)

@@ -28,10 +28,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from kernel.errors import EtcdError, retryable
-from kernel.etcd import etcd_errors
+from kernel.etcd import EtcdClient, etcd_errors
 
 __all__ = ["Session"]
 
@@ -41,7 +40,7 @@ log = logging.getLogger("partq.session")
 class Session:
     def __init__(
         self,
-        client: Any,
+        client: EtcdClient,
         where: str,
         ttl: int = 5,
         *,

@@ -64,7 +64,7 @@ def _report(
         "stream": spec.name,
         "partitions": spec.partitions,
         "queue_type": spec.queue_type,
-        "leader": state.leaders[0][1].rsplit("/", 1)[1] if state.leaders else None,
+        "leader": state.leaders[0][1] if state.leaders else None,
         "members": _members(state, owned, handled, now),
         "malformed": [
             {"key": m.key, "kind": m.kind, "error": m.error, "revision": m.revision}

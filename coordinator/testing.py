@@ -4,7 +4,10 @@
 "fake")``) and answers with the client's own types (``etcdrpc`` responses, ``KVMetadata``,
 ``Lease``, ``PutEvent``/``DeleteEvent`` in a ``WatchResponse``):
 
-- ``put``/``get``/``get_prefix``/``get_prefix_response``/``delete``/``delete_prefix``;
+- ``put``/``get`` (``revision``: the key as it was then)/``get_prefix``/
+  ``get_prefix_response``/``delete``/``delete_prefix``; ``compact`` (a read of a revision
+  before it then fails as etcd's does, and a watch from one ends at once with
+  ``RevisionCompactedError``);
 - ``transaction`` with comparisons on value, version, create and mod revision and lease
   (``kernel.etcd.lease_is``), and put/get/delete operations: one revision per write;
 - leases: ``lease``, ``refresh_lease`` (TTL 0 once gone), ``revoke_lease``,
@@ -17,6 +20,7 @@
   end with it, as when etcd cannot be reached) and :meth:`FakeEtcd.come_up`;
   :meth:`FakeEtcd.end_watches` ends every watch with an error.
 
+It implements :class:`kernel.etcd.EtcdClient` (mypy checks it, at the end of this module).
 tests/unit/test_fake_etcd.py pins this behaviour; tests/integration/test_etcd_contract.py
 runs the same tests against a real etcd.
 """
@@ -42,7 +46,9 @@ from etcd3.leases import Lease
 from etcd3.utils import lease_to_id, prefix_range_end, to_bytes
 from etcd3.watch import WatchResponse
 
-__all__ = ["FakeEtcd", "LeaseNotFound"]
+from kernel.etcd import EtcdClient
+
+__all__ = ["Compacted", "FakeEtcd", "LeaseNotFound"]
 
 log = logging.getLogger("partq.testing.etcd")
 _PUT, _DELETE = Event.PUT, Event.DELETE
@@ -71,6 +77,16 @@ class LeaseNotFound(grpc.RpcError):  # type: ignore[misc]
 
     def details(self) -> str:
         return "etcdserver: requested lease not found"
+
+
+class Compacted(grpc.RpcError):  # type: ignore[misc]
+    """What etcd answers to a read of a revision it has compacted away."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.OUT_OF_RANGE
+
+    def details(self) -> str:
+        return "etcdserver: mvcc: required revision has been compacted"
 
 
 @dataclass
@@ -105,6 +121,7 @@ class FakeEtcd:
         self._dispatching = threading.Lock()
         self._kvs: dict[bytes, KeyValue] = {}
         self._revision = 1  # an empty etcd is at revision 1
+        self._compacted = 0  # revisions before it are gone (compact)
         self._history: list[tuple[int, list[Event]]] = []
         self._leases: dict[int, _Lease] = {}
         self._next_lease = 0x7A3B00000000
@@ -161,12 +178,24 @@ class FakeEtcd:
     def close(self) -> None:
         pass
 
-    def get(self, key: str | bytes) -> tuple[bytes | None, KVMetadata | None]:
-        response = self._range(to_bytes(key), None)
+    def get(
+        self, key: str | bytes, revision: int | None = None
+    ) -> tuple[bytes | None, KVMetadata | None]:
+        if revision is None:
+            response = self._range(to_bytes(key), None)
+        else:
+            response = self._range_at(to_bytes(key), revision)
         if not response.kvs:
             return None, None
         kv = response.kvs[0]
         return kv.value, KVMetadata(kv, response.header)
+
+    def compact(self, revision: int, physical: bool = False) -> None:
+        """Forget the history before ``revision``, as etcd's compaction does."""
+        self._check()
+        with self._lock:
+            self._compacted = max(self._compacted, revision)  # the history is kept: reads
+            # at a later revision replay it from the start
 
     def get_prefix_response(self, prefix: str | bytes) -> etcdrpc.RangeResponse:
         start = to_bytes(prefix)
@@ -273,8 +302,12 @@ class FakeEtcd:
             self._next_watch += 1
             watch_id = self._next_watch
             self._watches[watch_id] = watch
+            if start_revision is not None and start_revision < self._compacted:
+                # as etcd: the watch is made, then ends at once with the compaction
+                watch.ended = True
+                watch.backlog.append(etcd3.exceptions.RevisionCompactedError(self._compacted))
             for revision, events in self._history:
-                if start_revision is not None and revision >= start_revision:
+                if start_revision is not None and revision >= start_revision and not watch.ended:
                     self._notify(watch, revision, events)
         self._dispatch()
         return watch_id
@@ -313,6 +346,23 @@ class FakeEtcd:
         with self._lock:
             kvs = self._select(start, end)
             header = etcdrpc.ResponseHeader(revision=self._revision)
+            return etcdrpc.RangeResponse(header=header, kvs=kvs, count=len(kvs))
+
+    def _range_at(self, key: bytes, revision: int) -> etcdrpc.RangeResponse:
+        """``key`` as it was at ``revision``, replayed from the history."""
+        self._check()
+        with self._lock:
+            if revision < self._compacted:
+                raise Compacted()
+            found: KeyValue | None = None
+            for at, events in self._history:
+                if at > revision:
+                    break
+                for event in events:
+                    if event.kv.key == key:
+                        found = event.kv if event.type == _PUT else None
+            header = etcdrpc.ResponseHeader(revision=self._revision)
+            kvs = [] if found is None else [found]
             return etcdrpc.RangeResponse(header=header, kvs=kvs, count=len(kvs))
 
     def _select(self, key: str | bytes, range_end: str | bytes | None) -> list[KeyValue]:
@@ -420,3 +470,6 @@ def _safe(callback: Callable[[Any], None], response: Any) -> None:
         callback(response)
     except Exception:
         log.exception("watch callback failed")  # as etcd3's watcher does
+
+
+_CHECKED: type[EtcdClient] = FakeEtcd  # mypy --strict checks the fake against the protocol

@@ -13,6 +13,7 @@
     ├── BrokerUnavailable        ↻ RabbitMQ cannot be reached or refused us
     ├── EtcdError                  etcd did not do what was asked
     │   ├── EtcdUnavailable      ↻ etcd cannot be reached, or timed out
+    │   ├── EtcdCompacted        ↻ the revision asked for is compacted away: read afresh
     │   └── EtcdRefused            etcd answered no: fix the credentials or the role
     │       ├── EtcdAuthFailed     wrong etcd user or password, or etcd wants one
     │       ├── EtcdTLSError       a certificate not trusted, or a client one required/refused
@@ -49,6 +50,7 @@ __all__ = [
     "BrokerUnavailable",
     "ConnectionLost",
     "EtcdAuthFailed",
+    "EtcdCompacted",
     "EtcdError",
     "EtcdPermissionDenied",
     "EtcdRefused",
@@ -134,11 +136,20 @@ class ProducerClosed(PartqError):
 
 
 class EtcdError(PartqError):
-    """etcd did not do what was asked: :class:`EtcdUnavailable` or :class:`EtcdRefused`."""
+    """etcd did not do what was asked: :class:`EtcdUnavailable`, :class:`EtcdCompacted` or
+    :class:`EtcdRefused`."""
 
 
 class EtcdUnavailable(EtcdError):
     """etcd cannot be reached or did not answer in time: try again later."""
+
+    retryable = True
+
+
+class EtcdCompacted(EtcdError):
+    """A read or a watch asked for a revision etcd has compacted away: that history is
+    gone for good, so the same call fails again; what works is a fresh read (a watch
+    resyncs from one, a judgement of the past gives up)."""
 
     retryable = True
 

@@ -34,8 +34,13 @@ token to expire. See docs/security.md.
 cause: authentication failed (:class:`EtcdAuthFailed`), a certificate not
 trusted or a client certificate required or refused (:class:`EtcdTLSError`),
 permission denied on a key (:class:`EtcdPermissionDenied`) — the three are
-:class:`EtcdRefused`, never retried — or not reachable (:class:`EtcdUnavailable`,
-retried).
+:class:`EtcdRefused`, never retried — a revision etcd compacted away, asked for by a read
+or a watch (:class:`EtcdCompacted`: read afresh), or not reachable
+(:class:`EtcdUnavailable`, retried).
+
+**The client surface.** :class:`EtcdClient` is the typed protocol of the python3-etcd3
+calls partq makes: :class:`Client` has them, and so does ``coordinator.testing.FakeEtcd``
+(mypy checks it), which unit tests use in its place.
 """
 
 from __future__ import annotations
@@ -47,10 +52,10 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import etcd3
 import etcd3.events
@@ -62,6 +67,7 @@ import grpc
 
 from kernel.errors import (
     EtcdAuthFailed,
+    EtcdCompacted,
     EtcdError,
     EtcdPermissionDenied,
     EtcdTLSError,
@@ -70,7 +76,16 @@ from kernel.errors import (
 )
 from kernel.settings import Settings
 
-__all__ = ["CallFailed", "Client", "Identity", "connect", "etcd_errors", "lease_is", "translate"]
+__all__ = [
+    "CallFailed",
+    "Client",
+    "EtcdClient",
+    "Identity",
+    "connect",
+    "etcd_errors",
+    "lease_is",
+    "translate",
+]
 
 log = logging.getLogger("partq.etcd")
 
@@ -85,6 +100,57 @@ def _patch_watch_termination() -> None:
 
 
 _patch_watch_termination()
+
+
+# -- the client surface ----------------------------------------------------------------
+
+
+class EtcdClient(Protocol):
+    """The python3-etcd3 client calls partq makes (values and metadata are etcd3's types).
+
+    Keys are text; a ``lease`` argument is an ``etcd3.Lease`` (or None). ``transactions``
+    builds the comparisons and operations of :meth:`transaction`
+    (``etcd3.client.Transactions``, and :func:`lease_is`)."""
+
+    @property
+    def transactions(self) -> Any: ...
+
+    def status(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+    def get(self, key: str, revision: int | None = None) -> tuple[bytes | None, Any]:
+        """The value and metadata of ``key`` (at ``revision``: as it was then)."""
+
+    def get_prefix(self, prefix: str) -> Iterable[tuple[bytes, Any]]: ...
+
+    def get_prefix_response(self, prefix: str) -> Any: ...
+
+    def put(self, key: str, value: str | bytes, lease: Any = None) -> Any: ...
+
+    def delete(self, key: str) -> Any: ...
+
+    def delete_prefix(self, prefix: str) -> Any: ...
+
+    def transaction(
+        self, compare: list[Any], success: list[Any], failure: list[Any]
+    ) -> tuple[bool, list[Any]]: ...
+
+    def lease(self, ttl: int, lease_id: int | None = None) -> Any: ...
+
+    def refresh_lease(self, lease_id: int) -> Iterable[Any]: ...
+
+    def revoke_lease(self, lease_id: int) -> Any: ...
+
+    def get_lease_info(self, lease_id: int) -> Any: ...
+
+    def add_watch_prefix_callback(
+        self, prefix: str, callback: Callable[[Any], None], *, start_revision: int | None = None
+    ) -> int: ...
+
+    def cancel_watch(self, watch_id: int) -> None: ...
+
+    def watch_once(self, key: str, timeout: float | None = None) -> Any: ...
 
 
 # -- who we are, and how a call failed ------------------------------------------------
@@ -652,6 +718,15 @@ def translate(error: BaseException, where: str) -> EtcdError:
     detail = f"{code.name if code is not None else type(error).__name__}: {details}"
     user = identity.user
 
+    # etcd answers OUT_OF_RANGE both for a compacted and for a future revision: the
+    # details tell them apart (etcdserver's ErrCompacted); a watch says so in its response.
+    if isinstance(error, etcd3.exceptions.RevisionCompactedError) or (
+        code == grpc.StatusCode.OUT_OF_RANGE and "compacted" in details
+    ):
+        return EtcdCompacted(
+            f"etcd at {where} has compacted away the revision asked for ({detail}): "
+            "read the current state again"
+        )
     if code == grpc.StatusCode.INVALID_ARGUMENT and "authentication failed" in details:
         return EtcdAuthFailed(
             f"etcd at {where}: authentication failed for user {user!r}: wrong user name or "

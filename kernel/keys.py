@@ -1,5 +1,8 @@
 """The etcd key layout: the only module that formats partq's etcd keys.
 
+Which kind a stream's group key is, what its name means, how its value is decoded and
+where it is mirrored: one row per kind in :data:`coordinator.kinds.KINDS`.
+
 Everything lives under ``/partq/v1/``; per stream::
 
     /partq/v1/streams/<stream>/spec                      the StreamSpec (JSON)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from kernel import keys
 from kernel.errors import SpecMismatch, StreamNotFound
-from kernel.etcd import connect, etcd_errors
+from kernel.etcd import EtcdClient, connect, etcd_errors
 from kernel.settings import Settings
 from producer.contract import StreamSpec, validate_stream_name
 
@@ -18,7 +17,7 @@ __all__ = ["Registry", "read_spec_from_endpoints"]
 class Registry:
     """Reads and creates stream specs. Implements ``producer.SpecSource``."""
 
-    client: Any
+    client: EtcdClient
     where: str
 
     @classmethod

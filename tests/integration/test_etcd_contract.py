@@ -13,6 +13,7 @@ from kernel.settings import Settings
 from tests.unit.test_fake_etcd import (
     prefix,
     test_a_prefix_watch_gets_every_change_in_order,
+    test_a_read_at_a_revision_sees_the_key_as_it_was_then_until_compacted,
     test_a_watch_from_a_revision_replays_what_came_after_it,
     test_comparisons_on_create_mod_value_and_lease,
     test_create_if_absent_transaction,
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.integration]
 __all__ = [
     "prefix",
     "test_a_prefix_watch_gets_every_change_in_order",
+    "test_a_read_at_a_revision_sees_the_key_as_it_was_then_until_compacted",
     "test_a_watch_from_a_revision_replays_what_came_after_it",
     "test_comparisons_on_create_mod_value_and_lease",
     "test_create_if_absent_transaction",

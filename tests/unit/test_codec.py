@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers.daemon import ConsumerConfig, default_member_id
-from coordinator import codec
+from coordinator import codec, kinds
 from coordinator.codec import (
     MEMBER_ID_PATTERN,
     Assignment,
@@ -27,7 +27,6 @@ from coordinator.codec import (
     Member,
     Move,
     Rebalance,
-    decode,
     encode_assignment,
     encode_claim,
     encode_member,
@@ -128,14 +127,14 @@ def test_a_member_round_trips(
 ) -> None:
     member = Member(member_id, weight, lease, host, pid, version, started)
     raw = encode_member(member).encode()
-    assert decode("member", STREAM, member_id, raw, lease) == member
+    assert kinds.decode("member", STREAM, member_id, raw, lease) == member
 
 
 @given(member_ids, partitions)
 def test_an_assignment_round_trips(owner: str, partition: int) -> None:
     raw = encode_assignment(owner)
     assert json.loads(raw) == {"owner": owner, "v": 1}
-    assert decode("assignment", STREAM, f"{partition:05d}", raw.encode()) == Assignment(owner)
+    assert kinds.decode("assignment", STREAM, f"{partition:05d}", raw.encode()) == Assignment(owner)
 
 
 def test_the_assignment_wire_format_is_unchanged() -> None:
@@ -146,12 +145,14 @@ def test_the_assignment_wire_format_is_unchanged() -> None:
 @given(member_ids, leases, times, partitions)
 def test_a_claim_round_trips(member: str, lease: int, at: float, partition: int) -> None:
     raw = encode_claim(member, at).encode()
-    assert decode("claim", STREAM, f"{partition:05d}", raw, lease) == Claim(member, lease, at)
+    assert kinds.decode("claim", STREAM, f"{partition:05d}", raw, lease) == Claim(member, lease, at)
 
 
 @given(st.integers(1, 2**64 - 1))
 def test_a_leader_candidate_round_trips(lease: int) -> None:
-    assert decode("leader", STREAM, f"{lease:016x}", codec.encode_candidate()) == Candidate(lease)
+    assert kinds.decode("leader", STREAM, f"{lease:016x}", codec.encode_candidate()) == Candidate(
+        lease
+    )
 
 
 @given(
@@ -164,13 +165,13 @@ def test_a_leader_candidate_round_trips(lease: int) -> None:
 def test_a_request_round_trips(request: Rebalance | Move | Drain) -> None:
     name, raw = encode_request(request)
     assert name == request.name
-    assert decode("request", STREAM, name, raw.encode()) == request
+    assert kinds.decode("request", STREAM, name, raw.encode()) == request
 
 
 @given(st.integers(1, MAX_PARTITIONS), st.sampled_from(["quorum", "classic"]))
 def test_a_spec_round_trips(count: int, queue_type: Any) -> None:
     spec = StreamSpec(STREAM, count, queue_type)
-    assert decode("spec", STREAM, STREAM, spec.to_json().encode()) == spec
+    assert kinds.decode("spec", STREAM, STREAM, spec.to_json().encode()) == spec
 
 
 def test_encoders_refuse_what_decoders_would() -> None:
@@ -245,7 +246,7 @@ def test_malformed_values_are_refused_saying_why(
     kind: str, name: str, raw: bytes | str, reason: str
 ) -> None:
     with pytest.raises(MalformedValue) as refused:
-        decode(kind, STREAM, name, raw)
+        kinds.decode(kind, STREAM, name, raw)
     assert reason in str(refused.value)
 
 
@@ -267,12 +268,12 @@ def test_malformed_values_are_refused_saying_why(
 def test_decoding_raises_nothing_but_malformed_value(kind: str, raw: bytes) -> None:
     name = VALID[kind][0]
     with contextlib.suppress(MalformedValue):  # and nothing else
-        decode(kind, STREAM, name, raw)
+        kinds.decode(kind, STREAM, name, raw)
 
 
 def test_deeply_nested_json_is_malformed_not_a_crash() -> None:
     with pytest.raises(MalformedValue):
-        decode("assignment", STREAM, "00001", b"[" * 100_000)
+        kinds.decode("assignment", STREAM, "00001", b"[" * 100_000)
 
 
 def test_a_malformed_stream_spec_names_its_key() -> None:
@@ -289,12 +290,12 @@ def test_a_leaving_member_round_trips_and_an_old_value_is_not_leaving() -> None:
     member = Member("c-1", weight=2, lease=7, host="h", pid=3, version="1", started=1.0)
     raw = codec.encode_member(member)
     assert "leaving" not in json.loads(raw)  # values of members that stay are as before
-    assert codec.decode("member", "s", "c-1", raw, 7) == member
+    assert kinds.decode("member", "s", "c-1", raw, 7) == member
     leaving = codec.encode_member(Member("c-1", leaving=True))
-    assert codec.decode("member", "s", "c-1", leaving, 7).leaving is True
+    assert kinds.decode("member", "s", "c-1", leaving, 7).leaving is True
     garbled = json.dumps({**json.loads(leaving), "leaving": "yes"})
     with pytest.raises(MalformedValue, match="'leaving' is not true or false"):
-        codec.decode("member", "s", "c-1", garbled, 7)
+        kinds.decode("member", "s", "c-1", garbled, 7)
 
 
 def test_a_policy_round_trips_and_a_foreign_one_is_malformed() -> None:

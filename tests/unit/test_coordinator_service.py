@@ -13,7 +13,11 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import etcd3.exceptions
+import etcd3.transactions
+import grpc
 import pytest
+from etcd3.utils import to_bytes
 from prometheus_client import REGISTRY
 
 from coordinator.group import Drain, Group, Move, Rebalance
@@ -323,3 +327,70 @@ def test_the_leader_deletes_forged_claims_at_once_and_unbound_ones_after_the_gra
         "partq_forged_removed_total", {"stream": env.stream, "kind": "claim"}
     )
     assert (after or 0) - (removed or 0) == 2
+
+
+class _Denied(grpc.RpcError):  # type: ignore[misc]
+    """What etcd answers to a role without the right to a key."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.PERMISSION_DENIED
+
+    def details(self) -> str:
+        return "etcdserver: permission denied"
+
+
+def test_a_forged_claim_the_leader_may_not_delete_is_reported_once_not_retried_each_step(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a leader whose role may not delete claims, counted in its steps
+    leader = env.start()
+    assert leader.leading.wait(5)
+    env.join("a")
+    eventually("an assignment", lambda: env.counts() == {"a": P})
+    steps: list[int] = []
+    lead = leader._lead
+
+    def counted(event: Any) -> None:
+        steps.append(1)
+        lead(event)
+
+    leader._lead = counted  # type: ignore[method-assign]
+    denied: list[str] = []
+    transaction = env.fake.transaction
+
+    def refusing(compare: list[Any], success: Any = None, failure: Any = None) -> Any:
+        for op in success or []:
+            if isinstance(op, etcd3.transactions.Delete) and b"/claims/" in to_bytes(op.key):
+                denied.append(op.key)
+                raise _Denied()
+        return transaction(compare, success, failure)
+
+    env.fake.transaction = refusing  # type: ignore[method-assign]
+    # When a claim is forged (on no lease) and the leader takes several steps after
+    env.fake.put(keys.claim(env.stream, 0), '{"v": 1, "member": "a", "at": 1}')
+    eventually("a refused deletion", lambda: denied)
+    for i in range(3):
+        seen = len(steps)
+        env.fake.put(keys.parked(env.stream, f"x{i}"), "{not json")  # wakes the leader
+        eventually("another step", lambda seen=seen: len(steps) > seen)  # type: ignore[misc]
+    # Then it tried once and said so once; the claim is still ignored by every reader
+    assert len(denied) == 1
+    warned = [r for r in caplog.records if "cannot delete the forged claim" in r.getMessage()]
+    assert len(warned) == 1
+    assert 0 not in env.group.snapshot().claims and leader.leading.is_set()
+
+
+def test_a_watch_behind_a_compaction_resyncs_from_a_fresh_read_in_the_same_campaign(
+    env: Env,
+) -> None:
+    # Given a leader
+    leader = env.start()
+    assert leader.leading.wait(5)
+    fence = leader.election.fence
+    # When its watch ends because etcd compacted the revisions it still had to deliver
+    env.fake.end_watches(etcd3.exceptions.RevisionCompactedError(2))
+    # ... and members join after
+    env.join("a", "b")
+    # Then it reads the group again and watches on, still leading on the same candidate key
+    eventually("balance", lambda: env.counts() == {"a": 4, "b": 4})
+    assert leader.election.fence == fence and leader.leading.is_set()

@@ -42,7 +42,7 @@ def test_the_first_candidate_leads_and_the_next_one_when_it_goes(
     fake: FakeEtcd, sessions: list[Session]
 ) -> None:
     # Given two candidates
-    first, second = Election(fake, "fake", STREAM), Election(fake, "fake", STREAM)
+    first, second = Election(Group(fake, "fake", STREAM)), Election(Group(fake, "fake", STREAM))
     fence = first.campaign(sessions[0])
     second.campaign(sessions[1])
     # Then the key is the session's, on its lease, and the earlier one leads
@@ -56,14 +56,14 @@ def test_the_first_candidate_leads_and_the_next_one_when_it_goes(
 
 
 def test_campaigning_again_keeps_the_candidate_key(fake: FakeEtcd, sessions: list[Session]) -> None:
-    election = Election(fake, "fake", STREAM)
+    election = Election(Group(fake, "fake", STREAM))
     fence = election.campaign(sessions[0])
     fake.put(keys.stream_prefix(STREAM) + "spec", "moves the revision on")
     assert election.campaign(sessions[0]) == fence
 
 
 def test_the_fence_holds_only_for_the_key_we_put(fake: FakeEtcd, sessions: list[Session]) -> None:
-    election = Election(fake, "fake", STREAM)
+    election = Election(Group(fake, "fake", STREAM))
     fence = election.campaign(sessions[0])
     t = fake.transactions
 
@@ -80,7 +80,7 @@ def test_the_fence_holds_only_for_the_key_we_put(fake: FakeEtcd, sessions: list[
 
 
 def test_resign_deletes_our_key_only(fake: FakeEtcd, sessions: list[Session]) -> None:
-    first, second = Election(fake, "fake", STREAM), Election(fake, "fake", STREAM)
+    first, second = Election(Group(fake, "fake", STREAM)), Election(Group(fake, "fake", STREAM))
     first.campaign(sessions[0])
     second.campaign(sessions[1])
     first.resign()

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import etcd3.exceptions
 import grpc
 import pytest
 
 from kernel.errors import (
     BrokerUnavailable,
     EtcdAuthFailed,
+    EtcdCompacted,
     EtcdError,
     EtcdPermissionDenied,
     EtcdRefused,
@@ -199,3 +201,20 @@ def test_permission_denied_hint_names_the_narrow_right_not_the_whole_tree() -> N
                   op="manage users and roles (needs etcd's root role)")  # fmt: skip
     assert "may not manage users and roles (needs etcd's root role)" in text
     assert "grant" not in text
+
+
+def test_a_compacted_revision_is_its_own_error_not_an_outage() -> None:
+    # etcd's answer to a read of a compacted revision, and a watch's compaction response
+    read = translate(
+        CallFailed(Code.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted",
+                   PASSWORD_USER, "read", "/partq/v1/streams/s/claims/00001"),
+        WHERE,
+    )  # fmt: skip
+    watched = translate(etcd3.exceptions.RevisionCompactedError(42), WHERE)
+    for error in (read, watched):
+        assert isinstance(error, EtcdCompacted) and not isinstance(error, EtcdUnavailable)
+        assert retryable(error) and "read the current state again" in str(error)
+    # A future revision is OUT_OF_RANGE too, and no compaction
+    future = CallFailed(Code.OUT_OF_RANGE, "etcdserver: mvcc: required revision is a future "
+                        "revision", PASSWORD_USER)  # fmt: skip
+    assert not isinstance(translate(future, WHERE), EtcdCompacted)

@@ -18,7 +18,7 @@ import etcd3.exceptions
 import pytest
 
 from coordinator.testing import FakeEtcd
-from kernel.errors import EtcdUnavailable
+from kernel.errors import EtcdCompacted, EtcdUnavailable
 from kernel.etcd import etcd_errors, lease_is
 
 
@@ -86,6 +86,32 @@ def test_put_get_delete_and_revisions(client: Any, prefix: str) -> None:
     assert client.get(prefix + "a") == (None, None)
     assert client.delete(prefix + "a") is False
     assert client.get_prefix_response(prefix).header.revision == second + 1
+
+
+def test_a_read_at_a_revision_sees_the_key_as_it_was_then_until_compacted(
+    client: Any, prefix: str
+) -> None:
+    # Given a key put, put again, then deleted
+    key = prefix + "then"
+    first = client.put(key, "1", lease=None).header.revision
+    second = client.put(key, "2").header.revision
+    client.delete(key)
+    # Then a read at a revision sees it as it was then, and now it is gone
+    assert client.get(key, revision=first)[0] == b"1"
+    value, meta = client.get(key, revision=second)
+    assert (value, meta.mod_revision, meta.create_revision) == (b"2", second, first)
+    assert client.get(key, revision=second + 1) == (None, None)
+    assert client.get(key) == (None, None)
+    # When etcd compacts its history up to now / Then the past is gone: EtcdCompacted
+    now = client.get_prefix_response(prefix).header.revision
+    client.compact(now)
+    with pytest.raises(EtcdCompacted, match="compacted"), etcd_errors("here"):
+        client.get(key, revision=second)
+    assert client.get(key, revision=now) == (None, None)  # the compaction's own is kept
+    # And a watch from before it ends at once, saying so
+    ended: queue.Queue[Any] = queue.Queue()
+    client.add_watch_prefix_callback(prefix, ended.put, start_revision=first)
+    assert isinstance(ended.get(timeout=5), etcd3.exceptions.RevisionCompactedError)
 
 
 def test_prefix_reads_are_sorted_and_bounded(client: Any, prefix: str) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from consumers.broker import Delivery
 from consumers.control import senders, users_of
 from consumers.parking import ParkedKeys, ParkStalls, too_many
-from coordinator import codec
+from coordinator import codec, kinds
 from coordinator.codec import Parked
 from kernel.amqp import AmqpTarget, AmqpTLS
 from kernel.backoff import Backoff
@@ -36,7 +36,7 @@ def parked(key: str | bytes, partition: int = PARTITION) -> Parked:
 @given(st.binary(min_size=1, max_size=300))
 def test_a_parked_record_round_trips_for_any_key(key: bytes) -> None:
     record = parked(key)
-    decoded = codec.decode("parked", "s", record.key_id, codec.encode_parked(record))
+    decoded = kinds.decode("parked", "s", record.key_id, codec.encode_parked(record))
     assert decoded == record
     assert decoded.key == key
 
@@ -54,7 +54,7 @@ def test_a_long_key_is_named_by_its_digest_and_its_record_holds_it(size: int) ->
     key = bytes(range(256)) * (size // 256) + b"k" * (size % 256)
     record = parked(key)
     assert record.key_id.startswith("sha256.") and len(record.key_id) == 71
-    decoded = codec.decode("parked", "s", record.key_id, codec.encode_parked(record))
+    decoded = kinds.decode("parked", "s", record.key_id, codec.encode_parked(record))
     assert decoded == record and decoded.key == key
     assert park_queue("s", decoded.key) == park_queue("s", key)
     assert len(decoded.key_shown) < 130 and f"({size} bytes)" in decoded.key_shown
@@ -69,16 +69,16 @@ def test_a_long_key_record_that_does_not_hold_its_key_is_malformed() -> None:
     record = parked(b"x" * 2000)
     other = codec.encode_parked(parked(b"y" * 2000))
     with pytest.raises(MalformedValue, match="not the key"):
-        codec.decode("parked", "s", record.key_id, other)
+        kinds.decode("parked", "s", record.key_id, other)
     with pytest.raises(MalformedValue):
-        codec.decode("parked", "s", record.key_id, codec.encode_parked(parked("short")))
+        kinds.decode("parked", "s", record.key_id, codec.encode_parked(parked("short")))
     with pytest.raises(ValueError, match="not the key it names"):
         codec.encode_parked(Parked(record.key_id, 1, "e", "E", "m", "c1", 1.0, long_key=b"other"))
 
 
 def test_a_parked_key_name_must_be_base64url() -> None:
     with pytest.raises(MalformedValue):
-        codec.decode("parked", "s", "not/base64", codec.encode_parked(parked("k")))
+        kinds.decode("parked", "s", "not/base64", codec.encode_parked(parked("k")))
 
 
 def test_an_older_spec_reads_back_unchanged_and_dead_letters() -> None:

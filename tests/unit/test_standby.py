@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers.standby import may_take_over
-from coordinator import codec, policy
+from coordinator import codec, kinds, policy
 from coordinator.assignor import assign
 from coordinator.codec import Claim, Member, Pause, Standby
 from coordinator.group import Group, GroupState
@@ -87,9 +87,9 @@ def test_standbys_are_the_next_live_member_after_the_owner_and_suspects_get_noth
 
 def test_takeover_claims_and_standby_values_round_trip() -> None:
     raw = codec.encode_claim("b", 1.5, taken_from="a")
-    assert codec.decode("claim", "s", "00000", raw, 2) == Claim("b", 2, 1.5, True, "a")
-    assert codec.decode("claim", "s", "00000", codec.encode_claim("b", 1.5), 2).takeover is False
-    assert codec.decode("standby", "s", "00003", codec.encode_standby("c")) == Standby("c")
+    assert kinds.decode("claim", "s", "00000", raw, 2) == Claim("b", 2, 1.5, True, "a")
+    assert kinds.decode("claim", "s", "00000", codec.encode_claim("b", 1.5), 2).takeover is False
+    assert kinds.decode("standby", "s", "00003", codec.encode_standby("c")) == Standby("c")
 
 
 def test_read_claim_gives_the_claim_and_its_revision_for_a_takeover_transaction() -> None:
