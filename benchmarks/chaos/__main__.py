@@ -31,6 +31,7 @@ from tests.cluster import EtcdCluster, RabbitCluster
 from tests.integration.groups.harness import Fleet, SequenceProducer, balanced, wait_until
 from tests.rabbit import MACHINE, TREE_40
 
+from .broker_memory import BrokerSampler, summary
 from .nemesis import KINDS, Nemesis
 from .records import RecordReader
 from .report import table
@@ -58,6 +59,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--faults", default=",".join(KINDS), help=f"Comma-separated subset of {','.join(KINDS)}."
     )
     ask.add_argument("--rabbitmq", choices=["machine", "4.0.5"], default="machine")
+    ask.add_argument("--rabbit-conf", action="append", default=[], metavar="KEY=VALUE",
+                     help="A rabbitmq.conf line for every node, e.g. "
+                     "raft.wal_max_size_bytes=67108864 (repeatable).")  # fmt: skip
+    ask.add_argument("--broker-interval", type=float, default=20.0, help="Seconds between "
+                     "samples of every RabbitMQ node's own memory breakdown.")  # fmt: skip
     ask.add_argument("--drain-wait", type=float, default=240.0, help="Seconds to wait at the "
                      "end for every confirmed message to be handled.")  # fmt: skip
     ask.add_argument("--out", type=Path, help="Write the results as JSON here.")
@@ -69,6 +75,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         ask.error(f"unknown fault kinds {unknown}: choose from {','.join(KINDS)}")
     if not 4 <= args.consumers <= 6:
         ask.error("--consumers must be 4..6 (the nemesis scales between 4 and 6)")
+    bad = [line for line in args.rabbit_conf if "=" not in line or "\n" in line]
+    if bad:
+        ask.error(f"--rabbit-conf takes KEY=VALUE, one line: {bad}")
     args.kinds = kinds
     return args
 
@@ -100,7 +109,10 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     install = TREE_40 if args.rabbitmq == "4.0.5" else MACHINE
     with contextlib.ExitStack() as stack:
         log(f"starting 3 RabbitMQ nodes and 3 etcd members under {root}")
-        rabbit = stack.enter_context(RabbitCluster(root / "rabbit", install=install))
+        conf = "".join(f"{line}\n" for line in args.rabbit_conf)
+        rabbit = stack.enter_context(
+            RabbitCluster(root / "rabbit", install=install, extra_config=conf)
+        )
         etcd = stack.enter_context(EtcdCluster(root / "etcd"))
         version = rabbit.ctl(rabbit.nodes[0], "version").strip()
         urls = ",".join(rabbit.urls)
@@ -140,6 +152,9 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         sampler = Sampler(processes)
         sampler.start()
         stack.callback(sampler.stop)
+        broker = BrokerSampler(rabbit, args.broker_interval)
+        broker.start()
+        stack.callback(broker.stop)
         load = SequenceProducer(spec, urls, keys=args.keys, rate=args.rate)
         load.start()
         stack.callback(load.stop)
@@ -158,6 +173,7 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         with contextlib.suppress(AssertionError):
             wait_until(lambda: reader.covers(confirmed), args.drain_wait, 2.0, "all handled")
         sampler.stop()
+        broker.stop()
         verdict = judge(reader.records, confirmed, nemesis.faults, sampler.samples)
         return {
             "seed": args.seed,
@@ -177,6 +193,9 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "fault_log": [asdict(f) for f in nemesis.faults],
             "verdict": verdict.as_json(),
             "rss_samples": [asdict(s) for s in sampler.samples],
+            "rabbit_conf": args.rabbit_conf,
+            "broker_memory": summary(broker.samples),
+            "broker_samples": [asdict(s) for s in broker.samples],
         }
 
 

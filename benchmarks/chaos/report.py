@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .broker_memory import table as broker_table
+
 __all__ = ["table"]
 
 
@@ -54,6 +56,8 @@ def table(results: dict[str, Any]) -> str:
             f"| {name} | {m['first']:.0f} | {m['max']:.0f} | {m['last']:.0f} |"
             for name, m in v["memory"].items()
         ),
+        "",
+        *(broker_table(results["broker_memory"]) if results.get("broker_memory") else []),
         "",
     ]
     for title, key in (
