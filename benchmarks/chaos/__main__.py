@@ -153,6 +153,7 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         sampler.start()
         stack.callback(sampler.stop)
         broker = BrokerSampler(rabbit, args.broker_interval)
+        wal_max = broker.wal_max_size_bytes()
         broker.start()
         stack.callback(broker.stop)
         load = SequenceProducer(spec, urls, keys=args.keys, rate=args.rate)
@@ -194,6 +195,7 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "verdict": verdict.as_json(),
             "rss_samples": [asdict(s) for s in sampler.samples],
             "rabbit_conf": args.rabbit_conf,
+            "wal_max_size_bytes": wal_max,
             "broker_memory": summary(broker.samples),
             "broker_samples": [asdict(s) for s in broker.samples],
         }

@@ -89,15 +89,24 @@ class BrokerSampler(threading.Thread):
         self.samples: list[BrokerSample] = []
         self._halt = threading.Event()
 
-    def ask(self) -> dict[str, dict[str, int]]:
+    def _eval(self, expression: str) -> str:
+        """``expression``'s value, printed by the first live node that answers ('' if none)."""
         for node in self.rabbit.nodes:
             if node.server is None or node.server.poll() is not None:
                 continue
             try:
-                return parse(self.rabbit.ctl(node, "eval", ASK, timeout=60))
+                return self.rabbit.ctl(node, "eval", expression, timeout=60)
             except (subprocess.SubprocessError, OSError):
                 continue  # killed by the nemesis meanwhile: ask the next
-        return {}
+        return ""
+
+    def ask(self) -> dict[str, dict[str, int]]:
+        return parse(self._eval(ASK))
+
+    def wal_max_size_bytes(self) -> int | None:
+        """The Ra WAL size in effect for quorum queues (``raft.wal_max_size_bytes``)."""
+        out = self._eval("maps:get(wal_max_size_bytes, ra_system:fetch(quorum_queues)).")
+        return int(out) if out.strip().isdigit() else None
 
     def run(self) -> None:
         while not self._halt.is_set():

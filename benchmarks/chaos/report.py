@@ -28,6 +28,8 @@ def table(results: dict[str, Any]) -> str:
         f"RabbitMQ {results['rabbitmq']}; started {results['started']}; load average "
         f"{results['load_before']} before, {results['load_after']} after",
         f"command: {results['command']}",
+        f"rabbitmq.conf added: {', '.join(results.get('rabbit_conf', [])) or 'nothing'}; "
+        f"Ra WAL max (raft.wal_max_size_bytes) {results.get('wal_max_size_bytes')} bytes",
         "",
         "| check | result |",
         "|---|---|",
