@@ -38,6 +38,11 @@ from .report import table
 from .sampler import Sampler
 from .verdict import judge
 
+# Ra's WAL size for the soak's nodes (docs/operations.md, "RabbitMQ memory"): at the
+# soak's 1,000 msg/s the broker's default (512 MiB) takes about 15 minutes to fill, and
+# until then each node's memory grows with it, hiding any other growth.
+WAL_MAX_BYTES = 64 * 2**20
+
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -59,9 +64,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--faults", default=",".join(KINDS), help=f"Comma-separated subset of {','.join(KINDS)}."
     )
     ask.add_argument("--rabbitmq", choices=["machine", "4.0.5"], default="machine")
+    ask.add_argument("--wal-max-bytes", type=int, default=WAL_MAX_BYTES, help="Every node's "
+                     "raft.wal_max_size_bytes (0: the broker's default, 512 MiB on 3.10). "
+                     "Quorum queues keep what their Ra WAL holds in memory until it reaches "
+                     "this and is flushed to segments: 64 MiB makes the broker's memory cycle "
+                     "in about 2 minutes, so growth past that is a leak.")  # fmt: skip
     ask.add_argument("--rabbit-conf", action="append", default=[], metavar="KEY=VALUE",
-                     help="A rabbitmq.conf line for every node, e.g. "
-                     "raft.wal_max_size_bytes=67108864 (repeatable).")  # fmt: skip
+                     help="One more rabbitmq.conf line for every node (repeatable).")  # fmt: skip
     ask.add_argument("--broker-interval", type=float, default=20.0, help="Seconds between "
                      "samples of every RabbitMQ node's own memory breakdown.")  # fmt: skip
     ask.add_argument("--drain-wait", type=float, default=240.0, help="Seconds to wait at the "
@@ -78,6 +87,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [line for line in args.rabbit_conf if "=" not in line or "\n" in line]
     if bad:
         ask.error(f"--rabbit-conf takes KEY=VALUE, one line: {bad}")
+    if args.wal_max_bytes < 0:
+        ask.error("--wal-max-bytes must be 0 (the broker's default) or a size in bytes")
+    if args.wal_max_bytes:
+        args.rabbit_conf = [f"raft.wal_max_size_bytes = {args.wal_max_bytes}", *args.rabbit_conf]
     args.kinds = kinds
     return args
 
