@@ -92,6 +92,18 @@ def mib(value: int) -> str:
     return f"{value / 2**20:.1f}"
 
 
+def trend(before: Figures, series: list[Figures], after: Figures, every: int) -> list[str]:
+    """Per node, ``quorum_queue_procs`` and total MiB at each sample: does it level off?"""
+    lines = []
+    for node in sorted(before):
+        points = [before[node], *(f.get(node, {}) for f in series), after.get(node, {})]
+        shown = ", ".join(
+            f"{mib(f.get('quorum_queue_procs', 0))}/{mib(f.get('total', 0))}" for f in points
+        )
+        lines.append(f"{node}: quorum_queue_procs/total MiB every {every} lives: {shown}")
+    return lines
+
+
 def report(before: Figures, series: list[Figures], after: Figures, cycles: int) -> list[str]:
     lines = [
         "| node: category | before MiB | max | after settle | change per 1,000 cycles (MiB) |",
@@ -150,6 +162,7 @@ def main() -> None:
         f"{load_before[0]:.1f} before, {load[0]:.1f} after, {os.cpu_count()} cores\n"
     )
     print("\n".join(report(before, series, after, args.cycles)))
+    print("\n" + "\n".join(trend(before, series, after, args.every)))
 
 
 if __name__ == "__main__":
