@@ -90,8 +90,11 @@ class _Managed:
 
 
 class RabbitCluster(_Managed):
-    def __init__(self, directory: Path, size: int = 3, install: Install = MACHINE) -> None:
+    def __init__(
+        self, directory: Path, size: int = 3, install: Install = MACHINE, extra_config: str = ""
+    ) -> None:
         self.install = install
+        self.extra_config = extra_config  # lines appended to every node's rabbitmq.conf
         self.directory = directory = install.home(directory, "partqc")
         self.epmd_port = free_port()
         self.cookie = secrets.token_hex(16)
@@ -124,7 +127,7 @@ class RabbitCluster(_Managed):
             f"listeners.tcp.1 = 127.0.0.1:{node.amqp_port}\n"
             "loopback_users = none\n"
             "cluster_formation.peer_discovery_backend = classic_config\n"
-            f"{peers}"
+            f"{peers}{self.extra_config}"
         )
 
     def start(self, timeout: float = 120.0) -> RabbitCluster:

@@ -31,11 +31,17 @@ from tests.cluster import EtcdCluster, RabbitCluster
 from tests.integration.groups.harness import Fleet, SequenceProducer, balanced, wait_until
 from tests.rabbit import MACHINE, TREE_40
 
+from .broker_memory import BrokerSampler, summary
 from .nemesis import KINDS, Nemesis
 from .records import RecordReader
 from .report import table
 from .sampler import Sampler
 from .verdict import judge
+
+# Ra's WAL size for the soak's nodes (docs/operations.md, "RabbitMQ memory"): at the
+# soak's 1,000 msg/s the broker's default (512 MiB) takes about 15 minutes to fill, and
+# until then each node's memory grows with it, hiding any other growth.
+WAL_MAX_BYTES = 64 * 2**20
 
 
 def log(msg: str) -> None:
@@ -58,6 +64,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--faults", default=",".join(KINDS), help=f"Comma-separated subset of {','.join(KINDS)}."
     )
     ask.add_argument("--rabbitmq", choices=["machine", "4.0.5"], default="machine")
+    ask.add_argument("--wal-max-bytes", type=int, default=WAL_MAX_BYTES, help="Every node's "
+                     "raft.wal_max_size_bytes (0: the broker's default, 512 MiB on 3.10). "
+                     "Quorum queues keep what their Ra WAL holds in memory until it reaches "
+                     "this and is flushed to segments: 64 MiB makes the broker's memory cycle "
+                     "in about 2 minutes, so growth past that is a leak.")  # fmt: skip
+    ask.add_argument("--rabbit-conf", action="append", default=[], metavar="KEY=VALUE",
+                     help="One more rabbitmq.conf line for every node (repeatable).")  # fmt: skip
+    ask.add_argument("--broker-interval", type=float, default=20.0, help="Seconds between "
+                     "samples of every RabbitMQ node's own memory breakdown.")  # fmt: skip
     ask.add_argument("--drain-wait", type=float, default=240.0, help="Seconds to wait at the "
                      "end for every confirmed message to be handled.")  # fmt: skip
     ask.add_argument("--out", type=Path, help="Write the results as JSON here.")
@@ -69,6 +84,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         ask.error(f"unknown fault kinds {unknown}: choose from {','.join(KINDS)}")
     if not 4 <= args.consumers <= 6:
         ask.error("--consumers must be 4..6 (the nemesis scales between 4 and 6)")
+    bad = [line for line in args.rabbit_conf if "=" not in line or "\n" in line]
+    if bad:
+        ask.error(f"--rabbit-conf takes KEY=VALUE, one line: {bad}")
+    if args.wal_max_bytes < 0:
+        ask.error("--wal-max-bytes must be 0 (the broker's default) or a size in bytes")
+    if args.wal_max_bytes:
+        args.rabbit_conf = [f"raft.wal_max_size_bytes = {args.wal_max_bytes}", *args.rabbit_conf]
     args.kinds = kinds
     return args
 
@@ -100,7 +122,10 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     install = TREE_40 if args.rabbitmq == "4.0.5" else MACHINE
     with contextlib.ExitStack() as stack:
         log(f"starting 3 RabbitMQ nodes and 3 etcd members under {root}")
-        rabbit = stack.enter_context(RabbitCluster(root / "rabbit", install=install))
+        conf = "".join(f"{line}\n" for line in args.rabbit_conf)
+        rabbit = stack.enter_context(
+            RabbitCluster(root / "rabbit", install=install, extra_config=conf)
+        )
         etcd = stack.enter_context(EtcdCluster(root / "etcd"))
         version = rabbit.ctl(rabbit.nodes[0], "version").strip()
         urls = ",".join(rabbit.urls)
@@ -140,6 +165,10 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         sampler = Sampler(processes)
         sampler.start()
         stack.callback(sampler.stop)
+        broker = BrokerSampler(rabbit, args.broker_interval)
+        wal_max = broker.wal_max_size_bytes()
+        broker.start()
+        stack.callback(broker.stop)
         load = SequenceProducer(spec, urls, keys=args.keys, rate=args.rate)
         load.start()
         stack.callback(load.stop)
@@ -158,6 +187,7 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         with contextlib.suppress(AssertionError):
             wait_until(lambda: reader.covers(confirmed), args.drain_wait, 2.0, "all handled")
         sampler.stop()
+        broker.stop()
         verdict = judge(reader.records, confirmed, nemesis.faults, sampler.samples)
         return {
             "seed": args.seed,
@@ -177,6 +207,10 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "fault_log": [asdict(f) for f in nemesis.faults],
             "verdict": verdict.as_json(),
             "rss_samples": [asdict(s) for s in sampler.samples],
+            "rabbit_conf": args.rabbit_conf,
+            "wal_max_size_bytes": wal_max,
+            "broker_memory": summary(broker.samples),
+            "broker_samples": [asdict(s) for s in broker.samples],
         }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .broker_memory import table as broker_table
+
 __all__ = ["table"]
 
 
@@ -26,6 +28,8 @@ def table(results: dict[str, Any]) -> str:
         f"RabbitMQ {results['rabbitmq']}; started {results['started']}; load average "
         f"{results['load_before']} before, {results['load_after']} after",
         f"command: {results['command']}",
+        f"rabbitmq.conf added: {', '.join(results.get('rabbit_conf', [])) or 'nothing'}; "
+        f"Ra WAL max (raft.wal_max_size_bytes) {results.get('wal_max_size_bytes')} bytes",
         "",
         "| check | result |",
         "|---|---|",
@@ -54,6 +58,8 @@ def table(results: dict[str, Any]) -> str:
             f"| {name} | {m['first']:.0f} | {m['max']:.0f} | {m['last']:.0f} |"
             for name, m in v["memory"].items()
         ),
+        "",
+        *(broker_table(results["broker_memory"]) if results.get("broker_memory") else []),
         "",
     ]
     for title, key in (
