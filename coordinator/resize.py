@@ -23,10 +23,11 @@ fence (``drained``): :meth:`producer.layout.Resize.may_handle`.
 
 The leading coordinator (the shell, not written yet) writes the state to etcd, fenced by
 its leadership, *before* it carries out the actions; every action is idempotent (declare,
-unbind, bind, a second fence, the switch as a compare-and-set, delete-if-empty), so a
-leader that died anywhere resumes from the stored record with :data:`Resumed` and does
-again whatever is not recorded as done. A queue is only ever deleted with the broker's
-``if-empty`` and after its fence was handled; a queue found not empty stays (``NotEmpty``).
+unbind, bind, a second fence, the switch as a compare-and-set, a delete of an empty
+queue), so a leader that died anywhere resumes from the stored record with
+:class:`Resumed` and does again whatever is not recorded as done. A queue is deleted only
+after its fence was handled, with no binding left to fill it, and only once the broker
+counts no message in it; a queue found not empty stays (``NotEmpty``).
 """
 
 from __future__ import annotations
@@ -187,7 +188,10 @@ class Switch:
 
 @dataclass(frozen=True, slots=True)
 class Delete:
-    """Delete ``partition``'s queue only if it is empty (``queue.delete if-empty``)."""
+    """Delete ``partition``'s queue only if it is empty: ``if-empty`` for a classic queue;
+    a quorum queue does not support the flag (RabbitMQ closes the connection, 540), so the
+    shell counts its messages (a passive declare) and deletes it only at 0. Nothing can
+    fill it meanwhile: it has no binding left (tests/integration/test_resize_broker.py)."""
 
     partition: int
 
