@@ -260,6 +260,29 @@ def test_a_frozen_producer_s_late_publish_is_returned_and_re_routed_after_the_ol
     assert [m.seq for m in world.handled] == [0, 1]
 
 
+def test_a_producer_frozen_across_the_whole_resize_keeps_its_order() -> None:
+    # Given a producer that published half its messages under epoch 0, then froze
+    world = World.create(4, 2, [KEYS], per_key=2)
+    for _ in KEYS:
+        world.publish(0)
+    # When the whole shrink runs and retires without it (no publish, no refresh)
+    world.request()
+    for _ in range(1_000):
+        world.lead()
+        world.watch()
+        for i in range(len(world.queues)):
+            world.consume(i)
+        if not resize.decode(world.record or "").running:
+            break
+    assert world.spec == Layout(2, 1) and sorted(world.queues) == [0, 1]
+    # Then its first publish on waking is returned (epoch 0 has no binding left), and once it
+    # reads the layout every key's second message is handled after its first
+    world.publish(0)
+    assert world.producers[0].returned_at == 0
+    world.settle()
+    assert handled_in_order(world) == {key: [0, 1] for key in KEYS}
+
+
 def test_without_the_gate_a_moved_key_is_handled_out_of_order() -> None:
     # Given the same straggler story with consumers that ignore the gate
     moving = next(k for k in KEYS if Layout(2).partition_for(k) != Layout(4).partition_for(k))
