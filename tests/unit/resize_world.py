@@ -17,7 +17,7 @@ from coordinator import resize
 from coordinator.resize import Action, Event, State
 from producer.layout import Layout, parse_routing_key
 
-SEEN = ("returned", "gated", "lost result")
+SEEN = ("returned", "gated", "passed a gated key", "lost result")
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,13 @@ class World:
     todo: list[Action] = field(default_factory=list)
     inbox: list[Event] = field(default_factory=list)
     gate: bool = True  # False: consumers ignore the gate (to show the gate matters)
+    # how a consumer waits at a gate: its whole queue ("queue", head of line), or only the
+    # gated key, handling other keys of its prefetch window past it ("key")
+    hold: str = "queue"
+    window: int = 4
     # what happened, for the tests' statistics: publishes returned, consumers that waited at
-    # a gate, leader deaths that lost a result the broker had already carried out
+    # a gate (or went past one, holding by key), leader deaths that lost a result the broker
+    # had already carried out
     seen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEEN, 0))
 
     @classmethod
@@ -105,17 +110,31 @@ class World:
     def consume(self, i: int) -> None:
         partitions = sorted(self.queues)
         queue = self.queues[partitions[i % len(partitions)]]
-        if not queue:
+        index = self._next(queue)
+        if index is None:
             return
-        head = queue[0]
-        if isinstance(head, FenceMark):
+        item = queue.pop(index)
+        if isinstance(item, FenceMark):
             self.reports.add(partitions[i % len(partitions)])
-        elif self.gate and not self._may_handle(head):
-            self.seen["gated"] += 1
-            return
         else:
-            self.handled.append(head)
-        queue.pop(0)
+            self.handled.append(item)
+
+    def _next(self, queue: list[Message | FenceMark]) -> int | None:
+        """Where in ``queue`` the consumer takes its next item: the head, unless it is gated;
+        holding by key, the first of the prefetch window whose key has nothing gated before
+        it. A fence is taken only at the head: everything before it must be handled."""
+        held: set[str] = set()
+        for index, item in enumerate(queue[: self.window if self.hold == "key" else 1]):
+            if isinstance(item, FenceMark):
+                return None if held else index
+            if item.key in held:
+                continue
+            if not self.gate or self._may_handle(item):
+                self.seen["passed a gated key"] += bool(held)
+                return index
+            self.seen["gated"] += 1
+            held.add(item.key)
+        return None
 
     def _may_handle(self, message: Message) -> bool:
         if self.record is None:

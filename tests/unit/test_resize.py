@@ -208,14 +208,22 @@ def play(world: World, moves: list[tuple[str, int]], request_at: int) -> None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(SIZES, MOVES, st.integers(min_value=0, max_value=40), st.integers(1, 3))
+@given(
+    SIZES,
+    MOVES,
+    st.integers(min_value=0, max_value=40),
+    st.integers(1, 3),
+    st.sampled_from(["queue", "key"]),
+)
 def test_any_interleaving_with_crashes_retires_without_loss_or_reorder(
-    sizes: tuple[int, int], moves: list[tuple[str, int]], request_at: int, per_key: int
+    sizes: tuple[int, int], moves: list[tuple[str, int]], request_at: int, per_key: int, hold: str
 ) -> None:
     # Given producers publishing throughout, a leader that may die between any two steps,
     # and producers that may go without reading the layout for the whole resize
     old, new = sizes
+    # and consumers that wait at a gate with their whole partition, or with the key alone
     world = World.create(old, new, [KEYS[:4], KEYS[4:7], KEYS[7:]], per_key)
+    world.hold = hold
     play(world, moves, request_at)
     # When everything is then left to run
     world.settle()
@@ -281,6 +289,34 @@ def test_a_producer_frozen_across_the_whole_resize_keeps_its_order() -> None:
     assert world.producers[0].returned_at == 0
     world.settle()
     assert handled_in_order(world) == {key: [0, 1] for key in KEYS}
+
+
+@pytest.mark.parametrize(("hold", "handled_while_gated"), [("queue", []), ("key", ["stays"])])
+def test_holding_by_key_lets_a_key_that_stays_pass_a_gated_one(
+    hold: str, handled_while_gated: list[str]
+) -> None:
+    # Given 4 -> 2: key "moves" goes from old partition 2 to 0, key "stays" stays in 0
+    names = [f"key-{i}" for i in range(100)]
+    moves = next(k for k in names if Layout(4).partition_for(k) == 2)
+    stays = next(k for k in names if Layout(4).partition_for(k) == 0)
+    world = World.create(4, 2, [[moves], [stays]], per_key=2)
+    world.hold = hold
+    world.publish(0)  # moves#0, under epoch 0, in old partition 2
+    world.request()
+    while world.spec.epoch == 0:
+        world.lead()
+    # When moves#1 and then stays#0 are published under epoch 1 into queue 0, behind its fence
+    for producer in (0, 0, 1):
+        world.refresh(producer)
+        world.publish(producer)
+    assert [getattr(m, "key", "fence") for m in world.queues[0]] == ["fence", moves, stays]
+    for _ in range(3):
+        world.consume(0)
+    # Then moves#1 waits for old partition 2; stays#0 waits too, unless held by key
+    names_handled = ["stays" if m.key == stays else "moves" for m in world.handled]
+    assert names_handled == handled_while_gated
+    world.settle()
+    assert handled_in_order(world) == {moves: [0, 1], stays: [0, 1]}
 
 
 def test_without_the_gate_a_moved_key_is_handled_out_of_order() -> None:
