@@ -21,6 +21,14 @@ nothing of it is in a handler any more, so a planned handoff releases it only af
 in-flight message is handled and acked, and the partition's next worker in this process
 (which joins this one) never overlaps a key. Acks of deliveries whose channel is gone (a
 fence aborted the connection) are dropped by the broker, never sent on a new connection.
+
+Fairness. A key's next message goes to the pool the moment its previous one is done, and
+the pool is first come, first served over every key and partition of the member; so a
+message starts within ``(k + 1) * ceil(R / N) * h`` of its delivery (``k``: messages of
+its key held before it, below the prefetch; ``R``: keys with a message held; ``N``: the
+concurrency; ``h``: the longest a message takes on a pool thread, retries included). No
+key starves however skewed the keys are; docs/operations.md states it and
+tests/unit/test_keyorder.py checks it.
 """
 
 from __future__ import annotations

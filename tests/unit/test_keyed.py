@@ -15,8 +15,10 @@ import pytest
 from consumers.broker import END, Delivery
 from consumers.keyed import KeyedWorker
 from consumers.message import Message
+from consumers.parking import key_id
 from consumers.runners import EventLoop, HandlerPool
 from tests.polling import wait_until
+from tests.unit.test_parking import FakeParking
 from tests.unit.test_worker import PARTITION, SPEC, Broker, Channel, DeadLetters, Session
 
 
@@ -52,7 +54,9 @@ class Spans:
         return [mid for k, mid, _s, _e in sorted(self.spans, key=lambda s: s[2]) if k == key]
 
 
-def _worker(handler: Any, pool: HandlerPool, broker: Broker, dead: DeadLetters) -> KeyedWorker:
+def _worker(
+    handler: Any, pool: HandlerPool, broker: Broker, dead: DeadLetters, parking: Any = None
+) -> KeyedWorker:
     worker = KeyedWorker(
         pool=pool,
         spec=SPEC,
@@ -67,6 +71,7 @@ def _worker(handler: Any, pool: HandlerPool, broker: Broker, dead: DeadLetters) 
         previous=None,
         freed_at=None,
         loop=EventLoop(),
+        parking=parking,
     )
     worker.start()
     return worker
@@ -131,6 +136,36 @@ def test_a_failing_key_is_retried_then_dead_lettered_while_others_go_on() -> Non
         ("bad-1", 3),
         ("bad-4", 3),
     ]
+    pool.close()
+
+
+def test_a_key_failing_inside_a_coroutine_is_parked_in_order_while_others_go_on() -> None:
+    # Given a parking stream and an async handler that raises, after an await, for "bad"
+    parking = FakeParking()
+    handled: list[str] = []
+
+    async def handler(message: Message) -> None:
+        await asyncio.sleep(0.005)
+        if message.key == "bad":
+            raise RuntimeError(f"failed {message.message_id}")
+        handled.append(str(message.message_id))
+
+    pool = HandlerPool(4)
+    broker, dead, channel = Broker(), DeadLetters(), Channel()
+    worker = _worker(handler, pool, broker, dead, parking)
+    # When two messages of "bad" and three of "good" arrive
+    for tag, key in enumerate(["bad", "good", "bad", "good", "good"], start=1):
+        _deliver(worker, channel, tag, key)
+    worker.inbox.put((END, channel))
+    # Then "bad" is parked (its first after 3 attempts, its second behind it, unhandled),
+    # "good" flows, nothing is dead-lettered, and each message is acked once
+    assert broker.finished.wait(10)
+    assert parking.parked.get(key_id("bad")) is not None
+    assert [d.properties.message_id for d in parking.queues[key_id("bad")]] == ["bad-1", "bad-3"]
+    assert handled == ["good-2", "good-4", "good-5"]
+    assert dead.published == []
+    assert sorted(broker.acked) == [1, 2, 3, 4, 5]
+    worker.join(5)
     pool.close()
 
 
