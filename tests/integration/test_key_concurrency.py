@@ -12,33 +12,47 @@ once to their hot standby), then:
   prefetch window per partition it owned (``audit.order_violations(..., repeats=True)``);
 - keys of one partition did run at once.
 
+And partq's status shows a member's concurrency, its messages in handlers and the key
+waiting longest behind its own.
+
 A message acked before its coroutine finished would be lost when the kill cut its
 handler short: "nothing lost" covers that for async handlers under load.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from consumers import audit
 from coordinator.group import Group
-from producer import StreamSpec
+from coordinator.status import snapshot_status
+from producer import Producer, StreamSpec
 from producer.registry import Registry
 
 from .groups.harness import PREFETCH, Fleet, Proc, SequenceProducer, balanced, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.fault]
+pytestmark = [pytest.mark.integration]
 
 P = 12
 OPTIONS = {"handler": "record_async", "extra": ("--concurrency", "64")}
 
 
 def _settle(group: Group, fleet: Fleet, members: set[str], timeout: float = 30.0) -> None:
+    _settle_on(group, fleet, P, members, timeout)
+
+
+def _settle_on(
+    group: Group, fleet: Fleet, partitions: int, members: set[str], timeout: float = 30.0
+) -> None:
     try:
-        wait_until(lambda: balanced(group, P, members), timeout, 0.1, f"balance on {members}")
+        wait_until(
+            lambda: balanced(group, partitions, members), timeout, 0.1, f"balance on {members}"
+        )
     except AssertionError:
         print(fleet.logs())
         raise
@@ -55,6 +69,7 @@ def _kill_mid_round(victim: Proc, load: SequenceProducer) -> audit.Crash:
     return crash
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("standby", [False, True], ids=["lease-expiry", "hot-standby"])
 def test_keys_stay_in_order_through_join_leave_and_kill_with_concurrency_64(
     quorum_fleet: Callable[[int], Fleet], registry: Registry, rabbitmq: str, standby: bool
@@ -115,3 +130,40 @@ def test_keys_stay_in_order_through_join_leave_and_kill_with_concurrency_64(
     )
     assert redelivered > 0, "the kill found nothing in flight: the crash path went untested"
     assert together > 0
+
+
+def test_the_status_shows_a_members_concurrency_in_flight_and_waiting_key(
+    quorum_fleet: Callable[[int], Fleet], registry: Registry, rabbitmq: str
+) -> None:
+    # Given a consumer with --concurrency 8 whose async handler holds each message 300 ms
+    fleet = quorum_fleet(4)
+    spec = StreamSpec(fleet.stream, 4, "quorum")
+    group = Group(registry.client, registry.where, fleet.stream)
+    fleet.env["PARTQ_RECORD_SLEEP"] = "0.3"
+    fleet.coordinator()
+    extra = ("--concurrency", "8", "--load-report", "1")
+    fleet.consumer("c1", handler="record_async", extra=extra)
+    _settle_on(group, fleet, 4, {"c1"})
+    # When 30 messages of one key and 12 of others are published
+    with Producer(spec, amqp_url=rabbitmq) as producer:
+        for seq in range(30):
+            producer.publish("hot", json.dumps({"seq": seq}), message_id=f"hot:{seq}")
+        for i in range(12):
+            producer.publish(f"cold-{i}", json.dumps({"seq": 0}), message_id=f"cold-{i}:0")
+        producer.flush(30)
+
+    # Then partq's status shows the setting, messages in handlers per member and per
+    # partition, and "hot" as the key waiting longest behind its own
+    def shown() -> dict[str, Any] | None:
+        status = snapshot_status(registry, rabbitmq, fleet.stream)
+        [member] = status["members"] or [None]
+        busy = member is not None and (member["in_flight"] or 0) > 0
+        waiting = member is not None and member["waiting_key"] == "'hot'"
+        return status if busy and waiting else None
+
+    status = wait_until(shown, 20, 0.2, "the status showing the hot key waiting")
+    [member] = status["members"]
+    assert member["concurrency"] == 8 and member["waiting_s"] > 0
+    assert sum(r["in_flight"] or 0 for r in status["rows"]) > 0
+    hot = spec.partition_for("hot")
+    assert status["rows"][hot]["in_flight"] >= 1

@@ -13,10 +13,10 @@ import pika
 import pytest
 
 from consumers.broker import END, Delivery
-from consumers.keyed import KeyedWorker
+from consumers.keyed import KeyedWorker, concurrency_report
 from consumers.message import Message
-from consumers.parking import key_id
 from consumers.runners import EventLoop, HandlerPool
+from producer.contract import key_id
 from tests.polling import wait_until
 from tests.unit.test_parking import FakeParking
 from tests.unit.test_worker import PARTITION, SPEC, Broker, Channel, DeadLetters, Session
@@ -169,15 +169,21 @@ def test_a_key_failing_inside_a_coroutine_is_parked_in_order_while_others_go_on(
     pool.close()
 
 
-def test_a_stop_waits_for_messages_in_handlers_and_gives_back_the_waiting_ones() -> None:
+def _gated() -> tuple[threading.Event, HandlerPool, Broker, Channel, KeyedWorker]:
+    """A keyed worker on 4 pool threads whose handler holds every message until the gate
+    opens (10 s at most)."""
     gate = threading.Event()
 
     def handler(message: Message) -> None:
-        gate.wait(5)
+        gate.wait(10)
 
     pool = HandlerPool(4)
-    broker, dead, channel = Broker(), DeadLetters(), Channel()
-    worker = _worker(handler, pool, broker, dead)
+    broker, channel = Broker(), Channel()
+    return gate, pool, broker, channel, _worker(handler, pool, broker, DeadLetters())
+
+
+def test_a_stop_waits_for_messages_in_handlers_and_gives_back_the_waiting_ones() -> None:
+    gate, pool, broker, channel, worker = _gated()
     for tag in (1, 2):
         _deliver(worker, channel, tag, "k")  # the second waits behind the first
     wait_until(lambda: worker.busy, 5, 0.01, "the first message in its handler")
@@ -188,4 +194,23 @@ def test_a_stop_waits_for_messages_in_handlers_and_gives_back_the_waiting_ones()
     worker.join(5)
     assert not worker.is_alive()
     assert broker.closed == [PARTITION]  # the channel closed: the broker requeues the rest
+    pool.close()
+
+
+def test_the_report_shows_messages_in_handlers_and_the_key_waiting_longest() -> None:
+    # Given a handler that holds every message until a gate opens
+    gate, pool, broker, channel, worker = _gated()
+    # When three messages of "hot" and one of "cold" arrive
+    for tag, key in enumerate(["hot", "cold", "hot", "hot"], start=1):
+        _deliver(worker, channel, tag, key)
+    # Then, once the dispatcher has looked (about once a second), the report shows two in
+    # handlers and "hot" waiting behind its own first message
+    wait_until(lambda: worker.longest_wait > 0, 5, 0.02, "the dispatcher's look")
+    report = concurrency_report(4, {PARTITION: worker})
+    assert (report.setting, report.in_flight) == (4, {PARTITION: 2})
+    assert report.waiting_key == "'hot'" and report.waiting_seconds > 0
+    gate.set()
+    worker.inbox.put((END, channel))
+    assert broker.finished.wait(10)
+    assert concurrency_report(4, {PARTITION: worker}).in_flight == {PARTITION: 0}
     pool.close()

@@ -174,3 +174,15 @@ def test_under_zipf_keys_every_message_starts_within_the_stated_bound(
         assert ahead < window
         assert wait <= (ahead + 1) * rounds + 1e-9, (wait, ahead, rounds)
     assert max(w for w, _ in member.waits) <= window * math.ceil(partitions * window / threads)
+
+
+def test_the_longest_waiting_key_is_the_one_with_the_oldest_waiting_item() -> None:
+    keys: KeyQueues[str] = KeyQueues()
+    assert keys.longest_waiting(5.0) is None
+    keys.arrive("a", "a1", 1.0)
+    keys.arrive("b", "b1", 1.5)
+    keys.arrive("b", "b2", 2.0)  # waits from 2.0
+    keys.arrive("a", "a2", 3.0)  # waits from 3.0
+    assert keys.longest_waiting(10.0) == ("b", 8.0)
+    keys.done("b")  # b2 runs: a2 is the one waiting now
+    assert keys.longest_waiting(10.0) == ("a", 7.0)
