@@ -214,3 +214,32 @@ def test_the_report_shows_messages_in_handlers_and_the_key_waiting_longest() -> 
     assert broker.finished.wait(10)
     assert concurrency_report(4, {PARTITION: worker}).in_flight == {PARTITION: 0}
     pool.close()
+
+
+def test_an_async_message_is_acked_only_once_its_coroutine_finished() -> None:
+    # Given an async handler that waits for a gate, beside a key whose coroutine ends at once
+    gate = asyncio.Event()  # bound to the worker's loop on first use
+
+    async def handler(message: Message) -> None:
+        if message.key == "slow":
+            await gate.wait()
+
+    pool = HandlerPool(4)
+    broker, channel = Broker(), Channel()
+    worker = _worker(handler, pool, broker, DeadLetters())
+    # When one message of each key arrives
+    _deliver(worker, channel, 1, "slow")
+    _deliver(worker, channel, 2, "fast")
+    # Then only the finished one is acked while the other's coroutine waits
+    wait_until(lambda: broker.acked == [2], 5, 0.01, "the fast message acked")
+    time.sleep(0.2)
+    assert broker.acked == [2]
+    worker.loop.wait(_set(gate))
+    worker.inbox.put((END, channel))
+    assert broker.finished.wait(10)
+    assert sorted(broker.acked) == [1, 2]
+    pool.close()
+
+
+async def _set(event: asyncio.Event) -> None:
+    event.set()
