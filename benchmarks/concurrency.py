@@ -17,11 +17,14 @@ in the same run, not rates across runs.
 - ``rate``: one consumer drains a pre-filled stream (1,000 uniform keys) with each
   ``--concurrency`` and each handler (``time.sleep`` or ``await asyncio.sleep``).
 - ``scale``: ``--members`` consumers with ``--concurrency`` each against one consumer
-  with the same; the consumers join first, then the messages are published (1,000
-  uniform keys), so every member takes its share from the start.
+  with the same, on a pre-filled stream (1,000 uniform keys); the coordinator assigns
+  nothing until all have joined (``--min-members``), so each takes its share from the
+  start.
 - ``noop``: a no-op handler with ``--concurrency 1`` against the consumer before key-level
   concurrency existed (``--baseline``, a commit: its tree is exported and run with
-  this venv), and with ``--concurrency 64``; interleaved, ``--repeats`` times.
+  this venv), and with ``--concurrency 64``; interleaved, ``--repeats`` times; also the
+  consumer's CPU seconds per 10k messages over the same span, which the machine's load
+  moves far less than the rate.
 - ``zipf``: keys drawn from Zipf(``--exponent``) over 1,000 keys (the hottest carries
   about 1 message in 6); reports the rate, the hottest key's rate (one message at a time:
   at most 1 / 20 ms), when the other keys were done, and the longest a message waited
@@ -38,16 +41,17 @@ import io
 import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.consume import metric_handled
+from benchmarks.consume import metric_handled, process_cpu
 from benchmarks.groups import AMQP, NOOP_HANDLER, PARTQ, REPO, Bench, log
 from consumers import audit
 from consumers.message import Message
@@ -96,10 +100,13 @@ def load() -> float:
 class Drain:
     """Consumers of one stream and their ``/metrics`` ports; :meth:`wait` times the drain."""
 
-    def __init__(self, b: Bench, spec: StreamSpec) -> None:
+    def __init__(self, b: Bench, spec: StreamSpec, members: int = 1) -> None:
+        """``members``: the leader assigns nothing until that many consumers have joined."""
         self.b, self.spec = b, spec
-        self.procs: list[subprocess.Popen[bytes]] = [b.coordinator(spec, AMQP, 0.2)]
+        coordinator = b.coordinator(spec, AMQP, 0.2, "--min-members", str(members))
+        self.procs: list[subprocess.Popen[bytes]] = [coordinator]
         self.ports: list[int] = []
+        self.cpu = math.nan  # the consumers' CPU seconds per 10k messages, once drained
 
     def consumer(self, member: str, handler: str, concurrency: int, **env: str) -> None:
         port = free_port()
@@ -155,15 +162,16 @@ class Drain:
     ) -> float:
         """Messages per second, first handled to the ``n``-th; then every process stopped."""
         first = done = None
+        cpu_first = cpu_done = 0.0
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline and done is None:
                 got = self.handled()
                 now = time.time()
                 if first is None and got > 0:
-                    first = now
+                    first, cpu_first = now, self._consumers_cpu()
                 if got >= n:
-                    done = now
+                    done, cpu_done = now, self._consumers_cpu()
                 if any(p.poll() is not None for p in self.procs):
                     raise RuntimeError(f"a process exited early: see {self.b.dir}")
                 on_tick()
@@ -173,12 +181,12 @@ class Drain:
             self.b.drop(self.spec)
         if first is None or done is None:
             raise RuntimeError(f"the consumers did not finish: see {self.b.dir}")
+        self.cpu = (cpu_done - cpu_first) / n * 10_000
         return n / (done - first)
 
-
-def settled(b: Bench, spec: StreamSpec, members: Iterable[str]) -> None:
-    if b.settled(spec, list(members), 90) is None:
-        raise RuntimeError(f"{list(members)} never settled on {spec.name}")
+    def _consumers_cpu(self) -> float:
+        """CPU seconds the consumer processes (not the coordinator) used so far."""
+        return sum(process_cpu(p.pid) for p in self.procs[1:])
 
 
 # -- the scenarios ------------------------------------------------------------------------
@@ -202,12 +210,10 @@ def scale(b: Bench, args: argparse.Namespace) -> None:
     print("| consumers | --concurrency each | msg/s | load (1 min) |\n|---|---|---|---|")
     for members in (1, args.members):
         spec = b.stream(f"scale-{members}", P, "quorum")
-        d = Drain(b, spec)
-        names = [f"c{i + 1}" for i in range(members)]
-        for name in names:
-            d.consumer(name, "benchmarks.concurrency:sleep_sync", level)
-        settled(b, spec, names)
         publish(spec, uniform(args.messages))
+        d = Drain(b, spec, members)
+        for i in range(members):
+            d.consumer(f"c{i + 1}", "benchmarks.concurrency:sleep_sync", level)
         rates[members] = d.wait(args.messages)
         print(f"| {members} | {level} | {rates[members]:.0f} | {load():.2f} |", flush=True)
     ratio = rates[args.members] / rates[1]
@@ -229,6 +235,7 @@ def noop(b: Bench, args: argparse.Namespace) -> None:
     tree = export(args.baseline)
     arms = (("baseline", 1), ("now", 1), ("now", 64))
     rates: dict[tuple[str, int], list[float]] = {arm: [] for arm in arms}
+    cpus: dict[tuple[str, int], list[float]] = {arm: [] for arm in arms}
     for _ in range(args.repeats):
         for code, level in arms:
             spec = b.stream(f"noop-{code}-{level}", P, "quorum")
@@ -240,15 +247,23 @@ def noop(b: Bench, args: argparse.Namespace) -> None:
                 d.consumer("c1", NOOP_HANDLER, level)
             got = d.wait(args.messages)
             rates[(code, level)].append(got)
-            log(f"noop {code} --concurrency {level}: {got:.0f} msg/s, load {load():.2f}")
-    base = sorted(rates[("baseline", 1)])[len(rates[("baseline", 1)]) // 2]
-    print("| consumer | --concurrency | msg/s (each run) | median / baseline | load (1 min) |")
-    print("|---|---|---|---|---|")
+            cpus[(code, level)].append(d.cpu)
+            log(
+                f"noop {code} --concurrency {level}: {got:.0f} msg/s, {d.cpu:.2f} CPU s / 10k, load {load():.2f}"
+            )
+    base = statistics.median(rates[("baseline", 1)])
+    base_cpu = statistics.median(cpus[("baseline", 1)])
+    print(
+        "| consumer | --concurrency | msg/s (each run) | median ÷ baseline | CPU s / 10k msgs (median) | baseline's CPU ÷ this |"
+    )
+    print("|---|---|---|---|---|---|")
     for (code, level), each in rates.items():
-        median = sorted(each)[len(each) // 2]
+        median, cpu = statistics.median(each), statistics.median(cpus[(code, level)])
         name = f"before concurrency ({args.baseline})" if code == "baseline" else "this tree"
         runs = ", ".join(f"{r:.0f}" for r in each)
-        print(f"| {name} | {level} | {runs} | {median / base:.2f}x | {load():.2f} |")
+        print(
+            f"| {name} | {level} | {runs} | {median / base:.2f}x | {cpu:.2f} | {base_cpu / cpu:.2f}x |"
+        )
 
 
 def skew(b: Bench, args: argparse.Namespace) -> None:
