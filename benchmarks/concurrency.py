@@ -5,6 +5,7 @@
     .venv/bin/python -m benchmarks.concurrency scale   [--messages 12000] [--concurrency 16] [--members 3]
     .venv/bin/python -m benchmarks.concurrency noop    [--messages 30000] [--repeats 2] [--baseline b76c2c9]
     .venv/bin/python -m benchmarks.concurrency zipf    [--messages 6000] [--concurrency 64] [--exponent 1.1]
+    .venv/bin/python -m benchmarks.concurrency keys    [--messages 1000000] [--concurrency 64]
 
 (The planned handoff gap with ``--concurrency``: ``python -m benchmarks.planned --concurrency 64``.)
 
@@ -30,6 +31,9 @@ in the same run, not rates across runs.
   at most 1 / 20 ms), when the other keys were done, and the longest a message waited
   behind its own key (``partq_consumer_key_wait_seconds``, sampled) against the bound
   ``prefetch * ceil(P * prefetch / N) * h`` (docs/operations.md).
+- ``keys``: every message of its own key (``--messages`` distinct keys), a no-op handler:
+  the consumer's resident memory as the drain passes 1, 10, 25, 50, 75 and 90 %; a key is
+  held only while it has a message held, so it should stay flat.
 """
 
 from __future__ import annotations
@@ -301,6 +305,45 @@ def skew(b: Bench, args: argparse.Namespace) -> None:
     print(f"| load (1 min) | {load():.2f} |")
 
 
+def rss_mib(pid: int) -> float:
+    """Resident memory of process ``pid`` (MiB)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def distinct(b: Bench, args: argparse.Namespace) -> None:
+    spec = b.stream("distinct", P, "quorum")
+    log(f"publishing {args.messages:,} messages, each of its own key")
+    with Producer(spec, amqp_url=AMQP, window=1000) as producer:
+        for start in range(0, args.messages, 1000):
+            stop = min(args.messages, start + 1000)
+            producer.publish_many((f"u-{i}", b"x" * 100) for i in range(start, stop))
+        producer.flush(1200)
+    d = Drain(b, spec)
+    d.consumer("c1", NOOP_HANDLER, args.concurrency)
+    consumer = d.procs[1].pid
+    marks: dict[int, float] = {}  # percent handled -> RSS (MiB)
+
+    def sample() -> None:
+        done = int(d.handled() * 100 / args.messages)
+        for mark in (1, 10, 25, 50, 75, 90):
+            if done >= mark and mark not in marks:
+                with contextlib.suppress(OSError):
+                    marks[mark] = rss_mib(consumer)
+
+    got = d.wait(args.messages, timeout=3600, on_tick=sample)
+    print("| handled | RSS (MiB) |\n|---|---|")
+    for mark, rss in sorted(marks.items()):
+        print(f"| {mark} % | {rss:.1f} |")
+    print(
+        f"\n{args.messages:,} distinct keys, --concurrency {args.concurrency}, no-op handler: "
+        f"{got:.0f} msg/s, load (1 min) {load():.2f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.concurrency",
@@ -308,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument(
-        "scenario", nargs="?", default="rate", choices=("rate", "scale", "noop", "zipf")
+        "scenario", nargs="?", default="rate", choices=("rate", "scale", "noop", "zipf", "keys")
     )
     ap.add_argument("--messages", type=int)
     ap.add_argument("--concurrency")
@@ -323,17 +366,20 @@ def main(argv: list[str] | None = None) -> int:
         "scale": (12000, "16"),
         "noop": (30000, ""),
         "zipf": (6000, "64"),
+        "keys": (1_000_000, "64"),
     }
     messages, concurrency = defaults[args.scenario]
     args.messages = args.messages or messages
     args.concurrency = args.concurrency or concurrency
-    if args.scenario == "zipf":
+    if args.scenario in ("zipf", "keys"):
         args.concurrency = int(args.concurrency)
     print(f"{args.scenario}: load average (1 min) at start {load():.2f}", flush=True)
     with LocalEtcd() as etcd:
         b = Bench(etcd, Path(tempfile.mkdtemp(prefix=f"partq-bench-{args.scenario}-")))
         try:
-            {"rate": rate, "scale": scale, "noop": noop, "zipf": skew}[args.scenario](b, args)
+            {"rate": rate, "scale": scale, "noop": noop, "zipf": skew, "keys": distinct}[
+                args.scenario
+            ](b, args)
         finally:
             b.stop(b.procs)
     print(f"\nload average (1 min) at the end {load():.2f}")
