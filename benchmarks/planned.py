@@ -1,7 +1,7 @@
 # ruff: noqa: E501  (report lines)
 """Planned handoff gap by kind of move: joins, operator moves, drains, SIGTERM leaves (issue 12, goal 2).
 
-    .venv/bin/python -m benchmarks.planned [--rounds 2] [--rate 2000] [--queue-type quorum]
+    .venv/bin/python -m benchmarks.planned [--rounds 2] [--rate 2000] [--queue-type quorum] [--concurrency 1]
 
 Per round: a fresh P = 12 stream, a coordinator (``--settle 1``), the SDK publishing 100
 keys at ``--rate``, consumers recording with the product's recorder
@@ -156,9 +156,11 @@ def done(b: Bench, run: Run, request: str, timeout: float = 30) -> None:
     raise RuntimeError(f"the leader never took {request}")
 
 
-def one(b: Bench, queue_type: str, rate: float, dwell: float) -> dict[str, Any]:
+def one(
+    b: Bench, queue_type: str, rate: float, dwell: float, concurrency: int = 1
+) -> dict[str, Any]:
     phases = Phases()
-    run = Run(b, "planned", queue_type, ["c1"], rate)
+    run = Run(b, "planned", queue_type, ["c1"], rate, PARTQ_CONCURRENCY=str(concurrency))
     group = Group(b.registry.client, b.registry.where, run.spec.name, report=False)
     time.sleep(dwell)
     members = ["c1"]
@@ -217,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=2000.0)
     ap.add_argument("--dwell", type=float, default=2.0)
     ap.add_argument("--queue-type", default="quorum", choices=("quorum", "classic"))
+    ap.add_argument("--concurrency", type=int, default=1, help="every consumer's --concurrency")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     ap.add_argument("--keep", type=Path, help="keep the logs and records in this directory")
     ap.add_argument("--debug", action="store_true", help="debug logs of every partq process")
@@ -231,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         b = Bench(etcd, workdir)
         try:
             for r in range(args.rounds):
-                res = one(b, args.queue_type, args.rate, args.dwell)
+                res = one(b, args.queue_type, args.rate, args.dwell, args.concurrency)
                 results.append(res)
                 summary = {k: len(v) for k, v in res["gaps"].items()}
                 log(
@@ -244,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"load": [load_before, load_after], "results": results}))
     print(
         f"\nqueue type {args.queue_type}, rate {args.rate:.0f} msg/s, P = 12, rounds {args.rounds}, "
+        f"--concurrency {args.concurrency}, "
         f"load average {' '.join(f'{x:.2f}' for x in load_before)} → {' '.join(f'{x:.2f}' for x in load_after)}\n"
     )
     print("| planned move | moves | gap p50 | gap p99 | max |")

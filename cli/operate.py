@@ -50,6 +50,10 @@ def status(ctx: Context, stream: str, as_json: bool) -> None:
         marks = " DRAINED" if m.get("draining") else ""
         marks += " LEAVING" if m.get("leaving") else ""
         busy = f"in flight {m['in_flight']}  " if m.get("in_flight") is not None else ""
+        if m.get("concurrency") is not None:
+            busy += f"concurrency {m['concurrency']}  "
+        if m.get("waiting_key") is not None:
+            busy += f"longest key wait {m['waiting_s']:.1f}s ({m['waiting_key']})  "
         say(
             f"  {m['id']:<30} weight {m['weight']}  age {m['age_s']:.0f}s  "
             f"owns {m['owns']}  handled {per_second(m.get('handled_per_s'))}  {busy}"

@@ -137,7 +137,9 @@ class Crash:
     pid: int | None = None
 
 
-def order_violations(records: Iterable[Record], crashes: Sequence[Crash] = ()) -> list[str]:
+def order_violations(
+    records: Iterable[Record], crashes: Sequence[Crash] = (), *, repeats: bool = False
+) -> list[str]:
     """Per key, first handlings (exact repeats of (key, seq) removed) must be in seq order.
 
     A crash is the one excuse (``crashes``): what the crashed owner held unacked is
@@ -148,14 +150,45 @@ def order_violations(records: Iterable[Record], crashes: Sequence[Crash] = ()) -
     crash, of a message published before it, on a partition whose last handler before it
     was the crashed process (any, for ``pid`` None), and at most ``window`` such per crash
     and partition. Every other out-of-order first handling is reported.
+
+    ``repeats``: report second handlings of a message as well. At-least-once lets a crash
+    cause them (a message handled but not yet acked is redelivered), so one is excused
+    only if it is a redelivery, after a crash, of a message the crashed process had
+    started before it (any process, for ``pid`` None); it is charged to the same window
+    as the late first handlings, so the two together stay within what the crashed owner
+    can have had in flight on that partition. Without ``repeats`` they pass, as a fenced
+    owner's or a broker fault's repeats do.
     """
     records = list(records)
     excuse = _Excuses(records, crashes)
-    return [
-        f"key {r['key']}: seq {r['seq']} first handled at {r['start']:.6f} after {highest}"
-        for r, highest in _late(records)
-        if not excuse(r)
-    ]
+    found = [(r["start"], _told_late(r, newer)) for r, newer in _late(records) if not excuse(r)]
+    if repeats:
+        found += [
+            (r["start"], _told_repeat(r, first))
+            for r, first in _repeats(records)
+            if not excuse(r, first)
+        ]
+    return [text for _start, text in sorted(found)]
+
+
+def _told_late(r: Record, newer: int) -> str:
+    return f"key {r['key']}: seq {r['seq']} first handled at {r['start']:.6f} after {newer}"
+
+
+def _told_repeat(r: Record, first: Record) -> str:
+    return (
+        f"key {r['key']}: seq {r['seq']} handled again at {r['start']:.6f} by pid {r['pid']} "
+        f"(first by pid {first['pid']} at {first['start']:.6f})"
+    )
+
+
+def _repeats(records: Iterable[Record]) -> Iterator[tuple[Record, Record]]:
+    """Every handling of a message after its first, with that first handling."""
+    first: dict[tuple[str, int], Record] = {}
+    for r in sorted(records, key=lambda r: (r["start"], r["pid"])):
+        seen = first.setdefault((r["key"], r["seq"]), r)
+        if seen is not r:
+            yield r, seen
 
 
 def _late(records: Iterable[Record]) -> Iterator[tuple[Record, int]]:
@@ -192,12 +225,18 @@ class _Excuses:
             for starts in self.starts.values():
                 starts.sort()
 
+    def _owned(self, partition: int, crash: Crash) -> bool:
+        """Whether the crashed process was ``partition``'s last handler before the crash."""
+        return crash.pid is None or self._last_handler(partition, crash.at) == crash.pid
+
     def _last_handler(self, partition: int, at: float) -> int | None:
         starts = self.starts[partition]
         i = bisect.bisect_right(starts, (at, math.inf)) - 1
         return starts[i][1] if i >= 0 else None
 
-    def __call__(self, r: Record) -> bool:
+    def __call__(self, r: Record, first: Record | None = None) -> bool:
+        """Whether a crash explains ``r``: a late first handling, or (``first`` given) a
+        repeat of the message ``first`` handled."""
         if not r.get("redelivered"):
             return False
         published_ms = r.get("published_ms")
@@ -207,12 +246,20 @@ class _Excuses:
                 continue
             if published_ms is not None and published_ms / 1000 > crash.at:
                 continue  # published after the crash: the crashed owner never had it
-            if crash.pid is not None and self._last_handler(partition, crash.at) != crash.pid:
+            if first is not None and not _had(crash, first):
+                continue
+            if first is None and not self._owned(partition, crash):
                 continue
             if self.used[(n, partition)] < crash.window:
                 self.used[(n, partition)] += 1
                 return True
         return False
+
+
+def _had(crash: Crash, first: Record) -> bool:
+    """Whether the message of the handling ``first`` was in flight in the crashed process:
+    it began handling it before the crash (and had not acked it, or no repeat would come)."""
+    return first["start"] < crash.at and crash.pid in (None, first["pid"])
 
 
 def redelivered_out_of_order(records: Iterable[Record]) -> int:

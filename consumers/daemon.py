@@ -95,6 +95,7 @@ from consumers.events import (
 )
 from consumers.flow import FlowWatch
 from consumers.handoff import Event
+from consumers.keyed import concurrency_report
 from consumers.load import LoadMeter
 from consumers.message import Handler, check_handler
 from consumers.parking import ParkedKeys, Parking
@@ -360,6 +361,7 @@ class Consumer:
             round(elapsed, 3),
             stalled,
             self.partitions.in_flight(),
+            concurrency_report(self.config.concurrency, workers),
         )
         try:
             self.group.report_load(report, session)

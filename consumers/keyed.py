@@ -21,6 +21,14 @@ nothing of it is in a handler any more, so a planned handoff releases it only af
 in-flight message is handled and acked, and the partition's next worker in this process
 (which joins this one) never overlaps a key. Acks of deliveries whose channel is gone (a
 fence aborted the connection) are dropped by the broker, never sent on a new connection.
+
+Fairness. A key's next message goes to the pool the moment its previous one is done, and
+the pool is first come, first served over every key and partition of the member; so a
+message starts within ``(k + 1) * ceil(R / N) * h`` of its delivery (``k``: messages of
+its key held before it, below the prefetch; ``R``: keys with a message held; ``N``: the
+concurrency; ``h``: the longest a message takes on a pool thread, retries included). No
+key starves however skewed the keys are; docs/operations.md states it and
+tests/unit/test_keyorder.py checks it.
 """
 
 from __future__ import annotations
@@ -29,18 +37,20 @@ import dataclasses
 import functools
 import queue
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 from consumers import metrics
 from consumers.broker import END, Delivery
 from consumers.keyorder import KeyQueues
+from consumers.parking import shown_key
 from consumers.runners import HandlerPool
 from consumers.worker import STOP, Worker
+from coordinator.codec import MAX_SHOWN_KEY, Concurrency
 from kernel import logs
 from producer.contract import decode_key, key_bytes
 
-__all__ = ["KeyedWorker", "key_of"]
+__all__ = ["KeyedWorker", "concurrency_report", "key_of"]
 
 _LOOK = 1.0  # seconds between the dispatcher's looks at its waiting keys when idle
 
@@ -71,9 +81,11 @@ class KeyedWorker(Worker):
     def __init__(self, *, pool: HandlerPool, **options: Any) -> None:
         super().__init__(**options)
         self.pool = pool
-        # Seconds the longest-waiting delivery had waited behind its key, as of the
-        # dispatcher's last look (at least once a second): read by the member's gauge.
-        self.longest_wait = 0.0
+        # The key whose delivery had waited longest behind an earlier one of it, and how
+        # many seconds, as of the dispatcher's last look (at least once a second); None:
+        # none waited. One tuple, replaced whole: read by the HTTP scrape and the report.
+        self.waiting: tuple[Hashable, float] | None = None
+        self.in_flight = 0  # messages of the partition in a handler (the dispatcher's count)
         self._m_in_flight = metrics.IN_FLIGHT.labels(*self._labels, str(self.partition))
 
     def _run(self) -> None:  # noqa: C901, PLR0912 — one dispatch loop: deliveries, key slots, stop
@@ -117,18 +129,28 @@ class KeyedWorker(Worker):
                 in_flight += 1
                 self.pool.submit(functools.partial(self._run_one, start, key))
             if in_flight != was_in_flight:
-                self._m_in_flight.set(in_flight)
+                self._show_in_flight(in_flight)
             if in_flight:  # the stall detector's view: waiting only with nothing in a handler
                 self.waiting_since = None
             elif self.waiting_since is None:
                 self.waiting_since = now
             if now >= next_look:
-                self.longest_wait = keys.longest_wait(now)
+                self.waiting = keys.longest_waiting(now)
                 next_look = now + _LOOK
             if in_flight == 0 and (halted or ending is not None):
                 if not halted:
                     self.broker.finish(self.partition, ending)
                 return
+
+    def _show_in_flight(self, count: int) -> None:
+        self.in_flight = count
+        self._m_in_flight.set(count)
+
+    @property
+    def longest_wait(self) -> float:
+        """Seconds the longest-waiting delivery had waited behind its key (0: none)."""
+        waiting = self.waiting
+        return 0.0 if waiting is None else waiting[1]
 
     def _run_one(self, delivery: Delivery, key: Hashable) -> None:
         """On a pool thread: the message's whole path; the dispatcher always hears of it."""
@@ -140,3 +162,23 @@ class KeyedWorker(Worker):
             self._crashed(error)
         finally:
             self.inbox.put(_Done(key, go_on))
+
+
+def concurrency_report(setting: int, workers: Mapping[int, Worker]) -> Concurrency:
+    """What ``workers`` (a member's, by partition) hold now, for its load report: messages in
+    a handler per partition, and the key that has waited longest behind its own."""
+    in_flight = {
+        p: w.in_flight if isinstance(w, KeyedWorker) else int(w.busy)
+        for p, w in sorted(workers.items())
+    }
+    waits = [w.waiting for w in workers.values() if isinstance(w, KeyedWorker) and w.waiting]
+    if not waits:
+        return Concurrency(setting, in_flight)
+    key, seconds = max(waits, key=lambda pair: pair[1])
+    return Concurrency(setting, in_flight, _shown(key)[:MAX_SHOWN_KEY], round(seconds, 3))
+
+
+def _shown(key: Hashable) -> str:
+    if isinstance(key, bytes):
+        return shown_key(key.decode(errors="replace"))
+    return "(malformed key header)" if isinstance(key, tuple) else "(no key)"

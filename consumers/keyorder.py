@@ -63,5 +63,15 @@ class KeyQueues(Generic[T]):
 
     def longest_wait(self, now: float) -> float:
         """Seconds the longest-waiting item has waited behind its key (0: none waits)."""
-        oldest = min((w[0][0] for w in self._keys.values() if w), default=now)
-        return max(0.0, now - oldest)
+        found = self.longest_waiting(now)
+        return 0.0 if found is None else found[1]
+
+    def longest_waiting(self, now: float) -> tuple[Hashable, float] | None:
+        """The key whose oldest waiting item has waited longest, and for how many seconds
+        (None: none waits). A scan of the held keys: call it about once a second."""
+        oldest = min(((w[0][0], k) for k, w in self._keys.items() if w), default=None, key=_at)
+        return None if oldest is None else (oldest[1], max(0.0, now - oldest[0]))
+
+
+def _at(pair: tuple[float, Hashable]) -> float:
+    return pair[0]

@@ -77,6 +77,7 @@ __all__ = [
     "Assignment",
     "Candidate",
     "Claim",
+    "Concurrency",
     "Drain",
     "LoadReport",
     "Member",
@@ -223,6 +224,21 @@ class Pause:
         return "pause" if self.partition is None else f"pause-{self.partition}"
 
 
+MAX_SHOWN_KEY: Final = 200  # characters of a waiting key in a load report
+
+
+@dataclass(frozen=True, slots=True)
+class Concurrency:
+    """A member's ``--concurrency`` and what its handlers held when it reported: messages in
+    a handler per owned partition, and the key whose message had waited longest behind an
+    earlier one of that key (``waiting_key``, as shown in logs; None: none waited)."""
+
+    setting: int
+    in_flight: Mapping[int, int]
+    waiting_key: str | None = None
+    waiting_seconds: float = 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class LoadReport:
     """What a member handled per partition over its last ``interval`` seconds (messages per
@@ -236,6 +252,7 @@ class LoadReport:
     parking_stalled: tuple[int, ...] = ()
     # messages in a handler when reported (None: written by an older partq)
     in_flight: int | None = None
+    concurrency: Concurrency | None = None  # None: written by an older partq
 
     @property
     def total(self) -> float:
@@ -412,7 +429,47 @@ def encode_load(report: LoadReport) -> str:
             if report.in_flight is None
             else {"in_flight": _count(report.in_flight, "in_flight", 0)}
         ),
+        **({} if report.concurrency is None else {"concurrency": _concurrency(report.concurrency)}),
     )
+
+
+def _concurrency(c: Concurrency) -> dict[str, Any]:
+    in_flight = {}
+    for partition, count in sorted(c.in_flight.items()):
+        if _count(partition, "partition", 0) >= MAX_PARTITIONS:
+            raise ValueError(f"partition must be below {MAX_PARTITIONS}, got {partition}")
+        in_flight[str(partition)] = _count(count, "in_flight", 0)
+    doc: dict[str, Any] = {"setting": _count(c.setting, "concurrency", 1), "in_flight": in_flight}
+    if c.waiting_key is not None:
+        if len(_text(c.waiting_key, "waiting_key")) > MAX_SHOWN_KEY:
+            raise ValueError(f"waiting_key must be at most {MAX_SHOWN_KEY} characters")
+        doc["waiting"] = {"key": c.waiting_key, "seconds": _time(c.waiting_seconds, "seconds")}
+    return doc
+
+
+def _decode_concurrency(doc: Any) -> Concurrency:
+    """A load report's ``concurrency`` object; :class:`MalformedValue` if partq did not
+    write it."""
+    if not isinstance(doc, dict):
+        raise MalformedValue(f"'concurrency' is not an object: {doc!r}")
+    setting = _int(doc, "setting", 1)
+    found = _field(doc, "in_flight")
+    if not isinstance(found, dict) or not all(
+        name.isascii() and name.isdigit() and int(name) < MAX_PARTITIONS
+        and type(count) is int and count >= 0
+        for name, count in found.items()
+    ):  # fmt: skip
+        raise MalformedValue(f"'in_flight' is not counts by partition: {found!r}")
+    waiting = doc.get("waiting")
+    if waiting is None:
+        return Concurrency(setting, {int(n): c for n, c in found.items()})
+    if not isinstance(waiting, dict):
+        raise MalformedValue(f"'waiting' is not an object: {waiting!r}")
+    key = _str(waiting, "key")
+    seconds = _number(waiting, "seconds")
+    if len(key) > MAX_SHOWN_KEY or seconds < 0:
+        raise MalformedValue(f"'waiting' is not a key and its seconds: {waiting!r}")
+    return Concurrency(setting, {int(n): c for n, c in found.items()}, key, seconds)
 
 
 def encode_policy(policy: Mapping[str, Policy]) -> str:
@@ -465,6 +522,7 @@ def decode_load(member_id: str, raw: bytes | str) -> LoadReport:
         _number(doc, "interval"),
         tuple(sorted(stalled)),
         in_flight,
+        None if doc.get("concurrency") is None else _decode_concurrency(doc["concurrency"]),
     )
 
 

@@ -139,6 +139,7 @@ def _rows(
                 "handled_per_s": sum(r.rates.get(p, 0.0) for r in handled.values())
                 if handled
                 else None,
+                "in_flight": _in_flight(handled, owner, p),
             }
         )
     return rows
@@ -162,9 +163,29 @@ def _members(
             "handled_per_s": handled[m.id].total if m.id in handled else None,
             "parking_stalled": list(handled[m.id].parking_stalled) if m.id in handled else [],
             "in_flight": handled[m.id].in_flight if m.id in handled else None,
+            **_concurrency(handled.get(m.id)),
         }
         for m in sorted(state.members.values(), key=lambda m: m.id)
     ]
+
+
+def _concurrency(report: LoadReport | None) -> dict[str, Any]:
+    """A member's --concurrency and its longest-waiting key, from its load report (None:
+    no fresh report, or one from an older partq)."""
+    c = report.concurrency if report is not None else None
+    return {
+        "concurrency": None if c is None else c.setting,
+        "waiting_key": None if c is None else c.waiting_key,
+        "waiting_s": None if c is None or c.waiting_key is None else c.waiting_seconds,
+    }
+
+
+def _in_flight(handled: Mapping[str, LoadReport], owner: str | None, p: int) -> int | None:
+    """Messages of partition ``p`` in its owner's handlers, as the owner last reported."""
+    report = handled.get(owner) if owner is not None else None
+    if report is None or report.concurrency is None:
+        return None
+    return report.concurrency.in_flight.get(p)
 
 
 def _handled(group: Group, members: set[str], now: float) -> dict[str, LoadReport]:
@@ -369,6 +390,9 @@ def _members_html(r: dict[str, Any]) -> list[str]:
                 m["weight"],
                 m["owns"],
                 per_second(m.get("handled_per_s")),
+                _shown(m.get("concurrency")),
+                _shown(m.get("in_flight")),
+                _waiting(m),
                 f"{m['age_s']:.0f}",
                 e(m["host"]),
                 m["pid"],
@@ -376,8 +400,17 @@ def _members_html(r: dict[str, Any]) -> list[str]:
         )
         for m in r["members"]
     ]
-    columns = ("member", "weight", "owns", "handled", "age (s)", "host", "pid")
+    columns = ["member", "weight", "owns", "handled", "concurrency", "in flight"]
+    columns += ["longest key wait", "age (s)", "host", "pid"]
     return _table("<h3>Members</h3>", "members", columns, rows)
+
+
+def _waiting(member: dict[str, Any]) -> str:
+    """The key that waited longest behind its own earlier message, and how long."""
+    key = member.get("waiting_key")
+    if key is None:
+        return "-"
+    return f"{member['waiting_s']:.1f} s: {html.escape(key)}"
 
 
 def _partitions_html(r: dict[str, Any]) -> list[str]:
@@ -395,12 +428,13 @@ def _partitions_html(r: dict[str, Any]) -> list[str]:
                 e(row["queue"]),
                 _shown(row["messages"]),
                 _shown(row["consumers"]),
+                _shown(row.get("in_flight")),
             ],
         )
         for row in r["rows"]
     ]
     columns = ("partition", "owner", "state", "claimed by", "standby", "queue", "messages")
-    return _table("<h3>Partitions</h3>", "partitions", (*columns, "consumers"), rows)
+    return _table("<h3>Partitions</h3>", "partitions", (*columns, "consumers", "in flight"), rows)
 
 
 def _malformed_html(r: dict[str, Any]) -> list[str]:

@@ -126,3 +126,33 @@ def test_minimum_moves() -> None:
     assert checker.min_moves(12, three, ["a", "b"]) == 4
     assert checker.moves(two, {**two, 0: "c", 6: "c"}) == 2
     assert checker.min_moves(7, {p: "a" if p < 4 else "b" for p in range(7)}, ["a", "b"]) == 0
+
+
+def test_a_repeat_is_excused_only_as_a_crash_redelivery_of_what_the_owner_had_begun() -> None:
+    # Given pid 1 handling seq 1 from 1.0 (not acked when killed at 2.0), and pid 2 handling
+    # it again as a redelivery, then seq 2
+    records = [rec(1, 0, "a", 0, 0, 1), rec(1, 0, "a", 1, 1, 1.5)]
+    records += [late(2, 1, 3), rec(2, 0, "a", 2, 4, 5)]
+    killed = checker.Crash(at=2.0, window=10, pid=1)
+    # Then without repeats checked, or with the crash, nothing is reported
+    assert checker.order_violations(records) == []
+    assert checker.order_violations(records, [killed], repeats=True) == []
+    # But with no crash, a crash of another process, or one before pid 1 began it, the
+    # repeat is reported
+    assert len(checker.order_violations(records, repeats=True)) == 1
+    assert len(checker.order_violations(records, [checker.Crash(2.0, 10, 7)], repeats=True)) == 1
+    assert len(checker.order_violations(records, [checker.Crash(0.5, 10, 1)], repeats=True)) == 1
+    # And a repeat that is not a broker redelivery is reported whatever crashed
+    again = [*records[:2], rec(2, 0, "a", 1, 3, 3.1)]
+    assert len(checker.order_violations(again, [killed], repeats=True)) == 1
+
+
+def test_repeats_and_late_first_handlings_share_one_window() -> None:
+    # Given pid 1 killed at 2.0 after beginning seq 1..3 (unacked) while seq 4 and 5 waited;
+    # pid 2 handles seq 6, then seq 4 and 5 late, then seq 1..3 again
+    records = [rec(1, 0, "a", seq, seq * 0.1, seq * 0.1 + 0.05) for seq in range(1, 4)]
+    records += [rec(2, 0, "a", 6, 3, 3.1), late(2, 4, 4), late(2, 5, 4.2)]
+    records += [late(2, seq, 5 + seq) for seq in range(1, 4)]
+    # Then a window of 5 (what pid 1 can have held) explains all five, a window of 4 not
+    assert checker.order_violations(records, [checker.Crash(2.0, 5, 1)], repeats=True) == []
+    assert len(checker.order_violations(records, [checker.Crash(2.0, 4, 1)], repeats=True)) == 1

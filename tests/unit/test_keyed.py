@@ -13,10 +13,12 @@ import pika
 import pytest
 
 from consumers.broker import END, Delivery
-from consumers.keyed import KeyedWorker
+from consumers.keyed import KeyedWorker, concurrency_report
 from consumers.message import Message
 from consumers.runners import EventLoop, HandlerPool
+from producer.contract import key_id
 from tests.polling import wait_until
+from tests.unit.test_parking import FakeParking
 from tests.unit.test_worker import PARTITION, SPEC, Broker, Channel, DeadLetters, Session
 
 
@@ -52,7 +54,9 @@ class Spans:
         return [mid for k, mid, _s, _e in sorted(self.spans, key=lambda s: s[2]) if k == key]
 
 
-def _worker(handler: Any, pool: HandlerPool, broker: Broker, dead: DeadLetters) -> KeyedWorker:
+def _worker(
+    handler: Any, pool: HandlerPool, broker: Broker, dead: DeadLetters, parking: Any = None
+) -> KeyedWorker:
     worker = KeyedWorker(
         pool=pool,
         spec=SPEC,
@@ -67,6 +71,7 @@ def _worker(handler: Any, pool: HandlerPool, broker: Broker, dead: DeadLetters) 
         previous=None,
         freed_at=None,
         loop=EventLoop(),
+        parking=parking,
     )
     worker.start()
     return worker
@@ -134,15 +139,51 @@ def test_a_failing_key_is_retried_then_dead_lettered_while_others_go_on() -> Non
     pool.close()
 
 
-def test_a_stop_waits_for_messages_in_handlers_and_gives_back_the_waiting_ones() -> None:
-    gate = threading.Event()
+def test_a_key_failing_inside_a_coroutine_is_parked_in_order_while_others_go_on() -> None:
+    # Given a parking stream and an async handler that raises, after an await, for "bad"
+    parking = FakeParking()
+    handled: list[str] = []
 
-    def handler(message: Message) -> None:
-        gate.wait(5)
+    async def handler(message: Message) -> None:
+        await asyncio.sleep(0.005)
+        if message.key == "bad":
+            raise RuntimeError(f"failed {message.message_id}")
+        handled.append(str(message.message_id))
 
     pool = HandlerPool(4)
     broker, dead, channel = Broker(), DeadLetters(), Channel()
-    worker = _worker(handler, pool, broker, dead)
+    worker = _worker(handler, pool, broker, dead, parking)
+    # When two messages of "bad" and three of "good" arrive
+    for tag, key in enumerate(["bad", "good", "bad", "good", "good"], start=1):
+        _deliver(worker, channel, tag, key)
+    worker.inbox.put((END, channel))
+    # Then "bad" is parked (its first after 3 attempts, its second behind it, unhandled),
+    # "good" flows, nothing is dead-lettered, and each message is acked once
+    assert broker.finished.wait(10)
+    assert parking.parked.get(key_id("bad")) is not None
+    assert [d.properties.message_id for d in parking.queues[key_id("bad")]] == ["bad-1", "bad-3"]
+    assert handled == ["good-2", "good-4", "good-5"]
+    assert dead.published == []
+    assert sorted(broker.acked) == [1, 2, 3, 4, 5]
+    worker.join(5)
+    pool.close()
+
+
+def _gated() -> tuple[threading.Event, HandlerPool, Broker, Channel, KeyedWorker]:
+    """A keyed worker on 4 pool threads whose handler holds every message until the gate
+    opens (10 s at most)."""
+    gate = threading.Event()
+
+    def handler(message: Message) -> None:
+        gate.wait(10)
+
+    pool = HandlerPool(4)
+    broker, channel = Broker(), Channel()
+    return gate, pool, broker, channel, _worker(handler, pool, broker, DeadLetters())
+
+
+def test_a_stop_waits_for_messages_in_handlers_and_gives_back_the_waiting_ones() -> None:
+    gate, pool, broker, channel, worker = _gated()
     for tag in (1, 2):
         _deliver(worker, channel, tag, "k")  # the second waits behind the first
     wait_until(lambda: worker.busy, 5, 0.01, "the first message in its handler")
@@ -154,3 +195,51 @@ def test_a_stop_waits_for_messages_in_handlers_and_gives_back_the_waiting_ones()
     assert not worker.is_alive()
     assert broker.closed == [PARTITION]  # the channel closed: the broker requeues the rest
     pool.close()
+
+
+def test_the_report_shows_messages_in_handlers_and_the_key_waiting_longest() -> None:
+    # Given a handler that holds every message until a gate opens
+    gate, pool, broker, channel, worker = _gated()
+    # When three messages of "hot" and one of "cold" arrive
+    for tag, key in enumerate(["hot", "cold", "hot", "hot"], start=1):
+        _deliver(worker, channel, tag, key)
+    # Then, once the dispatcher has looked (about once a second), the report shows two in
+    # handlers and "hot" waiting behind its own first message
+    wait_until(lambda: worker.longest_wait > 0, 5, 0.02, "the dispatcher's look")
+    report = concurrency_report(4, {PARTITION: worker})
+    assert (report.setting, report.in_flight) == (4, {PARTITION: 2})
+    assert report.waiting_key == "'hot'" and report.waiting_seconds > 0
+    gate.set()
+    worker.inbox.put((END, channel))
+    assert broker.finished.wait(10)
+    assert concurrency_report(4, {PARTITION: worker}).in_flight == {PARTITION: 0}
+    pool.close()
+
+
+def test_an_async_message_is_acked_only_once_its_coroutine_finished() -> None:
+    # Given an async handler that waits for a gate, beside a key whose coroutine ends at once
+    gate = asyncio.Event()  # bound to the worker's loop on first use
+
+    async def handler(message: Message) -> None:
+        if message.key == "slow":
+            await gate.wait()
+
+    pool = HandlerPool(4)
+    broker, channel = Broker(), Channel()
+    worker = _worker(handler, pool, broker, DeadLetters())
+    # When one message of each key arrives
+    _deliver(worker, channel, 1, "slow")
+    _deliver(worker, channel, 2, "fast")
+    # Then only the finished one is acked while the other's coroutine waits
+    wait_until(lambda: broker.acked == [2], 5, 0.01, "the fast message acked")
+    time.sleep(0.2)
+    assert broker.acked == [2]
+    worker.loop.wait(_set(gate))
+    worker.inbox.put((END, channel))
+    assert broker.finished.wait(10)
+    assert sorted(broker.acked) == [1, 2]
+    pool.close()
+
+
+async def _set(event: asyncio.Event) -> None:
+    event.set()

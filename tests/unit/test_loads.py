@@ -244,3 +244,37 @@ def test_smoothing_averages_the_new_estimate_with_the_last() -> None:
 
     # When smoothed / Then half of each, and a partition on one side only keeps its value
     assert smooth(before, now) == {0: 75.0, 1: 20.0, 2: 8.0, 3: 5.0}
+
+
+def test_a_load_report_carries_the_concurrency_in_flight_per_partition_and_the_waiting_key() -> (
+    None
+):
+    # Given a report of --concurrency 64 with messages in handlers on two partitions and a
+    # key waiting behind its own for 2.5 s
+    c = codec.Concurrency(64, {3: 5, 7: 0}, "'hot-key'", 2.5)
+    raw = codec.encode_load(LoadReport("c1", {3: 1.0}, 1.0, 5.0, in_flight=5, concurrency=c))
+    # Then it reads back the same; without a waiting key too; an older report has none
+    assert codec.decode_load("c1", raw).concurrency == c
+    idle = codec.Concurrency(1, {3: 1})
+    raw = codec.encode_load(LoadReport("c1", {}, 1.0, 5.0, concurrency=idle))
+    assert codec.decode_load("c1", raw).concurrency == idle
+    older = codec.encode_load(LoadReport("c1", {}, 1.0, 5.0))
+    assert "concurrency" not in older and codec.decode_load("c1", older).concurrency is None
+    # And what partq would not write is malformed, saying which part
+    head = '{"v": 1, "member": "c1", "at": 1, "interval": 5, "rates": {}, "concurrency": '
+    long = "k" * 201  # longer than a waiting key may be
+    for bad, part in [
+        ("[]", "concurrency"),
+        ('{"setting": 0, "in_flight": {}}', "setting"),
+        ('{"setting": 2, "in_flight": {"x": 1}}', "in_flight"),
+        ('{"setting": 2, "in_flight": {"1": -1}}', "in_flight"),
+        ('{"setting": 2, "in_flight": {}, "waiting": {"key": "k", "seconds": -1}}', "waiting"),
+        ('{"setting": 2, "in_flight": {}, "waiting": {"key": "' + long + '", "seconds": 1}}',
+         "waiting"),
+    ]:  # fmt: skip
+        with pytest.raises(MalformedValue, match=part):
+            codec.decode_load("c1", head + bad + "}")
+    with pytest.raises(ValueError, match="waiting_key"):
+        codec.encode_load(
+            LoadReport("c1", {}, 1.0, 5.0, concurrency=codec.Concurrency(2, {}, "k" * 201))
+        )
