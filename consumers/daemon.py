@@ -59,10 +59,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 
 from consumers import metrics
-from consumers.broker import Broker, Delivery
+from consumers.broker import Broker
 from consumers.config import (
     DEFAULT_HANDLER_TIMEOUT,
     EXIT_DRAIN_TIMEOUT,
@@ -75,39 +74,52 @@ from consumers.config import (
     default_member_id,
 )
 from consumers.events import (
-    BrokerConnection,
     BrokerOutage,
-    BrokerRefused,
     CheckFlow,
     CheckLeader,
     CheckTakeovers,
     ControllerEvent,
-    FlowReady,
-    Handoff,
+    GroupEvent,
     LeaveNow,
     ParkStall,
     ReportLoad,
     Resync,
     RetryRelease,
     SettleTakeover,
-    Standby,
+    TimerEvent,
     WorkerFailed,
 )
-from consumers.flow import FlowWatch
 from consumers.handoff import Event
-from consumers.load import LoadMeter
 from consumers.message import Handler, check_handler
 from consumers.parking import ParkedKeys, Parking
 from consumers.partitions import Partitions
+from consumers.port import (
+    END,
+    Activated,
+    BrokerEvent,
+    BrokerFactory,
+    BrokerUpdate,
+    ChannelLost,
+    Connection,
+    Delivery,
+    Drained,
+    Emptied,
+    End,
+    Kept,
+    ReadyCounts,
+    Refused,
+    StandbyLost,
+    Subscribed,
+)
+from consumers.reports import Reports
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
-from coordinator.codec import LoadReport
 from coordinator.events import LeaseLost, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
 from coordinator.session import Session
 from kernel import logs
 from kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
 from kernel.backoff import Backoff
-from kernel.errors import EtcdUnavailable, PartqError, StreamNotFound
+from kernel.errors import EtcdUnavailable, StreamNotFound
 from producer.contract import StreamSpec
 from producer.registry import Registry
 
@@ -125,6 +137,15 @@ __all__ = [
 ]
 
 log = logging.getLogger("partq.consumer")
+
+# The broker's events that are steps of a partition's handoff state machine
+_HANDOFF: dict[type[BrokerUpdate], Event] = {
+    Subscribed: Event.SUBSCRIBED,
+    Drained: Event.DRAINED,
+    Emptied: Event.EMPTIED,
+    Kept: Event.KEPT,
+    ChannelLost: Event.CHANNEL_LOST,
+}
 
 _BACKOFF = Backoff()  # joining, and resyncing with etcd: 0.2 s doubling to 5 s
 
@@ -144,7 +165,7 @@ class Consumer:
         config: ConsumerConfig,
         *,
         amqp_url: AmqpURL = DEFAULT_AMQP_URL,
-        broker: Callable[..., Broker] = Broker,
+        broker: BrokerFactory = Broker,
     ) -> None:
         self.handler = check_handler(handler)  # before anything connects: a usage error
         self.registry = registry
@@ -170,8 +191,6 @@ class Consumer:
         self.alive = threading.Event()
         self._retries = _BACKOFF.delays()  # of resyncs and releases, until a resync works
         self._labels = (self.spec.name, self.member)
-        self.load = LoadMeter()
-        self.flow = FlowWatch()
         self.dead_letters = DeadLetters(amqp_url, self.spec, self.member)
         self.parking = (
             Parking(
@@ -192,23 +211,11 @@ class Consumer:
             prefetch=config.prefetch,
             heartbeat=config.heartbeat or config.ttl,
             name=f"partq-consumer-{self.member}",
-            deliver=self._deliver,
-            on_subscribed=lambda p: put(Handoff(p, Event.SUBSCRIBED)),
-            on_drained=lambda p: put(Handoff(p, Event.DRAINED)),
+            sink=self._sink,
             # Quorum queues only: a classic queue (RabbitMQ 3.10) does not activate a
             # consumer waiting behind one that cancels, so its next owner must subscribe
             # after the cancel, as before (docs/benchmarks.md, issue 12 goal 2)
-            on_emptied=(
-                (lambda p: put(Handoff(p, Event.EMPTIED)))
-                if self.spec.queue_type == "quorum"
-                else None
-            ),
-            on_kept=lambda p: put(Handoff(p, Event.KEPT)),
-            on_channel_lost=lambda p: put(Handoff(p, Event.CHANNEL_LOST)),
-            on_connection=lambda up: put(BrokerConnection(up)),
-            on_refused=lambda p, reason: put(BrokerRefused(p, reason)),
-            on_activated=lambda p: put(Standby(p, activated=True)),
-            on_standby_lost=lambda p: put(Standby(p, activated=False)),
+            early_release=self.spec.queue_type == "quorum",
         )
         self.partitions = Partitions(
             spec=self.spec,
@@ -226,6 +233,9 @@ class Consumer:
             settle_takeover=lambda p: self._after(config.ttl + 1.0, SettleTakeover(p)),
             parking=self.parking,
             concurrency=config.concurrency,
+        )
+        self.reports = Reports(
+            config, self._labels, self.group, self.partitions, self.broker, self.parking
         )
 
     # -- public --------------------------------------------------------------------------
@@ -270,12 +280,36 @@ class Consumer:
 
     # -- events --------------------------------------------------------------------------
 
-    def _deliver(self, partition: int, item: Delivery | object) -> None:
+    def _sink(self, event: BrokerEvent) -> None:
+        """The broker's events (on its I/O thread): a delivery or END goes straight to its
+        partition's worker, if that worker is of the subscription it came from; anything
+        else is queued for the controller."""
+        match event:
+            case Delivery(partition=partition, generation=generation):
+                self._route(partition, generation, event)
+            case End(partition=partition, channel=channel, generation=generation):
+                self._route(partition, generation, (END, channel))
+            case _:
+                self.events.put(event)
+
+    def _route(self, partition: int, generation: int, item: object) -> None:
+        """One dict lookup of a worker the controller may replace meanwhile: an item of an
+        older subscription never reaches a newer worker (nor a newer one an older)."""
         worker = self.partitions.workers.get(partition)
-        if worker is not None:
+        if worker is not None and worker.generation == generation:
             worker.inbox.put(item)
 
-    def _on(self, event: ControllerEvent) -> None:  # noqa: C901, PLR0912, PLR0915 — one case per event
+    def _on(self, event: ControllerEvent) -> None:
+        """One event: the broker's, a timer's, or the group's and the session's."""
+        if isinstance(event, BrokerUpdate):
+            self._on_broker_event(event)
+        elif isinstance(event, TimerEvent):
+            self._on_timer(event)
+        else:
+            self._on_group(event)
+
+    def _on_group(self, event: GroupEvent) -> None:
+        """The group's and the session's events, and the retries of what they failed."""
         match event:
             case Stop():
                 self._begin_stop()
@@ -286,36 +320,51 @@ class Consumer:
                 if not self.deleted and not self.away:
                     self.partitions.apply(event)
                     self._leader_seen()
-            case CheckLeader(lease=lease):
-                self._check_leader(lease)
             case WatchFailed(error=error):
                 if not self.stopping:
                     log.warning("etcd watch failed: %s; consuming on, resyncing", error)
                     self._schedule(Resync())
-            case Resync():
-                if self.deleted or not self.away:  # away: the rejoin reads the group afresh
-                    self._resync()
             case LeaseLost():
                 if not self.deleted:  # deleted: the session was closed on purpose
                     self._fence()
-            case Handoff(partition=partition, event=handoff):
-                self.partitions.handoff(partition, handoff)
-            case RetryRelease(partition=partition):
-                if not self.deleted:  # deleted: the claim went with the stream
-                    self.partitions.release(partition)
             case WorkerFailed(partition=partition, reason=reason):
                 self._worker_failed(partition, reason)
-            case Standby(partition=partition, activated=activated):
-                if self.stopping or self.deleted or self.session is None:
-                    self.broker.give_back(partition)
-                elif activated:
-                    if self.partitions.activated(partition):
-                        self.events.put(CheckTakeovers())
-                else:
-                    self.partitions.standby_lost(partition)
+            case ParkStall():
+                self._update_ready()
             case CheckTakeovers():
                 allowed = not (self.stopping or self.deleted or self.session is None)
                 self.partitions.check_takeovers(allowed=allowed)
+
+    def _on_broker_event(self, event: BrokerUpdate) -> None:
+        match event:
+            case Subscribed(p) | Drained(p) | Emptied(p) | Kept(p) | ChannelLost(p):
+                self.partitions.handoff(p, _HANDOFF[type(event)])
+            case Activated(partition) | StandbyLost(partition):
+                if self.stopping or self.deleted or self.session is None:
+                    self.broker.give_back(partition)
+                elif isinstance(event, StandbyLost):
+                    self.partitions.standby_lost(partition)
+                elif self.partitions.activated(partition):
+                    self.events.put(CheckTakeovers())
+            case Refused(partition, reason):
+                self.partitions.abandon(partition)  # never subscribed again: it would spin
+                self._fail(EXIT_PERMISSION_DENIED, reason)
+            case Connection(up):
+                self._on_broker(up)
+            case ReadyCounts(ready):
+                self.reports.flow_ready(ready)
+
+    def _on_timer(self, event: TimerEvent) -> None:
+        """What the controller asked itself to do later (``_after``)."""
+        match event:
+            case CheckLeader(lease=lease):
+                self._check_leader(lease)
+            case Resync():
+                if self.deleted or not self.away:  # away: the rejoin reads the group afresh
+                    self._resync()
+            case RetryRelease(partition=partition):
+                if not self.deleted:  # deleted: the claim went with the stream
+                    self.partitions.release(partition)
             case SettleTakeover(partition=partition):
                 self.partitions.settle_takeover(partition)
             case LeaveNow():
@@ -323,83 +372,13 @@ class Consumer:
                     log.info("stop announced %.0fs ago: leaving now", self.config.announce_wait)
                     self._leave_now()
             case ReportLoad():
-                self._report_load()
+                self.reports.report_load(None if self.stopping or self.deleted else self.session)
                 self._after(self.config.load_report, ReportLoad())
             case CheckFlow():
-                self._check_flow()
+                self.reports.check_flow()
                 self._after(self.config.stall_after / 3, CheckFlow())
-            case FlowReady(ready=ready):
-                self._flow(ready)
-            case BrokerRefused(partition=partition, reason=reason):
-                self.partitions.abandon(partition)  # never subscribed again: it would spin
-                self._fail(EXIT_PERMISSION_DENIED, reason)
-            case BrokerConnection(up=up):
-                self._on_broker(up)
-            case ParkStall():
-                self._update_ready()
             case BrokerOutage(outage=outage):
-                if outage == self._outages and not self._broker_up:
-                    self._leave_for_broker()
-
-    def _report_load(self) -> None:
-        """Put what we handled per partition since the last report; skipped while stopping,
-        fenced, without the stream, or while etcd does not answer (this thread must not
-        wait on a report)."""
-        workers = dict(self.partitions.workers)
-        rates, elapsed = self.load.rates({p: (w, w.handled) for p, w in workers.items()})
-        session = self.session
-        if self.stopping or self.deleted or session is None or session.lost.is_set():
-            return
-        if not session.fresh():  # etcd has not answered lately: no report to wait on
-            return
-        stalled = tuple(self.parking.stalls.stalled()) if self.parking is not None else ()
-        report = LoadReport(
-            self.member,
-            rates,
-            time.time(),
-            round(elapsed, 3),
-            stalled,
-            self.partitions.in_flight(),
-        )
-        try:
-            self.group.report_load(report, session)
-        except PartqError as e:  # etcd away, or the role may not write it: consuming goes on
-            log.warning("cannot report load: %s", e)
-
-    def _waiting(self) -> set[int]:
-        """Owned partitions whose worker has waited for a delivery past the stall bound."""
-        bound = time.monotonic() - self.config.stall_after
-        workers = self.partitions.workers
-        return {
-            p
-            for p in self.owned()
-            if (w := workers.get(p)) is not None
-            and (since := w.waiting_since) is not None
-            and since < bound
-        }
-
-    def _check_flow(self) -> None:
-        """Ask RabbitMQ what is ready for the partitions whose workers wait (``consumers.flow``)."""
-        waiting = sorted(self._waiting())
-        if waiting:
-            self.broker.ready(waiting, lambda ready: self.events.put(FlowReady(ready)))
-        else:
-            self._flow({})
-
-    def _flow(self, ready: dict[int, int]) -> None:
-        change = self.flow.check(set(self.owned()), self._waiting(), ready)
-        for partition, count in change.began.items():
-            log.warning(
-                "partition %d: stalled: %d messages ready in its queue, and RabbitMQ delivered "
-                "nothing for over %gs though the worker waits (partq_consumer_stalled_partitions)",
-                partition,
-                count,
-                self.config.stall_after,
-            )
-            metrics.STALLS.labels(*self._labels).inc()
-        for partition in change.ended:
-            log.info("partition %d: no longer stalled", partition)
-        metrics.STALLED.labels(*self._labels).set(len(change.stalled))
+                self._leave_for_broker(outage)
 
     def _after(self, seconds: float, event: ControllerEvent) -> None:
         timer = threading.Timer(seconds, self.events.put, args=(event,))
@@ -437,9 +416,12 @@ class Consumer:
         self.away = False
         self._join()
 
-    def _leave_for_broker(self) -> None:
-        """RabbitMQ has been unusable for the outage limit: our partitions stall here, so
-        leave the group (they move to members that can consume them) until it works again."""
+    def _leave_for_broker(self, outage: int) -> None:
+        """RabbitMQ has been unusable for the outage limit (since its ``outage``-th loss):
+        our partitions stall here, so leave the group (they move to members that can
+        consume them) until it works again."""
+        if outage != self._outages or self._broker_up:
+            return  # an earlier outage's timer, or the broker is back
         if self.away or self.stopping or self.deleted or self.session is None:
             return
         log.warning(

@@ -33,8 +33,8 @@ from collections.abc import Hashable
 from typing import Any
 
 from consumers import metrics
-from consumers.broker import END, Delivery
 from consumers.keyorder import KeyQueues
+from consumers.port import END, Delivery
 from consumers.runners import HandlerPool
 from consumers.worker import STOP, Worker
 from kernel import logs

@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from consumers import metrics
-from consumers.broker import Broker
 from consumers.handoff import Command, Event, Holder, Phase, State, step
 from consumers.keyed import KeyedWorker
 from consumers.message import Handler
 from consumers.parking import Parking
+from consumers.port import BrokerPort
 from consumers.runners import EventLoop, HandlerPool
 from consumers.standby import may_take_over
 from consumers.worker import DeadLetters, Worker
@@ -77,7 +78,7 @@ class Partitions:
         spec: StreamSpec,
         member: str,
         group: Group,
-        broker: Broker,
+        broker: BrokerPort,
         handler: Handler,
         dead_letters: DeadLetters,
         max_attempts: int,
@@ -121,6 +122,7 @@ class Partitions:
         self.behind: dict[int, str] = {}  # the owner each standby subscription waits behind
         self.taken: dict[int, str] = {}  # taken over from this (dead) owner, until reassigned
         self._activated: set[int] = set()  # standbys activated, awaiting check_takeovers
+        self._generations = itertools.count(1)  # of subscriptions: one per worker started
         self._labels = (spec.name, member)
         self.loop = EventLoop()  # awaits what async handlers return, for every partition
         self.pool = HandlerPool(concurrency, f"handler-{member}") if concurrency > 1 else None
@@ -338,10 +340,10 @@ class Partitions:
         claim = Claim(self.member, session.id, takeover=True, taken_from=owner)
         self.mirror.wrote_claim(partition, claim, revision)
         self._settle_takeover(partition)
-        self._start_worker(partition)
+        worker = self._start_worker(partition)
         self.states[partition] = State(Phase.ACTIVE, assigned=True, holder=Holder.ME)
         metrics.PARTITIONS_OWNED.labels(*self._labels).set(len(self.owned()))
-        self.broker.promote(partition)
+        self.broker.promote(partition, worker.generation)
 
     def settle_takeover(self, partition: int) -> None:
         """A lease TTL after a takeover: make our takeover claim ordinary, so the member we
@@ -391,8 +393,9 @@ class Partitions:
     def resubscribe(self) -> None:
         """The broker is back: subscribe what was waiting for it."""
         for partition, state in sorted(self.states.items()):
-            if state.phase is Phase.SUBSCRIBING:
-                self.broker.subscribe(partition)
+            worker = self.workers.get(partition)
+            if state.phase is Phase.SUBSCRIBING and worker is not None:
+                self.broker.subscribe(partition, worker.generation)
 
     def stop_workers(self) -> None:
         for worker in self.workers.values():
@@ -460,7 +463,7 @@ class Partitions:
                 # The worker's inbox takes deliveries before its thread runs: subscribe
                 # first, start the thread after (a start waits for the thread to run).
                 worker = self._start_worker(partition, start=False)
-                if not self.broker.subscribe(partition):
+                if not self.broker.subscribe(partition, worker.generation):
                     log.info("partition %d: subscribing once RabbitMQ is back", partition)
                 worker.start()
                 return []
@@ -502,6 +505,7 @@ class Partitions:
             on_failure=self._on_worker_failure,
             parking=self.parking,
             loop=self.loop,
+            generation=next(self._generations),
         )
         self.workers[partition] = worker
         if start:

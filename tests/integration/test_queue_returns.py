@@ -20,7 +20,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from consumers.broker import Delivery
+from consumers.port import Delivery
 from consumers.worker import DeadLetters
 from producer.contract import QUORUM_DELIVERY_LIMIT, StreamSpec
 from producer.topology import declare_stream, delete_stream, queue_arguments

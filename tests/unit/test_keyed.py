@@ -12,9 +12,9 @@ from typing import Any
 import pika
 import pytest
 
-from consumers.broker import END, Delivery
 from consumers.keyed import KeyedWorker
 from consumers.message import Message
+from consumers.port import END, Delivery
 from consumers.runners import EventLoop, HandlerPool
 from tests.polling import wait_until
 from tests.unit.test_worker import PARTITION, SPEC, Broker, Channel, DeadLetters, Session
