@@ -21,7 +21,7 @@ one cancels; should it subscribe first, it waits at the broker behind the old co
 the old one had.
 
 Threads. The I/O thread (this ``Thread``, ``<name>-amqp``) runs the ``SelectConnection``
-loop and alone touches pika objects and ``_channels`` (the per-partition slots). The
+loop and alone touches pika objects, ``_channels`` (the per-partition slots) and ``_probe``. The
 controller and the workers call the public methods, which hop onto the loop with
 ``add_callback_threadsafe`` (``_call``); ``ack`` puts into ``_acks`` (an
 :class:`AckQueue`, locked) and schedules at most one ``_send_acks`` at a time (one thread
@@ -45,13 +45,14 @@ from typing import Any
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
+from consumers.acks import AckQueue
 from consumers.channels import Channels
-from consumers.port import ChannelLost, Connection, Sink
+from consumers.port import ChannelLost, Connection, ReadyCounts, Sink
 from kernel.amqp import AmqpURL, Nodes, unavailable
 from kernel.backoff import Backoff
 from producer.contract import StreamSpec
 
-__all__ = ["AckQueue", "Broker", "abort_connection"]
+__all__ = ["Broker", "abort_connection"]
 
 log = logging.getLogger("partq.consumer.broker")
 _STOP_GRACE = 1.0  # seconds between the last drain's acks and closing the connection
@@ -66,45 +67,6 @@ def abort_connection(connection: Any) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
-
-
-class AckQueue:
-    """The workers' acks, queued until the I/O loop sends them (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._acks: list[tuple[int, Channel, int]] = []
-        self._lock = threading.Lock()
-        self._scheduled = False
-
-    def put(self, partition: int, channel: Channel, delivery_tag: int) -> bool:
-        """Queue one; True if no send is scheduled yet: the caller schedules one."""
-        with self._lock:
-            self._acks.append((partition, channel, delivery_tag))
-            if self._scheduled:
-                return False
-            self._scheduled = True
-            return True
-
-    def take(self) -> list[tuple[int, Channel, list[int]]]:
-        """Everything queued, as each channel's acks in the order queued (channels are
-        independent of each other); the next :meth:`put` schedules a send again."""
-        with self._lock:
-            acks, self._acks = self._acks, []
-            self._scheduled = False
-        runs: dict[tuple[int, int], tuple[int, Channel, list[int]]] = {}
-        for partition, channel, tag in acks:
-            run = runs.get((partition, id(channel)))
-            if run is None:
-                runs[(partition, id(channel))] = (partition, channel, [tag])
-            else:
-                run[2].append(tag)
-        return list(runs.values())
-
-    def drop(self) -> None:
-        """Forget what is queued (a send queued on a dead connection's loop never runs)."""
-        with self._lock:
-            self._acks.clear()
-            self._scheduled = False
 
 
 class Broker(threading.Thread):
@@ -133,6 +95,7 @@ class Broker(threading.Thread):
         self._acks = AckQueue()  # queued by workers, sent by _send_acks
         self._stopping = False
         self._fenced: SelectConnection | None = None  # being aborted: nothing more on it
+        self._probe: Channel | None = None  # passive declares for ``ready`` (I/O thread)
         self.connected = threading.Event()
 
     # -- thread-safe API -----------------------------------------------------------------
@@ -213,7 +176,7 @@ class Broker(threading.Thread):
         """Ask RabbitMQ how many messages are ready in ``partitions``' queues (passive
         declares on a channel of their own): ``ReadyCounts``. None while disconnected, or if
         a queue is missing (its 404 closes that channel)."""
-        self._call(lambda: self._channels.count_ready(list(partitions), {}))
+        self._call(lambda: self._count_ready(list(partitions), {}))
 
     def fence(self) -> None:
         """Our lease is gone: drop the connection, and every partition on it, by aborting its
@@ -328,3 +291,26 @@ class Broker(threading.Thread):
     def _send_acks(self) -> None:
         for partition, channel, tags in self._acks.take():
             self._channels.ack(partition, channel, tags)
+
+    def _count_ready(self, todo: list[int], counts: dict[int, int]) -> None:
+        """One passive declare after the other, then ``ReadyCounts``."""
+        channel = self._probe
+        if channel is None or not channel.is_open:
+            assert self._connection is not None
+
+            def opened(channel: Channel) -> None:
+                self._probe = channel
+                self._count_ready(todo, counts)
+
+            self._connection.channel(on_open_callback=opened)
+            return
+        if not todo:
+            self._sink(ReadyCounts(counts))
+            return
+        partition, rest = todo[0], todo[1:]
+
+        def counted(frame: Any) -> None:
+            counts[partition] = frame.method.message_count
+            self._count_ready(rest, counts)
+
+        channel.queue_declare(self.spec.queue(partition), passive=True, callback=counted)

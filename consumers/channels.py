@@ -8,24 +8,17 @@ and END for the workers, the rest for the controller.
 A partition's :class:`_Slot` holds its own channel's line (:class:`_Opening`, :class:`_Warm`,
 or a :class:`_Sub`: a channel and its :class:`consumers.window.Window`), a subscribe
 deferred while its queue is missing, the backoff of that missing queue, and its hot
-standby subscription (:class:`_Standby`). The window decides the drain
-(``consumers.window``: the module docstring says why each step is safe); this module only
-carries out its actions on pika.
+standby subscription (:class:`_Standby`). The window decides the drain (``consumers.window``
+says why each step is safe); this module only carries out its actions on pika.
 
 A channel is *parked* after its drain, not closed (a close right after the last acks could
 return messages whose settles the quorum queue has not applied yet), and reused if the
 partition comes back; channels close with the connection.
-
-Acks (the per-message path): a run of one channel's acks that is exactly the oldest of its
-unacked deliveries, in delivery order, goes as one ``basic.ack`` with ``multiple``; anything
-else is acked tag by tag, so a multiple ack never covers a delivery the worker did not ack.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import itertools
 import logging
 import time
 from collections import deque
@@ -35,6 +28,7 @@ from typing import Any
 from pika.channel import Channel
 
 from consumers import window as w
+from consumers.acks import send
 from consumers.port import (
     Activated,
     ChannelLost,
@@ -43,7 +37,6 @@ from consumers.port import (
     Emptied,
     End,
     Kept,
-    ReadyCounts,
     Refused,
     Sink,
     StandbyLost,
@@ -70,10 +63,9 @@ class _Opening:
 
 @dataclass
 class _Warm:
-    """A channel opening for ``warm``; ``subscribe``: the generation of a subscribe asked
-    meanwhile (consume once it is warm)."""
+    """A channel opening for ``warm``."""
 
-    subscribe: int | None = None
+    subscribe: int | None = None  # the generation of a subscribe asked meanwhile
 
 
 @dataclass
@@ -90,7 +82,6 @@ class _Sub:
 @dataclass
 class _Standby:
     """A hot standby subscription: the queue's waiting consumer until the owner's goes.
-
     Deliveries (the broker activated it) are kept unhandled until the controller decides:
     ``promote`` (the owner died: they go to the worker) or ``give_back`` (a planned move:
     each is returned, in order, then cancel)."""
@@ -135,7 +126,6 @@ class Channels:
         self.last_drain = 0.0  # monotonic time of the last drain's acks
         self._slots: dict[int, _Slot] = {}
         self._fenced = False  # the connection is being aborted: open nothing more on it
-        self._probe: Channel | None = None  # passive declares for ``ready``
 
     def _slot(self, partition: int) -> _Slot:
         slot = self._slots.get(partition)
@@ -147,7 +137,6 @@ class Channels:
         """A new connection: every slot starts empty on it."""
         self.connection = connection
         self._fenced = False
-        self._probe = None
 
     def reset(self) -> None:
         """The connection died: report what was (being) subscribed lost, then standbys."""
@@ -185,8 +174,10 @@ class Channels:
             token = slot.deferred = object()
 
             def later() -> None:
-                if self._slot(partition).deferred is token:  # not revoked meanwhile
-                    self._slot(partition).deferred = None
+                # not revoked meanwhile, and the connection not closing (reset() reports it)
+                slot = self._slot(partition)
+                if slot.deferred is token and self.connection.is_open:
+                    slot.deferred = None
                     self.subscribe(partition, generation)
 
             self.connection.ioloop.call_later(wait, later)
@@ -391,7 +382,7 @@ class Channels:
         channel = sub.channel
         match action:
             case w.Ack(tags):
-                self._send(sub, tags)
+                send(channel, sub.unacked, tags)
             case w.AckEach(tags):
                 for tag in tags:
                     channel.basic_ack(tag)
@@ -451,21 +442,6 @@ class Channels:
     def _drained(self, partition: int) -> None:
         self.last_drain = time.monotonic()
         self.sink(Drained(partition))
-
-    def _send(self, sub: _Sub, tags: tuple[int, ...]) -> None:
-        channel, unacked, count = sub.channel, sub.unacked, len(tags)
-        if count > 1 and tuple(itertools.islice(unacked, count)) == tags:
-            channel.basic_ack(tags[-1], multiple=True)  # exactly the oldest `count` unacked
-            for _ in range(count):
-                unacked.popleft()
-            return
-        for tag in tags:
-            channel.basic_ack(tag)
-            if unacked and unacked[0] == tag:
-                unacked.popleft()
-            else:
-                with contextlib.suppress(ValueError):
-                    unacked.remove(tag)
 
     # -- hot standby ---------------------------------------------------------------------
 
@@ -572,27 +548,3 @@ class Channels:
             sub.unacked.append(delivery.delivery_tag)
             self.sink(dataclasses.replace(delivery, generation=generation))
         standby.buffer.clear()
-
-    # -- ready counts --------------------------------------------------------------------
-
-    def count_ready(self, todo: list[int], counts: dict[int, int]) -> None:
-        """One passive declare after the other, then ``ReadyCounts``."""
-        channel = self._probe
-        if channel is None or not channel.is_open:
-
-            def opened(channel: Channel) -> None:
-                self._probe = channel
-                self.count_ready(todo, counts)
-
-            self.connection.channel(on_open_callback=opened)
-            return
-        if not todo:
-            self.sink(ReadyCounts(counts))
-            return
-        partition, rest = todo[0], todo[1:]
-
-        def counted(frame: Any) -> None:
-            counts[partition] = frame.method.message_count
-            self.count_ready(rest, counts)
-
-        channel.queue_declare(self.spec.queue(partition), passive=True, callback=counted)

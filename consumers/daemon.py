@@ -9,36 +9,20 @@ claim/release in etcd, subscribe/cancel at the broker.
 Threads. The controller is the thread that calls :meth:`Consumer.run` (the main thread
 under ``partq consume``); it alone reads and writes this object and its ``Partitions``.
 The others reach it only as typed events on ``events`` (a ``queue.Queue``; a stop signal
-reaches it through consumers.signals' relay thread, never from the handler): the pika I/O
-thread's broker callbacks (``Handoff``, ``BrokerConnection``, ``Standby``, ``FlowReady``,
-...), the etcd watch stream's thread (``WatchEvent``, ``WatchFailed``), the session's
-keepalive thread (``LeaseLost``), worker, watchdog and pool threads (``WorkerFailed``,
-``ParkStall``), one ``threading.Timer`` thread per delayed event (``_after``,
-``_schedule``), and :meth:`Consumer.stop` from any thread (``Stop``). Two reads cross
-without the queue: ``_deliver`` runs on the I/O thread and looks the partition's worker
-up in ``Partitions.workers`` (one dict lookup) to put the delivery in its ``inbox`` (a
-``SimpleQueue``); the HTTP server thread reads ``ready`` and ``alive`` (``threading.Event``).
+reaches it through consumers.signals' relay thread, never from the handler): the broker's
+events through its sink on the pika I/O thread (``consumers.port``: ``Subscribed``,
+``Drained``, ``Connection``, ``Activated``, ...), the etcd watch stream's thread
+(``WatchEvent``, ``WatchFailed``), the session's keepalive thread (``LeaseLost``), worker,
+watchdog and pool threads (``WorkerFailed``, ``ParkStall``), one ``threading.Timer``
+thread per delayed event (``_after``, ``_schedule``), and :meth:`Consumer.stop` from any
+thread (``Stop``). Two reads cross without the queue: the sink (``_sink``, on the I/O
+thread) looks the partition's worker up in ``Partitions.workers`` (one dict lookup) and
+puts a delivery or END in its ``inbox`` (a ``SimpleQueue``) only if the worker's
+generation is the delivery's; the HTTP server thread reads ``ready`` and ``alive``
+(``threading.Event``).
 
-A consumer never dies silently. :meth:`Consumer.run` returns an exit code
-(``partq consume`` exits with it):
-
-- 0 (:data:`EXIT_OK`): stopped on request, every partition drained.
-- 1 (:data:`EXIT_DRAIN_TIMEOUT`): stopped, but the drain deadline passed.
-- 3 (:data:`EXIT_HANDLER_TIMEOUT`): a handler ran past ``handler_timeout``. Its
-  message was dead-lettered (``HandlerTimeout``); the member left the group.
-- 4 (:data:`EXIT_WORKER_FAILED`): a partition worker failed (traceback logged,
-  ``partq_consumer_worker_failures_total{reason="crash"}``); the member left the group.
-- 5 (:data:`EXIT_STREAM_CHANGED`): the stream was deleted and recreated with another
-  partition count; partitions are fixed, so this member cannot go on.
-- 6 (:data:`EXIT_PERMISSION_DENIED`): RabbitMQ refused the user a partition's queue
-  (403 ACCESS_REFUSED on basic.consume): the error line names the queue, the user and
-  the permission to grant. Retrying cannot help, and a member that holds a partition
-  it cannot read stalls it: it leaves the group so the partition moves to another member.
-
-On 3, 4 and 6, ``/readyz`` turns false at once; the other partitions are drained
-and released as on a stop, the failed one is abandoned (its unacked deliveries
-return to the queue when the connection closes, before the lease is revoked):
-the partition moves to another member and the supervisor restarts this one.
+A consumer never dies silently: :meth:`Consumer.run` returns an exit code
+(``consumers.config`` lists them), which ``partq consume`` exits with.
 
 A consumer is a member only while it can consume: it joins the group once its RabbitMQ
 connection works and a channel takes its prefetch (not before: with a wrong password it
@@ -47,10 +31,9 @@ outage limit (``amqp_outage_limit``, the setting ``PARTQ_AMQP_OUTAGE_LIMIT``, 30
 default), it leaves the group so its partitions move, and rejoins once RabbitMQ works
 again; ``/readyz`` is false meanwhile.
 
-A stream deleted while the consumer runs: ``/readyz`` turns false, a log line
-says so, every partition stops (the queues are gone) and the member waits,
-without a lease, for the stream to be created again; then it rejoins (or exits
-with 5 if the partition count changed).
+A stream deleted while the consumer runs: ``/readyz`` turns false, a log line says so,
+every partition stops (the queues are gone) and the member waits, without a lease, for the
+stream to be created again; then it rejoins (or exits with 5 if the partition count changed).
 """
 
 from __future__ import annotations
@@ -60,7 +43,7 @@ import queue
 import threading
 import time
 
-from consumers import metrics
+from consumers import port
 from consumers.broker import Broker
 from consumers.config import (
     DEFAULT_HANDLER_TIMEOUT,
@@ -90,27 +73,11 @@ from consumers.events import (
     WorkerFailed,
 )
 from consumers.handoff import Event
+from consumers.membership import NO_LEADER_WARNING, Membership
 from consumers.message import Handler, check_handler
 from consumers.parking import ParkedKeys, Parking
 from consumers.partitions import Partitions
-from consumers.port import (
-    END,
-    Activated,
-    BrokerEvent,
-    BrokerFactory,
-    BrokerUpdate,
-    ChannelLost,
-    Connection,
-    Delivery,
-    Drained,
-    Emptied,
-    End,
-    Kept,
-    ReadyCounts,
-    Refused,
-    StandbyLost,
-    Subscribed,
-)
+from consumers.port import BrokerEvent, BrokerFactory, BrokerUpdate
 from consumers.reports import Reports
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
 from coordinator.events import LeaseLost, Stop, WatchFailed
@@ -119,7 +86,7 @@ from coordinator.session import Session
 from kernel import logs
 from kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
 from kernel.backoff import Backoff
-from kernel.errors import EtcdUnavailable, StreamNotFound
+from kernel.errors import EtcdUnavailable
 from producer.contract import StreamSpec
 from producer.registry import Registry
 
@@ -140,18 +107,14 @@ log = logging.getLogger("partq.consumer")
 
 # The broker's events that are steps of a partition's handoff state machine
 _HANDOFF: dict[type[BrokerUpdate], Event] = {
-    Subscribed: Event.SUBSCRIBED,
-    Drained: Event.DRAINED,
-    Emptied: Event.EMPTIED,
-    Kept: Event.KEPT,
-    ChannelLost: Event.CHANNEL_LOST,
+    port.Subscribed: Event.SUBSCRIBED,
+    port.Drained: Event.DRAINED,
+    port.Emptied: Event.EMPTIED,
+    port.Kept: Event.KEPT,
+    port.ChannelLost: Event.CHANNEL_LOST,
 }
 
-_BACKOFF = Backoff()  # joining, and resyncing with etcd: 0.2 s doubling to 5 s
-
-# Seconds after joining before a member with no coordinator leading its stream says so:
-# nothing is ever assigned without one, and a new user would otherwise wait in silence.
-NO_LEADER_WARNING = 5.0
+_BACKOFF = Backoff()  # resyncing with etcd: 0.2 s doubling to 5 s
 
 
 class Consumer:
@@ -175,11 +138,8 @@ class Consumer:
         self.spec.check_partitions(config.partitions)
         self.group = Group(registry.client, registry.where, config.stream)
         self.events: queue.Queue[ControllerEvent] = queue.Queue()
-        self.session: Session | None = None
-        self.watch_id: int | None = None
         self.stopping = False
         self.deleted = False  # the stream is gone; waiting for it to be created again
-        self.leaderless = False  # said that no coordinator leads: say so when one does
         # Not in the group for want of a usable broker: before RabbitMQ first worked, and
         # after it was unusable for the outage limit. Joins (again) once it works.
         self.away = True
@@ -237,6 +197,12 @@ class Consumer:
         self.reports = Reports(
             config, self._labels, self.group, self.partitions, self.broker, self.parking
         )
+        self.membership = Membership(registry, self.group, config, self.partitions, put)
+
+    @property
+    def session(self) -> Session | None:
+        """The member's current session (None: not in the group)."""
+        return self.membership.session
 
     # -- public --------------------------------------------------------------------------
 
@@ -285,10 +251,10 @@ class Consumer:
         partition's worker, if that worker is of the subscription it came from; anything
         else is queued for the controller."""
         match event:
-            case Delivery(partition=partition, generation=generation):
+            case port.Delivery(partition=partition, generation=generation):
                 self._route(partition, generation, event)
-            case End(partition=partition, channel=channel, generation=generation):
-                self._route(partition, generation, (END, channel))
+            case port.End(partition=partition, channel=channel, generation=generation):
+                self._route(partition, generation, (port.END, channel))
             case _:
                 self.events.put(event)
 
@@ -313,20 +279,21 @@ class Consumer:
         match event:
             case Stop():
                 self._begin_stop()
+            case WatchEvent(kind="spec", value=None):
+                self._stream_deleted()
             case WatchEvent(kind="spec"):
-                self._on_spec(event)
+                self._stream_recreated()
             case WatchEvent():
                 # a recreated stream is read afresh (_resync), and so is the group on a rejoin
                 if not self.deleted and not self.away:
                     self.partitions.apply(event)
-                    self._leader_seen()
+                    self.membership.leader_seen()
             case WatchFailed(error=error):
                 if not self.stopping:
                     log.warning("etcd watch failed: %s; consuming on, resyncing", error)
                     self._schedule(Resync())
             case LeaseLost():
-                if not self.deleted:  # deleted: the session was closed on purpose
-                    self._fence()
+                self._fence()
             case WorkerFailed(partition=partition, reason=reason):
                 self._worker_failed(partition, reason)
             case ParkStall():
@@ -337,28 +304,34 @@ class Consumer:
 
     def _on_broker_event(self, event: BrokerUpdate) -> None:
         match event:
-            case Subscribed(p) | Drained(p) | Emptied(p) | Kept(p) | ChannelLost(p):
+            case (
+                port.Subscribed(p)
+                | port.Drained(p)
+                | port.Emptied(p)
+                | port.Kept(p)
+                | port.ChannelLost(p)
+            ):
                 self.partitions.handoff(p, _HANDOFF[type(event)])
-            case Activated(partition) | StandbyLost(partition):
+            case port.Activated(partition) | port.StandbyLost(partition):
                 if self.stopping or self.deleted or self.session is None:
                     self.broker.give_back(partition)
-                elif isinstance(event, StandbyLost):
+                elif isinstance(event, port.StandbyLost):
                     self.partitions.standby_lost(partition)
                 elif self.partitions.activated(partition):
                     self.events.put(CheckTakeovers())
-            case Refused(partition, reason):
+            case port.Refused(partition, reason):
                 self.partitions.abandon(partition)  # never subscribed again: it would spin
                 self._fail(EXIT_PERMISSION_DENIED, reason)
-            case Connection(up):
+            case port.Connection(up):
                 self._on_broker(up)
-            case ReadyCounts(ready):
+            case port.ReadyCounts(ready):
                 self.reports.flow_ready(ready)
 
     def _on_timer(self, event: TimerEvent) -> None:
         """What the controller asked itself to do later (``_after``)."""
         match event:
             case CheckLeader(lease=lease):
-                self._check_leader(lease)
+                self.membership.check_leader(lease, quiet=self.stopping or self.deleted)
             case Resync():
                 if self.deleted or not self.away:  # away: the rejoin reads the group afresh
                     self._resync()
@@ -431,69 +404,22 @@ class Consumer:
         )
         self.away = True
         self.ready.clear()
-        if self.watch_id is not None:
-            self.group.cancel_watch(self.watch_id)
-            self.watch_id = None
+        self.membership.unwatch()
         self.partitions.drop()
         self.partitions.forget()  # read afresh on the rejoin
-        self.session.close(revoke=True)  # our member key and claims go at once
-        self.session = self.partitions.session = None
+        self.membership.end(revoke=True)  # our member key and claims go at once
 
     def _join(self) -> None:
         """New session, register the member, mirror the group (retrying while etcd is down)."""
-        delays = _BACKOFF.delays()
-        while True:
-            try:
-                self.session = Session(
-                    self.registry.client,
-                    self.registry.where,
-                    self.config.ttl,
-                    on_lost=lambda: self.events.put(LeaseLost()),
-                    on_renewal_failure=metrics.LEASE_RENEWAL_FAILURES.labels(*self._labels).inc,
-                )
-                self.group.join(self.session, self.member, self.config.weight, self.config.version)
-                break
-            except EtcdUnavailable as e:
-                wait = delays.next()
-                log.warning("cannot join %s: %s; retrying in %.1fs", self.spec.name, e, wait)
-                time.sleep(wait)
-        log.info("joined %s as %s (lease %x)", self.spec.name, self.member, self.session.id)
-        self.partitions.session = self.session
+        session = self.membership.join()
         self._resync()
-        self._after(NO_LEADER_WARNING, CheckLeader(self.session.id))
-
-    def _check_leader(self, lease: int) -> None:
-        """Warn, once per join, when no coordinator leads the stream."""
-        session = self.session
-        if self.stopping or self.deleted or session is None or session.id != lease:
-            return
-        if self.partitions.mirror.candidates:
-            return
-        self.leaderless = True
-        log.warning(
-            "no coordinator leads stream %s (%gs after joining): nothing is assigned until "
-            "one runs; start one with `partq coordinator %s`",
-            self.spec.name,
-            NO_LEADER_WARNING,
-            self.spec.name,
-        )
-
-    def _leader_seen(self) -> None:
-        if self.leaderless and self.partitions.mirror.candidates:
-            self.leaderless = False
-            log.info("a coordinator now runs for stream %s", self.spec.name)
+        self._after(NO_LEADER_WARNING, CheckLeader(session.id))
 
     def _resync(self) -> None:
-        if self.watch_id is not None:
-            self.group.cancel_watch(self.watch_id)
-            self.watch_id = None
         try:
-            state = self.group.snapshot()
-            self.watch_id = self.group.watch(
-                state.revision,
-                lambda e: self.events.put(WatchFailed(e) if isinstance(e, Exception) else e),
-            )
-            exists = self._read_spec() is not None  # a deletion the watch may not have seen
+            state = self.membership.watch()
+            # a deletion the watch may not have seen
+            exists = self.membership.read_spec() is not None
         except EtcdUnavailable as e:
             log.warning("cannot read the group from etcd: %s; consuming on", e)
             self._schedule(Resync())
@@ -510,11 +436,12 @@ class Consumer:
 
     def _fence(self) -> None:
         """Our lease is gone: others may own our partitions now. Stop at once, then rejoin."""
+        if self.deleted:
+            return  # the session was closed on purpose
         log.warning("lease lost: stopping every partition and rejoining")
         self.ready.clear()
         self.partitions.drop()
-        if self.session is not None:
-            self.session.close(revoke=False)
+        self.membership.end(revoke=False, forget=False)  # a rejoin replaces it
         if not self.stopping:
             self._join_when_usable()
 
@@ -536,19 +463,6 @@ class Consumer:
         self.ready.clear()
         self._begin_stop()
 
-    def _read_spec(self) -> StreamSpec | None:
-        """The stream's spec in etcd now, None if it is gone; raises EtcdUnavailable."""
-        try:
-            return self.registry.read_spec(self.spec.name)
-        except StreamNotFound:
-            return None
-
-    def _on_spec(self, change: WatchEvent) -> None:
-        if change.value is None:
-            self._stream_deleted()
-        elif self.deleted:
-            self._stream_recreated()
-
     def _stream_deleted(self) -> None:
         """The stream's keys and queues are gone: stop everything, wait for it to come back."""
         if self.deleted:
@@ -562,13 +476,13 @@ class Consumer:
         self.ready.clear()  # after the line: whoever sees /readyz false finds the reason
         self.partitions.drop()
         self.partitions.forget()
-        if self.session is not None:  # our member key and claims went with the stream
-            self.session.close(revoke=True)
-            self.session = self.partitions.session = None
+        self.membership.end(revoke=True)  # our member key and claims went with the stream
 
     def _stream_recreated(self) -> None:
+        if not self.deleted:
+            return
         try:
-            spec = self._read_spec()
+            spec = self.membership.read_spec()
         except EtcdUnavailable as e:
             log.warning("cannot read the recreated stream's spec: %s; retrying", e)
             self._schedule(Resync())
@@ -592,31 +506,10 @@ class Consumer:
         self.stopping = True
         self._deadline = time.monotonic() + self.config.drain_timeout
         self.ready.clear()
-        if self._announce():
+        if self.membership.announce():
             self._after(self.config.announce_wait, LeaveNow())
             return
         self._leave_now()
-
-    def _announce(self) -> bool:
-        """Mark us ``leaving`` if a leader and another member can take our partitions."""
-        mirror = self.partitions.mirror
-        me = mirror.members.get(self.member)
-        others = [m for m in mirror.members.values() if m.id != self.member and not m.leaving]
-        if not self.config.announce_leave or self.session is None or me is None:
-            return False
-        if not others or not mirror.candidates or not self.owned():
-            return False
-        try:
-            announced = self.group.announce_leaving(me, self.session)
-        except EtcdUnavailable as e:
-            log.warning("cannot announce the stop in etcd: %s; leaving at once", e)
-            return False
-        if announced:
-            log.info(
-                "stopping: announced; handing %d partitions over while consuming them",
-                len(self.owned()),
-            )
-        return announced
 
     def _leave_now(self) -> None:
         abandoned = self.partitions.abandoned
@@ -627,11 +520,7 @@ class Consumer:
             f" (abandoning {sorted(abandoned)})" if abandoned else "",
         )
         self.partitions.leaving = True
-        if self.session is not None:
-            try:
-                self.group.leave(self.member, self.session)
-            except EtcdUnavailable as e:
-                log.warning("cannot leave the group in etcd: %s", e)
+        self.membership.leave()
         if not self._broker_up:
             # Nothing can be drained: the broker requeued what we held when the connection
             # died, and no subscription was made since (the controller makes them). Waiting
@@ -650,14 +539,12 @@ class Consumer:
 
     def _shutdown(self) -> None:
         self.ready.clear()
-        if self.watch_id is not None:
-            self.group.cancel_watch(self.watch_id)
+        self.membership.unwatch()
         self.partitions.stop_workers()
         self.partitions.close()
         self.broker.stop()
         self.broker.join(timeout=5)
         if self.parking is not None:
             self.parking.close()
-        if self.session is not None:
-            self.session.close(revoke=True)
+        self.membership.end(revoke=True)
         self.alive.clear()

@@ -11,7 +11,7 @@ import itertools
 from types import SimpleNamespace
 from typing import Any
 
-from consumers.broker import AckQueue
+from consumers.acks import AckQueue
 from consumers.channels import Channels
 from consumers.port import (
     Activated,
