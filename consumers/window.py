@@ -39,8 +39,9 @@ Threads. None: the shell calls :func:`step` on the pika I/O thread.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 __all__ = [
     "MAX_HOLD",
@@ -97,9 +98,10 @@ _CONSUMING = frozenset(
 _HOLDING = frozenset({Phase.HOLDING, Phase.EMPTIED, Phase.CANCELLING, Phase.ENDING, Phase.CUTTING})
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
-    """One subscription's counts and phase. ``early``: report EMPTIED (see the module)."""
+class Window(NamedTuple):
+    """One subscription's counts and phase. ``early``: report EMPTIED (see the module).
+    A named tuple, not a dataclass: one is made per delivery, and a tuple is the cheapest
+    immutable value to make."""
 
     prefetch: int
     early: bool = False
@@ -324,7 +326,7 @@ def step(window: Window, event: WindowEvent) -> tuple[Window, Actions]:
             return _cancel_ok(window)
         case BarrierOk():
             if window.phase is Phase.CANCELLING:
-                return replace(window, phase=Phase.ENDING), (SendEnd(),)
+                return window._replace(phase=Phase.ENDING), (SendEnd(),)
             return window, _NONE
         case Finish():
             return _finish(window)
@@ -333,13 +335,13 @@ def step(window: Window, event: WindowEvent) -> tuple[Window, Actions]:
 
 def _delivered(window: Window) -> tuple[Window, Actions]:
     """The per-message path: one count, and a full window's cancel before handing it on."""
-    phase = window.phase
-    window = replace(window, received=window.received + 1)
+    prefetch, early, phase, received, acks_sent, held, held_since, drains = window
+    window = Window(prefetch, early, phase, received + 1, acks_sent, held, held_since, drains)
     if phase in (Phase.CONSUMING, Phase.CANCELLING):
         return window, _HAND
     if phase is Phase.HOLDING:
         if window.full and not window.early:  # nothing else can come: cancel first
-            return replace(window, phase=Phase.CANCELLING), (Cancel(), HandOn())
+            return window._replace(phase=Phase.CANCELLING), (Cancel(), HandOn())
         return window, _HAND
     # EMPTIED or CUTTING: no credit was left; PARKED, ENDING: no consumer. Never happens.
     return window, _REJECT
@@ -347,8 +349,8 @@ def _delivered(window: Window) -> tuple[Window, Actions]:
 
 def _acked(window: Window, tags: tuple[int, ...]) -> tuple[Window, Actions]:
     if not window.holding:
-        return replace(window, acks_sent=window.acks_sent + len(tags)), (Ack(tags),)
-    return _check_emptied(replace(window, held=window.held + tags))
+        return window._replace(acks_sent=window.acks_sent + len(tags)), (Ack(tags),)
+    return _check_emptied(window._replace(held=window.held + tags))
 
 
 def _check_emptied(window: Window) -> tuple[Window, Actions]:
@@ -360,7 +362,7 @@ def _check_emptied(window: Window) -> tuple[Window, Actions]:
         and window.full
         and len(window.held) >= window.received - window.acks_sent
     ):
-        return replace(window, phase=Phase.EMPTIED), (ReportEmptied(),)
+        return window._replace(phase=Phase.EMPTIED), (ReportEmptied(),)
     return window, _NONE
 
 
@@ -370,7 +372,7 @@ def _revoke(window: Window, now: float) -> tuple[Window, Actions]:
     if not window.consuming:
         return window, (ReportLost(),)
     phase = Phase.HOLDING if window.phase is Phase.CONSUMING else window.phase
-    window = replace(window, phase=phase, held_since=now, drains=window.drains + 1)
+    window = window._replace(phase=phase, held_since=now, drains=window.drains + 1)
     if window.full:
         if window.early:
             return _check_emptied(window)
@@ -408,7 +410,7 @@ def _quiet(
 def _cancel(window: Window, overdue: float | None = None) -> tuple[Window, Actions]:
     if window.phase in (Phase.CANCELLING, Phase.CUTTING):
         return window, _NONE
-    return replace(window, phase=Phase.CANCELLING), (Cancel(overdue),)
+    return window._replace(phase=Phase.CANCELLING), (Cancel(overdue),)
 
 
 def _resume(window: Window) -> tuple[Window, Actions]:
@@ -416,7 +418,7 @@ def _resume(window: Window) -> tuple[Window, Actions]:
     if window.phase not in (Phase.HOLDING, Phase.EMPTIED):
         return window, _NONE  # not draining, or too late: drained follows
     held = window.held
-    window = replace(window, phase=Phase.CONSUMING, held=(), acks_sent=window.acks_sent + len(held))
+    window = window._replace(phase=Phase.CONSUMING, held=(), acks_sent=window.acks_sent + len(held))
     return window, ((Ack(held), ReportKept()) if held else (ReportKept(),))
 
 
@@ -425,14 +427,14 @@ def _cut(window: Window) -> tuple[Window, Actions]:
         return window, (ReportLost(),)
     if window.phase in (Phase.CANCELLING, Phase.CUTTING):
         return window, _NONE
-    return replace(window, phase=Phase.CUTTING), (Cancel(),)
+    return window._replace(phase=Phase.CUTTING), (Cancel(),)
 
 
 def _cancel_ok(window: Window) -> tuple[Window, Actions]:
     if window.phase is Phase.CANCELLING:
         return window, (Barrier(),)
     if window.phase is Phase.CUTTING:
-        return _finish(replace(window, phase=Phase.PARKED))
+        return _finish(window._replace(phase=Phase.PARKED))
     return window, _NONE
 
 
@@ -445,5 +447,5 @@ def _finish(window: Window) -> tuple[Window, Actions]:
         Phase.HOLDING: Phase.CONSUMING,
         Phase.EMPTIED: Phase.CONSUMING,
     }.get(window.phase, window.phase)
-    window = replace(window, phase=phase, held=(), acks_sent=window.acks_sent + len(held))
+    window = window._replace(phase=phase, held=(), acks_sent=window.acks_sent + len(held))
     return window, (AckEach(held), ReportDrained())
