@@ -12,6 +12,9 @@ and the worker's ``finish`` reports the partition drained (``Drained``). With
 delivers messages (:meth:`publish`), closes a channel (:meth:`lose_channel`) and drops
 or restores the connection (:meth:`disconnect`, :meth:`reconnect`).
 
+Threads. Every method is thread-safe (one lock): the daemon's controller, its workers and
+the test call it; the sink is called on the caller's thread.
+
 tests/unit/test_consumer_daemon.py uses it; the real broker is proven against
 RabbitMQ by tests/integration/test_broker_drain.py and the group tests.
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers import window as w
@@ -110,37 +110,52 @@ class Worker:
     now: float = 0.0
 
 
-def _event(window: Window, worker: Worker, choice: int, amount: float) -> w.WindowEvent:
-    """One event a shell could feed now (``choice`` picks which)."""
+KINDS = (
+    "delivered",
+    "acked",
+    "revoke",
+    "quiet",
+    "ready",
+    "resume",
+    "cut",
+    "cancel-ok",
+    "barrier-ok",
+    "finish",
+)
+
+
+def _event(window: Window, worker: Worker, kind: str, n: int, amount: float) -> w.WindowEvent:
+    """One event a shell could feed now: ``kind``, with ``n`` picking its details."""
     worker.now += amount
     unacked = [t for t in worker.handed if t not in worker.acked]
-    drain = window.drains - (choice % 2)  # the current drain's timer, or an older one's
-    seen = window.received - (choice % 3 == 0)
-    events: list[w.WindowEvent] = [
-        DELIVERED,
-        w.Acked(tuple(unacked[: 1 + choice % 3])) if unacked else DELIVERED,
-        w.Revoke(worker.now),
-        w.Quiet(drain, seen, worker.now),
-        w.Ready(drain, seen, choice % 2, worker.now),
-        w.Resume(),
-        w.Cut(),
-        w.CancelOk(),
-        w.BarrierOk(),
-        w.Finish(),
-    ]
-    return events[choice % len(events)]
+    drain = window.drains - (n % 2)  # the current drain's timer, or an older one's
+    seen = window.received - (n % 3 == 0)
+    events: dict[str, w.WindowEvent] = {
+        "delivered": DELIVERED,
+        "acked": w.Acked(tuple(unacked[: 1 + n])) if unacked else DELIVERED,
+        "revoke": w.Revoke(worker.now),
+        "quiet": w.Quiet(drain, seen, worker.now),
+        "ready": w.Ready(drain, seen, n % 2, worker.now),
+        "resume": w.Resume(),
+        "cut": w.Cut(),
+        "cancel-ok": w.CancelOk(),
+        "barrier-ok": w.BarrierOk(),
+        "finish": w.Finish(),
+    }
+    return events[kind]
 
 
+@settings(max_examples=300)
 @given(
     st.booleans(),
-    st.lists(st.tuples(st.integers(0, 59), st.floats(0, 2.0)), max_size=60),
+    st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 4), st.floats(0, 2.0)), max_size=60),
 )
 def test_acks_are_never_lost_or_sent_twice_and_one_cancel_at_most(
-    early: bool, script: list[tuple[int, float]]
+    early: bool, script: list[tuple[str, int, float]]
 ) -> None:
     window, worker = Window(PREFETCH, early=early), Worker()
-    for choice, amount in script:
-        event = _event(window, worker, choice, amount)
+    for kind, n, amount in script:
+        event = _event(window, worker, kind, n, amount)
         before = window
         window, actions = step(window, event)
         if isinstance(event, w.Acked):
