@@ -282,18 +282,15 @@ class Channels:
         def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
             method = method_frame.method
             sub.window, actions = w.step(sub.window, _DELIVERED)
-            for action in actions:
-                if isinstance(action, w.HandOn):
-                    sub.unacked.append(method.delivery_tag)
-                    delivery = Delivery.of(
-                        partition, channel, method, header_frame, body, sub.generation
-                    )
-                    sink(delivery)
-                elif isinstance(action, w.Reject):  # no credit was left: never handle it here
+            for action in () if actions is w.HAND else actions:  # HAND: the per-message path
+                if isinstance(action, w.Reject):  # no credit was left: never handle it here
                     log.error("partition %d: a delivery after the window was full", partition)
                     channel.basic_reject(method.delivery_tag, requeue=True)
-                else:
+                    return
+                if not isinstance(action, w.HandOn):  # a full window's cancel, before it
                     self._do(partition, sub, action)
+            sub.unacked.append(method.delivery_tag)
+            sink(Delivery.of(partition, channel, method, header_frame, body, sub.generation))
 
         channel._on_deliver = on_delivery
 

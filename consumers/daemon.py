@@ -250,13 +250,12 @@ class Consumer:
         """The broker's events (on its I/O thread): a delivery or END goes straight to its
         partition's worker, if that worker is of the subscription it came from; anything
         else is queued for the controller."""
-        match event:
-            case port.Delivery(partition=partition, generation=generation):
-                self._route(partition, generation, event)
-            case port.End(partition=partition, channel=channel, generation=generation):
-                self._route(partition, generation, (port.END, channel))
-            case _:
-                self.events.put(event)
+        if isinstance(event, port.Delivery):  # the per-message path: no pattern to match
+            self._route(event.partition, event.generation, event)
+        elif isinstance(event, port.End):
+            self._route(event.partition, event.generation, (port.END, event.channel))
+        else:
+            self.events.put(event)
 
     def _route(self, partition: int, generation: int, item: object) -> None:
         """One dict lookup of a worker the controller may replace meanwhile: an item of an

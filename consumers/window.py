@@ -44,6 +44,7 @@ from enum import Enum
 from typing import NamedTuple
 
 __all__ = [
+    "HAND",
     "MAX_HOLD",
     "QUIET",
     "Ack",
@@ -300,7 +301,9 @@ Action = (
 )
 Actions = tuple[Action, ...]
 
-_HAND: Actions = (HandOn(),)
+# The usual answer to a delivery (the shell may test ``is``). Every answer to one holds
+# HandOn (last) or Reject.
+HAND: Actions = (HandOn(),)
 _REJECT: Actions = (Reject(),)
 _NONE: Actions = ()
 
@@ -338,18 +341,22 @@ def _delivered(window: Window) -> tuple[Window, Actions]:
     prefetch, early, phase, received, acks_sent, held, held_since, drains = window
     window = Window(prefetch, early, phase, received + 1, acks_sent, held, held_since, drains)
     if phase in (Phase.CONSUMING, Phase.CANCELLING):
-        return window, _HAND
+        return window, HAND
     if phase is Phase.HOLDING:
         if window.full and not window.early:  # nothing else can come: cancel first
             return window._replace(phase=Phase.CANCELLING), (Cancel(), HandOn())
-        return window, _HAND
+        return window, HAND
     # EMPTIED or CUTTING: no credit was left; PARKED, ENDING: no consumer. Never happens.
     return window, _REJECT
 
 
 def _acked(window: Window, tags: tuple[int, ...]) -> tuple[Window, Actions]:
-    if not window.holding:
-        return window._replace(acks_sent=window.acks_sent + len(tags)), (Ack(tags),)
+    prefetch, early, phase, received, acks_sent, held, held_since, drains = window
+    if phase not in _HOLDING:  # the per-ack-burst path: made positionally, as a delivery's
+        acks_sent += len(tags)
+        return Window(prefetch, early, phase, received, acks_sent, held, held_since, drains), (
+            Ack(tags),
+        )
     return _check_emptied(window._replace(held=window.held + tags))
 
 
