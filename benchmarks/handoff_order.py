@@ -29,7 +29,7 @@ at the end):
 * a driver moves every partition back and forth, staggered: partition p is moved once
   ``--period`` seconds have passed since its last move began (phase p·period/P) and it
   has been subscribed at its owner for ``--min-dwell`` seconds: ``cancel(p)`` on the
-  owner, then, in ``on_drained(p)``, ``subscribe(p)`` on the other. Moves continue until
+  owner, then, in ``Drained(p)``, ``subscribe(p)`` on the other. Moves continue until
   the publisher is done and every partition was moved ``--min-handoffs`` times;
 * a final drain waits until every confirmed (key, seq) was handled.
 
@@ -46,15 +46,14 @@ Reported per run and pooled over runs:
   reported it drained (published, i.e. handed to the Producer, but not yet handled; so
   moves of an idle partition, e.g. after the last publish or in a pause between bursts,
   are left out): ``cancel(p)`` called → first delivery of p at the new owner, and its part
-  after ``on_drained`` (``subscribe(p)`` → first delivery); p50/p99 (nearest rank) over
-  all such moves. The drain time (``cancel`` → ``on_drained``) is reported for every move.
+  after ``Drained`` (``subscribe(p)`` → first delivery); p50/p99 (nearest rank) over
+  all such moves. The drain time (``cancel`` → ``Drained``) is reported for every move.
   Because the old owner keeps handling deliveries while it holds its acks, the gap is not
   a pause in handling; *stall* is: the later of ``cancel(p)`` and the old owner's last
   delivery of p → the new owner's first (same moves).
 
-``--cancel immediate`` monkeypatches ``Broker._window_full`` to return True (a tree that
-has it: the drain then sends ``basic.cancel`` at once, without holding for a full window
-or a quiet spell), to see whether the hold is still needed once returns go to the head.
+``--cancel immediate`` monkeypatches ``consumers.window.Window.full`` to be True (the drain
+then sends ``basic.cancel`` at once, without holding for a full window or a quiet spell), to see whether the hold is still needed once returns go to the head.
 
 Every wait is bounded (``--max-seconds`` per run for the moves, ``--drain-timeout`` for
 the final drain). Not a test: it asserts nothing; ``--json`` appends one JSON line per run
@@ -66,6 +65,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -83,7 +83,9 @@ from typing import Any
 import pika
 
 from consumers import broker as broker_module
-from consumers.broker import END, Broker, Delivery
+from consumers import window as window_module
+from consumers.broker import Broker
+from consumers.port import BrokerEvent, ChannelLost, Delivery, Drained, End, Subscribed
 from kernel.amqp import blocking_connection
 from producer.contract import StreamSpec
 from producer.publisher import Producer
@@ -126,6 +128,8 @@ def tree_info() -> dict[str, Any]:
     digests = {}
     for rel in (
         "consumers/broker.py",
+        "consumers/channels.py",
+        "consumers/window.py",
         "producer/amqp.py",
         "producer/contract.py",
         "producer/publisher.py",
@@ -155,18 +159,14 @@ def tree_info() -> dict[str, Any]:
     return {
         "root": str(root),
         "head": head,
-        "drain": "window-full" if hasattr(Broker, "_window_full") else "quiet-spell-only",
+        "drain": "window-full",
         "sha256": digests,
     }
 
 
 def patch_cancel_immediate() -> None:
-    if not hasattr(Broker, "_window_full"):
-        raise SystemExit(
-            "--cancel immediate needs a Broker with _window_full (the drain fix); "
-            f"{broker_module.__file__} has none"
-        )
-    Broker._window_full = lambda self, sub: True  # type: ignore[method-assign]
+    """Every drain's window counts as full: ``basic.cancel`` goes at once."""
+    window_module.Window.full = property(lambda self: True)  # type: ignore[method-assign,assignment]
 
 
 class _WarningCounter(logging.Handler):
@@ -315,6 +315,7 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
     with blocking_connection(url, name="handoff-admin") as connection:
         declare_stream(connection, spec)
     brokers: dict[str, Broker] = {}
+    generations = itertools.count(1)  # one per subscribe (no worker routing here)
     warnings = _WarningCounter()
     logging.getLogger("partq.consumer.broker").addHandler(warnings)
     try:
@@ -322,13 +323,8 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
         def make(name: str) -> Broker:
             other = CONSUMERS[1 - CONSUMERS.index(name)]
 
-            def deliver(
-                partition: int, item: Delivery | object
-            ) -> None:  # this broker's I/O thread
-                if isinstance(item, tuple) and item[0] is END:
-                    brokers[name].finish(partition, item[1])
-                    return
-                assert isinstance(item, Delivery)
+            def deliver(item: Delivery) -> None:  # this broker's I/O thread
+                partition = item.partition
                 now = time.monotonic()
                 key, seq_text, n_text = item.body.decode().split(":")
                 seq = int(seq_text)
@@ -370,7 +366,7 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
                     # published but not yet handled: the new owner has something to do at once
                     move.waiting = state.published_per_p[partition] > state.handled_per_p[partition]
                     state.owner[partition] = other
-                brokers[other].subscribe(partition)
+                brokers[other].subscribe(partition, next(generations))
 
             def on_channel_lost(partition: int) -> None:
                 if state.stopping:
@@ -385,12 +381,24 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
                         target = other
                     else:
                         target = state.owner[partition]
-                brokers[target].subscribe(partition)
+                brokers[target].subscribe(partition, next(generations))
+
+            def sink(event: BrokerEvent) -> None:
+                match event:
+                    case Delivery():
+                        deliver(event)
+                    case End(partition, channel):
+                        brokers[name].finish(partition, channel)
+                    case Subscribed(partition):
+                        on_subscribed(partition)
+                    case Drained(partition):
+                        on_drained(partition)
+                    case ChannelLost(partition):
+                        on_channel_lost(partition)
 
             return Broker(
                 url, spec, prefetch=args.prefetch, heartbeat=10, name=f"handoff-{name}",
-                deliver=deliver, on_subscribed=on_subscribed, on_drained=on_drained,
-                on_channel_lost=on_channel_lost, on_connection=lambda up: None,
+                sink=sink,
             )  # fmt: skip
 
         for name in CONSUMERS:
@@ -400,7 +408,7 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
             if not brokers[name].connected.wait(15):
                 raise RuntimeError(f"consumer {name} did not connect")
         for p in range(spec.partitions):
-            brokers[state.owner[p]].subscribe(p)
+            brokers[state.owner[p]].subscribe(p, next(generations))
         for p in range(spec.partitions):
             if not state.subscribed[p].wait(15):
                 raise RuntimeError(f"partition {p} was not subscribed")
@@ -667,7 +675,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--burst", type=int, default=1000, help="bursty: messages per burst")
     parser.add_argument("--queue-type", choices=("quorum", "classic"), default="quorum")
     parser.add_argument("--cancel", choices=("as-is", "immediate"), default="as-is",
-                        help="immediate: patch Broker._window_full to return True (drain cancels at once)")  # fmt: skip
+                        help="immediate: patch Window.full to be True (drain cancels at once)")  # fmt: skip
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--prefetch", type=int, default=100)

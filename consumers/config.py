@@ -1,4 +1,26 @@
-"""What a consumer is configured with, and the exit codes it ends with (``consumers.daemon``)."""
+"""What a consumer is configured with, and the exit codes it ends with (``consumers.daemon``).
+
+A consumer never dies silently. :meth:`consumers.daemon.Consumer.run` returns an exit code
+(``partq consume`` exits with it):
+
+- 0 (:data:`EXIT_OK`): stopped on request, every partition drained.
+- 1 (:data:`EXIT_DRAIN_TIMEOUT`): stopped, but the drain deadline passed.
+- 3 (:data:`EXIT_HANDLER_TIMEOUT`): a handler ran past ``handler_timeout``. Its
+  message was dead-lettered (``HandlerTimeout``); the member left the group.
+- 4 (:data:`EXIT_WORKER_FAILED`): a partition worker failed (traceback logged,
+  ``partq_consumer_worker_failures_total{reason="crash"}``); the member left the group.
+- 5 (:data:`EXIT_STREAM_CHANGED`): the stream was deleted and recreated with another
+  partition count; partitions are fixed, so this member cannot go on.
+- 6 (:data:`EXIT_PERMISSION_DENIED`): RabbitMQ refused the user a partition's queue
+  (403 ACCESS_REFUSED on basic.consume): the error line names the queue, the user and
+  the permission to grant. Retrying cannot help, and a member that holds a partition
+  it cannot read stalls it: it leaves the group so the partition moves to another member.
+
+On 3, 4 and 6, ``/readyz`` turns false at once; the other partitions are drained
+and released as on a stop, the failed one is abandoned (its unacked deliveries
+return to the queue when the connection closes, before the lease is revoked):
+the partition moves to another member and the supervisor restarts this one.
+"""
 
 from __future__ import annotations
 

@@ -9,36 +9,20 @@ claim/release in etcd, subscribe/cancel at the broker.
 Threads. The controller is the thread that calls :meth:`Consumer.run` (the main thread
 under ``partq consume``); it alone reads and writes this object and its ``Partitions``.
 The others reach it only as typed events on ``events`` (a ``queue.Queue``; a stop signal
-reaches it through consumers.signals' relay thread, never from the handler): the pika I/O
-thread's broker callbacks (``Handoff``, ``BrokerConnection``, ``Standby``, ``FlowReady``,
-...), the etcd watch stream's thread (``WatchEvent``, ``WatchFailed``), the session's
-keepalive thread (``LeaseLost``), worker, watchdog and pool threads (``WorkerFailed``,
-``ParkStall``), one ``threading.Timer`` thread per delayed event (``_after``,
-``_schedule``), and :meth:`Consumer.stop` from any thread (``Stop``). Two reads cross
-without the queue: ``_deliver`` runs on the I/O thread and looks the partition's worker
-up in ``Partitions.workers`` (one dict lookup) to put the delivery in its ``inbox`` (a
-``SimpleQueue``); the HTTP server thread reads ``ready`` and ``alive`` (``threading.Event``).
+reaches it through consumers.signals' relay thread, never from the handler): the broker's
+events through its sink on the pika I/O thread (``consumers.port``: ``Subscribed``,
+``Drained``, ``Connection``, ``Activated``, ...), the etcd watch stream's thread
+(``WatchEvent``, ``WatchFailed``), the session's keepalive thread (``LeaseLost``), worker,
+watchdog and pool threads (``WorkerFailed``, ``ParkStall``), one ``threading.Timer``
+thread per delayed event (``_after``, ``_schedule``), and :meth:`Consumer.stop` from any
+thread (``Stop``). Two reads cross without the queue: the sink (``_sink``, on the I/O
+thread) looks the partition's worker up in ``Partitions.workers`` (one dict lookup) and
+puts a delivery or END in its ``inbox`` (a ``SimpleQueue``) only if the worker's
+generation is the delivery's; the HTTP server thread reads ``ready`` and ``alive``
+(``threading.Event``).
 
-A consumer never dies silently. :meth:`Consumer.run` returns an exit code
-(``partq consume`` exits with it):
-
-- 0 (:data:`EXIT_OK`): stopped on request, every partition drained.
-- 1 (:data:`EXIT_DRAIN_TIMEOUT`): stopped, but the drain deadline passed.
-- 3 (:data:`EXIT_HANDLER_TIMEOUT`): a handler ran past ``handler_timeout``. Its
-  message was dead-lettered (``HandlerTimeout``); the member left the group.
-- 4 (:data:`EXIT_WORKER_FAILED`): a partition worker failed (traceback logged,
-  ``partq_consumer_worker_failures_total{reason="crash"}``); the member left the group.
-- 5 (:data:`EXIT_STREAM_CHANGED`): the stream was deleted and recreated with another
-  partition count; partitions are fixed, so this member cannot go on.
-- 6 (:data:`EXIT_PERMISSION_DENIED`): RabbitMQ refused the user a partition's queue
-  (403 ACCESS_REFUSED on basic.consume): the error line names the queue, the user and
-  the permission to grant. Retrying cannot help, and a member that holds a partition
-  it cannot read stalls it: it leaves the group so the partition moves to another member.
-
-On 3, 4 and 6, ``/readyz`` turns false at once; the other partitions are drained
-and released as on a stop, the failed one is abandoned (its unacked deliveries
-return to the queue when the connection closes, before the lease is revoked):
-the partition moves to another member and the supervisor restarts this one.
+A consumer never dies silently: :meth:`Consumer.run` returns an exit code
+(``consumers.config`` lists them), which ``partq consume`` exits with.
 
 A consumer is a member only while it can consume: it joins the group once its RabbitMQ
 connection works and a channel takes its prefetch (not before: with a wrong password it
@@ -47,10 +31,9 @@ outage limit (``amqp_outage_limit``, the setting ``PARTQ_AMQP_OUTAGE_LIMIT``, 30
 default), it leaves the group so its partitions move, and rejoins once RabbitMQ works
 again; ``/readyz`` is false meanwhile.
 
-A stream deleted while the consumer runs: ``/readyz`` turns false, a log line
-says so, every partition stops (the queues are gone) and the member waits,
-without a lease, for the stream to be created again; then it rejoins (or exits
-with 5 if the partition count changed).
+A stream deleted while the consumer runs: ``/readyz`` turns false, a log line says so,
+every partition stops (the queues are gone) and the member waits, without a lease, for the
+stream to be created again; then it rejoins (or exits with 5 if the partition count changed).
 """
 
 from __future__ import annotations
@@ -59,10 +42,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 
-from consumers import metrics
-from consumers.broker import Broker, Delivery
+from consumers import port
+from consumers.broker import Broker
 from consumers.config import (
     DEFAULT_HANDLER_TIMEOUT,
     EXIT_DRAIN_TIMEOUT,
@@ -75,40 +57,36 @@ from consumers.config import (
     default_member_id,
 )
 from consumers.events import (
-    BrokerConnection,
     BrokerOutage,
-    BrokerRefused,
     CheckFlow,
     CheckLeader,
     CheckTakeovers,
     ControllerEvent,
-    FlowReady,
-    Handoff,
+    GroupEvent,
     LeaveNow,
     ParkStall,
     ReportLoad,
     Resync,
     RetryRelease,
     SettleTakeover,
-    Standby,
+    TimerEvent,
     WorkerFailed,
 )
-from consumers.flow import FlowWatch
 from consumers.handoff import Event
-from consumers.keyed import concurrency_report
-from consumers.load import LoadMeter
+from consumers.membership import NO_LEADER_WARNING, Membership
 from consumers.message import Handler, check_handler
 from consumers.parking import ParkedKeys, Parking
 from consumers.partitions import Partitions
+from consumers.port import BrokerEvent, BrokerFactory, BrokerUpdate
+from consumers.reports import Reports
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
-from coordinator.codec import LoadReport
 from coordinator.events import LeaseLost, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
 from coordinator.session import Session
 from kernel import logs
 from kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
 from kernel.backoff import Backoff
-from kernel.errors import EtcdUnavailable, PartqError, StreamNotFound
+from kernel.errors import EtcdUnavailable
 from producer.contract import StreamSpec
 from producer.registry import Registry
 
@@ -127,11 +105,16 @@ __all__ = [
 
 log = logging.getLogger("partq.consumer")
 
-_BACKOFF = Backoff()  # joining, and resyncing with etcd: 0.2 s doubling to 5 s
+# The broker's events that are steps of a partition's handoff state machine
+_HANDOFF: dict[type[BrokerUpdate], Event] = {
+    port.Subscribed: Event.SUBSCRIBED,
+    port.Drained: Event.DRAINED,
+    port.Emptied: Event.EMPTIED,
+    port.Kept: Event.KEPT,
+    port.ChannelLost: Event.CHANNEL_LOST,
+}
 
-# Seconds after joining before a member with no coordinator leading its stream says so:
-# nothing is ever assigned without one, and a new user would otherwise wait in silence.
-NO_LEADER_WARNING = 5.0
+_BACKOFF = Backoff()  # resyncing with etcd: 0.2 s doubling to 5 s
 
 
 class Consumer:
@@ -145,7 +128,7 @@ class Consumer:
         config: ConsumerConfig,
         *,
         amqp_url: AmqpURL = DEFAULT_AMQP_URL,
-        broker: Callable[..., Broker] = Broker,
+        broker: BrokerFactory = Broker,
     ) -> None:
         self.handler = check_handler(handler)  # before anything connects: a usage error
         self.registry = registry
@@ -155,11 +138,8 @@ class Consumer:
         self.spec.check_partitions(config.partitions)
         self.group = Group(registry.client, registry.where, config.stream)
         self.events: queue.Queue[ControllerEvent] = queue.Queue()
-        self.session: Session | None = None
-        self.watch_id: int | None = None
         self.stopping = False
         self.deleted = False  # the stream is gone; waiting for it to be created again
-        self.leaderless = False  # said that no coordinator leads: say so when one does
         # Not in the group for want of a usable broker: before RabbitMQ first worked, and
         # after it was unusable for the outage limit. Joins (again) once it works.
         self.away = True
@@ -171,8 +151,6 @@ class Consumer:
         self.alive = threading.Event()
         self._retries = _BACKOFF.delays()  # of resyncs and releases, until a resync works
         self._labels = (self.spec.name, self.member)
-        self.load = LoadMeter()
-        self.flow = FlowWatch()
         self.dead_letters = DeadLetters(amqp_url, self.spec, self.member)
         self.parking = (
             Parking(
@@ -193,23 +171,11 @@ class Consumer:
             prefetch=config.prefetch,
             heartbeat=config.heartbeat or config.ttl,
             name=f"partq-consumer-{self.member}",
-            deliver=self._deliver,
-            on_subscribed=lambda p: put(Handoff(p, Event.SUBSCRIBED)),
-            on_drained=lambda p: put(Handoff(p, Event.DRAINED)),
+            sink=self._sink,
             # Quorum queues only: a classic queue (RabbitMQ 3.10) does not activate a
             # consumer waiting behind one that cancels, so its next owner must subscribe
             # after the cancel, as before (docs/benchmarks.md, issue 12 goal 2)
-            on_emptied=(
-                (lambda p: put(Handoff(p, Event.EMPTIED)))
-                if self.spec.queue_type == "quorum"
-                else None
-            ),
-            on_kept=lambda p: put(Handoff(p, Event.KEPT)),
-            on_channel_lost=lambda p: put(Handoff(p, Event.CHANNEL_LOST)),
-            on_connection=lambda up: put(BrokerConnection(up)),
-            on_refused=lambda p, reason: put(BrokerRefused(p, reason)),
-            on_activated=lambda p: put(Standby(p, activated=True)),
-            on_standby_lost=lambda p: put(Standby(p, activated=False)),
+            early_release=self.spec.queue_type == "quorum",
         )
         self.partitions = Partitions(
             spec=self.spec,
@@ -228,6 +194,15 @@ class Consumer:
             parking=self.parking,
             concurrency=config.concurrency,
         )
+        self.reports = Reports(
+            config, self._labels, self.group, self.partitions, self.broker, self.parking
+        )
+        self.membership = Membership(registry, self.group, config, self.partitions, put)
+
+    @property
+    def session(self) -> Session | None:
+        """The member's current session (None: not in the group)."""
+        return self.membership.session
 
     # -- public --------------------------------------------------------------------------
 
@@ -271,52 +246,97 @@ class Consumer:
 
     # -- events --------------------------------------------------------------------------
 
-    def _deliver(self, partition: int, item: Delivery | object) -> None:
+    def _sink(self, event: BrokerEvent) -> None:
+        """The broker's events (on its I/O thread): a delivery or END goes straight to its
+        partition's worker, if that worker is of the subscription it came from; anything
+        else is queued for the controller."""
+        if isinstance(event, port.Delivery):  # the per-message path: no pattern to match
+            self._route(event.partition, event.generation, event)
+        elif isinstance(event, port.End):
+            self._route(event.partition, event.generation, (port.END, event.channel))
+        else:
+            self.events.put(event)
+
+    def _route(self, partition: int, generation: int, item: object) -> None:
+        """One dict lookup of a worker the controller may replace meanwhile: an item of an
+        older subscription never reaches a newer worker (nor a newer one an older)."""
         worker = self.partitions.workers.get(partition)
-        if worker is not None:
+        if worker is not None and worker.generation == generation:
             worker.inbox.put(item)
 
-    def _on(self, event: ControllerEvent) -> None:  # noqa: C901, PLR0912, PLR0915 — one case per event
+    def _on(self, event: ControllerEvent) -> None:
+        """One event: the broker's, a timer's, or the group's and the session's."""
+        if isinstance(event, BrokerUpdate):
+            self._on_broker_event(event)
+        elif isinstance(event, TimerEvent):
+            self._on_timer(event)
+        else:
+            self._on_group(event)
+
+    def _on_group(self, event: GroupEvent) -> None:
+        """The group's and the session's events, and the retries of what they failed."""
         match event:
             case Stop():
                 self._begin_stop()
+            case WatchEvent(kind="spec", value=None):
+                self._stream_deleted()
             case WatchEvent(kind="spec"):
-                self._on_spec(event)
+                self._stream_recreated()
             case WatchEvent():
                 # a recreated stream is read afresh (_resync), and so is the group on a rejoin
                 if not self.deleted and not self.away:
                     self.partitions.apply(event)
-                    self._leader_seen()
-            case CheckLeader(lease=lease):
-                self._check_leader(lease)
+                    self.membership.leader_seen()
             case WatchFailed(error=error):
                 if not self.stopping:
                     log.warning("etcd watch failed: %s; consuming on, resyncing", error)
                     self._schedule(Resync())
-            case Resync():
-                if self.deleted or not self.away:  # away: the rejoin reads the group afresh
-                    self._resync()
             case LeaseLost():
-                if not self.deleted:  # deleted: the session was closed on purpose
-                    self._fence()
-            case Handoff(partition=partition, event=handoff):
-                self.partitions.handoff(partition, handoff)
-            case RetryRelease(partition=partition):
-                if not self.deleted:  # deleted: the claim went with the stream
-                    self.partitions.release(partition)
+                self._fence()
             case WorkerFailed(partition=partition, reason=reason):
                 self._worker_failed(partition, reason)
-            case Standby(partition=partition, activated=activated):
-                if self.stopping or self.deleted or self.session is None:
-                    self.broker.give_back(partition)
-                elif activated:
-                    if self.partitions.activated(partition):
-                        self.events.put(CheckTakeovers())
-                else:
-                    self.partitions.standby_lost(partition)
+            case ParkStall():
+                self._update_ready()
             case CheckTakeovers():
                 allowed = not (self.stopping or self.deleted or self.session is None)
                 self.partitions.check_takeovers(allowed=allowed)
+
+    def _on_broker_event(self, event: BrokerUpdate) -> None:
+        match event:
+            case (
+                port.Subscribed(p)
+                | port.Drained(p)
+                | port.Emptied(p)
+                | port.Kept(p)
+                | port.ChannelLost(p)
+            ):
+                self.partitions.handoff(p, _HANDOFF[type(event)])
+            case port.Activated(partition) | port.StandbyLost(partition):
+                if self.stopping or self.deleted or self.session is None:
+                    self.broker.give_back(partition)
+                elif isinstance(event, port.StandbyLost):
+                    self.partitions.standby_lost(partition)
+                elif self.partitions.activated(partition):
+                    self.events.put(CheckTakeovers())
+            case port.Refused(partition, reason):
+                self.partitions.abandon(partition)  # never subscribed again: it would spin
+                self._fail(EXIT_PERMISSION_DENIED, reason)
+            case port.Connection(up):
+                self._on_broker(up)
+            case port.ReadyCounts(ready):
+                self.reports.flow_ready(ready)
+
+    def _on_timer(self, event: TimerEvent) -> None:
+        """What the controller asked itself to do later (``_after``)."""
+        match event:
+            case CheckLeader(lease=lease):
+                self.membership.check_leader(lease, quiet=self.stopping or self.deleted)
+            case Resync():
+                if self.deleted or not self.away:  # away: the rejoin reads the group afresh
+                    self._resync()
+            case RetryRelease(partition=partition):
+                if not self.deleted:  # deleted: the claim went with the stream
+                    self.partitions.release(partition)
             case SettleTakeover(partition=partition):
                 self.partitions.settle_takeover(partition)
             case LeaveNow():
@@ -324,84 +344,13 @@ class Consumer:
                     log.info("stop announced %.0fs ago: leaving now", self.config.announce_wait)
                     self._leave_now()
             case ReportLoad():
-                self._report_load()
+                self.reports.report_load(None if self.stopping or self.deleted else self.session)
                 self._after(self.config.load_report, ReportLoad())
             case CheckFlow():
-                self._check_flow()
+                self.reports.check_flow()
                 self._after(self.config.stall_after / 3, CheckFlow())
-            case FlowReady(ready=ready):
-                self._flow(ready)
-            case BrokerRefused(partition=partition, reason=reason):
-                self.partitions.abandon(partition)  # never subscribed again: it would spin
-                self._fail(EXIT_PERMISSION_DENIED, reason)
-            case BrokerConnection(up=up):
-                self._on_broker(up)
-            case ParkStall():
-                self._update_ready()
             case BrokerOutage(outage=outage):
-                if outage == self._outages and not self._broker_up:
-                    self._leave_for_broker()
-
-    def _report_load(self) -> None:
-        """Put what we handled per partition since the last report; skipped while stopping,
-        fenced, without the stream, or while etcd does not answer (this thread must not
-        wait on a report)."""
-        workers = dict(self.partitions.workers)
-        rates, elapsed = self.load.rates({p: (w, w.handled) for p, w in workers.items()})
-        session = self.session
-        if self.stopping or self.deleted or session is None or session.lost.is_set():
-            return
-        if not session.fresh():  # etcd has not answered lately: no report to wait on
-            return
-        stalled = tuple(self.parking.stalls.stalled()) if self.parking is not None else ()
-        report = LoadReport(
-            self.member,
-            rates,
-            time.time(),
-            round(elapsed, 3),
-            stalled,
-            self.partitions.in_flight(),
-            concurrency_report(self.config.concurrency, workers),
-        )
-        try:
-            self.group.report_load(report, session)
-        except PartqError as e:  # etcd away, or the role may not write it: consuming goes on
-            log.warning("cannot report load: %s", e)
-
-    def _waiting(self) -> set[int]:
-        """Owned partitions whose worker has waited for a delivery past the stall bound."""
-        bound = time.monotonic() - self.config.stall_after
-        workers = self.partitions.workers
-        return {
-            p
-            for p in self.owned()
-            if (w := workers.get(p)) is not None
-            and (since := w.waiting_since) is not None
-            and since < bound
-        }
-
-    def _check_flow(self) -> None:
-        """Ask RabbitMQ what is ready for the partitions whose workers wait (``consumers.flow``)."""
-        waiting = sorted(self._waiting())
-        if waiting:
-            self.broker.ready(waiting, lambda ready: self.events.put(FlowReady(ready)))
-        else:
-            self._flow({})
-
-    def _flow(self, ready: dict[int, int]) -> None:
-        change = self.flow.check(set(self.owned()), self._waiting(), ready)
-        for partition, count in change.began.items():
-            log.warning(
-                "partition %d: stalled: %d messages ready in its queue, and RabbitMQ delivered "
-                "nothing for over %gs though the worker waits (partq_consumer_stalled_partitions)",
-                partition,
-                count,
-                self.config.stall_after,
-            )
-            metrics.STALLS.labels(*self._labels).inc()
-        for partition in change.ended:
-            log.info("partition %d: no longer stalled", partition)
-        metrics.STALLED.labels(*self._labels).set(len(change.stalled))
+                self._leave_for_broker(outage)
 
     def _after(self, seconds: float, event: ControllerEvent) -> None:
         timer = threading.Timer(seconds, self.events.put, args=(event,))
@@ -439,9 +388,12 @@ class Consumer:
         self.away = False
         self._join()
 
-    def _leave_for_broker(self) -> None:
-        """RabbitMQ has been unusable for the outage limit: our partitions stall here, so
-        leave the group (they move to members that can consume them) until it works again."""
+    def _leave_for_broker(self, outage: int) -> None:
+        """RabbitMQ has been unusable for the outage limit (since its ``outage``-th loss):
+        our partitions stall here, so leave the group (they move to members that can
+        consume them) until it works again."""
+        if outage != self._outages or self._broker_up:
+            return  # an earlier outage's timer, or the broker is back
         if self.away or self.stopping or self.deleted or self.session is None:
             return
         log.warning(
@@ -451,69 +403,22 @@ class Consumer:
         )
         self.away = True
         self.ready.clear()
-        if self.watch_id is not None:
-            self.group.cancel_watch(self.watch_id)
-            self.watch_id = None
+        self.membership.unwatch()
         self.partitions.drop()
         self.partitions.forget()  # read afresh on the rejoin
-        self.session.close(revoke=True)  # our member key and claims go at once
-        self.session = self.partitions.session = None
+        self.membership.end(revoke=True)  # our member key and claims go at once
 
     def _join(self) -> None:
         """New session, register the member, mirror the group (retrying while etcd is down)."""
-        delays = _BACKOFF.delays()
-        while True:
-            try:
-                self.session = Session(
-                    self.registry.client,
-                    self.registry.where,
-                    self.config.ttl,
-                    on_lost=lambda: self.events.put(LeaseLost()),
-                    on_renewal_failure=metrics.LEASE_RENEWAL_FAILURES.labels(*self._labels).inc,
-                )
-                self.group.join(self.session, self.member, self.config.weight, self.config.version)
-                break
-            except EtcdUnavailable as e:
-                wait = delays.next()
-                log.warning("cannot join %s: %s; retrying in %.1fs", self.spec.name, e, wait)
-                time.sleep(wait)
-        log.info("joined %s as %s (lease %x)", self.spec.name, self.member, self.session.id)
-        self.partitions.session = self.session
+        session = self.membership.join()
         self._resync()
-        self._after(NO_LEADER_WARNING, CheckLeader(self.session.id))
-
-    def _check_leader(self, lease: int) -> None:
-        """Warn, once per join, when no coordinator leads the stream."""
-        session = self.session
-        if self.stopping or self.deleted or session is None or session.id != lease:
-            return
-        if self.partitions.mirror.candidates:
-            return
-        self.leaderless = True
-        log.warning(
-            "no coordinator leads stream %s (%gs after joining): nothing is assigned until "
-            "one runs; start one with `partq coordinator %s`",
-            self.spec.name,
-            NO_LEADER_WARNING,
-            self.spec.name,
-        )
-
-    def _leader_seen(self) -> None:
-        if self.leaderless and self.partitions.mirror.candidates:
-            self.leaderless = False
-            log.info("a coordinator now runs for stream %s", self.spec.name)
+        self._after(NO_LEADER_WARNING, CheckLeader(session.id))
 
     def _resync(self) -> None:
-        if self.watch_id is not None:
-            self.group.cancel_watch(self.watch_id)
-            self.watch_id = None
         try:
-            state = self.group.snapshot()
-            self.watch_id = self.group.watch(
-                state.revision,
-                lambda e: self.events.put(WatchFailed(e) if isinstance(e, Exception) else e),
-            )
-            exists = self._read_spec() is not None  # a deletion the watch may not have seen
+            state = self.membership.watch()
+            # a deletion the watch may not have seen
+            exists = self.membership.read_spec() is not None
         except EtcdUnavailable as e:
             log.warning("cannot read the group from etcd: %s; consuming on", e)
             self._schedule(Resync())
@@ -530,11 +435,12 @@ class Consumer:
 
     def _fence(self) -> None:
         """Our lease is gone: others may own our partitions now. Stop at once, then rejoin."""
+        if self.deleted:
+            return  # the session was closed on purpose
         log.warning("lease lost: stopping every partition and rejoining")
         self.ready.clear()
         self.partitions.drop()
-        if self.session is not None:
-            self.session.close(revoke=False)
+        self.membership.end(revoke=False, forget=False)  # a rejoin replaces it
         if not self.stopping:
             self._join_when_usable()
 
@@ -556,19 +462,6 @@ class Consumer:
         self.ready.clear()
         self._begin_stop()
 
-    def _read_spec(self) -> StreamSpec | None:
-        """The stream's spec in etcd now, None if it is gone; raises EtcdUnavailable."""
-        try:
-            return self.registry.read_spec(self.spec.name)
-        except StreamNotFound:
-            return None
-
-    def _on_spec(self, change: WatchEvent) -> None:
-        if change.value is None:
-            self._stream_deleted()
-        elif self.deleted:
-            self._stream_recreated()
-
     def _stream_deleted(self) -> None:
         """The stream's keys and queues are gone: stop everything, wait for it to come back."""
         if self.deleted:
@@ -582,13 +475,13 @@ class Consumer:
         self.ready.clear()  # after the line: whoever sees /readyz false finds the reason
         self.partitions.drop()
         self.partitions.forget()
-        if self.session is not None:  # our member key and claims went with the stream
-            self.session.close(revoke=True)
-            self.session = self.partitions.session = None
+        self.membership.end(revoke=True)  # our member key and claims went with the stream
 
     def _stream_recreated(self) -> None:
+        if not self.deleted:
+            return
         try:
-            spec = self._read_spec()
+            spec = self.membership.read_spec()
         except EtcdUnavailable as e:
             log.warning("cannot read the recreated stream's spec: %s; retrying", e)
             self._schedule(Resync())
@@ -612,31 +505,10 @@ class Consumer:
         self.stopping = True
         self._deadline = time.monotonic() + self.config.drain_timeout
         self.ready.clear()
-        if self._announce():
+        if self.membership.announce():
             self._after(self.config.announce_wait, LeaveNow())
             return
         self._leave_now()
-
-    def _announce(self) -> bool:
-        """Mark us ``leaving`` if a leader and another member can take our partitions."""
-        mirror = self.partitions.mirror
-        me = mirror.members.get(self.member)
-        others = [m for m in mirror.members.values() if m.id != self.member and not m.leaving]
-        if not self.config.announce_leave or self.session is None or me is None:
-            return False
-        if not others or not mirror.candidates or not self.owned():
-            return False
-        try:
-            announced = self.group.announce_leaving(me, self.session)
-        except EtcdUnavailable as e:
-            log.warning("cannot announce the stop in etcd: %s; leaving at once", e)
-            return False
-        if announced:
-            log.info(
-                "stopping: announced; handing %d partitions over while consuming them",
-                len(self.owned()),
-            )
-        return announced
 
     def _leave_now(self) -> None:
         abandoned = self.partitions.abandoned
@@ -647,11 +519,7 @@ class Consumer:
             f" (abandoning {sorted(abandoned)})" if abandoned else "",
         )
         self.partitions.leaving = True
-        if self.session is not None:
-            try:
-                self.group.leave(self.member, self.session)
-            except EtcdUnavailable as e:
-                log.warning("cannot leave the group in etcd: %s", e)
+        self.membership.leave()
         if not self._broker_up:
             # Nothing can be drained: the broker requeued what we held when the connection
             # died, and no subscription was made since (the controller makes them). Waiting
@@ -670,14 +538,12 @@ class Consumer:
 
     def _shutdown(self) -> None:
         self.ready.clear()
-        if self.watch_id is not None:
-            self.group.cancel_watch(self.watch_id)
+        self.membership.unwatch()
         self.partitions.stop_workers()
         self.partitions.close()
         self.broker.stop()
         self.broker.join(timeout=5)
         if self.parking is not None:
             self.parking.close()
-        if self.session is not None:
-            self.session.close(revoke=True)
+        self.membership.end(revoke=True)
         self.alive.clear()

@@ -15,7 +15,7 @@ import traceback
 import pika
 import pika.exceptions
 
-from consumers.broker import Delivery
+from consumers.port import Delivery
 from kernel.amqp import AmqpURL, blocking_connection
 from producer.contract import (
     HEADER_ATTEMPTS,

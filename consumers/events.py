@@ -1,32 +1,30 @@
 """The consumer daemon's events: what its controller thread reacts to, typed, matched with
 ``match``. Besides these: :class:`coordinator.events.Stop`, ``LeaseLost`` and ``WatchFailed``,
-and the group's :class:`coordinator.group.WatchEvent`."""
+the group's :class:`coordinator.group.WatchEvent`, and the broker's events
+(``consumers.port``) other than deliveries, which go to the workers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from consumers.handoff import Event
+from consumers.port import BrokerUpdate
 from coordinator.events import LeaseLost, Stop, WatchFailed
 from coordinator.group import WatchEvent
 
 __all__ = [
-    "BrokerConnection",
     "BrokerOutage",
-    "BrokerRefused",
     "CheckFlow",
     "CheckLeader",
     "CheckTakeovers",
     "ControllerEvent",
-    "FlowReady",
-    "Handoff",
+    "GroupEvent",
     "LeaveNow",
     "ParkStall",
     "ReportLoad",
     "Resync",
     "RetryRelease",
     "SettleTakeover",
-    "Standby",
+    "TimerEvent",
     "WorkerFailed",
 ]
 
@@ -56,28 +54,12 @@ class RetryRelease:
 
 
 @dataclass(frozen=True, slots=True)
-class Handoff:
-    """The broker on one partition: subscribed, drained, or its channel lost."""
-
-    partition: int
-    event: Event
-
-
-@dataclass(frozen=True, slots=True)
 class WorkerFailed:
     """A partition's worker stopped for good (``reason``: ``consumers.worker.CRASH`` or
     ``HANDLER_TIMEOUT``)."""
 
     partition: int
     reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Standby:
-    """Our hot standby subscription of a partition was activated, or lost."""
-
-    partition: int
-    activated: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +80,6 @@ class CheckFlow:
 
 
 @dataclass(frozen=True, slots=True)
-class FlowReady:
-    """RabbitMQ's count of messages ready in the queues of partitions whose workers wait."""
-
-    ready: dict[int, int]
-
-
-@dataclass(frozen=True, slots=True)
 class LeaveNow:
     """A stop was announced a while ago: leave the group now, whatever is still ours."""
 
@@ -115,47 +90,25 @@ class ReportLoad:
 
 
 @dataclass(frozen=True, slots=True)
-class BrokerRefused:
-    """RabbitMQ refused this user a partition's queue (403); ``reason``: one line saying
-    which queue, which user and what to grant."""
-
-    partition: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerConnection:
-    """The connection to RabbitMQ became usable (a channel took our prefetch) or went down."""
-
-    up: bool
-
-
-@dataclass(frozen=True, slots=True)
 class CheckLeader:
     """A while after joining with the session ``lease``: does a coordinator lead the stream?"""
 
     lease: int
 
 
-ControllerEvent = (
-    Stop
-    | LeaseLost
-    | WatchFailed
-    | WatchEvent
+# What the controller asked itself to do later (a timer's event)
+TimerEvent = (
+    CheckLeader
+    | SettleTakeover
+    | LeaveNow
+    | ReportLoad
+    | CheckFlow
+    | BrokerOutage
     | Resync
     | RetryRelease
-    | Handoff
-    | WorkerFailed
-    | BrokerConnection
-    | BrokerOutage
-    | ParkStall
-    | LeaveNow
-    | Standby
-    | SettleTakeover
-    | CheckTakeovers
-    | CheckFlow
-    | FlowReady
-    | BrokerRefused
-    | ReportLoad
-    | CheckLeader
 )
+
+# The group's, the session's and the workers' events
+GroupEvent = Stop | LeaseLost | WatchFailed | WatchEvent | WorkerFailed | ParkStall | CheckTakeovers
+
+ControllerEvent = BrokerUpdate | TimerEvent | GroupEvent

@@ -41,9 +41,9 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from consumers import metrics
-from consumers.broker import END, Delivery
 from consumers.keyorder import KeyQueues
 from consumers.parking import shown_key
+from consumers.port import END, Delivery
 from consumers.runners import HandlerPool
 from consumers.worker import STOP, Worker
 from coordinator.codec import MAX_SHOWN_KEY, Concurrency

@@ -20,9 +20,9 @@ import threading
 from typing import Any
 
 from consumers import control, metrics
-from consumers.broker import Delivery
 from consumers.message import MalformedHeaders, Message
 from consumers.parking import Parking, shown_key
+from consumers.port import Delivery
 from coordinator.session import Session
 from kernel.backoff import Backoff
 from producer.contract import StreamSpec, key_id

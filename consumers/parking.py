@@ -49,7 +49,7 @@ import pika
 import pika.exceptions
 
 from consumers import control, metrics
-from consumers.broker import Delivery
+from consumers.port import Delivery
 from coordinator import policy
 from coordinator.codec import Parked
 from coordinator.group import Group

@@ -30,18 +30,19 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from consumers import metrics, standby
-from consumers.broker import Broker
 from consumers.deadletters import DeadLetters
 from consumers.handoff import Command, Event, Holder, Phase, Standby, State
 from consumers.keyed import KeyedWorker
 from consumers.message import Handler
 from consumers.parking import Parking, written_by_holder
+from consumers.port import BrokerPort
 from consumers.runners import EventLoop, HandlerPool
 from consumers.slot import PartitionSlot, WorkerView
 from consumers.worker import Worker
@@ -87,7 +88,7 @@ class Partitions:
         spec: StreamSpec,
         member: str,
         group: Group,
-        broker: Broker,
+        broker: BrokerPort,
         handler: Handler,
         dead_letters: DeadLetters,
         max_attempts: int,
@@ -122,6 +123,7 @@ class Partitions:
         self.mirror = GroupMirror()
         self.slots = {p: PartitionSlot(p) for p in range(spec.partitions)}
         self.workers: Mapping[int, Worker] = WorkerView(self.slots)
+        self._generations = itertools.count(1)  # of subscriptions: one per worker started
         self._labels = (spec.name, member)
         self.loop = EventLoop()  # awaits what async handlers return, for every partition
         self.pool = HandlerPool(concurrency, f"handler-{member}") if concurrency > 1 else None
@@ -344,8 +346,8 @@ class Partitions:
     def resubscribe(self) -> None:
         """The broker is back: subscribe what was waiting for it."""
         for partition, slot in self.slots.items():
-            if slot.state.phase is Phase.SUBSCRIBING:
-                self.broker.subscribe(partition)
+            if slot.state.phase is Phase.SUBSCRIBING and slot.worker is not None:
+                self.broker.subscribe(partition, slot.worker.generation)
 
     def stop_workers(self) -> None:
         for worker in self._current_workers():
@@ -420,7 +422,7 @@ class Partitions:
                 # The worker's inbox takes deliveries before its thread runs: subscribe
                 # first, start the thread after (a start waits for the thread to run).
                 worker = self._start_worker(partition, start=False)
-                if not self.broker.subscribe(partition):
+                if not self.broker.subscribe(partition, worker.generation):
                     log.info("partition %d: subscribing once RabbitMQ is back", partition)
                 worker.start()
             case Command.CANCEL:
@@ -454,8 +456,8 @@ class Partitions:
                 )
                 self.broker.give_back(partition)
             case Command.PROMOTE:  # the worker first: the standby's deliveries go to it
-                self._start_worker(partition)
-                self.broker.promote(partition)
+                worker = self._start_worker(partition)
+                self.broker.promote(partition, worker.generation)
         return []
 
     def _start_worker(self, partition: int, *, start: bool = True) -> Worker:
@@ -480,6 +482,7 @@ class Partitions:
             on_failure=self._on_worker_failure,
             parking=self.parking,
             loop=self.loop,
+            generation=next(self._generations),
         )
         slot.worker = worker
         if start:

@@ -1,16 +1,19 @@
-"""A stub of the consumer's RabbitMQ edge, for unit tests: no server, callbacks you drive.
+"""A stub of the consumer's RabbitMQ edge, for unit tests: no server, events you drive.
 
-:class:`StubBroker` takes :class:`consumers.broker.Broker`'s place
-(``Consumer(..., broker=StubBroker)``): same constructor, same methods, and it
+:class:`StubBroker` implements :class:`consumers.port.BrokerPort` and is a
+:class:`consumers.port.BrokerFactory` (``Consumer(..., broker=StubBroker)``), and it
 records what the daemon and the partition workers ask of it. By default it answers
-as a healthy broker does, at once: ``subscribe`` is confirmed (``on_subscribed``),
+as a healthy broker does, at once: ``subscribe`` is confirmed (``Subscribed``),
 ``cancel`` sends the partition's worker its END mark (after whatever was delivered),
-and the worker's ``finish`` reports the partition drained (``on_drained``). With
+and the worker's ``finish`` reports the partition drained (``Drained``). With
 ``auto=False`` a test answers itself: :meth:`confirm`, :meth:`end`, :meth:`empty`
 (the drain proved nothing is left: the daemon releases, then calls ``cut``), or
 :meth:`keep` (a drain called off by ``resume``). A test also
 delivers messages (:meth:`publish`), closes a channel (:meth:`lose_channel`) and drops
 or restores the connection (:meth:`disconnect`, :meth:`reconnect`).
+
+Threads. Every method is thread-safe (one lock): the daemon's controller, its workers and
+the test call it; the sink is called on the caller's thread.
 
 tests/unit/test_consumer_daemon.py uses it; the real broker is proven against
 RabbitMQ by tests/integration/test_broker_drain.py and the group tests.
@@ -20,14 +23,27 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import pika
 from pika.channel import Channel
 
-from consumers.broker import END, Broker, Delivery
+from consumers.port import (
+    BrokerFactory,
+    ChannelLost,
+    Connection,
+    Delivery,
+    Drained,
+    Emptied,
+    End,
+    Kept,
+    ReadyCounts,
+    Refused,
+    Sink,
+    Subscribed,
+)
+from kernel.amqp import AmqpURL
 from producer.contract import StreamSpec
 
 __all__ = ["StubBroker", "StubChannel"]
@@ -41,45 +57,31 @@ class StubChannel:
     is_open: bool = True
 
 
-class StubBroker(Broker):
-    """:class:`Broker`'s surface without RabbitMQ (the module docstring). Thread-safe."""
+class StubBroker:
+    """:class:`consumers.port.BrokerPort` without RabbitMQ (the module docstring). Thread-safe."""
 
     def __init__(
         self,
-        url: str,
+        url: AmqpURL,
         spec: StreamSpec,
         *,
         prefetch: int,
         heartbeat: int,
         name: str,
-        deliver: Callable[[int, Delivery | object], None],
-        on_subscribed: Callable[[int], None],
-        on_drained: Callable[[int], None],
-        on_channel_lost: Callable[[int], None],
-        on_connection: Callable[[bool], None],
-        on_refused: Callable[[int, str], None] | None = None,
-        on_activated: Callable[[int], None] | None = None,
-        on_standby_lost: Callable[[int], None] | None = None,
-        on_emptied: Callable[[int], None] | None = None,
-        on_kept: Callable[[int], None] | None = None,
+        sink: Sink,
+        early_release: bool = False,
         auto: bool = True,
     ) -> None:
-        threading.Thread.__init__(self, name=f"{name}-stub", daemon=True)  # never started
         self.spec = spec
         self.prefetch = prefetch
+        self.early_release = early_release
         self.auto = auto
-        self.deliver = deliver
-        self.on_subscribed = on_subscribed
-        self.on_drained = on_drained
-        self.on_channel_lost = on_channel_lost
-        self.on_connection = on_connection
-        self.on_refused = on_refused
-        self.on_emptied = on_emptied
-        self.on_kept = on_kept
+        self.sink = sink
         self.connected = threading.Event()
         self.stopped = threading.Event()
         self.calls: list[tuple[str, int]] = []  # ("subscribe", p), ("cancel", p), ...
         self.channels: dict[int, StubChannel] = {}  # the partitions subscribed now
+        self.generations: dict[int, int] = {}  # of each partition's latest subscription
         self._acked: dict[int, list[int]] = {}
         self._ended: set[int] = set()  # cancels done (END sent): too late to resume
         self._lock = threading.Lock()
@@ -107,12 +109,13 @@ class StubBroker(Broker):
         with self._lock:
             self.calls.append(("give_back", partition))
 
-    def subscribe(self, partition: int) -> bool:
+    def subscribe(self, partition: int, generation: int) -> bool:
         self._record("subscribe", partition)
         if not self.connected.is_set():
             return False
         with self._lock:
             self.channels[partition] = StubChannel(partition)
+            self.generations[partition] = generation
             self._ended.discard(partition)
         if self.auto:
             self.confirm(partition)
@@ -123,7 +126,7 @@ class StubBroker(Broker):
         with self._lock:
             subscribed = partition in self.channels
         if not subscribed:
-            self.on_channel_lost(partition)
+            self.sink(ChannelLost(partition))
         elif self.auto:
             self.end(partition)
 
@@ -133,25 +136,22 @@ class StubBroker(Broker):
         self._record("resume", partition)
         with self._lock:
             kept = partition in self.channels and partition not in self._ended
-        if kept and self.auto and self.on_kept is not None:
-            self.on_kept(partition)
+        if kept and self.auto:
+            self.sink(Kept(partition))
 
     def warm(self, partition: int) -> None:
         self._record("warm", partition)
 
-    def ready(self, partitions: list[int], reply: Callable[[dict[int, int]], None]) -> None:
+    def ready(self, partitions: list[int]) -> None:
         """Every queue empty (the stub keeps no queues)."""
-        reply(dict.fromkeys(partitions, 0))
+        self.sink(ReadyCounts(dict.fromkeys(partitions, 0)))
 
     def cut(self, partition: int) -> None:
         """After :meth:`empty`: the cancel, the held acks, then drained (at once)."""
         self._record("cut", partition)
         with self._lock:
             channel = self.channels.pop(partition, None)
-        if channel is None:
-            self.on_channel_lost(partition)
-        else:
-            self.on_drained(partition)
+        self.sink(ChannelLost(partition) if channel is None else Drained(partition))
 
     def ack(self, partition: int, channel: Channel, delivery_tag: int) -> None:
         if channel.is_open:  # on a closed one the broker has requeued the delivery already
@@ -168,10 +168,7 @@ class StubBroker(Broker):
             done = current is channel and current.is_open
             if done:
                 del self.channels[partition]
-        if done:
-            self.on_drained(partition)
-        else:
-            self.on_channel_lost(partition)
+        self.sink(Drained(partition) if done else ChannelLost(partition))
 
     def fence(self) -> None:
         self._record("fence", -1)
@@ -179,6 +176,11 @@ class StubBroker(Broker):
             for channel in self.channels.values():
                 channel.is_open = False
             self.channels.clear()
+
+    def promote(self, partition: int, generation: int) -> None:
+        """The stub never activates a standby: nothing to promote."""
+        self._record("promote", partition)
+        self.sink(ChannelLost(partition))
 
     def stop(self) -> None:
         self._record("stop", -1)
@@ -189,24 +191,24 @@ class StubBroker(Broker):
 
     def confirm(self, partition: int) -> None:
         """The broker's consume-ok for ``partition``."""
-        self.on_subscribed(partition)
+        self.sink(Subscribed(partition))
 
     def end(self, partition: int) -> None:
         """The cancel is done: the worker gets END after its last delivery."""
         with self._lock:
             channel = self.channels[partition]
+            generation = self.generations[partition]
             self._ended.add(partition)
-        self.deliver(partition, (END, channel))
+        self.sink(End(partition, cast(Channel, channel), generation))
 
     def keep(self, partition: int) -> None:
-        """A ``resume`` came before the cancel: the drain is called off (``on_kept``)."""
-        assert self.on_kept is not None
-        self.on_kept(partition)
+        """A ``resume`` came before the cancel: the drain is called off (``Kept``)."""
+        self.sink(Kept(partition))
 
     def empty(self, partition: int) -> None:
-        """A drain's window is full and every delivery handled: ``on_emptied``."""
-        assert self.on_emptied is not None
-        self.on_emptied(partition)
+        """A drain's window is full and every delivery handled: ``Emptied``."""
+        assert self.early_release, "only a quorum stream's broker reports emptied"
+        self.sink(Emptied(partition))
 
     def publish(
         self,
@@ -216,14 +218,20 @@ class StubBroker(Broker):
         headers: dict[str, Any] | None = None,
         message_id: str | None = None,
         redelivered: bool = False,
+        generation: int | None = None,
     ) -> int:
-        """Deliver a message to the partition's worker; its delivery tag."""
+        """Deliver a message on the partition's channel; its delivery tag. ``generation``:
+        stamp it as of that subscription (by default the latest)."""
         with self._lock:
             channel = self.channels[partition]
             tag = next(self._tags)
+            if generation is None:
+                generation = self.generations[partition]
         properties = pika.BasicProperties(message_id=message_id, headers=headers)
-        delivery = Delivery(partition, cast(Channel, channel), tag, redelivered, properties, body)
-        self.deliver(partition, delivery)
+        delivery = Delivery(
+            partition, cast(Channel, channel), tag, redelivered, properties, body, generation
+        )
+        self.sink(delivery)
         return tag
 
     def acked(self, partition: int) -> list[int]:
@@ -236,15 +244,14 @@ class StubBroker(Broker):
         with self._lock:
             channel = self.channels.pop(partition)
             channel.is_open = False
-        self.on_channel_lost(partition)
+        self.sink(ChannelLost(partition))
 
     def refuse(self, partition: int, reason: str) -> None:
         """The broker closes the partition's channel with 403 ACCESS_REFUSED."""
         with self._lock:
             channel = self.channels.pop(partition)
             channel.is_open = False
-        if self.on_refused is not None:
-            self.on_refused(partition, reason)
+        self.sink(Refused(partition, reason))
 
     def disconnect(self) -> None:
         """The connection drops: every subscribed partition's channel with it."""
@@ -254,13 +261,13 @@ class StubBroker(Broker):
                 channel.is_open = False
             self.channels.clear()
         self.connected.clear()
-        self.on_connection(False)
+        self.sink(Connection(False))
         for partition in lost:
-            self.on_channel_lost(partition)
+            self.sink(ChannelLost(partition))
 
     def reconnect(self) -> None:
         self.connected.set()
-        self.on_connection(True)
+        self.sink(Connection(True))
 
     def subscribed(self) -> set[int]:
         with self._lock:
@@ -274,3 +281,6 @@ class StubBroker(Broker):
     def _record(self, call: str, partition: int) -> None:
         with self._lock:
             self.calls.append((call, partition))
+
+
+_STUB_IS_A_FACTORY: BrokerFactory = StubBroker  # mypy checks it against the port

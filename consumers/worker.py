@@ -60,11 +60,11 @@ from collections.abc import Callable
 from typing import Any
 
 from consumers import keyparking, metrics
-from consumers.broker import END, Broker, Delivery
 from consumers.deadletters import DeadLetters
 from consumers.keyparking import KeyParking, Outcome
 from consumers.message import Handler, MalformedHeaders, Message, message_from
 from consumers.parking import Parking, shown_key
+from consumers.port import END, BrokerPort, Delivery
 from consumers.runners import EventLoop
 from coordinator.session import Session
 from kernel import logs
@@ -106,7 +106,7 @@ class Worker(KeyParking, threading.Thread):
         partition: int,
         member: str,
         handler: Handler,
-        broker: Broker,
+        broker: BrokerPort,
         session: Session,
         dead_letters: DeadLetters,
         max_attempts: int,
@@ -117,12 +117,14 @@ class Worker(KeyParking, threading.Thread):
         on_failure: Callable[[int, str], None] | None = None,
         parking: Parking | None = None,
         loop: EventLoop | None = None,
+        generation: int = 0,
     ) -> None:
         """``handler_timeout``: seconds (None or 0: none). ``on_failure(partition, reason)``:
         the worker stopped for good, ``reason`` :data:`CRASH` or :data:`HANDLER_TIMEOUT`.
         ``parking``: park keys (the stream's ``on_failure`` is ``park``) instead of
         dead-lettering single messages. ``loop``: where awaitables a handler returns are
-        awaited (the daemon's; by default one of the worker's own, started on first use)."""
+        awaited (the daemon's; by default one of the worker's own, started on first use).
+        ``generation``: of the subscription whose deliveries it takes (``consumers.port``)."""
         super().__init__(name=f"partition-{partition}", daemon=True)
         self.spec = spec
         self.partition = partition
@@ -139,6 +141,7 @@ class Worker(KeyParking, threading.Thread):
         self.handler_timeout = handler_timeout or None
         self.on_failure = on_failure
         self.loop = loop or EventLoop(name=f"handler-loop-{partition}")
+        self.generation = generation
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.stopped = threading.Event()
         self.failure: str | None = None  # why the worker stopped for good, if it did

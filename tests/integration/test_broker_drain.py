@@ -10,7 +10,18 @@ from collections.abc import Callable, Iterator
 import pika
 import pytest
 
-from consumers.broker import END, Broker, Delivery
+from consumers.broker import Broker
+from consumers.port import (
+    BrokerEvent,
+    ChannelLost,
+    Connection,
+    Delivery,
+    Drained,
+    Emptied,
+    End,
+    Sink,
+    Subscribed,
+)
 from coordinator.admin import create_stream, delete
 from producer.contract import StreamSpec
 from producer.publisher import Producer
@@ -18,6 +29,30 @@ from producer.registry import Registry
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration]
+
+
+def sink(
+    on_delivery: Callable[[Delivery], None],
+    on_end: Callable[[End], None] | None = None,
+    record: Callable[[str, int], object] = lambda _kind, _partition: None,
+) -> Sink:
+    """The broker's sink (its I/O thread): deliveries and END to the test's handlers, the
+    rest recorded as ("subscribed" | "drained" | "emptied" | "lost" | "up" | "down", p)."""
+
+    def handle(event: BrokerEvent) -> None:
+        match event:
+            case Delivery():
+                on_delivery(event)
+            case End():
+                assert on_end is not None, "an emptied drain sends no END"
+                on_end(event)
+            case Subscribed(p) | Drained(p) | Emptied(p) | ChannelLost(p):
+                kinds = {Subscribed: "subscribed", Drained: "drained", Emptied: "emptied"}
+                record(kinds.get(type(event), "lost"), p)
+            case Connection(up):
+                record("up" if up else "down", -1)
+
+    return handle
 
 
 @pytest.fixture(params=["quorum", "classic"])
@@ -53,15 +88,17 @@ def test_cancel_mid_stream_acks_everything_it_was_given(spec: StreamSpec, rabbit
     handled: list[int] = []
     done = threading.Event()
 
-    def deliver(partition: int, item: Delivery | object) -> None:  # the broker's I/O thread
-        if isinstance(item, tuple) and item[0] is END:
-            broker.finish(partition, item[1])
-            return
-        assert isinstance(item, Delivery)
+    def deliver(item: Delivery) -> None:  # the broker's I/O thread
         handled.append(int(item.body))
-        broker.ack(partition, item.channel, item.delivery_tag)
+        broker.ack(item.partition, item.channel, item.delivery_tag)
         if len(handled) == 50:
-            broker.cancel(partition)  # When the partition is revoked mid-stream
+            broker.cancel(item.partition)  # When the partition is revoked mid-stream
+
+    def record(kind: str, partition: int) -> None:
+        if partition >= 0:
+            events.put((kind, partition))
+        if kind == "drained":
+            done.set()
 
     broker = Broker(
         rabbitmq,
@@ -69,16 +106,12 @@ def test_cancel_mid_stream_acks_everything_it_was_given(spec: StreamSpec, rabbit
         prefetch=500,
         heartbeat=5,
         name="drain-test",
-        deliver=deliver,
-        on_subscribed=lambda p: events.put(("subscribed", p)),
-        on_drained=lambda p: (events.put(("drained", p)), done.set()),
-        on_channel_lost=lambda p: events.put(("lost", p)),
-        on_connection=lambda up: None,
+        sink=sink(deliver, lambda end: broker.finish(end.partition, end.channel), record),
     )
     broker.start()
     try:
         assert broker.connected.wait(10)
-        broker.subscribe(0)
+        broker.subscribe(0, 1)
         assert done.wait(20), list(events.queue)
     finally:
         broker.stop()
@@ -116,17 +149,13 @@ def test_drain_while_producers_keep_publishing_keeps_order(spec: StreamSpec, rab
     redelivered: list[int] = []
     done = threading.Event()
 
-    def deliver(partition: int, item: Delivery | object) -> None:
-        if isinstance(item, tuple) and item[0] is END:
-            broker.finish(partition, item[1])
-            return
-        assert isinstance(item, Delivery)
+    def deliver(item: Delivery) -> None:
         handled.append(int(item.body))
         if item.redelivered:
             redelivered.append(int(item.body))
-        broker.ack(partition, item.channel, item.delivery_tag)
+        broker.ack(item.partition, item.channel, item.delivery_tag)
         if len(handled) == 300:
-            broker.cancel(partition)  # When it is revoked mid-stream
+            broker.cancel(item.partition)  # When it is revoked mid-stream
 
     broker = Broker(
         rabbitmq,
@@ -134,18 +163,18 @@ def test_drain_while_producers_keep_publishing_keeps_order(spec: StreamSpec, rab
         prefetch=50,
         heartbeat=5,
         name="drain-live",
-        deliver=deliver,
-        on_subscribed=lambda p: None,
-        on_drained=lambda p: done.set(),
-        on_channel_lost=lambda p: None,
-        on_connection=lambda up: None,
+        sink=sink(
+            deliver,
+            lambda end: broker.finish(end.partition, end.channel),
+            lambda kind, _p: done.set() if kind == "drained" else None,
+        ),
     )
     producer = threading.Thread(target=produce)
     producer.start()
     broker.start()
     try:
         assert broker.connected.wait(10)
-        broker.subscribe(0)
+        broker.subscribe(0, 1)
         assert done.wait(20)
         # Then the next owner, reading while publishing goes on, continues exactly after
         rest: list[tuple[int, bool]] = []
@@ -184,16 +213,12 @@ def test_a_queue_deleted_under_a_consumer_reports_the_partition_lost(
         prefetch=10,
         heartbeat=5,
         name="deleted-queue",
-        deliver=lambda p, item: None,
-        on_subscribed=lambda p: events.put(("subscribed", p)),
-        on_drained=lambda p: events.put(("drained", p)),
-        on_channel_lost=lambda p: events.put(("lost", p)),
-        on_connection=lambda up: None,
+        sink=sink(lambda _d: None, record=lambda kind, p: p >= 0 and events.put((kind, p))),
     )
     broker.start()
     try:
         assert broker.connected.wait(10)
-        broker.subscribe(0)
+        broker.subscribe(0, 1)
         assert events.get(timeout=10) == ("subscribed", 0)
         # When its queue is deleted (RabbitMQ cancels the consumer by itself)
         with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
@@ -201,7 +226,7 @@ def test_a_queue_deleted_under_a_consumer_reports_the_partition_lost(
         # Then the partition is reported lost instead of waiting for an END that never comes
         assert events.get(timeout=10) == ("lost", 0)
         # And subscribing again while the queue is missing backs off instead of spinning
-        broker.subscribe(0)
+        broker.subscribe(0, 2)
         losses = 0
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
@@ -211,7 +236,7 @@ def test_a_queue_deleted_under_a_consumer_reports_the_partition_lost(
                 break
             if kind == "lost":
                 losses += 1
-                broker.subscribe(0)  # as the daemon does on a lost channel
+                broker.subscribe(0, 3 + losses)  # as the daemon does on a lost channel
         assert 1 <= losses <= 6, losses  # 0.2 + 0.4 + 0.8 + 1.6 s: at most a handful in 3 s
     finally:
         broker.stop()
@@ -234,20 +259,22 @@ class _Owner:
             prefetch=prefetch,
             heartbeat=5,
             name=name,
-            deliver=self.deliver,
-            on_subscribed=lambda p: self.subscribed.set(),
-            on_drained=lambda p: self.drained.set(),
-            on_channel_lost=self.lost.append,
-            on_connection=lambda up: None,
-            on_emptied=lambda p: self.emptied.set(),
+            sink=sink(self.deliver, record=self.record),
+            early_release=True,
         )
         self.broker.start()
         assert self.broker.connected.wait(10)
 
-    def deliver(self, partition: int, item: Delivery | object) -> None:
-        assert isinstance(item, Delivery), "an emptied drain sends no END"
+    def deliver(self, item: Delivery) -> None:
         self.handled.append((int(item.body), item.redelivered, time.monotonic()))
-        self.broker.ack(partition, item.channel, item.delivery_tag)
+        self.broker.ack(item.partition, item.channel, item.delivery_tag)
+
+    def record(self, kind: str, partition: int) -> None:
+        events = {"subscribed": self.subscribed, "drained": self.drained, "emptied": self.emptied}
+        if kind in events:
+            events[kind].set()
+        elif kind == "lost":
+            self.lost.append(partition)
 
     def stop(self) -> None:
         self.broker.stop()
@@ -268,7 +295,7 @@ def test_an_emptied_drain_hands_over_to_a_subscriber_waiting_behind_it(
     a = _Owner("emptied-a", spec, rabbitmq, 50)
     b = _Owner("emptied-b", spec, rabbitmq, 50)
     try:
-        a.broker.subscribe(0)
+        a.broker.subscribe(0, 1)
         assert a.subscribed.wait(10)
         producer.start()
         deadline = time.monotonic() + 20
@@ -280,7 +307,7 @@ def test_an_emptied_drain_hands_over_to_a_subscriber_waiting_behind_it(
         emptied_at = time.monotonic()
         # and B (its claim written once A's was released) subscribes while A still is the
         # active consumer: B waits behind it at the broker
-        b.broker.subscribe(0)
+        b.broker.subscribe(0, 1)
         assert b.subscribed.wait(10)
         time.sleep(0.2)
         assert not b.handled, "B was served while A had not cancelled"
@@ -320,7 +347,7 @@ def test_a_warm_channel_consumes_nothing_until_subscribed(spec: StreamSpec, rabb
         # Then nothing is delivered on it
         assert not owner.handled and not owner.subscribed.is_set()
         # When it subscribes / Then it gets everything, in order, on that channel
-        owner.broker.subscribe(0)
+        owner.broker.subscribe(0, 1)
         assert owner.subscribed.wait(10)
         deadline = time.monotonic() + 20
         while len(owner.handled) < 100 and time.monotonic() < deadline:
@@ -347,9 +374,8 @@ def fence_consumer(
 ) -> Broker:
     broker: Broker
 
-    def on_delivery(partition: int, item: Delivery | object) -> None:
-        if isinstance(item, Delivery):
-            deliver(broker, item)
+    def record(kind: str, partition: int) -> None:
+        events.append(kind if partition < 0 else f"{kind} {partition}")
 
     broker = Broker(
         rabbitmq,
@@ -357,11 +383,7 @@ def fence_consumer(
         prefetch=FENCE_WINDOW,
         heartbeat=30,  # a frozen owner's broker would notice late: the fence comes first
         name=name,
-        deliver=on_delivery,
-        on_subscribed=lambda p: events.append(f"subscribed {p}"),
-        on_drained=lambda p: events.append(f"drained {p}"),
-        on_channel_lost=lambda p: events.append(f"lost {p}"),
-        on_connection=lambda up: events.append("up" if up else "down"),
+        sink=sink(lambda item: deliver(broker, item), record=record),
     )
     broker.start()
     assert broker.connected.wait(10)
@@ -392,9 +414,9 @@ def test_a_fenced_owner_gives_back_its_window_first_in_order(
     b = fence_consumer(rabbitmq, spec, "fence-b", handle, b_events)
     try:
         # Given A holding a full window unacked and B subscribed behind it
-        assert a.subscribe(0)
+        assert a.subscribe(0, 1)
         wait_until(lambda: len(held) == FENCE_WINDOW, 10, what="A's window full")
-        assert b.subscribe(0)
+        assert b.subscribe(0, 1)
         wait_until(lambda: "subscribed 0" in b_events, 10, what="B subscribed")
         assert got == []  # waiting: A is the active consumer
         # When A is fenced

@@ -24,8 +24,8 @@ import pika
 import pytest
 
 from consumers import audit
-from consumers.broker import Delivery
 from consumers.parking import ParkedKeys, Parking
+from consumers.port import Delivery
 from coordinator import dlq
 from coordinator.group import Group
 from coordinator.session import Session

@@ -20,8 +20,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from consumers.broker import Delivery
 from consumers.deadletters import DeadLetters
+from consumers.port import Delivery
 from producer.contract import QUORUM_DELIVERY_LIMIT, StreamSpec
 from producer.topology import declare_stream, delete_stream, queue_arguments
 

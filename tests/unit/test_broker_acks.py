@@ -1,208 +1,332 @@
-"""The broker's batched acks: a multiple ack only ever covers what the worker acked."""
+"""The broker's channels over fake pika objects: acks, drains called off, standbys promoted.
+
+Driven only through :class:`consumers.channels.Channels`' methods (as the broker's I/O loop
+calls them) and the pika callbacks it registers; the real thing is proven against RabbitMQ
+by tests/integration/test_broker_drain.py.
+"""
 
 from __future__ import annotations
 
+import itertools
+from types import SimpleNamespace
 from typing import Any
 
-from consumers.broker import Broker, Delivery, _Standby, _Subscription
+from consumers.acks import AckQueue
+from consumers.channels import Channels
+from consumers.port import (
+    Activated,
+    BrokerEvent,
+    Delivery,
+    Drained,
+    Emptied,
+    End,
+    Kept,
+    Subscribed,
+)
 from producer.contract import StreamSpec
+
+PREFETCH = 4
 
 
 class Channel:
-    is_open = True
+    """A pika channel whose round trips answer on the loop's next turn (``Loop.settle``),
+    unless ``manual``: then the test runs the queued ``basic_qos`` callbacks itself."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: Loop, *, manual: bool = False) -> None:
+        self.loop = loop
+        self.is_open = True
+        self.manual = manual
         self.acks: list[tuple[int, bool]] = []
-
-    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
-        self.acks.append((delivery_tag, multiple))
-
-
-def broker() -> Broker:
-    def nothing(*_args: Any) -> None:
-        return None
-
-    return Broker(
-        "amqp://guest:guest@127.0.0.1:1/%2F",
-        StreamSpec("orders", 4),
-        prefetch=100,
-        heartbeat=5,
-        name="test",
-        deliver=nothing,
-        on_subscribed=nothing,
-        on_drained=nothing,
-        on_channel_lost=nothing,
-        on_connection=nothing,
-    )
-
-
-def subscribed(b: Broker, partition: int, delivered: list[int]) -> Channel:
-    channel = Channel()
-    sub = _Subscription(channel, consuming=True)  # type: ignore[arg-type]
-    sub.unacked.extend(delivered)
-    sub.received = len(delivered)
-    b._subs[partition] = sub
-    return channel
-
-
-def test_the_oldest_unacked_in_order_go_as_one_multiple_ack() -> None:
-    # Given two partitions with deliveries 1-5 and 1-3 on their channels
-    b = broker()
-    one, two = subscribed(b, 0, [1, 2, 3, 4, 5]), subscribed(b, 1, [1, 2, 3])
-    # When their workers ack 1-3 and 1-2, interleaved, before the I/O loop runs
-    for partition, channel, tag in [(0, one, 1), (0, one, 2), (1, two, 1), (0, one, 3)]:
-        b._acks.append((partition, channel, tag))  # as Broker.ack queues them
-    b._acks.append((1, two, 2))
-    b._send_acks()
-    # Then each channel's acks went as one multiple ack
-    assert one.acks == [(3, True)]
-    assert two.acks == [(2, True)]
-    assert list(b._subs[0].unacked) == [4, 5] and b._subs[0].acks_sent == 3
-    assert list(b._subs[1].unacked) == [3] and b._subs[1].acks_sent == 2
-
-
-def test_a_gap_is_acked_tag_by_tag_so_the_skipped_delivery_stays_unacked() -> None:
-    # Given deliveries 1-4, of which the worker acks 2 and 3 but not 1
-    b = broker()
-    channel = subscribed(b, 0, [1, 2, 3, 4])
-    b._acks += [(0, channel, 2), (0, channel, 3)]  # type: ignore[list-item]
-    b._send_acks()
-    # Then no multiple ack covers 1: each is acked alone, and 1 stays unacked
-    assert channel.acks == [(2, False), (3, False)]
-    assert list(b._subs[0].unacked) == [1, 4]
-
-
-def test_acks_of_a_draining_partition_are_held_and_of_an_old_channel_dropped() -> None:
-    b = broker()
-    channel = subscribed(b, 0, [1, 2, 3])
-    b._subs[0].holding = True
-    old = Channel()
-    b._acks += [(0, channel, 1), (0, channel, 2), (0, old, 7)]  # type: ignore[list-item]
-    b._send_acks()
-    assert channel.acks == [] and old.acks == []
-    assert b._subs[0].held == [1, 2]
-
-
-def test_acks_queued_on_a_connection_that_died_do_not_stop_later_acks() -> None:
-    # Given an ack whose send was queued on a connection's loop that then died unrun
-    b = broker()
-    sent: list[object] = []
-    b._call = lambda fn: sent.append(fn) or True  # type: ignore[method-assign]
-    channel = subscribed(b, 0, [1, 2])
-    b.ack(0, channel, 1)  # type: ignore[arg-type]
-    assert len(sent) == 1
-    b._drop_acks()  # as run() does once the connection's loop has stopped
-    # When the worker acks on the next connection's channel
-    new_channel = subscribed(b, 0, [1])
-    b.ack(0, new_channel, 1)  # type: ignore[arg-type]
-    # Then a send is scheduled again, and it acks only the new channel's delivery
-    assert len(sent) == 2
-    b._send_acks()
-    assert new_channel.acks == [(1, False)] and channel.acks == []
-
-
-class OpeningChannel(Channel):
-    """A channel whose callbacks the test runs by hand (the broker's round trips)."""
-
-    def __init__(self) -> None:
-        super().__init__()
         self.qos: list[Any] = []
-        self.closed = False
+        self.cancelled: list[str] = []
+        self.nacked: list[int] = []
+        self.consumers = 1  # consumers on its queue (a standby consumes behind one)
+        self._closers: list[Any] = []
+        self._tags = itertools.count(1)
 
-    def add_on_close_callback(self, _callback: Any) -> None:
-        return None
+    def add_on_close_callback(self, callback: Any) -> None:
+        self._closers.append(callback)
 
     def add_on_cancel_callback(self, _callback: Any) -> None:
         return None
 
     def basic_qos(self, prefetch_count: int, callback: Any) -> None:
-        self.qos.append(callback)
+        if self.manual:
+            self.qos.append(callback)
+        else:
+            self.loop.soon(callback, None)
+
+    def basic_consume(self, _queue: str, _unused: Any, callback: Any = None) -> str:
+        if callback is not None:
+            self.loop.soon(callback, None)
+        return "ctag"
+
+    def basic_cancel(self, tag: str, callback: Any) -> None:
+        self.cancelled.append(tag)
+        self.loop.soon(callback, None)
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
+        self.acks.append((delivery_tag, multiple))
+
+    def basic_nack(self, delivery_tag: int, requeue: bool) -> None:
+        self.nacked.append(delivery_tag)
+
+    def queue_declare(self, _queue: str, passive: bool, callback: Any) -> None:
+        counts = SimpleNamespace(message_count=0, consumer_count=self.consumers)
+        self.loop.soon(callback, SimpleNamespace(method=counts))
 
     def close(self) -> None:
-        self.closed = True
         self.is_open = False
+        for closer in self._closers:
+            closer(self, RuntimeError("closed"))
+
+    def deliver(self) -> int:
+        """RabbitMQ delivers the next message on this channel; its tag."""
+        tag = next(self._tags)
+        method = SimpleNamespace(method=SimpleNamespace(delivery_tag=tag, redelivered=False))
+        self._on_deliver(method, SimpleNamespace(properties=None), b"")  # type: ignore[attr-defined]
+        return tag
+
+
+class Loop:
+    """An I/O loop: replies run on ``settle``, timers when the test says."""
+
+    def __init__(self) -> None:
+        self.later: list[Any] = []
+        self.replies: list[tuple[Any, Any]] = []
+
+    def call_later(self, _delay: float, callback: Any) -> None:
+        self.later.append(callback)
+
+    def soon(self, callback: Any, frame: Any) -> None:
+        self.replies.append((callback, frame))
+
+    def settle(self) -> None:
+        """Run the replies due, and those they cause, in order (bounded)."""
+        for _ in range(1000):
+            if not self.replies:
+                return
+            callback, frame = self.replies.pop(0)
+            callback(frame)
+        raise AssertionError("replies without end")
 
 
 class Connection:
+    """A pika connection whose channels open when the test says (``open_next``)."""
+
     def __init__(self) -> None:
-        self.opening: list[Any] = []
         self.is_open = True
+        self.ioloop = Loop()
+        self.opening: list[Any] = []
 
     def channel(self, on_open_callback: Any) -> None:
         self.opening.append(on_open_callback)
+
+    def open_next(self, *, manual: bool = False) -> Channel:
+        channel = Channel(self.ioloop, manual=manual)
+        self.opening.pop(0)(channel)
+        self.ioloop.settle()
+        return channel
+
+
+class Edge:
+    """Channels on a fake connection, with every event they report."""
+
+    def __init__(self, *, early: bool = False) -> None:
+        self.events: list[BrokerEvent] = []
+        self.channels = Channels(
+            "amqp://guest:guest@127.0.0.1:1/%2F",
+            StreamSpec("orders", 4),
+            prefetch=PREFETCH,
+            early=early,
+            sink=self.events.append,
+        )
+        self.connection = Connection()
+        self.channels.attach(self.connection)
+
+    def subscribed(self, partition: int, generation: int = 1) -> Channel:
+        self.channels.subscribe(partition, generation)
+        return self.connection.open_next()
+
+    def settle(self) -> None:
+        self.connection.ioloop.settle()
+
+
+def test_the_oldest_unacked_in_order_go_as_one_multiple_ack() -> None:
+    # Given two partitions with deliveries 1-3 and 1-2 on their channels
+    edge = Edge()
+    one, two = edge.subscribed(0), edge.subscribed(1)
+    for _ in range(3):
+        one.deliver()
+    two.deliver(), two.deliver()
+    # When their workers ack 1-3 and 1-2, interleaved, before the I/O loop runs
+    acks = AckQueue()
+    for partition, channel, tag in [
+        (0, one, 1),
+        (0, one, 2),
+        (1, two, 1),
+        (0, one, 3),
+        (1, two, 2),
+    ]:
+        acks.put(partition, channel, tag)  # type: ignore[arg-type]
+    for partition, channel, tags in acks.take():
+        edge.channels.ack(partition, channel, tags)
+    # Then each channel's acks went as one multiple ack
+    assert one.acks == [(3, True)]
+    assert two.acks == [(2, True)]
+
+
+def test_a_gap_is_acked_tag_by_tag_so_the_skipped_delivery_stays_unacked() -> None:
+    # Given deliveries 1-4, of which the worker acks 2 and 3 but not 1
+    edge = Edge()
+    channel = edge.subscribed(0)
+    for _ in range(4):
+        channel.deliver()
+    edge.channels.ack(0, channel, [2, 3])  # type: ignore[arg-type]
+    # Then no multiple ack covers 1: each is acked alone
+    assert channel.acks == [(2, False), (3, False)]
+    # and 1 stays unacked: once the worker acks 1 and 4, the only two left, one multiple
+    edge.channels.ack(0, channel, [1, 4])  # type: ignore[arg-type]
+    assert channel.acks[2:] == [(4, True)]
+
+
+def test_acks_of_a_draining_partition_are_held_and_of_an_old_channel_dropped() -> None:
+    edge = Edge()
+    channel = edge.subscribed(0)
+    for _ in range(3):
+        channel.deliver()
+    edge.channels.revoke(0)
+    old = Channel(edge.connection.ioloop)
+    edge.channels.ack(0, channel, [1, 2])  # type: ignore[arg-type]
+    edge.channels.ack(0, old, [7])  # type: ignore[arg-type]
+    assert channel.acks == [] and old.acks == []
+
+
+def test_a_send_queued_on_a_dead_connection_does_not_stop_later_acks() -> None:
+    # Given an ack whose send was scheduled (on a loop that then died unrun)
+    acks = AckQueue()
+    assert acks.put(0, "c1", 1)  # type: ignore[arg-type]
+    assert not acks.put(0, "c1", 2)  # type: ignore[arg-type]  # one send already scheduled
+    # When the connection's acks are dropped (as run() does once its loop has stopped)
+    acks.drop()
+    # Then the next ack schedules a send again, and carries only itself
+    assert acks.put(0, "c2", 1)  # type: ignore[arg-type]
+    assert acks.take() == [(0, "c2", [1])]
+
+
+def test_a_full_window_of_a_drain_is_cancelled_and_ends_after_its_deliveries() -> None:
+    # Given a partition with 2 of its 4 deliveries in flight to the worker, draining
+    edge = Edge()
+    channel = edge.subscribed(0, generation=3)
+    channel.deliver(), channel.deliver()
+    edge.channels.revoke(0)
+    # When the window fills
+    channel.deliver(), channel.deliver()
+    edge.settle()
+    # Then basic.cancel went, and END follows the last delivery, of the same generation
+    assert channel.cancelled == ["ctag"]
+    assert isinstance(edge.events[-1], End) and edge.events[-1].generation == 3
+    assert [e.generation for e in edge.events if isinstance(e, Delivery)] == [3, 3, 3, 3]
+    # When the worker has acked all four (held) and finishes
+    edge.channels.ack(0, channel, [1, 2, 3, 4])  # type: ignore[arg-type]
+    assert channel.acks == []
+    edge.channels.finish(0, channel)  # type: ignore[arg-type]
+    edge.settle()
+    # Then the held acks go, one each, and the partition is drained
+    assert channel.acks == [(1, False), (2, False), (3, False), (4, False)]
+    assert edge.events[-1] == Drained(0)
+
+
+def test_an_early_drain_is_emptied_once_all_is_handled_then_cut() -> None:
+    edge = Edge(early=True)
+    channel = edge.subscribed(0)
+    for _ in range(PREFETCH):
+        channel.deliver()
+    edge.channels.revoke(0)  # full already: nothing can be in flight
+    edge.channels.ack(0, channel, [1, 2, 3])  # type: ignore[arg-type]
+    assert Emptied(0) not in edge.events  # one is still being handled
+    edge.channels.ack(0, channel, [4])  # type: ignore[arg-type]
+    assert edge.events[-1] == Emptied(0) and channel.cancelled == []
+    edge.channels.cut(0)
+    edge.settle()
+    assert channel.cancelled == ["ctag"] and len(channel.acks) == 4
+    assert edge.events[-1] == Drained(0)
 
 
 def test_a_channel_warming_while_a_standby_is_promoted_does_not_take_its_acks() -> None:
     # Given partition 1 assigned to us before its owner's death reached us: its channel
     # warms (open, basic.qos under way) while our standby on it holds a delivery
-    b = broker()
-    delivered: list[Any] = []
-    b._deliver = lambda _p, item: delivered.append(item)
-    connection = Connection()
-    b._connection = connection  # type: ignore[assignment]
-    b._warm(1)
-    warm = OpeningChannel()
-    connection.opening.pop()(warm)
-    standby = OpeningChannel()
-    delivery = Delivery(1, standby, 7, True, None, b"")  # type: ignore[arg-type]
-    b._standbys[1] = _Standby(standby, tag="standby", buffer=[delivery], activated=True)  # type: ignore[arg-type]
+    edge = Edge()
+    edge.channels.warm(1)
+    warm = edge.connection.open_next(manual=True)
+    edge.channels.stand_by(1)
+    standby = edge.connection.open_next()
+    tag = standby.deliver()
+    assert edge.events == [Activated(1)]
     # When the standby is promoted (a takeover) and then the warm channel's qos completes
-    b._promote(1)
+    edge.channels.promote(1, generation=5)
     warm.qos.pop()(None)
-    # Then the worker's ack of the standby's delivery reaches RabbitMQ, and the warm
-    # channel, never consumed on, is closed
-    assert delivered == [delivery]
-    b._acks.append((1, standby, 7))  # type: ignore[arg-type]
-    b._send_acks()
-    assert standby.acks == [(7, False)]
-    assert b._subs[1].channel is standby and warm.closed
-
-
-class Loop:
-    """An I/O loop whose timers the test runs by hand."""
-
-    def __init__(self) -> None:
-        self.later: list[Any] = []
-
-    def call_later(self, _delay: float, callback: Any) -> None:
-        self.later.append(callback)
+    # Then the worker got the standby's delivery, of its generation, and its ack reaches
+    # RabbitMQ; the warm channel, never consumed on, is closed
+    handed = [e for e in edge.events if isinstance(e, Delivery)]
+    assert [(d.delivery_tag, d.channel, d.generation) for d in handed] == [(tag, standby, 5)]
+    edge.channels.ack(1, standby, [tag])  # type: ignore[arg-type]
+    assert standby.acks == [(tag, False)]
+    assert not warm.is_open
 
 
 def test_a_drain_called_off_before_its_cancel_sends_its_held_acks_and_consumes_on() -> None:
     # Given partition 0 draining (acks held) with 3 deliveries handled, its window not full
-    b = broker()
-    kept: list[int] = []
-    b._on_kept = kept.append
-    connection = Connection()
-    connection.ioloop = Loop()  # type: ignore[attr-defined]
-    b._connection = connection  # type: ignore[assignment]
-    channel = subscribed(b, 0, [1, 2, 3])
-    b._revoke(0)
-    b._acks += [(0, channel, 1), (0, channel, 2), (0, channel, 3)]  # type: ignore[list-item]
-    b._send_acks()
-    assert channel.acks == [] and b._subs[0].held == [1, 2, 3]
+    edge = Edge()
+    channel = edge.subscribed(0)
+    for _ in range(3):
+        channel.deliver()
+    edge.channels.revoke(0)
+    edge.channels.ack(0, channel, [1, 2, 3])  # type: ignore[arg-type]
+    assert channel.acks == []
     # When it is called off (assigned back to us)
-    b._resume(0)
+    edge.channels.resume(0)
     # Then the held acks go, as one multiple ack, it is reported kept, and acks flow again
-    assert channel.acks == [(3, True)] and kept == [0]
-    sub = b._subs[0]
-    assert not sub.holding and not sub.cancel_sent and list(sub.unacked) == []
-    sub.unacked.append(4)
-    b._acks.append((0, channel, 4))  # type: ignore[arg-type]
-    b._send_acks()
+    assert channel.acks == [(3, True)] and edge.events[-1] == Kept(0)
+    channel.deliver()
+    edge.channels.ack(0, channel, [4])  # type: ignore[arg-type]
     assert channel.acks[-1] == (4, False)
     # and the called-off drain's quiet timer cancels nothing
-    for timer in connection.ioloop.later:  # type: ignore[attr-defined]
+    for timer in edge.connection.ioloop.later:
         timer()
-    assert not sub.cancel_sent
+    assert channel.cancelled == []
+
+
+def test_a_quiet_drain_is_cancelled_after_its_quiet_spell_and_an_empty_queue() -> None:
+    edge = Edge()
+    channel = edge.subscribed(0)
+    channel.deliver()
+    edge.channels.revoke(0)
+    timers = edge.connection.ioloop.later
+    assert len(timers) == 1 and channel.cancelled == []
+    timers.pop()()  # quiet for QUIET seconds; the passive declare finds 0 ready
+    edge.settle()
+    assert channel.cancelled == ["ctag"]
+    assert isinstance(edge.events[-1], End)
 
 
 def test_a_drain_whose_cancel_was_sent_is_not_called_off() -> None:
-    b = broker()
-    kept: list[int] = []
-    b._on_kept = kept.append
-    subscribed(b, 0, [1])
-    sub = b._subs[0]
-    sub.holding, sub.cancel_sent = True, True
-    b._resume(0)
-    assert kept == [] and sub.holding
+    edge = Edge()
+    channel = edge.subscribed(0)
+    for _ in range(PREFETCH):
+        channel.deliver()
+    edge.channels.revoke(0)  # full: cancelled at once
+    edge.settle()
+    edge.channels.resume(0)
+    assert Kept(0) not in edge.events and channel.cancelled == ["ctag"]
+
+
+def test_subscribed_is_reported_and_a_subscribe_while_opening_takes_the_newer_generation() -> None:
+    edge = Edge()
+    edge.channels.subscribe(0, 1)
+    edge.channels.subscribe(0, 2)  # the same channel still opening
+    channel = edge.connection.open_next()
+    assert edge.connection.opening == []
+    channel.deliver()
+    assert edge.events[0] == Subscribed(0)
+    assert [e.generation for e in edge.events if isinstance(e, Delivery)] == [2]

@@ -128,9 +128,9 @@ def claims_at_subscribe(env: Env, running: Running) -> list[tuple[str, int] | No
     seen: list[tuple[str, int] | None] = []
     subscribe = running.broker.subscribe
 
-    def checking(partition: int) -> bool:
+    def checking(partition: int, generation: int) -> bool:
         seen.append(env.claim_of(partition))
-        return subscribe(partition)
+        return subscribe(partition, generation)
 
     running.broker.subscribe = checking  # type: ignore[method-assign]
     return seen
@@ -373,6 +373,23 @@ def test_a_stop_leaves_the_group_drains_releases_and_revokes(env: Env) -> None:
     assert c1.broker.stopped.is_set()
 
 
+def test_a_delivery_of_an_earlier_subscription_never_reaches_the_newer_worker(env: Env) -> None:
+    # Given c1 consuming partition 1, whose channel is lost and subscribed again
+    c1 = consuming(env, "c1", 1)
+    old = c1.broker.generations[1]
+    c1.broker.lose_channel(1)
+    eventually("subscribed again", lambda: c1.broker.count("subscribe", 1) == 2)
+    eventually("consuming", lambda: c1.consumer.owned() == [1])
+    assert c1.broker.generations[1] != old
+    # When a delivery of the earlier subscription arrives (say, read off its connection
+    # late), then one of the current subscription
+    c1.broker.publish(1, b"old", generation=old)
+    c1.broker.publish(1, b"new")
+    # Then the new worker handles only its own
+    eventually("handled", lambda: c1.handled == [b"new"])
+    assert c1.broker.acked(1) == [2]
+
+
 def test_a_lost_channel_resubscribes_and_a_lost_connection_waits_for_the_broker(env: Env) -> None:
     c1 = consuming(env, "c1", 1)
     c1.broker.lose_channel(1)
@@ -464,7 +481,7 @@ def test_a_partition_waiting_for_a_park_makes_the_member_unready_until_it_parks(
         stalls.failed(0, b"k", RuntimeError("etcd refused"))
         eventually("not ready", lambda: not c1.consumer.ready.is_set())
         # And the load report (partq status) names the partition
-        c1.consumer._report_load()
+        c1.consumer.reports.report_load(c1.consumer.session)
         assert env.group.loads()["c1"].parking_stalled == (0,)
         # When it parks / Then ready again
         stalls.ended(0, parked=True)

@@ -12,9 +12,9 @@ from typing import Any
 import pika
 import pytest
 
-from consumers.broker import END, Delivery
 from consumers.keyed import KeyedWorker, concurrency_report
 from consumers.message import Message
+from consumers.port import END, Delivery
 from consumers.runners import EventLoop, HandlerPool
 from producer.contract import key_id
 from tests.polling import wait_until

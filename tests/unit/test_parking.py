@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.broker import Delivery
 from consumers.control import senders, users_of
 from consumers.parking import ParkedKeys, ParkStalls, too_many
+from consumers.port import Delivery
 from coordinator import codec, kinds
 from coordinator.codec import Parked
 from kernel.amqp import AmqpTarget, AmqpTLS

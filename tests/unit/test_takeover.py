@@ -14,11 +14,11 @@ from typing import Any, cast
 
 import pytest
 
-from consumers.broker import Broker
 from consumers.deadletters import DeadLetters
 from consumers.handoff import Holder, Phase, Standby
 from consumers.message import Message
 from consumers.partitions import Partitions
+from consumers.port import BrokerPort
 from coordinator import codec
 from coordinator.group import Group
 from coordinator.session import Session
@@ -62,7 +62,7 @@ class Env:
             spec=SPEC,
             member="b",
             group=self.group,
-            broker=cast(Broker, self.broker),
+            broker=cast(BrokerPort, self.broker),
             handler=self.handle,
             dead_letters=cast(DeadLetters, None),
             max_attempts=1,

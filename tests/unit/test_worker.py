@@ -13,8 +13,8 @@ import pika
 import pytest
 from prometheus_client import REGISTRY
 
-from consumers.broker import END, Delivery
 from consumers.message import Message
+from consumers.port import END, Delivery
 from consumers.worker import CRASH, HANDLER_TIMEOUT, Worker
 from producer.contract import StreamSpec
 from tests.polling import wait_until

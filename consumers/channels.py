@@ -1,0 +1,547 @@
+"""One connection's partition channels: a slot per partition, its drain run by the pure window.
+
+Threads. Everything here runs on the broker's pika I/O thread (``consumers.broker`` calls
+it from its loop's callbacks, and pika calls the channel callbacks set here), so nothing is
+locked. What it learns goes out through the broker's sink (``consumers.port``): deliveries
+and END for the workers, the rest for the controller.
+
+A partition's :class:`_Slot` holds its own channel's line (:class:`_Opening`, :class:`_Warm`,
+or a :class:`_Sub`: a channel and its :class:`consumers.window.Window`), a subscribe
+deferred while its queue is missing, the backoff of that missing queue, and its hot
+standby subscription (:class:`_Standby`). The window decides the drain (``consumers.window``
+says why each step is safe); this module only carries out its actions on pika.
+
+A channel is *parked* after its drain, not closed (a close right after the last acks could
+return messages whose settles the quorum queue has not applied yet), and reused if the
+partition comes back; channels close with the connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from pika.channel import Channel
+
+from consumers import window as w
+from consumers.acks import send
+from consumers.port import (
+    Activated,
+    ChannelLost,
+    Delivery,
+    Drained,
+    Emptied,
+    End,
+    Kept,
+    Refused,
+    Sink,
+    StandbyLost,
+    Subscribed,
+)
+from kernel.amqp import AmqpURL, access_refused
+from kernel.backoff import Backoff, Delays
+from producer.contract import StreamSpec
+
+__all__ = ["Channels"]
+
+log = logging.getLogger("partq.consumer.broker")
+_STANDBY_RECHECK = 0.2  # seconds between looks for the owner's consumer before standing by
+_BACKOFF = Backoff()  # subscribes to a missing queue: 0.2 s doubling to 5 s
+_DELIVERED = w.Delivered()
+
+
+@dataclass
+class _Opening:
+    """A channel opening for a subscribe."""
+
+    generation: int
+
+
+@dataclass
+class _Warm:
+    """A channel opening for ``warm``."""
+
+    subscribe: int | None = None  # the generation of a subscribe asked meanwhile
+
+
+@dataclass
+class _Sub:
+    """A channel with our prefetch: consumed on, draining, or parked (``window.phase``)."""
+
+    channel: Channel
+    window: w.Window
+    generation: int = 0
+    tag: str | None = None
+    unacked: deque[int] = field(default_factory=deque)  # handed on, not acked: in order
+
+
+@dataclass
+class _Standby:
+    """A hot standby subscription: the queue's waiting consumer until the owner's goes.
+    Deliveries (the broker activated it) are kept unhandled until the controller decides:
+    ``promote`` (the owner died: they go to the worker) or ``give_back`` (a planned move:
+    each is returned, in order, then cancel)."""
+
+    channel: Channel | None = None  # None: opening
+    tag: str | None = None
+    buffer: list[Delivery] = field(default_factory=list)
+    activated: bool = False
+    returning: bool = False
+
+
+@dataclass
+class _Slot:
+    """Everything about one partition on this connection."""
+
+    line: _Opening | _Warm | _Sub | None = None
+    deferred: object | None = None  # the token of a subscribe waiting for its queue
+    missing: tuple[float, Delays] | None = None  # its queue was NOT_FOUND: retry not before
+    standby: _Standby | None = None
+
+    def reset(self) -> None:
+        """The connection is gone: only the missing queue's backoff outlives it."""
+        self.line = self.deferred = self.standby = None
+
+    @property
+    def sub(self) -> _Sub | None:
+        return self.line if isinstance(self.line, _Sub) else None
+
+
+class Channels:
+    """The partitions' channels on the current connection (the module docstring)."""
+
+    def __init__(
+        self, url: AmqpURL, spec: StreamSpec, *, prefetch: int, early: bool, sink: Sink
+    ) -> None:
+        self.url = url
+        self.spec = spec
+        self.prefetch = prefetch
+        self.early = early
+        self.sink = sink
+        self.connection: Any = None  # the SelectConnection (set by the broker's loop)
+        self.last_drain = 0.0  # monotonic time of the last drain's acks
+        self._slots: dict[int, _Slot] = {}
+        self._fenced = False  # the connection is being aborted: open nothing more on it
+
+    def _slot(self, partition: int) -> _Slot:
+        slot = self._slots.get(partition)
+        if slot is None:
+            slot = self._slots[partition] = _Slot()
+        return slot
+
+    def attach(self, connection: Any) -> None:
+        """A new connection: every slot starts empty on it."""
+        self.connection = connection
+        self._fenced = False
+
+    def reset(self) -> None:
+        """The connection died: report what was (being) subscribed lost, then standbys."""
+        lost, standbys = [], []
+        for partition, slot in sorted(self._slots.items()):
+            line = slot.line
+            if (
+                (isinstance(line, _Sub) and line.window.live)
+                or isinstance(line, _Opening)
+                or (isinstance(line, _Warm) and line.subscribe is not None)
+                or slot.deferred is not None
+            ):
+                lost.append(partition)
+            if slot.standby is not None:
+                standbys.append(partition)
+            slot.reset()
+        for partition in lost:
+            self.sink(ChannelLost(partition))
+        for partition in standbys:
+            self.sink(StandbyLost(partition))
+
+    def fence(self) -> None:
+        """Forget every partition, silently (``Broker.fence``)."""
+        self._fenced = True
+        for slot in self._slots.values():
+            slot.reset()
+
+    # -- subscribing ---------------------------------------------------------------------
+
+    def subscribe(self, partition: int, generation: int) -> None:
+        slot = self._slot(partition)
+        retry_at = slot.missing[0] if slot.missing is not None else 0.0
+        wait = retry_at - time.monotonic()
+        if wait > 0:  # its queue was missing a moment ago: do not spin on NOT_FOUND
+            token = slot.deferred = object()
+
+            def later() -> None:
+                # not revoked meanwhile, and the connection not closing (reset() reports it)
+                slot = self._slot(partition)
+                if slot.deferred is token and self.connection.is_open:
+                    slot.deferred = None
+                    self.subscribe(partition, generation)
+
+            self.connection.ioloop.call_later(wait, later)
+            return
+        line = slot.line
+        if isinstance(line, _Warm):  # its channel is opening: consume once it is warm
+            line.subscribe = generation
+        elif isinstance(line, _Opening):
+            line.generation = generation  # the newest worker gets what it brings
+        elif isinstance(line, _Sub) and line.window.consuming:
+            line.generation = generation  # already subscribed on this connection
+        elif isinstance(line, _Sub) and line.channel.is_open:
+            self._consume(partition, line.channel, generation, new=False)  # parked
+        else:
+            opening = slot.line = _Opening(generation)
+            self.connection.channel(
+                on_open_callback=lambda ch: self._opened(partition, ch, opening)
+            )
+
+    def _opened(self, partition: int, channel: Channel, opening: _Opening) -> None:
+        if self._slot(partition).line is not opening:  # reset or replaced meanwhile
+            if channel.is_open and not self._fenced:
+                channel.close()
+            return
+        self._consume(partition, channel, opening.generation)
+
+    def _consume(
+        self, partition: int, channel: Channel, generation: int, *, new: bool = True
+    ) -> None:
+        """Consume on ``channel``; a parked or warm one (not ``new``) has its prefetch."""
+        sub = _Sub(channel, w.Window(self.prefetch, self.early), generation)
+        self._slot(partition).line = sub
+        if new:
+            self._watch(partition, channel)
+        self._route(partition, sub)
+
+        def on_qos(_frame: Any) -> None:
+            sub.tag = channel.basic_consume(
+                self.spec.queue(partition),
+                lambda *_: None,  # unused: on_delivery (_route) receives every delivery
+                callback=lambda _f: self._subscribed(partition),
+            )
+
+        if new:
+            channel.basic_qos(prefetch_count=self.prefetch, callback=on_qos)
+        else:  # every channel is parked right after a basic.qos with our prefetch
+            on_qos(None)
+
+    def warm(self, partition: int) -> None:
+        slot = self._slot(partition)
+        if slot.line is not None:
+            return
+        warm = slot.line = _Warm()
+
+        def ready(channel: Channel) -> None:
+            slot = self._slot(partition)
+            if slot.line is not warm:
+                # reset (fence, reconnect, a standby promoted meanwhile): never consumed on
+                if channel.is_open and not self._fenced:
+                    channel.close()
+                return
+            if not channel.is_open:
+                return  # closed: see closed()
+            if warm.subscribe is not None:
+                self._consume(partition, channel, warm.subscribe, new=False)
+            else:  # parked, warm
+                slot.line = _Sub(channel, w.Window(self.prefetch, self.early, w.Phase.PARKED))
+
+        def closed(_channel: Channel, _reason: BaseException) -> None:
+            slot = self._slot(partition)
+            if slot.line is warm:  # closed before it was warm
+                slot.line = None
+                if warm.subscribe is not None:
+                    self.sink(ChannelLost(partition))
+
+        def opened(channel: Channel) -> None:
+            if self._slot(partition).line is not warm:
+                channel.close()
+                return
+            channel.add_on_close_callback(closed)
+            self._watch(partition, channel)
+            channel.basic_qos(prefetch_count=self.prefetch, callback=lambda _f: ready(channel))
+
+        self.connection.channel(on_open_callback=opened)
+
+    def _watch(self, partition: int, channel: Channel) -> None:
+        channel.add_on_close_callback(
+            lambda ch, reason: self._channel_closed(partition, ch, reason)
+        )
+        # The broker cancels a consumer by itself when its queue is deleted: no END
+        # would ever follow, so the partition is reported lost (its channel closed).
+        channel.add_on_cancel_callback(lambda _frame: self._cancelled(partition, channel))
+
+    def _route(self, partition: int, sub: _Sub) -> None:
+        """Every delivery on the channel goes through the window, then to the worker. pika
+        looks ``_on_deliver`` up on the instance for each delivery (pika 1.3 and 1.4), and
+        its own would reject (requeue) those between basic.cancel and CancelOk;
+        tests/integration/test_broker_drain.py pins the effect."""
+        channel = sub.channel
+        sink = self.sink
+
+        def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
+            method = method_frame.method
+            sub.window, actions = w.step(sub.window, _DELIVERED)
+            for action in () if actions is w.HAND else actions:  # HAND: the per-message path
+                if isinstance(action, w.Reject):  # no credit was left: never handle it here
+                    log.error("partition %d: a delivery after the window was full", partition)
+                    channel.basic_reject(method.delivery_tag, requeue=True)
+                    return
+                if not isinstance(action, w.HandOn):  # a full window's cancel, before it
+                    self._do(partition, sub, action)
+            sub.unacked.append(method.delivery_tag)
+            sink(Delivery.of(partition, channel, method, header_frame, body, sub.generation))
+
+        channel._on_deliver = on_delivery
+
+    def _subscribed(self, partition: int) -> None:
+        self._slot(partition).missing = None
+        self.sink(Subscribed(partition))
+
+    def _cancelled(self, partition: int, channel: Channel) -> None:
+        log.warning("partition %d: RabbitMQ cancelled the consumer (queue deleted?)", partition)
+        if channel.is_open:
+            channel.close()  # -> _channel_closed -> ChannelLost
+
+    def _channel_closed(self, partition: int, channel: Channel, reason: BaseException) -> None:
+        slot = self._slot(partition)
+        code = getattr(reason, "reply_code", None)
+        if code == 404:  # NOT_FOUND: the queue does not exist
+            delays = slot.missing[1] if slot.missing is not None else _BACKOFF.delays()
+            slot.missing = (time.monotonic() + delays.next(), delays)
+        sub = slot.sub
+        if sub is None or sub.channel is not channel:
+            return
+        if self.connection is None or not self.connection.is_open:
+            return  # the connection is going down: reset() reports every partition it had
+        slot.line = None
+        if code == 403:  # ACCESS_REFUSED: not lost, refused
+            text = str(getattr(reason, "reply_text", reason))
+            # basic.qos needs no permission: the consume does
+            self.sink(Refused(partition, access_refused(self.url, text, "read")))
+            return
+        if sub.window.live:
+            log.warning("partition %d: channel closed: %r", partition, reason)
+            self.sink(ChannelLost(partition))
+
+    # -- the drain: feed the window, carry out its actions -------------------------------
+
+    def _current(self, partition: int, channel: Channel | None = None) -> _Sub | None:
+        """The partition's open subscription (on ``channel``, if given)."""
+        sub = self._slot(partition).sub
+        if sub is None or not sub.channel.is_open:
+            return None
+        return sub if channel is None or sub.channel is channel else None
+
+    def revoke(self, partition: int) -> None:
+        """Begin draining ``partition`` (``Broker.cancel``)."""
+        slot = self._slot(partition)
+        slot.deferred = None
+        sub = self._current(partition)
+        if sub is None:
+            self.sink(ChannelLost(partition))
+        else:
+            self._feed(partition, sub, w.Revoke(time.monotonic()))
+
+    def resume(self, partition: int) -> None:
+        sub = self._current(partition)
+        if sub is not None:  # else gone: ChannelLost was (or will be) reported
+            self._feed(partition, sub, w.Resume())
+
+    def cut(self, partition: int) -> None:
+        sub = self._current(partition)
+        if sub is None:
+            self.sink(ChannelLost(partition))
+        else:
+            self._feed(partition, sub, w.Cut())
+
+    def finish(self, partition: int, channel: Channel) -> None:
+        sub = self._current(partition, channel)
+        if sub is None:
+            self.sink(ChannelLost(partition))
+        else:
+            self._feed(partition, sub, w.Finish())
+
+    def ack(self, partition: int, channel: Channel, tags: list[int]) -> None:
+        """Ack ``tags`` (in the order the worker acked them) of one partition's channel."""
+        sub = self._current(partition, channel)
+        if sub is not None:  # else an old channel: the broker has requeued those already
+            self._feed(partition, sub, w.Acked(tuple(tags)))
+
+    def _feed(self, partition: int, sub: _Sub, event: w.WindowEvent) -> None:
+        if not sub.channel.is_open:
+            return  # closing: _channel_closed reports it
+        sub.window, actions = w.step(sub.window, event)
+        for action in actions:
+            self._do(partition, sub, action)
+
+    def _do(self, partition: int, sub: _Sub, action: w.Action) -> None:  # noqa: C901, PLR0912 — one case per action
+        channel = sub.channel
+        match action:
+            case w.Ack(tags):
+                send(channel, sub.unacked, tags)
+            case w.AckEach(tags):
+                for tag in tags:
+                    channel.basic_ack(tag)
+            case w.Cancel(overdue):
+                if overdue is not None:
+                    log.warning(
+                        "partition %d: cancelling after %.1fs while deliveries still arrive; "
+                        "one in flight is returned to the head of the queue",
+                        partition,
+                        overdue,
+                    )
+                self._cancel(partition, sub)
+            case w.Barrier():
+                channel.basic_qos(
+                    prefetch_count=self.prefetch,
+                    callback=lambda _f: self._feed(partition, sub, w.BarrierOk()),
+                )
+            case w.SendEnd():
+                self.sink(End(partition, channel, sub.generation))
+            case w.WaitQuiet(drain, seen):
+                self.connection.ioloop.call_later(
+                    w.QUIET,
+                    lambda: self._feed(partition, sub, w.Quiet(drain, seen, time.monotonic())),
+                )
+            case w.AskReady(drain, seen):
+                channel.queue_declare(
+                    self.spec.queue(partition),
+                    passive=True,
+                    callback=lambda frame: self._feed(
+                        partition,
+                        sub,
+                        w.Ready(drain, seen, frame.method.message_count, time.monotonic()),
+                    ),
+                )
+            case w.ReportEmptied():
+                self.sink(Emptied(partition))
+            case w.ReportKept():
+                self.sink(Kept(partition))
+            case w.ReportDrained():
+                channel.basic_qos(  # a round trip: the acks went first
+                    prefetch_count=self.prefetch, callback=lambda _f: self._drained(partition)
+                )
+            case w.ReportLost():
+                self.sink(ChannelLost(partition))
+            case w.HandOn() | w.Reject():
+                raise AssertionError("only a delivery is handed on or rejected")
+
+    def _cancel(self, partition: int, sub: _Sub) -> None:
+        """``basic.cancel``; CancelOk goes to the window (no tag yet: nothing to cancel)."""
+        if sub.tag is None:
+            self._feed(partition, sub, w.CancelOk())
+        else:
+            sub.channel.basic_cancel(
+                sub.tag, callback=lambda _f: self._feed(partition, sub, w.CancelOk())
+            )
+
+    def _drained(self, partition: int) -> None:
+        self.last_drain = time.monotonic()
+        self.sink(Drained(partition))
+
+    # -- hot standby ---------------------------------------------------------------------
+
+    def stand_by(self, partition: int) -> None:
+        slot = self._slot(partition)
+        if slot.standby is not None or isinstance(slot.line, _Opening):
+            return
+        if slot.sub is not None and slot.sub.window.live:
+            return
+        standby = slot.standby = _Standby()
+        self.connection.channel(
+            on_open_callback=lambda ch: self._standby_open(partition, ch, standby)
+        )
+
+    def _standby_open(self, partition: int, channel: Channel, standby: _Standby) -> None:
+        if self._slot(partition).standby is not standby:  # stood down while it opened
+            channel.close()
+            return
+        standby.channel = channel
+        channel.add_on_close_callback(lambda _ch, _reason: self._standby_closed(partition, standby))
+
+        def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
+            method = method_frame.method
+            if standby.returning:  # given back: this one too, in order
+                channel.basic_nack(method.delivery_tag, requeue=True)
+                return
+            delivery = Delivery.of(partition, channel, method, header_frame, body, 0)
+            standby.buffer.append(delivery)
+            if not standby.activated:
+                standby.activated = True
+                self.sink(Activated(partition))
+
+        channel._on_deliver = on_delivery
+        queue = self.spec.queue(partition)
+
+        def consume_behind(frame: Any) -> None:
+            """Subscribe only behind a consumer: first, we would be the active one."""
+            if not channel.is_open or standby.returning:
+                return
+            if frame.method.consumer_count < 1:
+                self.connection.ioloop.call_later(_STANDBY_RECHECK, check)
+                return
+            standby.tag = channel.basic_consume(queue, lambda *_: None)
+
+        def check() -> None:
+            if channel.is_open and not standby.returning and standby.tag is None:
+                channel.queue_declare(queue, passive=True, callback=consume_behind)
+
+        channel.basic_qos(prefetch_count=self.prefetch, callback=lambda _f: check())
+
+    def _standby_closed(self, partition: int, standby: _Standby) -> None:
+        slot = self._slot(partition)
+        if slot.standby is standby:
+            slot.standby = None
+            self.sink(StandbyLost(partition))
+
+    def stand_down(self, partition: int) -> None:
+        slot = self._slot(partition)
+        standby = slot.standby
+        if standby is None:
+            return
+        if standby.channel is None:  # still opening: _standby_open closes it
+            slot.standby = None
+        elif not standby.activated:
+            self.give_back(partition)
+
+    def give_back(self, partition: int) -> None:
+        slot = self._slot(partition)
+        standby, slot.standby = slot.standby, None
+        if standby is None or standby.channel is None:
+            return
+        channel = standby.channel
+        standby.returning = True
+        if not channel.is_open:
+            return
+        for delivery in standby.buffer:  # one return each, in delivery order
+            channel.basic_nack(delivery.delivery_tag, requeue=True)
+        standby.buffer.clear()
+        if standby.tag is None:
+            channel.close()
+        else:
+            channel.basic_cancel(standby.tag, callback=lambda _f: channel.close())
+
+    def promote(self, partition: int, generation: int) -> None:
+        slot = self._slot(partition)
+        standby, slot.standby = slot.standby, None
+        if standby is None or standby.channel is None or not standby.channel.is_open:
+            self.sink(ChannelLost(partition))
+            return
+        # A channel warming for the claim we were waiting for (the leader gave us the
+        # partition before RabbitMQ activated us) must not become the partition's
+        # subscription once warm: the worker's acks for the promoted channel would be
+        # dropped as an old channel's, and no delivery would come past the prefetch.
+        warm = slot.sub
+        if warm is not None and warm.tag is None and warm.channel.is_open:
+            warm.channel.close()  # warm, never consumed on: nothing to return
+        channel = standby.channel
+        window = w.Window(self.prefetch, self.early, received=len(standby.buffer))
+        sub = _Sub(channel, window, generation, tag=standby.tag)
+        slot.line = sub
+        self._watch(partition, channel)
+        self._route(partition, sub)
+        for delivery in standby.buffer:
+            sub.unacked.append(delivery.delivery_tag)
+            self.sink(dataclasses.replace(delivery, generation=generation))
+        standby.buffer.clear()

@@ -1,0 +1,190 @@
+"""One subscription's ack window and drain (pure): ``consumers.window.step``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumers import window as w
+from consumers.window import Phase, Window, step
+
+PREFETCH = 3
+
+
+def run(window: Window, *events: w.WindowEvent) -> tuple[Window, list[w.Action]]:
+    actions: list[w.Action] = []
+    for event in events:
+        window, done = step(window, event)
+        actions.extend(done)
+    return window, actions
+
+
+DELIVERED = w.Delivered()
+
+
+def test_a_full_window_is_cancelled_at_once_then_ends_then_finishes() -> None:
+    # Given a subscription with one delivery handed on and acked
+    window, actions = run(Window(PREFETCH), DELIVERED, w.Acked((1,)))
+    assert actions == [w.HandOn(), w.Ack((1,))]
+    # When a drain begins, and 2 more arrive
+    window, actions = run(window, w.Revoke(now=10.0), DELIVERED, DELIVERED)
+    assert window.phase is Phase.HOLDING
+    assert actions == [w.WaitQuiet(1, 1), w.HandOn(), w.HandOn()]
+    # Then the delivery that fills the window is cancelled before it is handed on
+    window, actions = step(window, DELIVERED)
+    assert window.phase is Phase.CANCELLING and actions == (w.Cancel(), w.HandOn())
+    # and acks are held from the drain on, END comes after CancelOk's round trip
+    window, actions = run(window, w.Acked((2, 3)), w.CancelOk(), w.BarrierOk())
+    assert actions == [w.Barrier(), w.SendEnd()] and window.phase is Phase.ENDING
+    window, actions = run(window, w.Acked((4,)), w.Finish())
+    assert actions == [w.AckEach((2, 3, 4)), w.ReportDrained()]
+    assert window.phase is Phase.PARKED and window.acks_sent == 4
+
+
+def test_a_quiet_drain_asks_the_queue_and_cancels_only_when_it_is_empty() -> None:
+    window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=0.0))
+    # Quiet since the drain began: count the queue's ready messages
+    window, actions = step(window, w.Quiet(1, 1, now=0.25))
+    assert actions == (w.AskReady(1, 1),)
+    # Messages ready: the broker will deliver once our last acks are applied: wait
+    window, actions = step(window, w.Ready(1, 1, ready=2, now=0.3))
+    assert actions == (w.WaitQuiet(1, 1),)
+    # Nothing ready and nothing arrived: cancel
+    window, actions = step(window, w.Ready(1, 1, ready=0, now=0.6))
+    assert actions == (w.Cancel(),) and window.phase is Phase.CANCELLING
+
+
+def test_a_trickle_is_cancelled_after_the_longest_hold_with_its_wait_told() -> None:
+    window, _ = run(Window(PREFETCH), w.Revoke(now=0.0), DELIVERED)
+    window, actions = step(window, w.Quiet(1, 0, now=w.MAX_HOLD + 0.1))
+    assert actions == (w.AskReady(1, 0),)
+    window, actions = step(window, w.Ready(1, 0, ready=0, now=w.MAX_HOLD + 0.2))
+    assert actions == (w.Cancel(overdue=w.MAX_HOLD + 0.2),)
+
+
+def test_timers_of_a_drain_called_off_do_nothing() -> None:
+    window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=0.0), w.Acked((1,)))
+    window, actions = step(window, w.Resume())
+    assert actions == (w.Ack((1,)), w.ReportKept()) and window.phase is Phase.CONSUMING
+    assert step(window, w.Quiet(1, 1, now=9.0))[1] == ()
+    # and a new drain's timers are not the old one's
+    window, _ = step(window, w.Revoke(now=10.0))
+    assert step(window, w.Quiet(1, 1, now=19.0))[1] == ()
+    assert step(window, w.Quiet(2, 1, now=10.3))[1] == (w.AskReady(2, 1),)
+
+
+def test_an_early_window_is_emptied_when_full_and_handled_and_cut_sends_the_held_acks() -> None:
+    window, _ = run(Window(PREFETCH, early=True), DELIVERED, DELIVERED, w.Revoke(now=0.0))
+    window, actions = step(window, DELIVERED)  # full: no cancel, the worker still handles
+    assert actions == (w.HandOn(),) and window.phase is Phase.HOLDING
+    window, actions = run(window, w.Acked((1, 2)), w.Quiet(1, 3, now=1.0))
+    assert actions == []  # full: no quiet rule applies, emptied is waited for
+    window, actions = step(window, w.Acked((3,)))
+    assert actions == (w.ReportEmptied(),) and window.phase is Phase.EMPTIED
+    window, actions = run(window, w.Cut(), w.CancelOk())
+    assert actions == [w.Cancel(), w.AckEach((1, 2, 3)), w.ReportDrained()]
+    assert window.phase is Phase.PARKED
+
+
+def test_a_drain_of_a_window_not_consumed_reports_the_channel_lost() -> None:
+    parked = Window(PREFETCH, phase=Phase.PARKED)
+    assert step(parked, w.Revoke(now=0.0))[1] == (w.ReportLost(),)
+    assert step(parked, w.Cut())[1] == (w.ReportLost(),)
+
+
+# -- properties ------------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    """What the window's shell and the worker did: handed-on tags, acks, END."""
+
+    handed: list[int] = field(default_factory=list)
+    acked: list[int] = field(default_factory=list)  # in the order the worker acked them
+    sent: list[int] = field(default_factory=list)  # acks that went to the broker
+    cancels: int = 0
+    ended: bool = False
+    emptied: int = 0
+    now: float = 0.0
+
+
+KINDS = (
+    "delivered",
+    "acked",
+    "revoke",
+    "quiet",
+    "ready",
+    "resume",
+    "cut",
+    "cancel-ok",
+    "barrier-ok",
+    "finish",
+)
+
+
+def _event(window: Window, worker: Worker, kind: str, n: int, amount: float) -> w.WindowEvent:
+    """One event a shell could feed now: ``kind``, with ``n`` picking its details."""
+    worker.now += amount
+    unacked = [t for t in worker.handed if t not in worker.acked]
+    drain = window.drains - (n % 2)  # the current drain's timer, or an older one's
+    seen = window.received - (n % 3 == 0)
+    events: dict[str, w.WindowEvent] = {
+        "delivered": DELIVERED,
+        "acked": w.Acked(tuple(unacked[: 1 + n])) if unacked else DELIVERED,
+        "revoke": w.Revoke(worker.now),
+        "quiet": w.Quiet(drain, seen, worker.now),
+        "ready": w.Ready(drain, seen, n % 2, worker.now),
+        "resume": w.Resume(),
+        "cut": w.Cut(),
+        "cancel-ok": w.CancelOk(),
+        "barrier-ok": w.BarrierOk(),
+        "finish": w.Finish(),
+    }
+    return events[kind]
+
+
+@settings(max_examples=300)
+@given(
+    st.booleans(),
+    st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 4), st.floats(0, 2.0)), max_size=60),
+)
+def test_acks_are_never_lost_or_sent_twice_and_one_cancel_at_most(
+    early: bool, script: list[tuple[str, int, float]]
+) -> None:
+    window, worker = Window(PREFETCH, early=early), Worker()
+    for kind, n, amount in script:
+        event = _event(window, worker, kind, n, amount)
+        before = window
+        window, actions = step(window, event)
+        if isinstance(event, w.Acked):
+            worker.acked.extend(event.tags)
+        for action in actions:
+            match action:
+                case w.HandOn():
+                    # none after END, nor once the window was full and all handled
+                    assert not worker.ended
+                    assert before.phase in (Phase.CONSUMING, Phase.HOLDING, Phase.CANCELLING)
+                    worker.handed.append(window.received)
+                case w.Ack(tags) | w.AckEach(tags):
+                    worker.sent.extend(tags)
+                case w.Cancel(overdue):
+                    worker.cancels += 1
+                    # a cancel while credit may be left only once quiet, or overdue, or cut
+                    quiet = isinstance(event, w.Ready) and event.ready == 0
+                    assert window.full or quiet or overdue or isinstance(event, w.Cut)
+                case w.SendEnd():
+                    worker.ended = True
+                case w.ReportEmptied():
+                    worker.emptied += 1
+                    assert early and window.full and set(worker.handed) <= set(worker.acked)
+                case w.ReportKept():
+                    assert worker.cancels == 0
+                    worker.emptied = 0  # a later drain may be emptied again
+        # Then acks go out in the worker's order, each once, and none while held
+        assert worker.sent == worker.acked[: len(worker.sent)]
+        assert worker.sent + list(window.held) == worker.acked
+        assert window.acks_sent == len(worker.sent)
+        assert not (window.held and not window.holding)
+        assert worker.cancels <= 1 and worker.emptied <= 1
