@@ -238,6 +238,7 @@ class RunState:
     subscribed_at: list[float] = field(default_factory=list)
     next_move: list[float] = field(default_factory=list)
     current: list[Move | None] = field(default_factory=list)
+    priority: list[int] = field(default_factory=list)  # --handoff priority: etcd's counter
     moves: list[Move] = field(default_factory=list)
     foreign: int = 0  # deliveries at a consumer that did not own the partition
     channel_lost: list[tuple[str, int]] = field(default_factory=list)
@@ -254,6 +255,7 @@ class RunState:
         self.subscribed_at = [0.0] * n
         self.next_move = [0.0] * n
         self.current = [None] * n
+        self.priority = [0] * n
 
 
 def publisher(state: RunState, args: argparse.Namespace, keys: list[str], url: str) -> None:
@@ -318,6 +320,10 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
     warnings = _WarningCounter()
     logging.getLogger("partq.consumer.broker").addHandler(warnings)
     try:
+        by_priority = args.handoff == "priority"
+
+        def priority(partition: int) -> int | None:
+            return state.priority[partition] if by_priority else None
 
         def make(name: str) -> Broker:
             other = CONSUMERS[1 - CONSUMERS.index(name)]
@@ -338,18 +344,28 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
                 if (key, seq) not in state.handled:
                     state.handled.add((key, seq))
                     state.handled_per_p[partition] += 1
-                if state.owner[partition] != name:
-                    state.foreign += 1
-                state.last_delivery[partition] = now
                 move = state.current[partition]
                 if move is not None and move.new == name and move.first_t is None:
                     move.first_t = now
+                    if by_priority:  # the broker switched: the old owner settled everything
+                        move.last_old_t = state.last_delivery[partition]
+                        state.owner[partition] = name
+                        brokers[move.old].cut(partition)  # waiting now: nothing comes back
+                if state.owner[partition] != name:
+                    state.foreign += 1
+                state.last_delivery[partition] = now
                 brokers[name].ack(partition, item.channel, item.delivery_tag)
 
             def on_subscribed(partition: int) -> None:
                 now = time.monotonic()
                 with state.lock:
                     move = state.current[partition]
+                    if by_priority and move is not None and move.subscribed_t is None:
+                        move.subscribed_t = now  # the move ends when the old one is cut
+                        move.waiting = (
+                            state.published_per_p[partition] > state.handled_per_p[partition]
+                        )
+                        return
                     if move is not None and move.subscribed_t is None:
                         move.subscribed_t = now
                         state.next_move[partition] = max(
@@ -366,6 +382,12 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
                     if move is None or move.old != name or move.drained_t is not None:
                         return
                     move.drained_t = now
+                    if by_priority:  # cut after the switch: the heir consumes already
+                        state.next_move[partition] = max(
+                            move.cancel_t + args.period, now + args.min_dwell
+                        )
+                        state.moving[partition] = False
+                        return
                     move.last_old_t = state.last_delivery[partition]
                     # published but not yet handled: the new owner has something to do at once
                     move.waiting = state.published_per_p[partition] > state.handled_per_p[partition]
@@ -385,7 +407,7 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
                         target = other
                     else:
                         target = state.owner[partition]
-                brokers[target].subscribe(partition)
+                brokers[target].subscribe(partition, priority(partition))
 
             return Broker(
                 url, spec, prefetch=args.prefetch, heartbeat=10, name=f"handoff-{name}",
@@ -400,7 +422,7 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
             if not brokers[name].connected.wait(15):
                 raise RuntimeError(f"consumer {name} did not connect")
         for p in range(spec.partitions):
-            brokers[state.owner[p]].subscribe(p)
+            brokers[state.owner[p]].subscribe(p, priority(p))
         for p in range(spec.partitions):
             if not state.subscribed[p].wait(15):
                 raise RuntimeError(f"partition {p} was not subscribed")
@@ -434,7 +456,11 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
                     handoffs[p] += 1
                     to_cancel.append((old, p))
             for old, p in to_cancel:  # outside the lock: a failed cancel calls on_channel_lost
-                brokers[old].cancel(p)
+                if by_priority:  # the heir outranks the owner: the broker switches to it
+                    state.priority[p] += 1
+                    brokers[CONSUMERS[1 - CONSUMERS.index(old)]].subscribe(p, priority(p))
+                else:
+                    brokers[old].cancel(p)
             time.sleep(0.005)
         stopped_moving = time.monotonic()
         while any(state.moving) and time.monotonic() < stopped_moving + 30:
@@ -668,6 +694,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--queue-type", choices=("quorum", "classic"), default="quorum")
     parser.add_argument("--cancel", choices=("as-is", "immediate"), default="as-is",
                         help="immediate: patch Broker._window_full to return True (drain cancels at once)")  # fmt: skip
+    parser.add_argument("--handoff", choices=("drain", "priority"), default="drain",
+                        help="priority: the heir subscribes with x-priority above the owner's and "
+                        "the broker switches (RabbitMQ 4 quorum; consumers/priority.py)")  # fmt: skip
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--prefetch", type=int, default=100)
@@ -697,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         patch_cancel_immediate()
     tree = tree_info()
     label = args.label or (
-        f"{args.queue_type} {args.mode}"
+        f"{args.queue_type} {args.mode} {args.handoff}"
         + (" cancel=immediate" if args.cancel == "immediate" else "")
     )
     command = " ".join([Path(sys.executable).name, *sys.argv])

@@ -72,6 +72,7 @@ import pika
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
+from consumers.priority import consume_arguments
 from kernel.amqp import AmqpURL, Nodes, access_refused, unavailable
 from kernel.backoff import Backoff, Delays
 from producer.contract import StreamSpec
@@ -220,6 +221,7 @@ class Broker(threading.Thread):
         # partition -> (retry not before, its delays): its queue was NOT_FOUND
         self._missing: dict[int, tuple[float, Delays]] = {}
         self._deferred: dict[int, object] = {}  # partition -> its pending deferred subscribe
+        self._arguments: dict[int, dict[str, int] | None] = {}  # basic.consume's, per partition
         self._last_drain = 0.0
         self._acks: list[tuple[int, Channel, int]] = []  # queued by workers, sent by _send_acks
         self._acks_lock = threading.Lock()
@@ -241,9 +243,17 @@ class Broker(threading.Thread):
             return False
         return True
 
-    def subscribe(self, partition: int) -> bool:
-        """Start consuming ``partition``; False while disconnected (call again on reconnect)."""
-        return self._call(lambda: self._subscribe(partition))
+    def subscribe(self, partition: int, priority: int | None = None) -> bool:
+        """Start consuming ``partition``; False while disconnected (call again on reconnect).
+        ``priority``: the consumer's ``x-priority`` (``consumers.priority``: an heir above
+        the owner takes over once the owner has settled everything, on RabbitMQ 4 quorum)."""
+        arguments = consume_arguments(priority)  # a bad value fails here, in the caller
+
+        def do() -> None:
+            self._arguments[partition] = arguments
+            self._subscribe(partition)
+
+        return self._call(do)
 
     def warm(self, partition: int) -> None:
         """Open ``partition``'s channel and set its prefetch now, without consuming, so that
@@ -481,6 +491,7 @@ class Broker(threading.Thread):
             sub.tag = channel.basic_consume(
                 self.spec.queue(partition),
                 lambda *_: None,  # unused: on_delivery above receives every delivery
+                arguments=self._arguments.get(partition),
                 callback=lambda _f: self._subscribed(partition),
             )
 

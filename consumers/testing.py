@@ -28,6 +28,7 @@ import pika
 from pika.channel import Channel
 
 from consumers.broker import END, Broker, Delivery
+from consumers.priority import consume_arguments
 from producer.contract import StreamSpec
 
 __all__ = ["StubBroker", "StubChannel"]
@@ -107,7 +108,8 @@ class StubBroker(Broker):
         with self._lock:
             self.calls.append(("give_back", partition))
 
-    def subscribe(self, partition: int) -> bool:
+    def subscribe(self, partition: int, priority: int | None = None) -> bool:
+        consume_arguments(priority)  # a bad priority fails as on the real broker
         self._record("subscribe", partition)
         if not self.connected.is_set():
             return False
