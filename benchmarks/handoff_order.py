@@ -322,8 +322,13 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
     try:
         by_priority = args.handoff == "priority"
 
-        def priority(partition: int) -> int | None:
-            return state.priority[partition] if by_priority else None
+        def subscribe(name: str, partition: int) -> None:
+            """Subscribe with the partition's priority only by priority (so that this file
+            still drives a tree whose ``subscribe`` takes none)."""
+            if by_priority:
+                brokers[name].subscribe(partition, priority=state.priority[partition])
+            else:
+                brokers[name].subscribe(partition)
 
         def make(name: str) -> Broker:
             other = CONSUMERS[1 - CONSUMERS.index(name)]
@@ -392,7 +397,7 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
                     # published but not yet handled: the new owner has something to do at once
                     move.waiting = state.published_per_p[partition] > state.handled_per_p[partition]
                     state.owner[partition] = other
-                brokers[other].subscribe(partition)
+                subscribe(other, partition)
 
             def on_channel_lost(partition: int) -> None:
                 if state.stopping:
@@ -407,7 +412,7 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
                         target = other
                     else:
                         target = state.owner[partition]
-                brokers[target].subscribe(partition, priority(partition))
+                subscribe(target, partition)
 
             return Broker(
                 url, spec, prefetch=args.prefetch, heartbeat=10, name=f"handoff-{name}",
@@ -422,7 +427,7 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
             if not brokers[name].connected.wait(15):
                 raise RuntimeError(f"consumer {name} did not connect")
         for p in range(spec.partitions):
-            brokers[state.owner[p]].subscribe(p, priority(p))
+            subscribe(state.owner[p], p)
         for p in range(spec.partitions):
             if not state.subscribed[p].wait(15):
                 raise RuntimeError(f"partition {p} was not subscribed")
@@ -458,7 +463,7 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
             for old, p in to_cancel:  # outside the lock: a failed cancel calls on_channel_lost
                 if by_priority:  # the heir outranks the owner: the broker switches to it
                     state.priority[p] += 1
-                    brokers[CONSUMERS[1 - CONSUMERS.index(old)]].subscribe(p, priority(p))
+                    subscribe(CONSUMERS[1 - CONSUMERS.index(old)], p)
                 else:
                     brokers[old].cancel(p)
             time.sleep(0.005)
