@@ -887,7 +887,11 @@ class Broker(threading.Thread):
             self._deliver(partition, (END, channel))
 
         def after_cancel(_frame: Any) -> None:
-            channel.basic_qos(prefetch_count=self.prefetch, callback=after_barrier)
+            # A 3.10 quorum queue sends CancelOk before it cancels; if the cancel then fails
+            # (no leader reachable), the broker closes the channel: its close callback
+            # reports the partition lost. Raising here would abort the whole connection.
+            if channel.is_open:
+                channel.basic_qos(prefetch_count=self.prefetch, callback=after_barrier)
 
         if sub.tag is None:
             after_cancel(None)
