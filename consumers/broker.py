@@ -46,9 +46,7 @@ old consumer (single active consumer) until the cancel, and is then served only 
 newer than any the old one had. The channel is *parked*, not closed (a
 close right after the last acks could return messages whose settles the
 quorum queue has not applied yet), and reused if the partition comes back;
-channels close with the connection. Only a drain that cancelled with credit left (the
-quiet or ``_MAX_HOLD`` path) closes its channel before it reports drained
-(``_close_drained``).
+channels close with the connection.
 
 Acks (the per-message path): workers queue them (``ack``) and one I/O-loop callback
 sends all that queued meanwhile (one thread hop per burst, not per message). A run of
@@ -145,9 +143,6 @@ class _Subscription:
     drains: int = 0  # drains begun: a called-off one's timers see a newer count and stop
     consuming: bool = False
     emptied: bool = False  # reported emptied: the controller cuts it
-    # cancelled while the broker could still send (the quiet or _MAX_HOLD path): drained
-    # only once the channel is closed (``_close_drained``)
-    with_credit: bool = False
     # delivery tags handed to the worker and not acked yet, in delivery order
     unacked: deque[int] = field(default_factory=deque)
 
@@ -807,7 +802,6 @@ class Broker(threading.Thread):
                     partition,
                     waited,
                 )
-            sub.with_credit = True
             self._cancel(partition, sub)
 
         ioloop.call_later(_QUIET, lambda seen=sub.received: check(seen))
@@ -911,27 +905,9 @@ class Broker(threading.Thread):
 
         def acked(_frame: Any) -> None:
             self._last_drain = time.monotonic()
-            if sub.with_credit:
-                self._close_drained(partition, sub)
-            else:
-                self._on_drained(partition)
+            self._on_drained(partition)
 
         channel.basic_qos(prefetch_count=self.prefetch, callback=acked)  # the acks went first
-
-    def _close_drained(self, partition: int, sub: _Subscription) -> None:
-        """Close the channel of a drain that cancelled with credit left, then report drained.
-
-        A delivery in flight when such a cancel is applied never reaches us: a 3.10 quorum
-        queue's channel gives it back on its own, by a command cast to the leader that it
-        holds back while 32 or more of its commands are unapplied and that a follower drops
-        (docs/history.md, "Consumer priority and the quiet drain"), so it could reach the
-        queue after the next owner was served. Closing the channel makes the queue return
-        whatever is still checked out to it, by its own monitor of the channel, before the
-        claim goes. Not parked: nothing of this channel is reused."""
-        if self._subs.get(partition) is sub:
-            del self._subs[partition]  # closed on purpose: not reported lost
-        sub.channel.add_on_close_callback(lambda _ch, _reason: self._on_drained(partition))
-        sub.channel.close()
 
     def _subscribed(self, partition: int) -> None:
         self._missing.pop(partition, None)

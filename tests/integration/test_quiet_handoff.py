@@ -1,6 +1,8 @@
 """Planned handoffs of a trickling quorum partition: every drain takes the quiet path (its
-prefetch window never fills), cancels with credit left, and closes its channel before the
-next owner subscribes; per-key order holds (consumers.audit.order_violations)."""
+prefetch window never fills) and cancels with credit left; per-key order holds
+(consumers.audit.order_violations). On one healthy node a delivery in flight at the cancel
+is returned to the head before the next owner subscribes; what this cannot show is the
+cluster case (docs/history.md, "Consumer priority and the quiet drain")."""
 
 from __future__ import annotations
 
