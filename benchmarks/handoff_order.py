@@ -52,6 +52,12 @@ Reported per run and pooled over runs:
   a pause in handling; *stall* is: the later of ``cancel(p)`` and the old owner's last
   delivery of p → the new owner's first (same moves).
 
+``--handoff priority`` (RabbitMQ 4 quorum queues; ``consumers/priority.py``) moves a
+partition without a drain: the new owner subscribes with ``x-priority`` one above the old
+owner's (a per-partition counter, which etcd would keep), the old owner acks on as usual,
+the broker switches once it has settled everything, and the new owner's first delivery
+cuts the old owner's consumer (``Broker.cut``: it is waiting, nothing comes back).
+
 ``--cancel immediate`` monkeypatches ``Broker._window_full`` to return True (a tree that
 has it: the drain then sends ``basic.cancel`` at once, without holding for a full window
 or a quiet spell), to see whether the hold is still needed once returns go to the head.
