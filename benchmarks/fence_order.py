@@ -165,6 +165,15 @@ def broker(version: str, url: str) -> Iterator[tuple[str, str]]:
             node.stop()
 
 
+def heading(version: str, window: int) -> str:
+    """The line above a probe's table: broker, time, window, the machine's load."""
+    load = os.getloadavg()
+    return (
+        f"RabbitMQ {version}, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, window {window}, "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores\n"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -177,11 +186,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=20.0)
     args = parser.parse_args()
     with broker(args.rabbitmq, args.amqp_url) as (url, version):
-        load = os.getloadavg()
-        print(
-            f"RabbitMQ {version}, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, window {args.window}, "
-            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores\n"
-        )
+        print(heading(version, args.window))
         print(
             "| RabbitMQ | queue | A goes away by | B's deliveries, in the order received | runs with A's back first, in order | redelivered of B's first window |"
         )

@@ -52,6 +52,12 @@ Reported per run and pooled over runs:
   a pause in handling; *stall* is: the later of ``cancel(p)`` and the old owner's last
   delivery of p → the new owner's first (same moves).
 
+``--handoff priority`` (RabbitMQ 4 quorum queues; ``consumers/priority.py``) moves a
+partition without a drain: the new owner subscribes with ``x-priority`` one above the old
+owner's (a per-partition counter, which etcd would keep), the old owner acks on as usual,
+the broker switches once it has settled everything, and the new owner's first delivery
+cuts the old owner's consumer (``Broker.cut``: it is waiting, nothing comes back).
+
 ``--cancel immediate`` monkeypatches ``consumers.window.Window.full`` to be True (the drain
 then sends ``basic.cancel`` at once, without holding for a full window or a quiet spell), to see whether the hold is still needed once returns go to the head.
 
@@ -238,6 +244,7 @@ class RunState:
     subscribed_at: list[float] = field(default_factory=list)
     next_move: list[float] = field(default_factory=list)
     current: list[Move | None] = field(default_factory=list)
+    priority: list[int] = field(default_factory=list)  # --handoff priority: etcd's counter
     moves: list[Move] = field(default_factory=list)
     foreign: int = 0  # deliveries at a consumer that did not own the partition
     channel_lost: list[tuple[str, int]] = field(default_factory=list)
@@ -254,6 +261,7 @@ class RunState:
         self.subscribed_at = [0.0] * n
         self.next_move = [0.0] * n
         self.current = [None] * n
+        self.priority = [0] * n
 
 
 def publisher(state: RunState, args: argparse.Namespace, keys: list[str], url: str) -> None:
@@ -319,6 +327,17 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
     warnings = _WarningCounter()
     logging.getLogger("partq.consumer.broker").addHandler(warnings)
     try:
+        by_priority = args.handoff == "priority"
+
+        def subscribe(name: str, partition: int) -> None:
+            """Subscribe with the partition's priority only by priority (so that this file
+            still drives a tree whose ``subscribe`` takes none)."""
+            if by_priority:
+                brokers[name].subscribe(
+                    partition, next(generations), priority=state.priority[partition]
+                )
+            else:
+                brokers[name].subscribe(partition, next(generations))
 
         def make(name: str) -> Broker:
             other = CONSUMERS[1 - CONSUMERS.index(name)]
@@ -334,18 +353,28 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
                 if (key, seq) not in state.handled:
                     state.handled.add((key, seq))
                     state.handled_per_p[partition] += 1
-                if state.owner[partition] != name:
-                    state.foreign += 1
-                state.last_delivery[partition] = now
                 move = state.current[partition]
                 if move is not None and move.new == name and move.first_t is None:
                     move.first_t = now
+                    if by_priority:  # the broker switched: the old owner settled everything
+                        move.last_old_t = state.last_delivery[partition]
+                        state.owner[partition] = name
+                        brokers[move.old].cut(partition)  # waiting now: nothing comes back
+                if state.owner[partition] != name:
+                    state.foreign += 1
+                state.last_delivery[partition] = now
                 brokers[name].ack(partition, item.channel, item.delivery_tag)
 
             def on_subscribed(partition: int) -> None:
                 now = time.monotonic()
                 with state.lock:
                     move = state.current[partition]
+                    if by_priority and move is not None and move.subscribed_t is None:
+                        move.subscribed_t = now  # the move ends when the old one is cut
+                        move.waiting = (
+                            state.published_per_p[partition] > state.handled_per_p[partition]
+                        )
+                        return
                     if move is not None and move.subscribed_t is None:
                         move.subscribed_t = now
                         state.next_move[partition] = max(
@@ -362,11 +391,17 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
                     if move is None or move.old != name or move.drained_t is not None:
                         return
                     move.drained_t = now
+                    if by_priority:  # cut after the switch: the heir consumes already
+                        state.next_move[partition] = max(
+                            move.cancel_t + args.period, now + args.min_dwell
+                        )
+                        state.moving[partition] = False
+                        return
                     move.last_old_t = state.last_delivery[partition]
                     # published but not yet handled: the new owner has something to do at once
                     move.waiting = state.published_per_p[partition] > state.handled_per_p[partition]
                     state.owner[partition] = other
-                brokers[other].subscribe(partition, next(generations))
+                subscribe(other, partition)
 
             def on_channel_lost(partition: int) -> None:
                 if state.stopping:
@@ -381,7 +416,7 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
                         target = other
                     else:
                         target = state.owner[partition]
-                brokers[target].subscribe(partition, next(generations))
+                subscribe(target, partition)
 
             def sink(event: BrokerEvent) -> None:
                 match event:
@@ -408,7 +443,7 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
             if not brokers[name].connected.wait(15):
                 raise RuntimeError(f"consumer {name} did not connect")
         for p in range(spec.partitions):
-            brokers[state.owner[p]].subscribe(p, next(generations))
+            subscribe(state.owner[p], p)
         for p in range(spec.partitions):
             if not state.subscribed[p].wait(15):
                 raise RuntimeError(f"partition {p} was not subscribed")
@@ -442,7 +477,11 @@ def run_once(args: argparse.Namespace, index: int, url: str) -> dict[str, Any]:
                     handoffs[p] += 1
                     to_cancel.append((old, p))
             for old, p in to_cancel:  # outside the lock: a failed cancel calls on_channel_lost
-                brokers[old].cancel(p)
+                if by_priority:  # the heir outranks the owner: the broker switches to it
+                    state.priority[p] += 1
+                    subscribe(CONSUMERS[1 - CONSUMERS.index(old)], p)
+                else:
+                    brokers[old].cancel(p)
             time.sleep(0.005)
         stopped_moving = time.monotonic()
         while any(state.moving) and time.monotonic() < stopped_moving + 30:
@@ -676,6 +715,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--queue-type", choices=("quorum", "classic"), default="quorum")
     parser.add_argument("--cancel", choices=("as-is", "immediate"), default="as-is",
                         help="immediate: patch Window.full to be True (drain cancels at once)")  # fmt: skip
+    parser.add_argument("--handoff", choices=("drain", "priority"), default="drain",
+                        help="priority: the heir subscribes with x-priority above the owner's and "
+                        "the broker switches (RabbitMQ 4 quorum; consumers/priority.py)")  # fmt: skip
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--prefetch", type=int, default=100)
@@ -705,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         patch_cancel_immediate()
     tree = tree_info()
     label = args.label or (
-        f"{args.queue_type} {args.mode}"
+        f"{args.queue_type} {args.mode} {args.handoff}"
         + (" cancel=immediate" if args.cancel == "immediate" else "")
     )
     command = " ".join([Path(sys.executable).name, *sys.argv])

@@ -48,6 +48,7 @@ from pika.channel import Channel
 from consumers.acks import AckQueue
 from consumers.channels import Channels
 from consumers.port import ChannelLost, Connection, ReadyCounts, Sink
+from consumers.priority import consume_arguments
 from kernel.amqp import AmqpURL, Nodes, unavailable
 from kernel.backoff import Backoff
 from producer.contract import StreamSpec
@@ -114,9 +115,12 @@ class Broker(threading.Thread):
         if not self._call(fn):
             self._sink(ChannelLost(partition))
 
-    def subscribe(self, partition: int, generation: int) -> bool:
-        """Start consuming ``partition``; False while disconnected (call again on reconnect)."""
-        return self._call(lambda: self._channels.subscribe(partition, generation))
+    def subscribe(self, partition: int, generation: int, priority: int | None = None) -> bool:
+        """Start consuming ``partition``; False while disconnected (call again on reconnect).
+        ``priority``: the consumer's ``x-priority`` (``consumers.priority``: an heir above
+        the owner takes over once the owner has settled everything, on RabbitMQ 4 quorum)."""
+        arguments = consume_arguments(priority)  # a bad value fails here, in the caller
+        return self._call(lambda: self._channels.subscribe(partition, generation, arguments))
 
     def warm(self, partition: int) -> None:
         """Open ``partition``'s channel and set its prefetch now, without consuming, so that

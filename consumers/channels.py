@@ -93,6 +93,10 @@ class _Standby:
     returning: bool = False
 
 
+# actions that only tell the daemon: carried out whatever the channel's state
+_REPORTS = (w.SendEnd, w.ReportEmptied, w.ReportKept, w.ReportLost)
+
+
 @dataclass
 class _Slot:
     """Everything about one partition on this connection."""
@@ -101,6 +105,7 @@ class _Slot:
     deferred: object | None = None  # the token of a subscribe waiting for its queue
     missing: tuple[float, Delays] | None = None  # its queue was NOT_FOUND: retry not before
     standby: _Standby | None = None
+    arguments: dict[str, int] | None = None  # basic.consume's (``consumers.priority``)
 
     def reset(self) -> None:
         """The connection is gone: only the missing queue's backoff outlives it."""
@@ -166,8 +171,11 @@ class Channels:
 
     # -- subscribing ---------------------------------------------------------------------
 
-    def subscribe(self, partition: int, generation: int) -> None:
+    def subscribe(
+        self, partition: int, generation: int, arguments: dict[str, int] | None = None
+    ) -> None:
         slot = self._slot(partition)
+        slot.arguments = arguments
         retry_at = slot.missing[0] if slot.missing is not None else 0.0
         wait = retry_at - time.monotonic()
         if wait > 0:  # its queue was missing a moment ago: do not spin on NOT_FOUND
@@ -178,7 +186,7 @@ class Channels:
                 slot = self._slot(partition)
                 if slot.deferred is token and self.connection.is_open:
                     slot.deferred = None
-                    self.subscribe(partition, generation)
+                    self.subscribe(partition, generation, arguments)
 
             self.connection.ioloop.call_later(wait, later)
             return
@@ -218,6 +226,7 @@ class Channels:
             sub.tag = channel.basic_consume(
                 self.spec.queue(partition),
                 lambda *_: None,  # unused: on_delivery (_route) receives every delivery
+                arguments=self._slot(partition).arguments,
                 callback=lambda _f: self._subscribed(partition),
             )
 
@@ -377,6 +386,11 @@ class Channels:
 
     def _do(self, partition: int, sub: _Sub, action: w.Action) -> None:  # noqa: C901, PLR0912 — one case per action
         channel = sub.channel
+        if not channel.is_open and not isinstance(action, _REPORTS):
+            # Closing (a 3.10 quorum queue sends CancelOk before it cancels, and closes the
+            # channel if the cancel then fails): its close callback reports the partition
+            # lost. A channel method raising here would abort the whole connection.
+            return
         match action:
             case w.Ack(tags):
                 send(channel, sub.unacked, tags)

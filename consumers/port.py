@@ -196,9 +196,10 @@ class BrokerPort(Protocol):
 
     def join(self, timeout: float | None = None) -> None: ...
 
-    def subscribe(self, partition: int, generation: int) -> bool:
+    def subscribe(self, partition: int, generation: int, priority: int | None = None) -> bool:
         """Consume ``partition`` for its worker of ``generation``; False while disconnected
-        (call again on reconnect). ``Subscribed`` follows."""
+        (call again on reconnect). ``Subscribed`` follows. ``priority``: the consumer's
+        ``x-priority`` (``consumers.priority``; None: none)."""
         ...
 
     def warm(self, partition: int) -> None:

@@ -43,6 +43,7 @@ from consumers.port import (
     Sink,
     Subscribed,
 )
+from consumers.priority import consume_arguments
 from kernel.amqp import AmqpURL
 from producer.contract import StreamSpec
 
@@ -109,7 +110,8 @@ class StubBroker:
         with self._lock:
             self.calls.append(("give_back", partition))
 
-    def subscribe(self, partition: int, generation: int) -> bool:
+    def subscribe(self, partition: int, generation: int, priority: int | None = None) -> bool:
+        consume_arguments(priority)  # a bad priority fails as on the real broker
         self._record("subscribe", partition)
         if not self.connected.is_set():
             return False

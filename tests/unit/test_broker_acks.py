@@ -56,7 +56,9 @@ class Channel:
         else:
             self.loop.soon(callback, None)
 
-    def basic_consume(self, _queue: str, _unused: Any, callback: Any = None) -> str:
+    def basic_consume(
+        self, _queue: str, _unused: Any, callback: Any = None, arguments: Any = None
+    ) -> str:
         if callback is not None:
             self.loop.soon(callback, None)
         return "ctag"

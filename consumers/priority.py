@@ -1,0 +1,51 @@
+"""Planned handoff by consumer priority: the broker switches owners, no quiet timer. Pure.
+
+RabbitMQ 4.0's quorum queues ("SAC consumer priority", rabbitmq-server 203b671) activate a
+waiting consumer whose ``x-priority`` is above the active one's, but only once the active
+one has settled every delivery it holds, and send the active one nothing more meanwhile.
+No 3.x release does it, nor a classic queue on any version (docs/benchmarks.md, "Single
+active consumer and consumer priority").
+
+So where it holds, a planned handoff needs no drain: the heir subscribes with a priority
+above the owner's while the owner is still consuming; the owner handles and acks on as
+usual (no held acks, no ``basic.cancel`` while it may have credit); the heir's first
+delivery proves the switch (the owner settled everything and is sent nothing more); the
+owner's consumer, now waiting, is cancelled then (``Broker.cut``: nothing is checked out
+to it, so nothing is returned). Priorities only ever grow per partition (a counter bumped
+at each assignment): every heir outranks every consumer subscribed before it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MAX_PRIORITY", "PRIORITY_ARGUMENT", "consume_arguments", "heir_priority", "switches"]
+
+PRIORITY_ARGUMENT = "x-priority"  # basic.consume argument, a signed 32-bit integer
+MAX_PRIORITY = 2**31 - 1
+
+
+def consume_arguments(priority: int | None) -> dict[str, int] | None:
+    """``basic.consume`` arguments for a consumer of ``priority`` (None: no argument,
+    RabbitMQ's default 0)."""
+    if priority is None:
+        return None
+    if not 0 <= priority <= MAX_PRIORITY:
+        raise ValueError(
+            f"consumer priority {priority} is outside 0..{MAX_PRIORITY}: reset the "
+            "partition's priority counter"
+        )
+    return {PRIORITY_ARGUMENT: priority}
+
+
+def heir_priority(owner: int | None) -> int:
+    """The priority the heir subscribes with: one above the owner's (None: no priority)."""
+    return 1 if owner is None else owner + 1
+
+
+def switches(version: str, queue_type: str) -> bool:
+    """Does a single-active-consumer queue of ``queue_type`` on a broker reporting
+    ``version`` (AMQP ``server_properties["version"]``, e.g. ``"4.0.5"``) switch to a
+    higher-priority waiting consumer once the active one has settled everything?"""
+    if queue_type != "quorum":
+        return False
+    major = version.split(".", 1)[0]
+    return major.isdigit() and int(major) >= 4
