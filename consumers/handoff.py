@@ -29,7 +29,7 @@ otherwise; the heir sees ``granted`` and subscribes without a claim of its own.
 An operator's pause (``paused``) drains an ACTIVE partition the same way but keeps it:
 DRAINING ──drained──▶ PAUSED (claim held, not consumed) ──resumed──▶ SUBSCRIBING.
 
-The shell (``consumers.daemon``) turns etcd watch events and broker callbacks
+The shell (``consumers.daemon``) turns etcd watch events and the broker's events
 into events and carries out the commands; nothing here does I/O.
 """
 
