@@ -11,7 +11,7 @@ messages wait with nobody noticing but the lag. The daemon asks each check
 Threads. None of its own: :class:`FlowWatch` belongs to the daemon's controller thread.
 Its inputs cross before the call: ``waiting`` from the workers' ``waiting_since`` (read
 by the controller, one value each), ``ready`` from passive declares on the pika I/O
-thread, queued to the controller as a ``FlowReady`` event.
+thread, queued to the controller as a ``ReadyCounts`` event (``consumers.port``).
 """
 
 from __future__ import annotations

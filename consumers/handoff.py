@@ -42,7 +42,7 @@ standing (stood down or lost before RabbitMQ's activation reached us) is given b
 once. ``dropped`` (a fence aborted the connection) starts the partition over from IDLE,
 without a drain; the standby phase is left as the shell last set it.
 
-The shell (``consumers.partitions``) turns etcd watch events and broker callbacks
+The shell (``consumers.partitions``) turns etcd watch events and the broker's events
 into events and carries out the commands; nothing here does I/O.
 
 Threads. None, and no shared state: :func:`step` is called on the daemon's controller

@@ -1,7 +1,7 @@
 """The partitions of one consumer: the group mirror, and one slot per partition.
 
 :class:`Partitions` belongs to the daemon's controller thread (``consumers.daemon``),
-which hands it watch events and broker callbacks. It keeps the stream's group keys in
+which hands it watch events and the broker's events. It keeps the stream's group keys in
 a :class:`coordinator.mirror.GroupMirror` and each partition's state machine
 (:func:`consumers.handoff.step`) in step with it, and carries out the machines'
 commands: claim and release in etcd, subscribe and cancel at the broker, start and
