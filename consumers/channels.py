@@ -5,15 +5,13 @@ it from its loop's callbacks, and pika calls the channel callbacks set here), so
 locked. What it learns goes out through the broker's sink (``consumers.port``): deliveries
 and END for the workers, the rest for the controller.
 
-A partition's :class:`_Slot` holds its own channel's line (:class:`_Opening`, :class:`_Warm`,
-or a :class:`_Sub`: a channel and its :class:`consumers.window.Window`), a subscribe
-deferred while its queue is missing, the backoff of that missing queue, and its hot
-standby subscription (:class:`_Standby`). The window decides the drain (``consumers.window``
-says why each step is safe); this module only carries out its actions on pika.
-
-A channel is *parked* after its drain, not closed (a close right after the last acks could
-return messages whose settles the quorum queue has not applied yet), and reused if the
-partition comes back; channels close with the connection.
+A partition's :class:`_Slot` holds its channel's line (:class:`_Opening`, :class:`_Warm`, or
+a :class:`_Sub`: a channel and its :class:`consumers.window.Window`), a subscribe deferred
+while its queue is missing, that queue's backoff, its ``basic.consume`` arguments and its
+hot standby (:class:`_Standby`). The window decides the drain (``consumers.window`` says
+why each step is safe); this module only carries out its actions on pika. A drained channel
+is *parked*, not closed (a close right after the last acks could return messages whose
+settles the quorum queue has not applied yet), reused if the partition comes back.
 """
 
 from __future__ import annotations
@@ -42,6 +40,7 @@ from consumers.port import (
     StandbyLost,
     Subscribed,
 )
+from consumers.priority import Arguments
 from kernel.amqp import AmqpURL, access_refused
 from kernel.backoff import Backoff, Delays
 from producer.contract import StreamSpec
@@ -93,10 +92,6 @@ class _Standby:
     returning: bool = False
 
 
-# actions that only tell the daemon: carried out whatever the channel's state
-_REPORTS = (w.SendEnd, w.ReportEmptied, w.ReportKept, w.ReportLost)
-
-
 @dataclass
 class _Slot:
     """Everything about one partition on this connection."""
@@ -105,7 +100,7 @@ class _Slot:
     deferred: object | None = None  # the token of a subscribe waiting for its queue
     missing: tuple[float, Delays] | None = None  # its queue was NOT_FOUND: retry not before
     standby: _Standby | None = None
-    arguments: dict[str, int] | None = None  # basic.consume's (``consumers.priority``)
+    arguments: Arguments = None  # basic.consume's
 
     def reset(self) -> None:
         """The connection is gone: only the missing queue's backoff outlives it."""
@@ -133,8 +128,7 @@ class Channels:
         self._fenced = False  # the connection is being aborted: open nothing more on it
 
     def _slot(self, partition: int) -> _Slot:
-        slot = self._slots.get(partition)
-        if slot is None:
+        if (slot := self._slots.get(partition)) is None:
             slot = self._slots[partition] = _Slot()
         return slot
 
@@ -171,9 +165,7 @@ class Channels:
 
     # -- subscribing ---------------------------------------------------------------------
 
-    def subscribe(
-        self, partition: int, generation: int, arguments: dict[str, int] | None = None
-    ) -> None:
+    def subscribe(self, partition: int, generation: int, arguments: Arguments = None) -> None:
         slot = self._slot(partition)
         slot.arguments = arguments
         retry_at = slot.missing[0] if slot.missing is not None else 0.0
@@ -386,11 +378,8 @@ class Channels:
 
     def _do(self, partition: int, sub: _Sub, action: w.Action) -> None:  # noqa: C901, PLR0912 — one case per action
         channel = sub.channel
-        if not channel.is_open and not isinstance(action, _REPORTS):
-            # Closing (a 3.10 quorum queue sends CancelOk before it cancels, and closes the
-            # channel if the cancel then fails): its close callback reports the partition
-            # lost. A channel method raising here would abort the whole connection.
-            return
+        if not channel.is_open and not isinstance(action, w.REPORTS):
+            return  # closing (a failed cancel, too): its close callback reports it lost
         match action:
             case w.Ack(tags):
                 send(channel, sub.unacked, tags)

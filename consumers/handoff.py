@@ -40,7 +40,8 @@ stood down when we start consuming, and one activated then is given back (the ta
 check could only say so: the claim is ours). An activation of a standby no longer
 standing (stood down or lost before RabbitMQ's activation reached us) is given back at
 once. ``dropped`` (a fence aborted the connection) starts the partition over from IDLE,
-without a drain; the standby phase is left as the shell last set it.
+without a drain, and with no standby: the fence aborted that subscription too, silently,
+so the next sync stands by again where the leader still names us.
 
 The shell (``consumers.partitions``) turns etcd watch events and the broker's events
 into events and carries out the commands; nothing here does I/O.
@@ -175,8 +176,8 @@ _STANDBY_EVENTS = frozenset(
 def step(state: State, event: Event) -> tuple[State, list[Command]]:
     """One event; a drain that the event makes ours again is called off (``RESUME``), and
     a standby of a partition we now consume is ended (stood down, or given back)."""
-    if event is Event.DROPPED:
-        return State(standby=state.standby), []
+    if event is Event.DROPPED:  # the standby subscription went with the connection too
+        return State(), []
     if event in _STANDBY_EVENTS:
         after, commands = _standby_step(state, event)
     else:

@@ -17,13 +17,23 @@ at each assignment): every heir outranks every consumer subscribed before it.
 
 from __future__ import annotations
 
-__all__ = ["MAX_PRIORITY", "PRIORITY_ARGUMENT", "consume_arguments", "heir_priority", "switches"]
+__all__ = [
+    "MAX_PRIORITY",
+    "PRIORITY_ARGUMENT",
+    "Arguments",
+    "consume_arguments",
+    "heir_priority",
+    "switches",
+]
 
 PRIORITY_ARGUMENT = "x-priority"  # basic.consume argument, a signed 32-bit integer
 MAX_PRIORITY = 2**31 - 1
 
 
-def consume_arguments(priority: int | None) -> dict[str, int] | None:
+Arguments = dict[str, int] | None  # basic.consume's arguments (None: none)
+
+
+def consume_arguments(priority: int | None) -> Arguments:
     """``basic.consume`` arguments for a consumer of ``priority`` (None: no argument,
     RabbitMQ's default 0)."""
     if priority is None:

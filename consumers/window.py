@@ -300,6 +300,8 @@ Action = (
     | ReportLost
 )
 Actions = tuple[Action, ...]
+# the actions that only tell the daemon: carried out whatever the channel's state
+REPORTS = (SendEnd, ReportEmptied, ReportKept, ReportLost)
 
 # The usual answer to a delivery (the shell may test ``is``). Every answer to one holds
 # HandOn (last) or Reject.

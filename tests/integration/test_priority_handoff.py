@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pika
 import pytest
 
-from consumers.broker import END, Broker, Delivery
+from consumers.broker import Broker
+from consumers.port import BrokerEvent, ChannelLost, Delivery, Drained, End, Subscribed
 from producer.contract import StreamSpec
 from producer.publisher import Producer
 from producer.topology import declare_stream, delete_stream
@@ -41,20 +42,21 @@ class _Owner:
         self.inbox: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
         self.pause = pause
         self.on_first: list[object] = []
-        self.broker = Broker(
-            url, spec, prefetch=50, heartbeat=10, name=name, deliver=self._deliver,
-            on_subscribed=lambda p: self.events.put(("subscribed", p)),
-            on_drained=lambda p: self.events.put(("drained", p)),
-            on_channel_lost=lambda p: self.events.put(("lost", p)),
-            on_connection=lambda up: None,
-        )  # fmt: skip
+        self.broker = Broker(url, spec, prefetch=50, heartbeat=10, name=name, sink=self._sink)
         self.worker = threading.Thread(target=self._work, daemon=True)
 
-    def _deliver(self, partition: int, item: Delivery | object) -> None:
-        if isinstance(item, tuple) and item[0] is END:
-            self.broker.finish(partition, item[1])
-        elif isinstance(item, Delivery):
-            self.inbox.put(item)
+    def _sink(self, event: BrokerEvent) -> None:
+        match event:
+            case End(partition, channel):
+                self.broker.finish(partition, channel)
+            case Delivery():
+                self.inbox.put(event)
+            case Subscribed(partition):
+                self.events.put(("subscribed", partition))
+            case Drained(partition):
+                self.events.put(("drained", partition))
+            case ChannelLost(partition):
+                self.events.put(("lost", partition))
 
     def _work(self) -> None:
         while (delivery := self.inbox.get()) is not None:
@@ -97,11 +99,11 @@ def test_the_heir_above_the_owner_takes_over_once_the_owner_settled_all(
     try:
         owner.start()
         heir.start()
-        owner.broker.subscribe(0, priority=0)
+        owner.broker.subscribe(0, 1, priority=0)
         feeder.start()
         wait_until(lambda: len(owner.handled) >= 200, 30, what="the owner handles")
         # When the heir subscribes with a higher priority while the owner holds deliveries
-        heir.broker.subscribe(0, priority=1)
+        heir.broker.subscribe(0, 1, priority=1)
         wait_until(lambda: heir.handled, 30, what="the broker switches to the heir")
         switched = heir.handled[0][0]
         owner.broker.cut(0)  # the owner's consumer waits now: cancelled, nothing returned

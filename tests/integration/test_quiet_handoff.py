@@ -16,7 +16,8 @@ import pika
 import pytest
 
 from consumers.audit import lost, order_violations
-from consumers.broker import END, Broker, Delivery
+from consumers.broker import Broker
+from consumers.port import BrokerEvent, Delivery, Drained, End
 from producer.contract import StreamSpec
 from producer.publisher import Producer
 from producer.topology import declare_stream, delete_stream
@@ -57,27 +58,25 @@ def test_quiet_handoffs_of_a_trickle_keep_per_key_order(spec: StreamSpec, rabbit
         done.set()
 
     def make(name: str, other: str) -> Broker:
-        def deliver(partition: int, item: Delivery | object) -> None:
-            if isinstance(item, tuple) and item[0] is END:
-                brokers[name].finish(partition, item[1])
-                return
-            assert isinstance(item, Delivery)
-            key, seq = item.body.decode().split(":")
-            records.append(
-                {"key": key, "seq": int(seq), "start": time.time(), "member": name,
-                 "redelivered": item.redelivered}
-            )  # fmt: skip
-            brokers[name].ack(partition, item.channel, item.delivery_tag)
+        generations = iter(range(1, 1000))
 
-        def on_drained(partition: int) -> None:
-            drained[name].set()
-            brokers[other].subscribe(partition)  # the next owner, once the drain is over
+        def sink(event: BrokerEvent) -> None:
+            match event:
+                case End(partition, channel):
+                    brokers[name].finish(partition, channel)
+                case Delivery():
+                    key, seq = event.body.decode().split(":")
+                    records.append(
+                        {"key": key, "seq": int(seq), "start": time.time(), "member": name,
+                         "redelivered": event.redelivered}
+                    )  # fmt: skip
+                    brokers[name].ack(event.partition, event.channel, event.delivery_tag)
+                case Drained(partition):
+                    drained[name].set()
+                    # the next owner, once the drain is over
+                    brokers[other].subscribe(partition, next(generations))
 
-        return Broker(
-            rabbitmq, spec, prefetch=100, heartbeat=10, name=f"quiet-{name}", deliver=deliver,
-            on_subscribed=lambda p: None, on_drained=on_drained,
-            on_channel_lost=lambda p: None, on_connection=lambda up: None,
-        )  # fmt: skip
+        return Broker(rabbitmq, spec, prefetch=100, heartbeat=10, name=f"quiet-{name}", sink=sink)
 
     brokers["A"], brokers["B"] = make("A", "B"), make("B", "A")
     for broker in brokers.values():
@@ -86,7 +85,7 @@ def test_quiet_handoffs_of_a_trickle_keep_per_key_order(spec: StreamSpec, rabbit
     feeder = threading.Thread(target=feed, daemon=True)
     handoffs = 0
     try:
-        brokers["A"].subscribe(0)
+        brokers["A"].subscribe(0, 1)
         feeder.start()
         owner = "A"
         # When the partition is moved back and forth, 0.2 s after each drain, while it trickles

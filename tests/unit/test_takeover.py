@@ -172,3 +172,14 @@ def test_a_stopping_member_gives_every_activated_standby_back(env: Env) -> None:
     env.partitions.check_takeovers(allowed=False)
     assert env.calls("give_back") == 1 and env.calls("promote") == 0
     assert env.group.snapshot().claims[0].member == "a"
+
+
+def test_a_fenced_standby_stands_by_again_on_the_next_sync(env: Env) -> None:
+    # Given a standing standby behind a's consumer
+    assert (env.partitions.slots[0].state.standby, env.calls("stand_by")) == (Standby.STANDING, 1)
+    # When our lease is lost and the connection aborted (the standby subscription with it)
+    env.partitions.drop()
+    assert env.partitions.slots[0].state.standby is Standby.NONE
+    # Then the next sync, the leader still naming us, subscribes as the standby again
+    env.partitions.sync(0)
+    assert (env.partitions.slots[0].state.standby, env.calls("stand_by")) == (Standby.STANDING, 2)
