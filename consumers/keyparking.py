@@ -64,7 +64,7 @@ class KeyParking:
         raise NotImplementedError
 
     def _attempts(
-        self, delivery: Delivery, message: Message
+        self, delivery: Delivery, message: Message, *, replay: bool = False
     ) -> tuple[Outcome, BaseException | None, int]:
         raise NotImplementedError
 
@@ -186,7 +186,7 @@ class KeyParking:
         except MalformedHeaders as e:
             replay.failure = e
             return False
-        outcome, failure, _count = self._attempts(delivery, message)
+        outcome, failure, _count = self._attempts(delivery, message, replay=True)
         replay.timed_out = outcome is Outcome.TIMED_OUT
         replay.failure = failure
         return outcome is Outcome.ACK

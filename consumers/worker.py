@@ -96,6 +96,7 @@ class _Running:
     delivery: Delivery
     message: Message
     started: float
+    replay: bool = False  # a parked message replayed by a redrive, not the partition's
 
 
 class Worker(KeyParking, threading.Thread):
@@ -335,7 +336,7 @@ class Worker(KeyParking, threading.Thread):
         return self._dead_letter(delivery, failure, attempts)
 
     def _attempts(
-        self, delivery: Delivery, message: Message
+        self, delivery: Delivery, message: Message, *, replay: bool = False
     ) -> tuple[Outcome, BaseException | None, int]:
         """Up to ``max_attempts`` handler calls with backoff: (ACK, None, n) once handled;
         (KEEP, failure, n) when every attempt failed (or KEEP when stopped, TIMED_OUT when
@@ -344,7 +345,7 @@ class Worker(KeyParking, threading.Thread):
         while True:
             started = time.monotonic()
             try:
-                failure = self._call(delivery, message)
+                failure = self._call(delivery, message, replay=replay)
             except _TimedOut:
                 return Outcome.TIMED_OUT, None, attempt
             self._m_handler_seconds.observe(time.monotonic() - started)
@@ -366,11 +367,13 @@ class Worker(KeyParking, threading.Thread):
             attempt += 1
             message = dataclasses.replace(message, attempt=attempt)
 
-    def _call(self, delivery: Delivery, message: Message) -> BaseException | None:
+    def _call(
+        self, delivery: Delivery, message: Message, *, replay: bool = False
+    ) -> BaseException | None:
         """What the handler raised, or None; :class:`_TimedOut` if the watchdog gave up on it."""
         caller = threading.get_ident()
         with self._lock:
-            self._running[caller] = _Running(delivery, message, time.monotonic())
+            self._running[caller] = _Running(delivery, message, time.monotonic(), replay)
         try:
             result = self.handler(message)
             if inspect.isawaitable(result):  # the work is in it: it has run once awaited
@@ -406,9 +409,20 @@ class Worker(KeyParking, threading.Thread):
                 return
 
     def _expire(self, running: _Running, timeout: float) -> None:
-        """On the watchdog's thread: dead-letter and ack the message."""
+        """On the watchdog's thread: dead-letter and ack the message; a parked one being
+        replayed stays parked instead (dead-lettered, it would be in both places)."""
         delivery, message = running.delivery, running.message
         metrics.HANDLER_SECONDS.labels(*self._labels).observe(time.monotonic() - running.started)
+        if running.replay:
+            log.error(
+                "partition %d: the handler timed out after %gs on parked message %s during a "
+                "redrive: it stays parked, at the head of its key; a running handler cannot "
+                "be stopped, so this member leaves the group and exits for a restart",
+                self.partition,
+                timeout,
+                message.message_id,
+            )
+            return
         log.error(
             "partition %d: the handler timed out after %gs on message %s (attempt %d): "
             "dead-lettering it; a running handler cannot be stopped, so this member leaves "

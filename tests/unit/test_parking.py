@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from consumers.control import senders, users_of
 from consumers.parking import ParkedKeys, ParkStalls, too_many
 from consumers.port import Delivery
+from consumers.worker import HANDLER_TIMEOUT
 from coordinator import codec, kinds
 from coordinator.codec import Parked
 from kernel.amqp import AmqpTarget, AmqpTLS
@@ -322,3 +323,32 @@ def test_a_long_stall_is_summed_up_once_a_minute(
     assert stalls.stalled() == [3]
     stalls.ended(3, parked=False)
     assert stalls.stalled() == [] and "left unparked" in caplog.records[-1].getMessage()
+
+
+def test_a_redrive_whose_handler_times_out_leaves_the_message_parked_not_dead_lettered() -> None:
+    # Given a parked key, then a handler that hangs on its parked message during the redrive
+    parking = FakeParking()
+    hang, release = threading.Event(), threading.Event()
+
+    def behaviour(message: Any) -> None:
+        if not hang.is_set():
+            raise ValueError("boom")
+        release.wait(30)
+
+    run = Run(behaviour, parking=parking, max_attempts=1, handler_timeout=0.3)
+    try:
+        run.deliver("b1", headers("bad"))
+        wait_for(lambda: len(parking.queues.get(key_id("bad"), [])) == 1)
+        hang.set()
+        # When the redrive's handler call runs past the handler timeout
+        run.deliver("r", headers("bad", "redrive"), OPERATOR)
+        assert run.failed.wait(5)
+        # Then the member leaves for a restart, and the message is not also dead-lettered:
+        # it stays parked (the replay never acked it), once
+        assert run.failures == [(PARTITION, HANDLER_TIMEOUT)]
+        assert run.dead.published == []
+        assert [d.body for d in parking.queues[key_id("bad")]] == [b"b1"]
+    finally:
+        release.set()
+    run.worker.join(5)
+    assert parking.parked.get(key_id("bad")) is not None
