@@ -3,6 +3,8 @@
 Used by ``partq demo`` and the invariant tests. Records are the dicts
 ``consumers.examples.record_handler`` writes. Every check returns a list of
 violations (empty: the invariant holds), so a failing test shows what broke.
+
+Threads. None: pure functions over records, run by tests and benchmarks after the fact.
 """
 
 from __future__ import annotations

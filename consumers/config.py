@@ -20,6 +20,9 @@ On 3, 4 and 6, ``/readyz`` turns false at once; the other partitions are drained
 and released as on a stop, the failed one is abandoned (its unacked deliveries
 return to the queue when the connection closes, before the lease is revoked):
 the partition moves to another member and the supervisor restarts this one.
+
+Threads. None: a :class:`ConsumerConfig` is frozen before the daemon starts a thread, and
+every thread only reads it.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ forged by a producer. The senders are the users of the stream's operator and adm
 (``partq security roles``) and the consumer's own user: in a deployment where every
 component shares one user, whoever holds it may purge queues directly anyway, and in a
 least-privilege one a consumer's user cannot publish into a partition queue. Pure: no I/O.
+
+Threads. None: called on a partition's worker thread with values it alone holds.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ The daemon puts the result in etcd every ``ConsumerConfig.load_report`` seconds
 (``partq coordinator --balance load``, :mod:`coordinator.loads`) and the status page
 read it. Each partition's worker counts what it handled; a partition that got a new
 worker since the last report (it moved away and back) counts from that worker's zero.
+
+Threads. A :class:`LoadMeter` belongs to the daemon's controller thread (``consumers.reports``);
+it reads each worker's ``handled``, a single int the worker's thread writes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""What a handler receives, and how a handler is named on the command line."""
+"""What a handler receives, and how a handler is named on the command line.
+
+Threads. None of its own: a :class:`Message` is made on a partition's worker thread (or a
+handler pool thread with ``--concurrency``) and handed to the handler there, read-only.
+"""
 
 from __future__ import annotations
 

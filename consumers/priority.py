@@ -13,6 +13,8 @@ delivery proves the switch (the owner settled everything and is sent nothing mor
 owner's consumer, now waiting, is cancelled then (``Broker.cut``: nothing is checked out
 to it, so nothing is returned). Priorities only ever grow per partition (a counter bumped
 at each assignment): every heir outranks every consumer subscribed before it.
+
+Threads. None: pure functions, called on the thread that calls ``Broker.subscribe``.
 """
 
 from __future__ import annotations
