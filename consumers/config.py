@@ -117,6 +117,8 @@ class ConsumerConfig:
     def __post_init__(self) -> None:
         if self.member_id is not None:  # InvalidMemberId: a usage error, exit code 2
             validate_member_id(self.member_id)
+        else:  # chosen once: every part of the daemon must name the same member
+            object.__setattr__(self, "member_id", default_member_id())
         if self.weight < 1:
             raise UsageError(f"weight must be at least 1, got {self.weight}")
         if not 1 <= self.prefetch <= MAX_PREFETCH:  # a usage error: exit 2, one line
@@ -139,7 +141,8 @@ class ConsumerConfig:
 
     @property
     def member(self) -> str:
-        return self.member_id or default_member_id()
+        assert self.member_id is not None  # set in __post_init__
+        return self.member_id
 
 
 def default_member_id() -> str:

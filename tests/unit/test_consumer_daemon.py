@@ -41,7 +41,7 @@ P = 4
 class Running:
     """A Consumer of the env's stream, running in a thread, with a StubBroker."""
 
-    def __init__(self, env: Env, member: str, **config: Any) -> None:
+    def __init__(self, env: Env, member: str | None, **config: Any) -> None:
         self.env = env
         self.handled: list[bytes] = []
         options = {"ttl": 1, "drain_timeout": 5.0, **config}
@@ -88,7 +88,7 @@ class Env:
         self.group = Group(self.fake, "fake", self.stream)
         self.running: list[Running] = []
 
-    def consumer(self, member: str, **config: Any) -> Running:
+    def consumer(self, member: str | None, **config: Any) -> Running:
         running = Running(self, member, **config)
         self.running.append(running)
         return running
@@ -165,6 +165,20 @@ def test_an_assigned_partition_is_claimed_then_subscribed(env: Env) -> None:
     tags = [c1.broker.publish(2, f"m{i}".encode()) for i in range(3)]
     eventually("handled", lambda: c1.broker.acked(2) == tags)
     assert c1.handled == [b"m0", b"m1", b"m2"]
+
+
+def test_a_member_started_without_an_id_joins_and_consumes_under_the_one_it_chose(
+    env: Env,
+) -> None:
+    # Given a member started without a member id (the README's quick start)
+    running = env.consumer(None)
+    member = running.consumer.member
+    # Then the group knows it by the id it uses itself
+    eventually("joined", lambda: member in env.group.snapshot().members)
+    # and a partition the leader assigns to that id is claimed and consumed
+    env.assign(1, member)
+    eventually("consuming", lambda: running.consumer.owned() == [1])
+    assert env.claim_of(1) == (member, running.lease)
 
 
 def test_a_partition_claimed_by_another_member_waits_for_its_release(env: Env) -> None:
