@@ -39,6 +39,7 @@ __all__ = [
     "OnFailure",
     "QueueType",
     "StreamSpec",
+    "check_partition_count",
     "dead_letter_exchange",
     "dead_letter_queue",
     "decode_key",
@@ -145,6 +146,15 @@ def validate_stream_name(name: str) -> str:
 _PARTITION_SUFFIX = r"p\d{5}"  # queue_name's ending
 _PARK_SUFFIX = r"park\.[0-9a-f]{16}"  # park_queue's
 _RESERVED_SUFFIX = re.compile(rf"\.(?:{_PARTITION_SUFFIX}|dlq|dlx|{_PARK_SUFFIX})$")
+
+
+def check_partition_count(partitions: object) -> int:
+    """``partitions`` if it is a whole number in ``1..MAX_PARTITIONS``, else :class:`UsageError`."""
+    if isinstance(partitions, bool) or not isinstance(partitions, int):
+        raise UsageError(f"partitions must be a whole number, got {partitions!r}")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise UsageError(f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
+    return partitions
 
 
 def refuse_overlap(name: str) -> str:
@@ -284,12 +294,7 @@ class StreamSpec:
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name)
-        if isinstance(self.partitions, bool) or not isinstance(self.partitions, int):
-            raise UsageError(f"partitions must be a whole number, got {self.partitions!r}")
-        if not 1 <= self.partitions <= MAX_PARTITIONS:
-            raise UsageError(
-                f"partitions must be between 1 and {MAX_PARTITIONS}, got {self.partitions}"
-            )
+        check_partition_count(self.partitions)
         if self.queue_type not in QUEUE_TYPES:
             raise UsageError(
                 f"queue type must be one of {', '.join(QUEUE_TYPES)}, got {self.queue_type!r}"

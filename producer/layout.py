@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from kernel.errors import UsageError
-from producer.contract import MAX_PARTITIONS, partition_for
+from producer.contract import MAX_PARTITIONS, check_partition_count, partition_for
 
 __all__ = ["Layout", "Resize", "parse_routing_key"]
 
@@ -45,12 +45,7 @@ class Layout:
     epoch: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.partitions, bool) or not isinstance(self.partitions, int):
-            raise UsageError(f"partitions must be a whole number, got {self.partitions!r}")
-        if not 1 <= self.partitions <= MAX_PARTITIONS:
-            raise UsageError(
-                f"partitions must be between 1 and {MAX_PARTITIONS}, got {self.partitions}"
-            )
+        check_partition_count(self.partitions)
         if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
             raise UsageError(f"a layout's epoch is a whole number >= 0, got {self.epoch!r}")
 
