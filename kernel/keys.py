@@ -12,6 +12,9 @@ Everything lives under ``/partq/v1/``; per stream::
     /partq/v1/streams/<stream>/claims/<partition>        "I am consuming it", on the owner's lease
     /partq/v1/streams/<stream>/standby/<partition>       the hot standby of a partition (leader)
     /partq/v1/streams/<stream>/requests/<name>           operator requests (manual mode)
+    /partq/v1/streams/<stream>/resize                    a resize's record (coordinator.resize)
+    /partq/v1/streams/<stream>/drained/<epoch>/<part>    old partition <part> handled the fence
+                                                         of epoch <epoch> (docs/resize.md)
 
 Partitions are zero-padded to 5 digits so keys sort numerically.
 
@@ -77,6 +80,19 @@ def standbys(stream: str) -> str:
 
 def standby(stream: str, partition: int) -> str:
     return f"{standbys(stream)}{partition:05d}"
+
+
+def resize(stream: str) -> str:
+    return f"{stream_prefix(stream)}resize"
+
+
+def drained_prefix(stream: str, epoch: int) -> str:
+    """Where the consumers of epoch ``epoch``'s old partitions record their fences."""
+    return f"{stream_prefix(stream)}drained/{epoch}/"
+
+
+def drained(stream: str, epoch: int, partition: int) -> str:
+    return f"{drained_prefix(stream, epoch)}{partition:05d}"
 
 
 def requests(stream: str) -> str:

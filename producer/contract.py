@@ -14,11 +14,14 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import mmh3
 
 from kernel.errors import InvalidStreamName, MalformedValue, SpecMismatch, UsageError
+
+if TYPE_CHECKING:
+    from producer.layout import Layout
 
 __all__ = [
     "DEAD_LETTER_HEADERS",
@@ -291,10 +294,23 @@ class StreamSpec:
     # quorum queues: members of each queue's Raft group (x-quorum-initial-group-size);
     # None: the broker's default (no argument)
     replicas: int | None = None
+    # the layout's epoch: 0 as created; each resize makes the next (docs/resize.md). A spec
+    # with an epoch is version 2, so an older partq refuses it ("upgrade") instead of
+    # publishing under a stale layout; an epoch-0 spec stays version 1, byte for byte.
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name)
         check_partition_count(self.partitions)
+        if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
+            raise UsageError(f"a stream's epoch is a whole number >= 0, got {self.epoch!r}")
+        if self.epoch and self.version == 1:  # the default: a spec with an epoch is v2
+            object.__setattr__(self, "version", 2)
+        if self.version != (2 if self.epoch else 1):
+            raise UsageError(
+                f"a stream spec of epoch {self.epoch} is version {2 if self.epoch else 1}, "
+                f"not {self.version}"
+            )
         if self.queue_type not in QUEUE_TYPES:
             raise UsageError(
                 f"queue type must be one of {', '.join(QUEUE_TYPES)}, got {self.queue_type!r}"
@@ -316,6 +332,13 @@ class StreamSpec:
 
     def partition_for(self, key: str | bytes) -> int:
         return partition_for(key, self.partitions)
+
+    @property
+    def layout(self) -> Layout:
+        """This spec's partition count under its epoch (``producer.layout``)."""
+        from producer.layout import Layout  # layout imports this module
+
+        return Layout(self.partitions, self.epoch)
 
     def queue(self, partition: int) -> str:
         if not 0 <= partition < self.partitions:
@@ -350,6 +373,8 @@ class StreamSpec:
             doc["on_failure"] = self.on_failure
         if self.replicas is not None:
             doc["replicas"] = self.replicas
+        if self.epoch:
+            doc["epoch"] = self.epoch
         return json.dumps(doc, sort_keys=True)
 
     @classmethod
@@ -363,7 +388,7 @@ class StreamSpec:
         if not isinstance(doc, dict):
             raise MalformedValue(f"malformed stream spec{where}: not a JSON object")
         version = doc.get("v")
-        if type(version) is not int or version != 1:
+        if type(version) is not int or version not in (1, 2):
             raise UsageError(
                 f"stream spec{where} version {version!r} is not understood by this partq: "
                 f"upgrade it"
@@ -376,6 +401,7 @@ class StreamSpec:
                 version=version,
                 on_failure=doc.get("on_failure", "dead-letter"),
                 replicas=doc.get("replicas"),
+                epoch=doc.get("epoch", 0) if version == 2 else 0,
             )
         except KeyError as e:
             raise MalformedValue(f"malformed stream spec{where}: no {e.args[0]!r}") from None

@@ -188,3 +188,14 @@ def test_the_documented_figures(old: int, new: int, moved: Fraction, parents: in
     sample = [f"key-{i}" for i in range(20_000)]
     share = sum(change.moves(key) for key in sample) / len(sample)
     assert abs(share - float(moved)) < 0.02
+
+
+def test_a_spec_with_an_epoch_is_version_2_and_reads_back() -> None:
+    plain = StreamSpec("orders", 12)
+    assert plain.version == 1 and "epoch" not in plain.to_json()
+    resized = StreamSpec("orders", 24, epoch=1)
+    assert resized.version == 2 and resized.layout == Layout(24, 1)
+    assert StreamSpec.from_json(resized.to_json()) == resized
+    assert StreamSpec.from_json(plain.to_json()) == plain
+    with pytest.raises(UsageError, match="epoch"):
+        StreamSpec("orders", 12, epoch=-1)
