@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DEAD_LETTER_HEADERS",
     "HEADER_ATTEMPTS",
+    "CONTROL_FENCE",
     "HEADER_CONTROL",
+    "HEADER_EPOCH",
     "HEADER_ERROR",
     "HEADER_ERROR_TYPE",
     "HEADER_FAILED_MS",
@@ -46,6 +48,7 @@ __all__ = [
     "dead_letter_exchange",
     "dead_letter_queue",
     "decode_key",
+    "fence_routing_key",
     "encode_key",
     "exchange_name",
     "key_bytes",
@@ -82,6 +85,12 @@ HEADER_PUBLISHED_MS = "partq-published-ms"
 # A control message of `partq dlq` for the key in its headers: "redrive" or "purge". The
 # partition's worker acts on it in queue order and never hands it to the handler.
 HEADER_CONTROL = "x-partq-control"
+# A resize's fence (docs/resize.md): HEADER_CONTROL = CONTROL_FENCE and the old layout's
+# epoch in HEADER_EPOCH, published on routing key ``fence_routing_key(epoch, partition)``.
+# The last old-layout message of its queue: its consumer records it handled in etcd
+# (kernel.keys.drained) and never hands it to the handler.
+CONTROL_FENCE = "fence"
+HEADER_EPOCH = "x-partq-epoch"
 # Written on a dead letter by the consumer that gave up on it (consumers/worker.py): why,
 # after how many handler attempts, from which partition, by which member, when (ms).
 HEADER_ERROR = "x-partq-error"
@@ -270,6 +279,11 @@ def encode_key(key: str | bytes) -> dict[str, str]:
     if isinstance(key, str):
         return {HEADER_KEY: key}
     return {HEADER_KEY_B64: base64.b64encode(bytes(key)).decode("ascii")}
+
+
+def fence_routing_key(epoch: int, partition: int) -> str:
+    """The routing key of the fence that ends ``epoch`` in ``partition``'s queue."""
+    return f"fence.{epoch}.{partition}"
 
 
 def decode_key(headers: Mapping[str, Any]) -> str | bytes | None:
