@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from producer.layout import Layout
 
 __all__ = [
+    "CONTROL_FENCE",
     "DEAD_LETTER_HEADERS",
     "HEADER_ATTEMPTS",
-    "CONTROL_FENCE",
     "HEADER_CONTROL",
     "HEADER_EPOCH",
     "HEADER_ERROR",
@@ -48,9 +48,9 @@ __all__ = [
     "dead_letter_exchange",
     "dead_letter_queue",
     "decode_key",
-    "fence_routing_key",
     "encode_key",
     "exchange_name",
+    "fence_routing_key",
     "key_bytes",
     "key_from_id",
     "key_id",
