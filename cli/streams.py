@@ -1,4 +1,4 @@
-"""``partq stream create|describe|list|delete``."""
+"""``partq stream create|resize|describe|list|delete``."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ import json
 
 import click
 
-from cli.context import Context, pass_context
+from cli.context import Context, Seconds, pass_context
 from coordinator import admin
+from coordinator.resize import Phase
+from coordinator.resizer import Resizer
+from coordinator.status import beyond_lines
 from kernel.errors import StreamNotFound
-from producer.contract import ON_FAILURE, QUEUE_TYPES, StreamSpec, refuse_overlap
+from producer.contract import MAX_PARTITIONS, ON_FAILURE, QUEUE_TYPES, StreamSpec, refuse_overlap
 
 
 @click.group()
@@ -99,9 +102,69 @@ def create(
 
 def describe_spec(spec: StreamSpec) -> str:
     return (
-        f"{spec.partitions} partitions, {spec.queue_type} queues"
+        f"{spec.partitions} partitions"
+        + (f" (epoch {spec.epoch})" if spec.epoch else "")
+        + f", {spec.queue_type} queues"
         + (f" on {spec.replicas} replicas" if spec.replicas else "")
         + f", on failure {spec.on_failure}"
+    )
+
+
+@stream.command()
+@click.argument("name")
+@click.option(
+    "--partitions",
+    "-p",
+    type=int,
+    required=True,
+    help=f"The new partition count (1 to {MAX_PARTITIONS:,}); the count of a resize that is "
+    "running continues it.",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Return once the old layout is drained and its queues retired (its consumers must "
+    "run), not once producers publish the new one.",
+)
+@click.option(
+    "--timeout",
+    type=Seconds(),
+    help="Give up after this many seconds; the resize stays recorded and running the command "
+    "again continues it [default: 60; with --wait: 600].",
+)
+@pass_context
+def resize(ctx: Context, name: str, partitions: int, wait: bool, timeout: float | None) -> None:
+    """Change stream NAME's partition count online, keeping each key's order.
+
+    Producers and consumers keep running. The old layout's bindings are cut (late
+    old-layout publishes are returned to their producer, which republishes them), a fence
+    ends every old queue, the new layout is bound and then switched in etcd. Keys that
+    move wait only for their old partition's fence. A shrink's queues are deleted once
+    drained and empty. The resize is recorded in etcd: killed anywhere, the same command
+    continues it. Resize by doubling or halving where possible: fewer keys wait
+    (docs/resize.md).
+    """
+    resizer = Resizer(ctx.registry(), ctx.settings.amqp, name)
+    state = resizer.start(partitions)
+    change = state.resize
+    verb = "continuing the resize" if resizer.resumed else "resizing"
+    click.echo(
+        f"stream {name}: {verb} {change.old.partitions} -> {change.new.partitions} partitions "
+        f"(epoch {change.new.epoch}), {state.phase.value}"
+    )
+    until = Phase.RETIRED if wait else Phase.SWITCHED
+    state = resizer.run(until, timeout if timeout is not None else (600.0 if wait else 60.0))
+    if state.phase is Phase.RETIRED:
+        click.echo(
+            f"stream {name}: {change.new.partitions} partitions (epoch {change.new.epoch}); "
+            f"the old layout is drained and retired"
+        )
+        return
+    click.echo(
+        f"stream {name}: producers publish {change.new.partitions} partitions (epoch "
+        f"{change.new.epoch}); the old partitions drain as their consumers reach the fences. "
+        f"Follow with `partq status {name}`; retire the old layout with "
+        f"`partq stream resize {name} --partitions {change.new.partitions} --wait`"
     )
 
 
@@ -116,17 +179,15 @@ def describe(ctx: Context, name: str, as_json: bool) -> None:
         click.echo(json.dumps(description.to_dict(), indent=2))
         return
     spec = description.spec
-    click.echo(
-        f"stream {spec.name}: {spec.partitions} partitions, {spec.queue_type} queues, "
-        f"on failure {spec.on_failure}"
-    )
+    click.echo(f"stream {spec.name}: {describe_spec(spec)}")
     click.echo(f"{'partition':>9}  {'queue':<40} {'messages':>9} {'consumers':>9}")
     for q in description.queues:
         messages = "missing" if q.messages is None else str(q.messages)
         consumers = "-" if q.consumers is None else str(q.consumers)
         click.echo(f"{q.partition:>9}  {q.queue:<40} {messages:>9} {consumers:>9}")
-    for q in description.beyond:
-        click.echo(admin.beyond_line(q.queue, spec.partitions, q.messages))
+    shown = description.to_dict()
+    for line in beyond_lines({**shown, "stream": spec.name}):
+        click.echo(line)
 
 
 @stream.command(name="list")

@@ -8,11 +8,14 @@ and keys would hash elsewhere); ``adopt`` restores a lost spec from the queues.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pika
 
 from coordinator.group import Group
+from coordinator.resize import State as ResizeState
+from coordinator.resize import summary
+from coordinator.resizer import read_record
 from kernel import keys
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import SpecMismatch, StreamNotFound, UsageError
@@ -61,6 +64,9 @@ def create_stream(registry: Registry, amqp_url: AmqpURL, spec: StreamSpec) -> bo
     """
     refuse_overlap(spec.name)
     stored = _stored(registry, spec.name)
+    _refuse_while_resizing(registry, spec.name, "create")
+    if stored is not None and stored.epoch and stored == replace(spec, epoch=stored.epoch):
+        spec = stored  # resized: its current layout is bound, never epoch 0's again
     if stored is not None and stored != spec:
         registry.create(spec)  # raises SpecMismatch naming both values
     with blocking_connection(amqp_url) as connection:
@@ -102,6 +108,24 @@ def _check_queues(
     )
 
 
+def _refuse_while_resizing(registry: Registry, stream: str, verb: str) -> None:
+    """A running resize owns the stream's bindings: ``create`` or ``adopt`` would bind a
+    layout the resize cut (or not yet bound); refused in one line."""
+    running = resize_record(registry, stream)
+    if running is not None and running.running:
+        target = running.resize.new.partitions
+        raise UsageError(
+            f"stream {stream!r} is being resized to {target} partitions "
+            f"({running.phase.value}): finish that first with `partq stream resize {stream} "
+            f"--partitions {target} --wait`, then {verb} again"
+        )
+
+
+def resize_record(registry: Registry, stream: str) -> ResizeState | None:
+    """``stream``'s last resize (running or retired), or None if it was never resized."""
+    return read_record(registry, stream)[0]
+
+
 def adopt_stream(
     registry: Registry,
     amqp_url: AmqpURL,
@@ -124,6 +148,7 @@ def adopt_stream(
     """
     refuse_overlap(stream)
     stored = _stored(registry, stream)
+    _refuse_while_resizing(registry, stream, "adopt")
     with blocking_connection(amqp_url) as connection:
         found = scan_partition_queues(connection, stream, 0, MAX_PARTITIONS)
         if not found:
@@ -154,7 +179,14 @@ def adopt_stream(
         if stored is not None:
             on_failure = on_failure or stored.on_failure
             replicas = replicas if replicas is not None else stored.replicas
-        spec = StreamSpec(stream, count, chosen, on_failure=on_failure or "park", replicas=replicas)
+        spec = StreamSpec(
+            stream,
+            count,
+            chosen,
+            on_failure=on_failure or "park",
+            replicas=replicas,
+            epoch=stored.epoch if stored is not None else 0,  # a lost spec: the contract's
+        )
         for flag, kept, asked in (
             ("--on-failure", stored and stored.on_failure, spec.on_failure),
             ("--replicas", stored and stored.replicas, spec.replicas),
@@ -182,6 +214,7 @@ class Description:
     spec: StreamSpec
     queues: list[QueueStats]
     beyond: list[QueueStats]  # partition queues that exist past spec.partitions
+    resize: ResizeState | None = None  # the stream's last resize, if it was ever resized
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -192,6 +225,8 @@ class Description:
             "dead_letter_queue": self.spec.dead_letter_queue,
             "queues": [_queue_dict(q) for q in self.queues],
             "beyond_spec": [_queue_dict(q) for q in self.beyond],
+            "epoch": self.spec.epoch,
+            "resize": summary(self.resize) if self.resize is not None else None,
         }
 
 
@@ -214,7 +249,8 @@ def describe(registry: Registry, amqp_url: AmqpURL, stream: str) -> Description:
     with blocking_connection(amqp_url) as connection:
         stats = queue_stats(connection, spec, beyond=True)
     within = [q for q in stats if q.partition < spec.partitions]
-    return Description(spec, within, [q for q in stats if q.partition >= spec.partitions])
+    beyond = [q for q in stats if q.partition >= spec.partitions]
+    return Description(spec, within, beyond, resize_record(registry, stream))
 
 
 def delete(registry: Registry, amqp_url: AmqpURL, stream: str) -> None:

@@ -37,6 +37,11 @@ key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)          
                                       1,536 bytes, whose value then holds ``"key"``
                                       (base64)
 ``spec``                              :meth:`StreamSpec.to_json`                       StreamSpec
+``resize``                            ``{"v": 1, "old", "new": {"epoch",                resize.State
+                                      "partitions"}, "phase", "fenced", "drained",
+                                      "deleted", "not_empty"}``
+                                      (:func:`coordinator.resize.encode`, written by
+                                      ``partq stream resize``)
 ====================================  ===============================================  ==========
 
 Outside the stream's keys, ``/partq/v1/load/<s>/<member id>``: ``{"v": 1, "member",
@@ -68,6 +73,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from coordinator import resize
+from coordinator.resize import State as ResizeState
 from kernel.errors import InvalidMemberId, MalformedValue, UsageError
 from producer.contract import MAX_PARTITIONS, StreamSpec, key_from_id, key_id, long_key_id
 
@@ -98,6 +105,7 @@ __all__ = [
     "decode_parked",
     "decode_policy",
     "decode_request",
+    "decode_resize",
     "decode_spec",
     "decode_standby",
     "encode_assignment",
@@ -302,7 +310,9 @@ class Parked:
 
 
 Request = Rebalance | Move | Drain | Pause
-Value = Member | Assignment | Claim | Standby | Candidate | Request | Parked | StreamSpec
+Value = (
+    Member | Assignment | Claim | Standby | Candidate | Request | Parked | StreamSpec | ResizeState
+)
 
 
 # -- member ids ------------------------------------------------------------------------------
@@ -694,6 +704,11 @@ def decode_spec(stream: str, _name: str, raw: bytes | str, _lease: int) -> Strea
     if spec.name != stream:
         raise MalformedValue(f"the spec of stream {spec.name!r} is not {stream!r}'s")
     return spec
+
+
+def decode_resize(_stream: str, _name: str, raw: bytes | str, _lease: int) -> ResizeState:
+    """A resize's record (:func:`coordinator.resize.decode`)."""
+    return resize.decode(raw)
 
 
 def _long_key(name: str, doc: dict[str, Any]) -> bytes:

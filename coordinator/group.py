@@ -429,6 +429,13 @@ class Group:
         ]
         return self._fenced(fence, puts, timed="assign")
 
+    def unassign(self, fence: Fence, partitions: Sequence[int]) -> list[int]:
+        """Delete the assignment of each of ``partitions`` (a resize retired them): the
+        partitions done, all of them unless a transaction found another leader."""
+        t = self.client.transactions
+        ops = [(p, t.delete(keys.assignment(self.stream, p))) for p in partitions]
+        return self._fenced(fence, ops)
+
     def name_standbys(self, fence: Fence, changes: Sequence[tuple[int, str | None]]) -> list[int]:
         """Put each partition's hot standby (None: delete its key), in order: the partitions
         written, all of them unless a transaction found another leader."""

@@ -19,6 +19,7 @@ leader         ``leader/``                  lease (16 hex digits)   ``candidates
 request        ``requests/``                a request's name        ``requests``
 parked         ``parked/``                  key id                  ``parked``
 spec           ``spec`` (the key itself)    (the stream)            ``spec``
+resize         ``resize`` (the key itself)  (the stream)            ``resize``
 =============  ===========================  ======================  ===================
 """
 
@@ -45,7 +46,9 @@ __all__ = [
     "valid_name",
 ]
 
-Kind = Literal["member", "assignment", "claim", "standby", "leader", "request", "parked", "spec"]
+Kind = Literal[
+    "member", "assignment", "claim", "standby", "leader", "request", "parked", "spec", "resize"
+]
 
 
 def _value(event: WatchEvent) -> object:
@@ -66,8 +69,8 @@ class KeyKind:
 
     @property
     def exact(self) -> bool:
-        """Whether the prefix is the one key of this kind (the spec)."""
-        return self.kind == "spec"
+        """Whether the prefix is the one key of this kind (the spec, the resize record)."""
+        return self.kind in ("spec", "resize")
 
     def key(self, stream: str, name: str) -> str:
         return self.prefix(stream) if self.exact else f"{self.prefix(stream)}{name}"
@@ -135,6 +138,7 @@ KINDS: Final[Mapping[Kind, KeyKind]] = {
             revisions="parked_revisions",
         ),
         KeyKind("spec", keys.spec, codec.spec_name, codec.decode_spec, "spec"),
+        KeyKind("resize", keys.resize, codec.spec_name, codec.decode_resize, "resize"),
     )
 }
 assert set(KINDS) == set(get_args(Kind)), "a kind without its row, or a row without its kind"

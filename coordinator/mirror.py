@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from coordinator.codec import Claim, Member, Parked, Pause, Request
 from coordinator.kinds import KINDS, Malformed, WatchEvent
 from coordinator.policy import forged_claims
+from coordinator.resize import State as ResizeState
 from producer.contract import StreamSpec
 
 __all__ = ["GroupKeys", "GroupMirror", "GroupState"]
@@ -52,6 +53,7 @@ class GroupKeys:
     parked: dict[str, Parked] = field(default_factory=dict)  # key id -> record
     parked_revisions: dict[str, int] = field(default_factory=dict)  # key id -> mod revision
     spec: StreamSpec | None = None  # None: deleted, or malformed
+    resize: ResizeState | None = None  # the last resize's record (coordinator.resize), if any
 
     @property
     def leaders(self) -> list[tuple[int, str]]:

@@ -33,6 +33,7 @@ counts no message in it; a queue found not empty stays (``NotEmpty``).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -65,7 +66,11 @@ __all__ = [
     "decode",
     "encode",
     "pending",
+    "ranges",
+    "served",
     "step",
+    "summary",
+    "summary_lines",
     "waiting",
 ]
 
@@ -314,6 +319,71 @@ def waiting(state: State) -> dict[int, tuple[int, ...]]:
         for q in range(change.new.partitions)
     }
     return {q: parents for q, parents in gates.items() if parents}
+
+
+def served(partitions: int, state: State | None) -> int:
+    """How many partitions the coordinator assigns for a spec of ``partitions`` while
+    ``state`` is the stream's last resize: the spec's, and during a shrink after its
+    switch also the retired partitions whose fence is not handled yet (their old-layout
+    messages still need a consumer; partq assigns a prefix ``0 … n-1``, so up to the
+    highest of them). A retired partition that drained is given up, so that its queue,
+    empty and without a consumer, can be deleted."""
+    if state is None or not state.running or state.resize.new.partitions != partitions:
+        return partitions
+    draining = [p for p in state.resize.retired if p not in state.drained]
+    return max(partitions, max(draining, default=-1) + 1)
+
+
+def summary(state: State) -> dict[str, Any]:
+    """The record as ``partq status``, ``stream describe`` and the status page show it."""
+    change, running = state.resize, state.running
+    return {
+        "from": change.old.partitions,
+        "to": change.new.partitions,
+        "epoch": change.new.epoch,
+        "phase": state.phase.value,
+        "running": running,
+        # old partitions whose fence is not handled yet (every one until the cut)
+        "draining": sorted(set(range(change.old.partitions)) - state.drained) if running else [],
+        "retiring": sorted(set(change.retired) - state.deleted) if running else [],
+        "not_empty": sorted(state.not_empty),
+        "waiting": {str(q): list(parents) for q, parents in waiting(state).items()},
+    }
+
+
+def summary_lines(doc: dict[str, Any], stream: str) -> list[str]:
+    """:func:`summary` as lines of text (none for a resize that retired)."""
+    if not doc["running"]:
+        return []
+    head = f"resize {doc['from']} -> {doc['to']} partitions (epoch {doc['epoch']}): {doc['phase']}"
+    lines = [head]
+    if doc["draining"]:
+        lines.append(
+            f"  old partitions still draining (fence not handled): {ranges(doc['draining'])}"
+        )
+    waiting = doc["waiting"]
+    if waiting:
+        shown = "; ".join(f"{q} on {ranges(ps)}" for q, ps in list(waiting.items())[:8])
+        more = f"; +{len(waiting) - 8} more" if len(waiting) > 8 else ""
+        lines.append(f"  gates closed (new partition on old ones): {shown}{more}")
+    if doc["retiring"]:
+        lines.append(f"  queues to delete once drained and empty: {ranges(doc['retiring'])}")
+    if doc["not_empty"]:
+        lines.append(f"  retired queues not empty or still consumed: {ranges(doc['not_empty'])}")
+    command = f"partq stream resize {stream} --partitions {doc['to']} --wait"
+    lines.append(f"  continue or finish it with: {command}")
+    return lines
+
+
+def ranges(partitions: Iterable[int]) -> str:
+    """Partitions ``[0, 1, 2, 5]`` as ``0-2, 5`` (``-`` for none)."""
+    runs: list[list[int]] = []
+    for p in sorted(partitions):
+        if runs and p == runs[-1][1] + 1:
+            runs[-1][1] = p
+        else:
+            runs.append([p, p])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "-"
 
 
 # -- the etcd record -------------------------------------------------------------------------

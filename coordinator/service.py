@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from coordinator import forged, loads, metrics, policy
+from coordinator import forged, loads, metrics, policy, resize
 from coordinator.codec import Member
 from coordinator.election import Election, Fence
 from coordinator.events import LeaseLost, LoadTick, Settled, Stop, WatchFailed
@@ -433,10 +433,39 @@ class StreamCoordinator(threading.Thread):
             self._step_down()
         metrics.IS_LEADER.labels(self.stream).set(1 if leading else 0)
 
+    def _served(self) -> StreamSpec:
+        """The spec as far as assigning goes: during a shrink, with the retired partitions
+        still draining (:func:`coordinator.resize.served`)."""
+        assert self.spec is not None
+        count = resize.served(self.spec.partitions, self.mirror.resize)
+        if count == self.spec.partitions:
+            return self.spec
+        return dataclasses.replace(self.spec, partitions=count)
+
+    def _retire(self, spec: StreamSpec) -> None:
+        """After a resize, delete the assignment of partitions the layout no longer has
+        (a shrink's, once drained); fenced on our leadership."""
+        stale = sorted(p for p in self.mirror.assignment if p >= spec.partitions)
+        if self.mirror.resize is None or not stale:  # never resized: nothing is beyond
+            return
+        fence = self.election.fence
+        assert fence is not None
+        done = self.group.unassign(fence, stale)
+        for p in done:
+            self.mirror.assignment.pop(p, None)
+        self._wrote_all(done, stale, "unassigning retired partitions")
+        log.info("%s: %d partitions retired by a resize unassigned", self.stream, len(done))
+
+    def _wrote_all(self, done: list[int], asked: list[int], what: str) -> None:
+        """A fenced write that did less than ``asked`` found another leader: step down."""
+        if len(done) < len(asked):
+            self._step_down()
+            raise NotLeader(f"{self.stream}: lost leadership while {what}")
+
     def _lead(self, event: CoordinatorEvent) -> None:
         """Carry out the operator requests, then (once settled) the automatic step."""
-        assert self.spec is not None
-        spec, config = self.spec, self.config
+        spec, config = self._served(), self.config
+        self._retire(spec)
         self._remove_forged_claims()
         taken = policy.takeovers(self.mirror)
         if taken:  # a standby took these from a dead owner: the assignment follows, at once
@@ -453,8 +482,7 @@ class StreamCoordinator(threading.Thread):
         self._remove_forged_parked()
 
     def _plan(self, event: CoordinatorEvent) -> None:
-        spec, config = self.spec, self.config
-        assert spec is not None
+        spec, config = self._served(), self.config
         self._settle_at = None
         load_moves: int | None = None  # by load: as many as it takes (a member came or went)
         members = frozenset(self.mirror.members)
@@ -545,9 +573,7 @@ class StreamCoordinator(threading.Thread):
                 current[p] = target[p]
             else:
                 current.pop(p, None)
-        if len(written) < len(changes):
-            self._step_down()
-            raise NotLeader(f"{self.stream}: lost leadership while writing standbys")
+        self._wrote_all(written, [p for p, _ in changes], "writing standbys")
 
     def _carry_out(self, step: policy.Step, request: str | None = None) -> None:
         if step.ignored:
@@ -569,9 +595,7 @@ class StreamCoordinator(threading.Thread):
             return
         written = self.group.assign(fence, {p: target[p] for p in changed})
         assignment.update((p, target[p]) for p in written)
-        if len(written) < len(changed):
-            self._step_down()
-            raise NotLeader(f"{self.stream}: lost leadership while writing the assignment")
+        self._wrote_all(written, changed, "writing the assignment")
         moved = sum(1 for p in changed if p in self.mirror.claims)
         metrics.REBALANCES.labels(self.stream, reason).inc()
         metrics.PARTITIONS_MOVED.labels(self.stream).inc(moved)
@@ -585,7 +609,7 @@ class StreamCoordinator(threading.Thread):
     def _export(self) -> None:
         if self.spec is None:
             return
-        spec, mirror = self.spec, self.mirror
+        spec, mirror = self._served(), self.mirror
         owned = policy.owned(spec, mirror)
         metrics.MEMBERS.labels(self.stream).set(len(mirror.members))
         metrics.PARTITIONS_UNASSIGNED.labels(self.stream).set(spec.partitions - len(owned))

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from coordinator import resize
 from coordinator.admin import beyond_line
 from coordinator.charts import charts_html, member_hue
 from coordinator.codec import LoadReport
@@ -91,6 +92,7 @@ def _report(
             for r in sorted(state.parked.values(), key=lambda r: (r.at, r.key_id))
         ],
         "rows": _rows(spec, state, owned, handled, found),
+        "resize": resize.summary(state.resize) if state.resize is not None else None,
         "beyond_spec": [
             {
                 "partition": q.partition,
@@ -203,11 +205,21 @@ def per_second(rate: float | None) -> str:
 
 
 def beyond_lines(report: dict[str, Any]) -> list[str]:
-    """One line per partition queue that exists beyond the stream's count."""
-    return [
-        beyond_line(q["queue"], report["partitions"], q["messages"])
-        for q in report.get("beyond_spec", [])
-    ]
+    """The running resize (:func:`coordinator.resize.summary_lines`), then one line per
+    partition queue that exists beyond the stream's count: a shrink's retired queue, or
+    one the spec does not account for."""
+    doc = report.get("resize")
+    lines = resize.summary_lines(doc, report["stream"]) if doc else []
+    retiring = set(doc["retiring"]) if doc else set()
+    for q in report.get("beyond_spec", []):
+        if q["partition"] in retiring:
+            lines.append(
+                f"queue {q['queue']} is retired by the resize: {q['messages']} messages, "
+                f"{q['consumers']} consumers (deleted once drained and empty)"
+            )
+        else:
+            lines.append(beyond_line(q["queue"], report["partitions"], q["messages"]))
+    return lines
 
 
 def owner_colour(member: str) -> str:

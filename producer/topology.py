@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +25,9 @@ from pika.adapters.blocking_connection import BlockingChannel
 from kernel.amqp import AmqpURL, blocking_connection
 from kernel.errors import SpecMismatch, UsageError
 from producer.contract import (
+    CONTROL_FENCE,
     HEADER_CONTROL,
+    HEADER_EPOCH,
     HEADER_KEY,
     HEADER_KEY_B64,
     HEADER_PARTITION,
@@ -36,23 +38,30 @@ from producer.contract import (
     QueueType,
     StreamSpec,
     encode_key,
+    fence_routing_key,
     queue_name,
     queue_pattern,
 )
+from producer.layout import Layout
 
 __all__ = [
     "QueueStats",
     "beyond_spec_message",
+    "bind_layout",
     "check_partition_queues",
     "dead_letter_arguments",
+    "declare_partition_queues",
     "declare_stream",
+    "delete_if_empty",
     "delete_stream",
     "detect_queue_type",
     "message_properties",
     "park_queue_arguments",
+    "publish_fence",
     "queue_arguments",
     "queue_stats",
     "scan_partition_queues",
+    "unbind_layout",
     "upgrade_policy_command",
 ]
 
@@ -159,7 +168,8 @@ def _lacks_delivery_limit(error: pika.exceptions.ChannelClosedByBroker) -> bool:
 
 
 def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> None:
-    """Declare the exchange, the P single-active-consumer queues and the dead-letter queue.
+    """Declare the exchange, the P single-active-consumer queues and the dead-letter queue,
+    each partition bound under the spec's epoch (``producer.layout``).
 
     Idempotent. A queue that exists with other arguments is reported, not replaced.
     """
@@ -170,9 +180,36 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
     channel.queue_bind(
         spec.dead_letter_queue, spec.dead_letter_exchange, routing_key=spec.dead_letter_queue
     )
-    legacy: list[str] = []
+    channel, legacy = _declare_partitions(connection, channel, spec, range(spec.partitions))
     for partition in range(spec.partitions):
-        queue = spec.queue(partition)
+        # the current epoch's routing key: "q" as created, "E.q" once resized (an older
+        # epoch's binding is never made again: its late publishes must stay unroutable)
+        channel.queue_bind(
+            spec.queue(partition), spec.exchange, routing_key=spec.layout.routing_key(partition)
+        )
+    if legacy:
+        log.warning(
+            "%d queues of stream %s have no delivery limit (declared by partq 0.1.0): a "
+            "quorum queue then returns messages to its back, which can reorder a key during "
+            "a handoff. Upgrade them with: %s",
+            len(legacy),
+            spec.name,
+            upgrade_policy_command(spec),
+        )
+    channel.close()
+
+
+def _declare_partitions(
+    connection: pika.BlockingConnection,
+    channel: BlockingChannel,
+    spec: StreamSpec,
+    partitions: Iterable[int],
+) -> tuple[BlockingChannel, list[str]]:
+    """Declare the queues of ``partitions`` (not bound): the channel to go on with and the
+    queues found as partq 0.1.0 declared them (without the delivery limit)."""
+    legacy: list[str] = []
+    for partition in partitions:
+        queue = queue_name(spec.name, partition)
         try:
             channel = _declare_partition_queue(connection, channel, queue, spec)
         except pika.exceptions.ChannelClosedByBroker as e:
@@ -186,17 +223,98 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
             legacy.append(queue)  # without the limit: it stays, the policy upgrades it
             channel = connection.channel()
             channel.queue_declare(queue, passive=True)
-        channel.queue_bind(queue, spec.exchange, routing_key=str(partition))
-    if legacy:
-        log.warning(
-            "%d queues of stream %s have no delivery limit (declared by partq 0.1.0): a "
-            "quorum queue then returns messages to its back, which can reorder a key during "
-            "a handoff. Upgrade them with: %s",
-            len(legacy),
-            spec.name,
-            upgrade_policy_command(spec),
-        )
+    return channel, legacy
+
+
+def declare_partition_queues(
+    connection: pika.BlockingConnection, spec: StreamSpec, partitions: Iterable[int]
+) -> None:
+    """Declare these partition queues of ``spec``'s stream with its arguments and no
+    binding (a resize's added queues: nothing reaches them before the new epoch is bound).
+    Idempotent; ``partitions`` may lie beyond ``spec.partitions``."""
+    channel, _legacy = _declare_partitions(connection, connection.channel(), spec, partitions)
     channel.close()
+
+
+def bind_layout(
+    connection: pika.BlockingConnection, spec: StreamSpec, layout: Layout, *, bind: bool = True
+) -> None:
+    """Bind (or with ``bind=False`` unbind) every partition queue of ``layout`` to the
+    stream's exchange under the layout's routing keys. Idempotent both ways: RabbitMQ
+    ignores a binding made twice, and the removal of one that is not there."""
+    channel = connection.channel()
+    for partition in range(layout.partitions):
+        queue, routing_key = queue_name(spec.name, partition), layout.routing_key(partition)
+        if bind:
+            channel.queue_bind(queue, spec.exchange, routing_key=routing_key)
+        else:
+            channel.queue_unbind(queue, spec.exchange, routing_key=routing_key)
+    channel.close()
+
+
+def unbind_layout(connection: pika.BlockingConnection, spec: StreamSpec, layout: Layout) -> None:
+    """Remove every binding of ``layout``'s epoch (a resize's cut)."""
+    bind_layout(connection, spec, layout, bind=False)
+
+
+def publish_fence(
+    connection: pika.BlockingConnection, spec: StreamSpec, epoch: int, partition: int, sender: str
+) -> None:
+    """Publish, confirmed, the fence that ends ``epoch`` in ``partition``'s queue: through
+    the stream's exchange on ``fence.E.q``, bound only for the moment (bind, publish,
+    unbind; each idempotent), with partq's control header and the epoch. ``sender`` is
+    the user the connection logged in as (the message's ``user_id``, which RabbitMQ
+    checks, so a consumer can tell a fence from a forged one)."""
+    queue, routing_key = queue_name(spec.name, partition), fence_routing_key(epoch, partition)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_bind(queue, spec.exchange, routing_key=routing_key)
+    properties = pika.BasicProperties(
+        delivery_mode=2,
+        message_id=f"partq-fence-{epoch}-{partition}-{uuid.uuid4().hex}",
+        headers={HEADER_CONTROL: CONTROL_FENCE, HEADER_EPOCH: epoch, HEADER_PARTITION: partition},
+        app_id="partq",
+        user_id=sender,
+        timestamp=int(time.time()),
+    )
+    channel.basic_publish(spec.exchange, routing_key, b"", properties, mandatory=True)
+    channel.queue_unbind(queue, spec.exchange, routing_key=routing_key)
+    channel.close()
+
+
+def delete_if_empty(
+    connection: pika.BlockingConnection, spec: StreamSpec, partition: int
+) -> int | None:
+    """Delete ``partition``'s queue if it holds no message and has no consumer: None when it
+    is gone (deleted now, or before), else the messages (ready, or held by a consumer
+    that is still subscribed: counted as 1 at least) that keep it. A quorum queue does
+    not support ``if-empty`` (RabbitMQ closes the connection, 540), so it is counted by a
+    passive declare and deleted only at 0 messages and 0 consumers; that is safe only for
+    a queue no binding can fill (a resize's retired queue, after its cut). A classic
+    queue is deleted with ``if-empty`` and ``if-unused`` too."""
+    queue = queue_name(spec.name, partition)
+    channel = connection.channel()
+    try:
+        with _probe():
+            ok = channel.queue_declare(queue, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as e:
+        if e.reply_code == 404:
+            return None
+        raise
+    messages, consumers = int(ok.method.message_count), int(ok.method.consumer_count)
+    if messages or consumers:
+        channel.close()
+        return max(messages, 1)
+    classic = spec.queue_type == "classic"
+    try:
+        with _probe():
+            channel.queue_delete(queue, if_empty=classic, if_unused=classic)
+    except pika.exceptions.ChannelClosedByBroker as e:
+        if e.reply_code == 406:  # PRECONDITION_FAILED: a message or a consumer came
+            return 1
+        raise
+    channel.close()
+    return None
 
 
 def dead_letter_queue_arguments(spec: StreamSpec, broker_major: int) -> dict[str, Any]:
@@ -361,9 +479,12 @@ def check_partition_queues(url: AmqpURL, spec: StreamSpec, *, name: str = "partq
     """Refuse (:class:`SpecMismatch`) a spec that RabbitMQ has queues beyond.
 
     One passive declare of ``p(P)``, on a short-lived connection: run once when a
-    producer starts, so a stale partition count never publishes.
+    producer starts, so a stale partition count never publishes. A resized spec (epoch
+    above 0) is not checked: only a resize writes one, and during a shrink the old
+    queues beyond it still drain until the resize deletes them; the spec that the check
+    is about, one re-created after etcd lost it, is of epoch 0 (``create``, ``--adopt``).
     """
-    if spec.partitions >= MAX_PARTITIONS:
+    if spec.partitions >= MAX_PARTITIONS or spec.epoch:
         return
     with blocking_connection(url, name=name) as connection:
         beyond = scan_partition_queues(connection, spec.name, spec.partitions)

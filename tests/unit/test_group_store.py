@@ -28,6 +28,7 @@ NAMES = {  # a name partq gives a key of each kind
     "request": "move-3",
     "parked": "a2V5",
     "spec": STREAM,
+    "resize": STREAM,
 }
 
 

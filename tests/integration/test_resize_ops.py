@@ -1,0 +1,343 @@
+"""``partq stream resize``'s operator side on real etcd and RabbitMQ (docs/resize.md).
+
+The consumers that handle fences and record them are not used here: the test reads the
+old queues itself and writes the drained keys (``kernel.keys.drained``) as a consumer
+would. What is checked: the bindings of each epoch, a fence at the tail of every old
+queue's old-layout messages, the spec's count and epoch, no queue deleted while it holds a
+message, a resize resumed after it was stopped between any two steps (and after a kill of
+the command), and the refusals.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+
+from coordinator import admin
+from coordinator.resize import Phase, State
+from coordinator.resizer import Resizer, ResizeTimeout, read_record
+from kernel import keys
+from kernel.local import LocalEtcd
+from producer.contract import (
+    CONTROL_FENCE,
+    HEADER_CONTROL,
+    HEADER_EPOCH,
+    QueueType,
+    StreamSpec,
+    fence_routing_key,
+    queue_name,
+)
+from producer.layout import Layout
+from producer.registry import Registry
+from producer.topology import delete_stream, queue_stats
+from tests.polling import wait_until
+
+pytestmark = [pytest.mark.integration]
+
+PARTQ = str(Path(sys.executable).with_name("partq"))
+OLD = 2  # old-layout messages put in each old queue before the resize
+Run = Callable[..., subprocess.CompletedProcess[str]]
+Message = tuple[str, dict[str, Any], bytes]  # routing key, headers, body
+
+
+class Stopped(Exception):
+    """Raised by the ``written`` hook: the command stopped right after writing a record."""
+
+
+@pytest.fixture
+def made(
+    registry: Registry, rabbitmq: str, stream_name: str
+) -> Iterator[Callable[..., StreamSpec]]:
+    """``made(P, queue_type)``: the stream created with P partitions and ``OLD`` messages in
+    each queue under epoch 0; every queue it ever had is deleted afterwards."""
+    specs: list[StreamSpec] = []
+
+    def make(partitions: int, queue_type: QueueType = "quorum") -> StreamSpec:
+        spec = StreamSpec(stream_name, partitions, queue_type, on_failure="park")
+        admin.create_stream(registry, rabbitmq, spec)
+        specs.append(spec)
+        with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            for p in range(partitions):
+                for i in range(OLD):
+                    channel.basic_publish(spec.exchange, str(p), f"old-{p}-{i}".encode(),
+                                          mandatory=True)  # fmt: skip
+        return spec
+
+    yield make
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        for spec in specs:
+            delete_stream(connection, StreamSpec(spec.name, 32, spec.queue_type))
+    registry.delete(stream_name)
+
+
+@pytest.fixture
+def partq(etcd_server: LocalEtcd, rabbitmq: str) -> Callable[..., subprocess.Popen[str]]:
+    """Start ``partq ARGS`` against the test's etcd and RabbitMQ (a process to wait on)."""
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("PARTQ_")}
+        environ["PARTQ_ETCD_ENDPOINTS"] = etcd_server.endpoint
+        environ["PARTQ_AMQP_URL"] = rabbitmq
+        return subprocess.Popen(
+            [PARTQ, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ
+        )
+
+    return start
+
+
+def finished(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=90)
+    return process.returncode, out, err
+
+
+def read_all(connection: pika.BlockingConnection, queue: str) -> list[Message]:
+    """Everything in ``queue``, in order, consumed (a quorum queue with single active
+    consumer refuses ``basic.get``)."""
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=200)
+    found: list[Message] = []
+    for method, properties, body in channel.consume(queue, inactivity_timeout=1.5):
+        if method is None or len(found) > 10_000:
+            break
+        found.append((method.routing_key, dict(properties.headers or {}), body))
+        channel.basic_ack(method.delivery_tag)
+    channel.cancel()
+    channel.close()
+    return found
+
+
+def routes(connection: pika.BlockingConnection, spec: StreamSpec, routing_key: str) -> bool:
+    """Whether a publish on ``routing_key`` reaches a queue (the broker returns it if not);
+    what reached one is read back by the caller."""
+    channel = connection.channel()
+    channel.confirm_delivery()
+    try:
+        channel.basic_publish(spec.exchange, routing_key, b"probe", mandatory=True)
+    except pika.exceptions.UnroutableError:
+        return False
+    finally:
+        channel.close()
+    return True
+
+
+def depths(
+    connection: pika.BlockingConnection, spec: StreamSpec, partitions: int
+) -> list[int | None]:
+    """The ready messages of queues ``0 … partitions-1`` of ``spec``'s stream (None: gone)."""
+    every = StreamSpec(spec.name, partitions, spec.queue_type)
+    return [q.messages for q in queue_stats(connection, every)]
+
+
+def resized(
+    made: Callable[..., StreamSpec], registry: Registry, rabbitmq: str, sizes: tuple[int, int],
+    queue_type: QueueType,
+) -> tuple[StreamSpec, Resizer]:  # fmt: skip
+    """A stream of ``sizes[0]`` partitions, messages in each queue, resized to ``sizes[1]``
+    up to the switch: its first spec, and the resizer (to go on with)."""
+    spec = made(sizes[0], queue_type)
+    resizer = Resizer(registry, rabbitmq, spec.name, interval=0.05)
+    resizer.start(sizes[1])
+    assert resizer.run(Phase.SWITCHED, 60).phase is Phase.SWITCHED
+    return spec, resizer
+
+
+def record_drained(registry: Registry, stream: str, epoch: int, partitions: range) -> None:
+    for p in partitions:
+        registry.client.put(keys.drained(stream, epoch, p), "{}")
+
+
+def assert_fenced(found: list[Message], partition: int, epoch: int) -> None:
+    """The old-layout messages of ``partition``, then exactly one fence of ``epoch``."""
+    assert [body for _rk, _h, body in found[:OLD]] == [
+        f"old-{partition}-{i}".encode() for i in range(OLD)
+    ]
+    routing_key, headers, _body = found[OLD]
+    assert routing_key == fence_routing_key(epoch, partition)
+    assert headers[HEADER_CONTROL] == CONTROL_FENCE and headers[HEADER_EPOCH] == epoch
+    assert not any(h.get(HEADER_CONTROL) for _rk, h, _b in found[OLD + 1 :])
+
+
+@pytest.mark.parametrize("queue_type", ["quorum", "classic"])
+def test_grow_6_to_12_fences_every_old_queue_and_binds_the_next_epoch(
+    made: Callable[..., StreamSpec], registry: Registry, rabbitmq: str, queue_type: QueueType
+) -> None:
+    # Given an idle stream of 6 partitions with messages in every queue, resized to 12
+    # (returning once switched)
+    spec, resizer = resized(made, registry, rabbitmq, (6, 12), queue_type)
+    state = resizer.state
+    # Then the spec holds 12 partitions in epoch 1, and the record says switched
+    assert registry.read_spec(spec.name) == StreamSpec(
+        spec.name, 12, queue_type, on_failure="park", epoch=1
+    )
+    assert read_record(registry, spec.name)[0] == state
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        # and the old epoch's routing keys (and the fences') route nowhere; the new ones do
+        assert not any(routes(connection, spec, str(p)) for p in range(6))
+        assert not any(routes(connection, spec, fence_routing_key(0, p)) for p in range(6))
+        assert all(routes(connection, spec, Layout(12, 1).routing_key(q)) for q in range(12))
+        # and every old queue holds its old messages, then its fence, then the new one
+        for p in range(6):
+            found = read_all(connection, queue_name(spec.name, p))
+            assert_fenced(found, p, 0)
+            assert [(rk, b) for rk, _h, b in found[OLD + 1 :]] == [(f"1.{p}", b"probe")]
+        for q in range(6, 12):  # the added queues: only new-layout messages
+            assert [(rk, b) for rk, _h, b in read_all(connection, queue_name(spec.name, q))] == [
+                (f"1.{q}", b"probe")
+            ]
+    # When --wait is asked before the consumers handled the fences / Then it times out,
+    # still switched, naming the partitions that did not drain
+    record_drained(registry, spec.name, 0, range(4))
+    with pytest.raises(ResizeTimeout, match=r"switched .* not drained yet: 4-5"):
+        resizer.run(Phase.RETIRED, 0.5)
+    # When the last fences are handled / Then the resize retires (a grow deletes nothing)
+    record_drained(registry, spec.name, 0, range(4, 6))
+    assert resizer.run(Phase.RETIRED, 30).phase is Phase.RETIRED
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        assert depths(connection, spec, 12) == [0] * 12
+
+
+@pytest.mark.parametrize("queue_type", ["quorum", "classic"])
+def test_shrink_12_to_8_deletes_the_retired_queues_only_once_empty(
+    made: Callable[..., StreamSpec], registry: Registry, rabbitmq: str, queue_type: QueueType
+) -> None:
+    # Given an idle stream of 12 partitions with messages in every queue, resized to 8
+    spec, resizer = resized(made, registry, rabbitmq, (12, 8), queue_type)
+    assert registry.read_spec(spec.name).layout == Layout(8, 1)
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        assert all(routes(connection, spec, Layout(8, 1).routing_key(q)) for q in range(8))
+        assert not routes(connection, spec, "1.8") and not routes(connection, spec, "11")
+        for q in range(8):  # kept queues: old messages, the fence, then the new layout's
+            found = read_all(connection, queue_name(spec.name, q))
+            assert_fenced(found, q, 0)
+            assert [rk for rk, _h, _b in found[OLD + 1 :]] == [f"1.{q}"]
+    # When every fence is recorded handled but the retired queues were never read
+    record_drained(registry, spec.name, 0, range(12))
+    with pytest.raises(ResizeTimeout, match=r"drained .* not empty or still consumed: 8-11"):
+        resizer.run(Phase.RETIRED, 1.0)
+    # Then none of them is deleted: each still holds its old messages and its fence
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        assert depths(connection, spec, 12)[8:] == [OLD + 1] * 4
+        # When their consumers have read them (old messages, then the fence, last)
+        for p in range(8, 12):
+            assert_fenced(read_all(connection, queue_name(spec.name, p)), p, 0)
+    # Then the resize retires and deletes them; the kept queues stay
+    state = resizer.run(Phase.RETIRED, 30)
+    assert state.phase is Phase.RETIRED and state.deleted == frozenset(range(8, 12))
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        assert depths(connection, spec, 12) == [0] * 8 + [None] * 4
+    # and a producer's witness check (no queue beyond the spec) passes again, and describe
+    # shows no resize running
+    description = admin.describe(registry, rabbitmq, spec.name)
+    assert description.beyond == [] and description.resize == state
+
+
+@pytest.mark.parametrize(
+    "stop_after", [Phase.REQUESTED, Phase.DECLARED, Phase.CUT, Phase.FENCED, Phase.BOUND]
+)
+def test_a_resize_stopped_after_any_step_is_continued_by_running_it_again(
+    made: Callable[..., StreamSpec], registry: Registry, rabbitmq: str, stop_after: Phase
+) -> None:
+    # Given a resize 6 -> 12 that stops right after writing the record of ``stop_after``,
+    # before carrying out its actions (as a kill there would)
+    spec = made(6)
+
+    def stop(state: State) -> None:
+        if state.phase is stop_after:
+            raise Stopped(state.phase.value)
+
+    first = Resizer(registry, rabbitmq, spec.name, written=stop)
+    with pytest.raises(Stopped):
+        first.start(12)
+        first.run(Phase.SWITCHED, 60)
+    assert read_record(registry, spec.name)[0].phase is stop_after  # type: ignore[union-attr]
+    # When it is run again with the same count
+    again = Resizer(registry, rabbitmq, spec.name)
+    again.start(12)
+    assert again.resumed
+    # Then it continues to the switch, and the broker is as after an uninterrupted resize
+    assert again.run(Phase.SWITCHED, 60).phase is Phase.SWITCHED
+    assert registry.read_spec(spec.name).layout == Layout(12, 1)
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        assert not any(routes(connection, spec, str(p)) for p in range(6))
+        assert all(routes(connection, spec, Layout(12, 1).routing_key(q)) for q in range(12))
+        for p in range(6):
+            found = read_all(connection, queue_name(spec.name, p))
+            assert_fenced(found, p, 0)  # one fence: stopped before any was published twice
+
+
+def test_the_command_killed_mid_way_is_finished_by_the_same_command(
+    made: Callable[..., StreamSpec],
+    registry: Registry,
+    rabbitmq: str,
+    partq: Callable[..., subprocess.Popen[str]],
+) -> None:
+    # Given `partq stream resize` killed (SIGKILL) as soon as its record exists
+    spec = made(12, "classic")
+    process = partq("stream", "resize", spec.name, "--partitions", "8")
+    wait_until(lambda: read_record(registry, spec.name)[0] is not None, 30, 0.005,
+               what="the resize record")  # fmt: skip
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+    killed_in = read_record(registry, spec.name)[0]
+    assert killed_in is not None
+    # When the consumers' part is played (each old queue read; its fence recorded) while
+    # the same command runs again with --wait
+    again = partq("stream", "resize", spec.name, "--partitions", "8", "--wait", "--timeout", "60")
+    wait_until(lambda: registry.read_spec(spec.name).epoch == 1, 60, what="the switch of the rerun")
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        for p in range(12):
+            found = wait_until(lambda p=p: read_all(connection, queue_name(spec.name, p)), 30)
+            assert_fenced(found, p, 0)
+            record_drained(registry, spec.name, 0, range(p, p + 1))
+    # Then it says it continued, and returns once the old layout is retired
+    code, out, err = finished(again)
+    assert code == 0, err
+    assert "continuing the resize 12 -> 8" in out
+    assert "the old layout is drained and retired" in out
+    assert read_record(registry, spec.name)[0].phase is Phase.RETIRED  # type: ignore[union-attr]
+
+
+def test_refusals_are_one_line_and_describe_shows_a_running_resize(
+    made: Callable[..., StreamSpec], partq: Callable[..., subprocess.Popen[str]]
+) -> None:
+    spec = made(6)
+
+    def refused(*args: str) -> str:
+        code, out, err = finished(partq("stream", "resize", spec.name, *args))
+        assert code == 2 and out == "", (code, out, err)
+        assert len(err.strip().splitlines()) == 1, err
+        return err
+
+    assert "already has 6 partitions" in refused("--partitions", "6")
+    assert "out of range: give 1 to 65536" in refused("--partitions", "0")
+    assert "out of range" in refused("--partitions", "65537")
+    # Given a resize to 12 that is switched, its old partitions not drained
+    code, out, err = finished(partq("stream", "resize", spec.name, "--partitions", "12"))
+    assert code == 0, err
+    assert f"partq status {spec.name}" in out and "--partitions 12 --wait" in out
+    # Then a resize to another count is refused, naming the one running
+    assert "a resize to 12 partitions is already running (switched)" in refused("-p", "24")
+    # and create (which would bind a layout) too
+    code, _out, err = finished(partq("stream", "create", spec.name, "--partitions", "12"))
+    assert code == 2 and "is being resized to 12 partitions (switched)" in err
+    # and describe shows the resize: phase, old partitions draining, gates closed
+    code, out, err = finished(partq("stream", "describe", spec.name))
+    assert code == 0, err
+    assert "12 partitions (epoch 1)" in out
+    assert "resize 6 -> 12 partitions (epoch 1): switched" in out
+    assert "old partitions still draining (fence not handled): 0-5" in out
+    assert "gates closed (new partition on old ones): 6 on 0; 7 on 1" in out
+    # and the same count continues it (here: nothing left to do before the fences)
+    code, out, err = finished(partq("stream", "resize", spec.name, "-p", "12", "--timeout", "5"))
+    assert code == 0 and "continuing the resize 6 -> 12" in out, err
