@@ -10,11 +10,13 @@ the command), and the refusals.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,10 @@ import pika
 import pika.exceptions
 import pytest
 
-from coordinator import admin
+from coordinator import admin, resize
 from coordinator.resize import Phase, State
 from coordinator.resizer import Resizer, ResizeTimeout, read_record
+from coordinator.service import CoordinatorConfig, StreamCoordinator
 from kernel import keys
 from kernel.local import LocalEtcd
 from producer.contract import (
@@ -38,8 +41,9 @@ from producer.contract import (
 )
 from producer.layout import Layout
 from producer.registry import Registry
-from producer.topology import delete_stream, queue_stats
-from tests.polling import wait_until
+from producer.topology import check_partition_queues, delete_stream, queue_stats
+from tests.integration.test_coordinator import Members
+from tests.polling import eventually, wait_until
 
 pytestmark = [pytest.mark.integration]
 
@@ -102,16 +106,19 @@ def finished(process: subprocess.Popen[str]) -> tuple[int, str, str]:
 
 
 def read_all(connection: pika.BlockingConnection, queue: str) -> list[Message]:
-    """Everything in ``queue``, in order, consumed (a quorum queue with single active
-    consumer refuses ``basic.get``)."""
+    """Everything in ``queue`` (as many as it counts now), in order, consumed (a quorum
+    queue with single active consumer refuses ``basic.get``)."""
     channel = connection.channel()
+    count = channel.queue_declare(queue, passive=True).method.message_count
     channel.basic_qos(prefetch_count=200)
     found: list[Message] = []
-    for method, properties, body in channel.consume(queue, inactivity_timeout=1.5):
-        if method is None or len(found) > 10_000:
+    for method, properties, body in channel.consume(queue, inactivity_timeout=5):
+        if method is None:
             break
         found.append((method.routing_key, dict(properties.headers or {}), body))
         channel.basic_ack(method.delivery_tag)
+        if len(found) >= count:
+            break
     channel.cancel()
     channel.close()
     return found
@@ -203,8 +210,15 @@ def test_grow_6_to_12_fences_every_old_queue_and_binds_the_next_epoch(
     # When the last fences are handled / Then the resize retires (a grow deletes nothing)
     record_drained(registry, spec.name, 0, range(4, 6))
     assert resizer.run(Phase.RETIRED, 30).phase is Phase.RETIRED
+    # and the witnesses of the count accept the resized stream: creating it again with 12
+    # is "unchanged" and binds no old routing key, adopting it keeps its epoch
+    resized_spec = registry.read_spec(spec.name)
+    again = StreamSpec(spec.name, 12, queue_type, on_failure="park")
+    assert not admin.create_stream(registry, rabbitmq, again)
+    assert admin.adopt_stream(registry, rabbitmq, spec.name) == (resized_spec, False)
     with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
-        assert depths(connection, spec, 12) == [0] * 12
+        assert not any(routes(connection, spec, str(p)) for p in range(12))
+        assert depths(connection, spec, 13) == [0] * 12 + [None]
 
 
 @pytest.mark.parametrize("queue_type", ["quorum", "classic"])
@@ -221,6 +235,8 @@ def test_shrink_12_to_8_deletes_the_retired_queues_only_once_empty(
             found = read_all(connection, queue_name(spec.name, q))
             assert_fenced(found, q, 0)
             assert [rk for rk, _h, _b in found[OLD + 1 :]] == [f"1.{q}"]
+    # and a producer starting now passes the witness check (the queues beyond 8 drain)
+    check_partition_queues(rabbitmq, registry.read_spec(spec.name))
     # When every fence is recorded handled but the retired queues were never read
     record_drained(registry, spec.name, 0, range(12))
     with pytest.raises(ResizeTimeout, match=r"drained .* not empty or still consumed: 8-11"):
@@ -338,6 +354,66 @@ def test_refusals_are_one_line_and_describe_shows_a_running_resize(
     assert "resize 6 -> 12 partitions (epoch 1): switched" in out
     assert "old partitions still draining (fence not handled): 0-5" in out
     assert "gates closed (new partition on old ones): 6 on 0; 7 on 1" in out
+    # and so does status, as text and as JSON
+    code, out, err = finished(partq("status", spec.name))
+    assert code == 0 and "resize 6 -> 12 partitions (epoch 1): switched" in out, err
+    code, out, err = finished(partq("status", spec.name, "--json"))
+    assert code == 0, err
+    shown = json.loads(out)["resize"]
+    assert (shown["phase"], shown["draining"], shown["waiting"]["11"]) == (
+        "switched",
+        [*range(6)],
+        [5],
+    )
     # and the same count continues it (here: nothing left to do before the fences)
     code, out, err = finished(partq("stream", "resize", spec.name, "-p", "12", "--timeout", "5"))
     assert code == 0 and "continuing the resize 6 -> 12" in out, err
+
+
+def test_the_coordinator_serves_a_shrink_s_old_partitions_until_they_drain(
+    registry: Registry, stream_name: str
+) -> None:
+    # Given a stream of 12 partitions, its coordinator, and members a and b sharing them
+    registry.create(StreamSpec(stream_name, 12))
+    members = Members(registry, stream_name)
+    coordinator = StreamCoordinator(registry, stream_name, CoordinatorConfig(ttl=2, settle=0.1))
+    coordinator.start()
+    try:
+        assert coordinator.leading.wait(10)
+        members.join("a")
+        members.join("b")
+        owned = lambda: sorted(members.assignment())  # noqa: E731
+        eventually("all 12 assigned", lambda: owned() == list(range(12)), 15)
+        # When a resize to 8 switches (record, then spec, as `partq stream resize` writes them)
+        state, _ = resize.begin(Layout(12), 8, running=None)
+        state = replace(state, phase=Phase.SWITCHED, fenced=frozenset(range(12)))
+        registry.client.put(keys.resize(stream_name), resize.encode(state))
+        registry.client.put(keys.spec(stream_name), StreamSpec(stream_name, 8, epoch=1).to_json())
+        leads = lambda: coordinator.leading.is_set() and coordinator.spec.epoch == 1  # type: ignore[union-attr]  # noqa: E731
+        eventually("a coordinator of the new spec", leads, 15)
+        # Then the retired partitions 8-11 are served while their fences are not handled:
+        # when b leaves, a is given all 12
+        members.leave("b")
+        only_a = {p: "a" for p in range(12)}
+        eventually("a owns the 12", lambda: members.assignment() == only_a, 15)
+        # When 10 and 11 drain / Then they are given up; 8 and 9 (a prefix) are kept
+        drained = replace(state, drained=frozenset({10, 11}))
+        registry.client.put(keys.resize(stream_name), resize.encode(drained))
+        eventually("10 and 11 unassigned", lambda: owned() == list(range(10)), 15)
+        # When every old partition drained / Then the stream's 8 partitions alone are assigned
+        drained = replace(state, phase=Phase.DRAINED, drained=frozenset(range(12)))
+        registry.client.put(keys.resize(stream_name), resize.encode(drained))
+        eventually("8 partitions assigned", lambda: owned() == list(range(8)), 15)
+        # When a resize to 16 switches / Then the added partitions get owners
+        grow, _ = resize.begin(Layout(8, 1), 16, running=replace(drained, phase=Phase.RETIRED))
+        registry.client.put(
+            keys.resize(stream_name), resize.encode(replace(grow, phase=Phase.SWITCHED))
+        )
+        registry.client.put(keys.spec(stream_name), StreamSpec(stream_name, 16, epoch=2).to_json())
+        eventually("16 partitions assigned", lambda: owned() == list(range(16)), 15)
+        assert set(members.assignment().values()) == {"a"}
+    finally:
+        coordinator.stop()
+        coordinator.join(10)
+        members.close()
+        registry.delete(stream_name)

@@ -335,3 +335,35 @@ def test_without_the_gate_a_moved_key_is_handled_out_of_order() -> None:
     world.settle()
     # Then message 1 overtakes message 0: the gate is what keeps the order
     assert [m.seq for m in world.handled] == [1, 0]
+
+
+def test_a_shrink_keeps_its_retired_partitions_served_until_they_drain() -> None:
+    # Given a resize 12 -> 8, switched (the spec holds 8)
+    state, _ = run(resize.begin(Layout(12), 8, running=None)[0], Declared(), Cut())
+    state, _ = run(state, *(Fenced(p) for p in range(12)), Bound(), Switched())
+    # Then the coordinator assigns the retired partitions 8-11 too, up to the highest
+    # that has not drained, and only the spec's 8 once they all have
+    assert resize.served(8, state) == 12
+    state, _ = run(state, Drained(0, 11), Drained(0, 10))
+    assert resize.served(8, state) == 10
+    state, _ = run(state, Drained(0, 8), Drained(0, 9))
+    assert resize.served(8, state) == 8
+    # and before the switch (the spec still holds 12), or with no resize, the spec's count
+    assert resize.served(12, resize.begin(Layout(12), 8, running=None)[0]) == 12
+    assert resize.served(6, None) == 6
+
+
+def test_the_summary_shows_the_phase_the_draining_and_the_gates() -> None:
+    state, _ = run(resize.begin(Layout(6), 12, running=None)[0], Declared(), Cut())
+    state, _ = run(state, Drained(0, 0), Drained(0, 1), Drained(0, 2))
+    doc = resize.summary(state)
+    assert doc["phase"] == "cut" and doc["draining"] == [3, 4, 5] and doc["retiring"] == []
+    assert doc["waiting"] == {"9": [3], "10": [4], "11": [5]}
+    lines = resize.summary_lines(doc, "s")
+    assert lines[0] == "resize 6 -> 12 partitions (epoch 1): cut"
+    assert "old partitions still draining (fence not handled): 3-5" in lines[1]
+    assert lines[2].endswith("9 on 3; 10 on 4; 11 on 5")
+    assert lines[-1].endswith("partq stream resize s --partitions 12 --wait")
+    assert resize.ranges([5, 0, 1, 2, 7, 8]) == "0-2, 5, 7-8" and resize.ranges([]) == "-"
+    retired = State(state.resize, Phase.RETIRED)
+    assert resize.summary_lines(resize.summary(retired), "s") == []
