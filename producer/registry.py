@@ -44,8 +44,8 @@ class Registry:
         if stored.partitions != spec.partitions:
             raise SpecMismatch(
                 f"stream {spec.name!r} already exists with {stored.partitions} partitions, "
-                f"not {spec.partitions}: partitions are fixed at creation "
-                f"(use --partitions {stored.partitions} or another stream name)"
+                f"not {spec.partitions}: use --partitions {stored.partitions}, or change the "
+                f"count with `partq stream resize {spec.name} --partitions {spec.partitions}`"
             )
         if stored.queue_type != spec.queue_type:
             raise SpecMismatch(
