@@ -367,3 +367,28 @@ def test_the_summary_shows_the_phase_the_draining_and_the_gates() -> None:
     assert resize.ranges([5, 0, 1, 2, 7, 8]) == "0-2, 5, 7-8" and resize.ranges([]) == "-"
     retired = State(state.resize, Phase.RETIRED)
     assert resize.summary_lines(resize.summary(retired), "s") == []
+
+
+def test_status_names_a_shrink_s_old_queues_as_retiring_not_as_beyond_the_spec() -> None:
+    from coordinator.status import beyond_lines
+
+    state, _ = run(resize.begin(Layout(12), 8, running=None)[0], Declared(), Cut())
+    state, _ = run(state, *(Fenced(p) for p in range(12)), Bound(), Switched(), Drained(0, 8))
+    beyond = [
+        {"partition": p, "queue": f"partq.s.p{p:05d}", "messages": 3, "consumers": 1}
+        for p in (8, 9, 12)
+    ]
+    report = {
+        "stream": "s",
+        "partitions": 8,
+        "resize": resize.summary(state),
+        "beyond_spec": beyond,
+    }
+    lines = beyond_lines(report)
+    assert lines[0] == "resize 12 -> 8 partitions (epoch 1): switched"
+    assert "queue partq.s.p00008 is retired by the resize: 3 messages, 1 consumers" in "".join(
+        lines
+    )
+    assert "queues to delete once drained and empty: 8-11" in "".join(lines)
+    # a queue beyond the old count too is not the resize's: reported as before
+    assert lines[-1] == "queue partq.s.p00012 exists beyond the stream's 8 partitions: 3 messages"
