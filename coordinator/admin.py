@@ -254,9 +254,14 @@ def describe(registry: Registry, amqp_url: AmqpURL, stream: str) -> Description:
 
 
 def delete(registry: Registry, amqp_url: AmqpURL, stream: str) -> None:
-    """Delete the stream's queues (and their messages) and every etcd key of it."""
+    """Delete the stream's queues (and their messages) and every etcd key of it; during a
+    resize, the queues of both layouts."""
     spec = registry.read_spec(stream)
     parked = Group(registry.client, registry.where, stream, report=False).parked()
+    running = resize_record(registry, stream)
+    if running is not None and running.running:
+        both = max(running.resize.old.partitions, running.resize.new.partitions)
+        spec = replace(spec, partitions=max(spec.partitions, both))
     with blocking_connection(amqp_url) as connection:
         delete_stream(connection, spec)
         channel = connection.channel()

@@ -258,6 +258,17 @@ def test_shrink_12_to_8_deletes_the_retired_queues_only_once_empty(
     assert description.beyond == [] and description.resize == state
 
 
+def test_deleting_a_stream_during_a_shrink_deletes_the_queues_of_both_layouts(
+    made: Callable[..., StreamSpec], registry: Registry, rabbitmq: str
+) -> None:
+    # Given a shrink 12 -> 8, switched: the spec has 8 partitions, RabbitMQ 12 queues
+    spec, _resizer = resized(made, registry, rabbitmq, (12, 8), "quorum")
+    # When the stream is deleted / Then every one of the 12 is gone
+    admin.delete(registry, rabbitmq, spec.name)
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        assert depths(connection, spec, 12) == [None] * 12
+
+
 @pytest.mark.parametrize(
     "stop_after", [Phase.REQUESTED, Phase.DECLARED, Phase.CUT, Phase.FENCED, Phase.BOUND]
 )
