@@ -270,13 +270,19 @@ def test_deleting_a_stream_during_a_shrink_deletes_the_queues_of_both_layouts(
 
 
 @pytest.mark.parametrize(
-    "stop_after", [Phase.REQUESTED, Phase.DECLARED, Phase.CUT, Phase.FENCED, Phase.BOUND]
+    ("stop_after", "switched"),
+    [(phase, False) for phase in list(Phase)[:5]] + [(Phase.BOUND, True)],
 )
 def test_a_resize_stopped_after_any_step_is_continued_by_running_it_again(
-    made: Callable[..., StreamSpec], registry: Registry, rabbitmq: str, stop_after: Phase
+    made: Callable[..., StreamSpec],
+    registry: Registry,
+    rabbitmq: str,
+    stop_after: Phase,
+    switched: bool,
 ) -> None:
     # Given a resize 6 -> 12 that stops right after writing the record of ``stop_after``,
-    # before carrying out its actions (as a kill there would)
+    # before carrying out its actions (as a kill there would); with ``switched``, after
+    # its switch of the spec took but before that was recorded
     spec = made(6)
 
     def stop(state: State) -> None:
@@ -288,6 +294,8 @@ def test_a_resize_stopped_after_any_step_is_continued_by_running_it_again(
         first.start(12)
         first.run(Phase.SWITCHED, 60)
     assert read_record(registry, spec.name)[0].phase is stop_after  # type: ignore[union-attr]
+    if switched:
+        first._switch(6, 0, 12, 1)
     # When it is run again with the same count
     again = Resizer(registry, rabbitmq, spec.name)
     again.start(12)
