@@ -421,6 +421,31 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
     assert leaked == []
 
 
+def test_the_admin_role_alone_can_resize_and_the_operator_role_cannot(site: Site) -> None:
+    # Given the roles applied, and a stream the admin created (after the test above, or alone)
+    site.partq(
+        "root", "security", "roles", STREAM, *[f"--member={m}" for m in MEMBERS],
+        "--apply", "--passwords", str(site.passwords), "--rabbitmqctl",
+        str(site.rabbit.install.program("rabbitmqctl", site.tmp)), extra=dict(site.rabbit.env),
+    )  # fmt: skip
+    site.partq("admin", "stream", "create", STREAM, "--partitions", str(PARTITIONS))
+    # When the operator asks for a resize / Then etcd refuses its record, in one line, and
+    # nothing changed
+    refused = site.partq("operator", "stream", "resize", STREAM, "-p", "8", fails=True)
+    assert "permission denied" in refused.lower() and len(refused.strip().splitlines()) == 1
+    assert f"stream {STREAM}: {PARTITIONS} partitions, quorum" in site.partq(
+        "admin", "stream", "describe", STREAM
+    )
+    # When the admin resizes it / Then the broker steps and the switch are done with its
+    # rights alone (declare, unbind, the fences, bind, the spec)
+    done = site.partq("admin", "stream", "resize", STREAM, "-p", str(PARTITIONS * 2))
+    assert f"producers publish {PARTITIONS * 2} partitions (epoch 1)" in done
+    assert f"{PARTITIONS * 2} partitions (epoch 1)" in site.partq(
+        "admin", "stream", "describe", STREAM
+    )
+    assert all(secret not in out for out in site.outputs for secret in site.secret.values())
+
+
 def test_roles_are_printed_as_a_script_without_servers() -> None:
     done = subprocess.run(
         [str(PARTQ), "security", "roles", STREAM, "--member", "c-1"],
