@@ -101,7 +101,7 @@ def parked_key(
             producer.publish(POISON_KEY, json.dumps({"seq": seq}).encode(), message_id=f"p:{seq}")
         producer.flush(30)
     wait_until(
-        lambda: dlq.parked_keys(registry, rabbitmq, spec)[0].messages == messages,
+        lambda: [k.messages for k in dlq.parked_keys(registry, rabbitmq, spec)] == [messages],
         30,
         0.2,
         "parked",
