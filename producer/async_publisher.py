@@ -16,8 +16,16 @@ asyncio futures on the loop.
 Nothing here blocks the loop: connecting and closing run in the loop's default executor;
 a publish is handed to the Producer only when the window has room, so the Producer never
 waits for space on the loop's thread (this module counts a message until the loop has
-seen it settle, which is after the Producer stopped counting it); and long runs of
-publishes, and every batch, give the loop a turn every ``_TURN`` messages.
+seen it settle, which is after the Producer stopped counting it); and the loop gets a
+turn every ``_TURN`` messages handed over, counted across ``send`` and ``send_many`` calls
+(a long batch is also checked a turn at a time).
+
+Cost. Per message, on top of the Producer's own work, the loop's thread makes one
+asyncio future (``send`` also a coroutine) and settles it: ``send`` and ``_settle`` call
+nothing of this module per message, ``send_many`` makes its futures a chunk at a time,
+and ``_settle`` reads a settled future's outcome from its fields (the slow path, a
+failure or a cancelled await, is ``_settle_one``). ``benchmarks.publish_cost`` counts
+the instructions per message against the Producer's (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -29,13 +37,14 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any
 
 from kernel.errors import ProducerClosed, UsageError
 from producer.contract import StreamSpec
+from producer.futures import PublishFuture
 from producer.publisher import BatchItem, Producer, Receipt
 
 __all__ = ["AsyncProducer"]
@@ -76,6 +85,7 @@ class AsyncProducer:
         self._connect = functools.partial(Producer, *bound.args, **bound.kwargs)
         self._producer: Producer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._new_future: Callable[[], asyncio.Future[Any]] = _not_open_future
         # Each handed-over message's Producer future -> the asyncio future given out.
         self._waiting: dict[Future[Receipt], asyncio.Future[Receipt]] = {}
         self._space: deque[asyncio.Future[None]] = deque()  # waiting for room in the window
@@ -83,7 +93,7 @@ class AsyncProducer:
         self._since_turn = 0
         # Settled futures on their way from the Producer's threads to the loop (a deque's
         # append and popleft are thread-safe), and whether a _settle call is scheduled.
-        self._settled: deque[Sequence[Future[Receipt]]] = deque()
+        self._settled: deque[Sequence[PublishFuture[Receipt]]] = deque()
         self._settle_scheduled = False
 
     @property
@@ -98,6 +108,7 @@ class AsyncProducer:
             return self
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self._new_future = loop.create_future
         connecting = loop.run_in_executor(None, self._connect)
         try:
             self._producer = await asyncio.shield(connecting)
@@ -158,12 +169,17 @@ class AsyncProducer:
     ) -> asyncio.Future[Receipt]:
         """Hand one message over (waiting for room in the window) and return a future
         that resolves to its :class:`Receipt` when the broker confirms it."""
-        producer = self._open()
+        # The hot path of a loop of sends: no call of this module's own, one asyncio future
+        producer = self._producer
+        if producer is None:
+            raise _not_open()
         if self._since_turn >= _TURN or len(self._waiting) >= self._window:
             self._since_turn = 0
             await self._room()
         self._since_turn += 1
-        return self._follow(producer.publish(key, body, headers=headers, message_id=message_id))
+        future = producer.publish(key, body, headers=headers, message_id=message_id)
+        waiter = self._waiting[future] = self._new_future()
+        return waiter
 
     async def publish_many(self, messages: Iterable[BatchItem]) -> list[Receipt]:
         """Publish a batch (the tuples :meth:`Producer.publish_many` takes) and return
@@ -174,7 +190,8 @@ class AsyncProducer:
         try:
             for future in futures:  # one at a time: asyncio.wait(futures) holds the loop O(n)
                 if not future.done():
-                    await asyncio.wait((future,))
+                    with contextlib.suppress(Exception):  # each outcome is read below, in order
+                        await future
         except asyncio.CancelledError:
             _stop_waiting(futures)
             raise
@@ -196,9 +213,12 @@ class AsyncProducer:
             await asyncio.sleep(0)  # a long batch is checked a turn at a time
             prepared += producer._prepare_batch(items[start : start + _TURN], now)
         futures: list[asyncio.Future[Receipt]] = []
+        new_future = self._new_future
         try:
             while len(futures) < len(prepared):
-                await self._room()
+                if self._since_turn >= _TURN or len(self._waiting) >= self._window:
+                    self._since_turn = 0  # the turn is shared with send: not one per batch
+                    await self._room()
                 left = len(prepared) - len(futures)
                 take = min(_TURN, self._window - len(self._waiting), left)
                 chunk = prepared[len(futures) : len(futures) + take]
@@ -209,7 +229,10 @@ class AsyncProducer:
                         raise
                     futures += [self._failed(closed) for _ in range(left)]
                     break
-                futures += [self._follow(future) for future in handed]
+                waiters = [new_future() for _ in handed]
+                self._waiting.update(zip(handed, waiters, strict=True))
+                futures += waiters
+                self._since_turn += take
         except asyncio.CancelledError:
             _stop_waiting(futures)  # handed over already: they go on, failures are logged
             raise
@@ -233,10 +256,7 @@ class AsyncProducer:
 
     def _open(self) -> Producer:
         if self._producer is None:
-            raise UsageError(
-                "the AsyncProducer is not open: use `async with AsyncProducer(...)` "
-                "or `await producer.open()` first"
-            )
+            raise _not_open()
         return self._producer
 
     async def _room(self) -> None:
@@ -247,19 +267,13 @@ class AsyncProducer:
             self._space.append(space)
             await space
 
-    def _follow(self, future: Future[Receipt]) -> asyncio.Future[Receipt]:
-        assert self._loop is not None
-        waiter: asyncio.Future[Receipt] = self._loop.create_future()
-        self._waiting[future] = waiter
-        return waiter
-
     def _failed(self, error: BaseException) -> asyncio.Future[Receipt]:
         assert self._loop is not None
         waiter: asyncio.Future[Receipt] = self._loop.create_future()
         waiter.set_exception(error)
         return waiter
 
-    def _on_settled(self, futures: Sequence[Future[Receipt]]) -> None:
+    def _on_settled(self, futures: Sequence[PublishFuture[Receipt]]) -> None:
         """The Producer's side (any thread): hand the settled futures to the loop, waking it
         only if no hand-over is scheduled yet (confirm frames carry a few messages each)."""
         self._settled.append(futures)
@@ -274,8 +288,17 @@ class AsyncProducer:
         # The flag goes down before the queue is read: what is added after the last read
         # schedules another call, and what was added before it is read here.
         self._settle_scheduled = False
-        while self._settled:
-            self._settle_futures(self._settled.popleft())
+        waiting, settled = self._waiting, self._settled
+        while settled:
+            for future in settled.popleft():  # per message: no call of this module's own
+                waiter = waiting.pop(future, None)
+                if waiter is None:  # refused before it was handed over: the caller got the error
+                    continue
+                # Settled futures only: reading the outcome needs no Future method
+                if future._exception is None and not waiter.done():
+                    waiter.set_result(future._result)
+                else:
+                    _settle_one(future, waiter)
         # Room for a few messages at least, so that a full window does not wake a publisher
         # for every confirm frame
         while self._space and len(self._waiting) <= self._low_water:
@@ -288,19 +311,28 @@ class AsyncProducer:
                     idle.set_result(None)
             self._idle.clear()
 
-    def _settle_futures(self, futures: Sequence[Future[Receipt]]) -> None:
-        for future in futures:
-            waiter = self._waiting.pop(future, None)
-            if waiter is None:  # refused before it was handed over: the caller got the error
-                continue
-            error = future.exception()
-            if waiter.done():  # its await was cancelled; the message went on without it
-                if error is not None:
-                    log.warning("a message whose publish was cancelled failed: %s", error)
-            elif error is not None:
-                waiter.set_exception(error)
-            else:
-                waiter.set_result(future.result())
+
+def _settle_one(future: PublishFuture[Receipt], waiter: asyncio.Future[Receipt]) -> None:
+    """A message that failed, or whose await was cancelled (the message went on without it)."""
+    error = future.exception()
+    if waiter.done():
+        if error is not None:
+            log.warning("a message whose publish was cancelled failed: %s", error)
+    elif error is not None:
+        waiter.set_exception(error)
+    else:
+        waiter.set_result(future.result())
+
+
+def _not_open() -> UsageError:
+    return UsageError(
+        "the AsyncProducer is not open: use `async with AsyncProducer(...)` "
+        "or `await producer.open()` first"
+    )
+
+
+def _not_open_future() -> asyncio.Future[Any]:
+    raise _not_open()
 
 
 def _stop_waiting(futures: list[asyncio.Future[Receipt]]) -> None:

@@ -200,7 +200,7 @@ class Producer:
         connect_timeout: float = 10.0,
         reconnect_timeout: float = 30.0,
         name: str = "partq-producer",
-        on_settled: Callable[[Sequence[Future[Receipt]]], None] | None = None,
+        on_settled: Callable[[Sequence[PublishFuture[Receipt]]], None] | None = None,
     ) -> None:
         spec, amqp_url = _spec_and_url(stream, amqp_url, etcd)
         spec.check_partitions(partitions)
@@ -354,7 +354,7 @@ class Producer:
             pending.future.set_exception(body_refused(len(pending.body), limit))
         self._settled([pending.future for pending in refused])
 
-    def _settled(self, futures: Sequence[Future[Receipt]]) -> None:
+    def _settled(self, futures: Sequence[PublishFuture[Receipt]]) -> None:
         """Tell ``on_settled`` (a bridge such as AsyncProducer) which futures just settled."""
         if self._on_settled is not None and futures:
             self._on_settled(futures)
