@@ -76,6 +76,7 @@ class _Sub:
     generation: int = 0
     tag: str | None = None
     unacked: deque[int] = field(default_factory=deque)  # handed on, not acked: in order
+    last: float = float("-inf")  # monotonic time of the last delivery (the drain's idle rule)
 
 
 @dataclass
@@ -279,9 +280,11 @@ class Channels:
         tests/integration/test_broker_drain.py pins the effect."""
         channel = sub.channel
         sink = self.sink
+        monotonic = time.monotonic
 
         def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
             method = method_frame.method
+            sub.last = monotonic()
             sub.window, actions = w.step(sub.window, _DELIVERED)
             for action in () if actions is w.HAND else actions:  # HAND: the per-message path
                 if isinstance(action, w.Reject):  # no credit was left: never handle it here
@@ -405,7 +408,9 @@ class Channels:
             case w.WaitQuiet(drain, seen):
                 self.connection.ioloop.call_later(
                     w.QUIET,
-                    lambda: self._feed(partition, sub, w.Quiet(drain, seen, time.monotonic())),
+                    lambda: self._feed(
+                        partition, sub, w.Quiet(drain, seen, time.monotonic(), sub.last)
+                    ),
                 )
             case w.AskReady(drain, seen):
                 channel.queue_declare(
@@ -414,7 +419,9 @@ class Channels:
                     callback=lambda frame: self._feed(
                         partition,
                         sub,
-                        w.Ready(drain, seen, frame.method.message_count, time.monotonic()),
+                        w.Ready(
+                            drain, seen, frame.method.message_count, time.monotonic(), sub.last
+                        ),
                     ),
                 )
             case w.ReportEmptied():
@@ -541,6 +548,8 @@ class Channels:
         channel = standby.channel
         window = w.Window(self.prefetch, self.early, received=len(standby.buffer))
         sub = _Sub(channel, window, generation, tag=standby.tag)
+        if standby.buffer:
+            sub.last = time.monotonic()
         slot.line = sub
         self._watch(partition, channel)
         self._route(partition, sub)
