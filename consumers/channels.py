@@ -76,7 +76,14 @@ class _Sub:
     generation: int = 0
     tag: str | None = None
     unacked: deque[int] = field(default_factory=deque)  # handed on, not acked: in order
-    last: float = float("-inf")  # monotonic time of the last delivery (the drain's idle rule)
+    # the deliveries' pace, for the drain's quiet rule (consumers.window.Pace): the last one's
+    # monotonic time and the mean gap between them (an exponential average, 1/8 per delivery)
+    last: float = field(default_factory=time.monotonic)
+    gap: float = w.IDLE
+
+    @property
+    def pace(self) -> w.Pace:
+        return w.Pace(self.last, self.gap)
 
 
 @dataclass
@@ -284,7 +291,9 @@ class Channels:
 
         def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
             method = method_frame.method
-            sub.last = monotonic()
+            now = monotonic()
+            sub.gap += (now - sub.last - sub.gap) * 0.125
+            sub.last = now
             sub.window, actions = w.step(sub.window, _DELIVERED)
             for action in () if actions is w.HAND else actions:  # HAND: the per-message path
                 if isinstance(action, w.Reject):  # no credit was left: never handle it here
@@ -409,7 +418,7 @@ class Channels:
                 self.connection.ioloop.call_later(
                     w.QUIET,
                     lambda: self._feed(
-                        partition, sub, w.Quiet(drain, seen, time.monotonic(), sub.last)
+                        partition, sub, w.Quiet(drain, seen, time.monotonic(), sub.pace)
                     ),
                 )
             case w.AskReady(drain, seen):
@@ -420,7 +429,7 @@ class Channels:
                         partition,
                         sub,
                         w.Ready(
-                            drain, seen, frame.method.message_count, time.monotonic(), sub.last
+                            drain, seen, frame.method.message_count, time.monotonic(), sub.pace
                         ),
                     ),
                 )
@@ -548,8 +557,6 @@ class Channels:
         channel = standby.channel
         window = w.Window(self.prefetch, self.early, received=len(standby.buffer))
         sub = _Sub(channel, window, generation, tag=standby.tag)
-        if standby.buffer:
-            sub.last = time.monotonic()
         slot.line = sub
         self._watch(partition, channel)
         self._route(partition, sub)

@@ -16,15 +16,16 @@ unacked deliveries (``received - acks_sent``) equals the prefetch. It never exce
 broker counts (acks can lag, deliveries can be in flight), and the broker never lets that
 exceed the prefetch: when ours equals it, nothing is in flight and nothing more can be sent,
 so a cancel returns nothing to the queue. A window that never fills (an idle partition, or
-one slower than the prefetch) is cancelled once no delivery arrived for :data:`IDLE`
-seconds and no message is ready in the queue (``Quiet``, then ``Ready``: the shell's timer,
-with the time of the last delivery, and passive declare), or after :data:`MAX_HOLD` seconds
-of a trickle (``Cancel.overdue``). Such a cancel is the only one that can meet a delivery in
-flight, and a quorum queue's channel returns such a delivery itself (the client never sees
-it), late under load: behind newer messages the next owner was already given. A partition
-whose traffic only paused (a producer stalled for a fraction of a second) fills its window
-instead once it resumes, and is cancelled with no credit left (docs/history.md, "The quiet
-cancel's returns").
+one slower than the prefetch) is cancelled once no delivery arrived for :data:`QUIET`
+seconds and no message is ready in the queue (``Quiet``, then ``Ready``: the shell's timer
+and passive declare), or after :data:`MAX_HOLD` seconds of a trickle (``Cancel.overdue``).
+Such a cancel is the only one that can meet a delivery in flight, and a quorum queue's
+channel returns such a delivery itself (the client never sees it), late under load: behind
+newer messages the next owner was already given. So a partition whose recent pace
+(:class:`Pace`, from the shell) would fill the window within :data:`IDLE` seconds is not
+taken for quiet before it has been idle that long: a producer that merely stalled resumes
+into the window, which fills and is cancelled with no credit left (docs/history.md, "The
+quiet cancel's returns"). A trickle that could not fill it anyway is cancelled as before.
 (3) After CancelOk, a round trip (``Barrier``) lets any delivery sent before it arrive; END
 follows them to the worker, which handles and acks everything, then ``Finish``: the held
 acks go (``AckEach``) and, after one more round trip, the partition is drained.
@@ -66,6 +67,7 @@ __all__ = [
     "Delivered",
     "Finish",
     "HandOn",
+    "Pace",
     "Phase",
     "Quiet",
     "Ready",
@@ -82,11 +84,11 @@ __all__ = [
     "step",
 ]
 
-QUIET = 0.25  # how often a drain whose window is not full looks whether it is idle
-# A window that is not full is cancelled only once no delivery arrived for this long (and its
-# queue is empty): a cancel with credit left has every delivery in flight returned by a quorum
-# queue's channel, late under load, so a partition whose producer merely paused (0.2-0.3 s
-# seen at load 14) must resume and fill the window instead (docs/history.md).
+QUIET = 0.25  # no delivery for this long while acks are held: nothing is in flight
+# ... unless the partition's pace would fill the window within IDLE seconds: then only this
+# long without a delivery counts. A cancel with credit left has what is in flight returned by
+# a quorum queue's channel, late under load; a producer stalled 0.21 s (load 14) resumed into
+# such a cancel and 38 returns came back behind newer messages (docs/history.md).
 IDLE = 1.0
 # ... and a partition whose window has not filled by then (a steady trickle) is cancelled
 # anyway. A shorter hold let a return reach the queue after the next owner was served
@@ -167,18 +169,28 @@ class Revoke:
     now: float
 
 
-_NEVER = float("-inf")
+class Pace(NamedTuple):
+    """The channel's deliveries as the shell saw them: when the last arrived (monotonic
+    seconds) and the mean gap between recent ones (seconds). The default: none seen."""
+
+    last: float = float("-inf")
+    gap: float = float("inf")
+
+    def idle(self, now: float) -> float:
+        return now - self.last
+
+
+_UNKNOWN = Pace()
 
 
 @dataclass(frozen=True, slots=True)
 class Quiet:
-    """:data:`QUIET` seconds after drain ``drain`` saw ``seen`` deliveries; ``last``: when
-    the channel's last delivery arrived (monotonic; -inf: none)."""
+    """:data:`QUIET` seconds after drain ``drain`` saw ``seen`` deliveries."""
 
     drain: int
     seen: int
     now: float
-    last: float = _NEVER
+    pace: Pace = _UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +201,7 @@ class Ready:
     seen: int
     ready: int
     now: float
-    last: float = _NEVER
+    pace: Pace = _UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,10 +349,10 @@ def step(window: Window, event: WindowEvent) -> tuple[Window, Actions]:
             return _acked(window, tags)
         case Revoke(now):
             return _revoke(window, now)
-        case Quiet(drain, seen, now, last):
-            return _quiet(window, drain, seen, 0, now - last, now, asked=False)
-        case Ready(drain, seen, ready, now, last):
-            return _quiet(window, drain, seen, ready, now - last, now, asked=True)
+        case Quiet(drain, seen, now, pace):
+            return _quiet(window, drain, seen, 0, (now, pace), asked=False)
+        case Ready(drain, seen, ready, now, pace):
+            return _quiet(window, drain, seen, ready, (now, pace), asked=True)
         case Resume():
             return _resume(window)
         case Cut():
@@ -410,10 +422,10 @@ def _revoke(window: Window, now: float) -> tuple[Window, Actions]:
 
 
 def _quiet(
-    window: Window, drain: int, seen: int, ready: int, idle: float, now: float, *, asked: bool
+    window: Window, drain: int, seen: int, ready: int, at: tuple[float, Pace], *, asked: bool
 ) -> tuple[Window, Actions]:
-    """A quiet timer (``asked``: its passive declare's answer) of drain ``drain``; ``idle``:
-    seconds since the channel's last delivery.
+    """A quiet timer (``asked``: its passive declare's answer) of drain ``drain``, ``at``
+    (now, the channel's pace).
 
     Quiet (or held too long): a round trip makes sure whatever the broker sent before it
     has been read, also by a process that was stalled, and tells how many messages are
@@ -421,13 +433,17 @@ def _quiet(
     sent before the hold are not applied (a loaded broker lags), and once they are, it
     delivers again. Cancelling then returns those deliveries, and the next owner may be
     served before the returns are applied, and a key is reordered (docs/history.md). So
-    only an empty queue counts as quiet, and only after :data:`IDLE` seconds without a
-    delivery: a producer that paused for less resumes into our window, which fills."""
+    only an empty queue counts as quiet; and for a partition whose pace fills the credit
+    left within :data:`IDLE` seconds, only that long without a delivery: a producer that
+    paused for less resumes into our window, which fills (no credit left to race)."""
     if window.drains != drain or window.phase is not Phase.HOLDING:
         return window, _NONE  # called off (resume), cancelled, or emptied
     if window.early and window.full:
         return window, _NONE  # emptied is reported once the worker has handled it all
-    busy = window.received != seen or ready > 0 or idle < IDLE
+    now, pace = at
+    credit = window.prefetch - (window.received - window.acks_sent)
+    paused = credit * pace.gap < IDLE and pace.idle(now) < IDLE  # it would fill: wait for it
+    busy = window.received != seen or ready > 0 or paused
     waited = now - window.held_since
     if busy and waited < MAX_HOLD:
         return window, (WaitQuiet(drain, window.received),)

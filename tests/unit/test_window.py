@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from consumers import window as w
@@ -64,26 +64,32 @@ def test_a_trickle_is_cancelled_after_the_longest_hold_with_its_wait_told() -> N
     assert actions == (w.Cancel(overdue=w.MAX_HOLD + 0.2),)
 
 
-def test_a_pause_shorter_than_idle_is_not_quiet_the_window_fills_instead() -> None:
-    # Given a drain of a partition whose producer paused just before it (issue 21: a loaded
-    # machine stalled the producer 0.2 s; the quiet cancel met the resumed traffic in flight,
-    # and the quorum queue's channel returned it behind newer messages)
+def test_a_busy_partition_pausing_is_not_quiet_before_idle_its_window_fills_instead() -> None:
+    # Given a drain of a partition delivering every 10 ms whose producer paused just before
+    # it (issue 21: a loaded machine stalled the producer 0.21 s; the quiet cancel met the
+    # resumed traffic in flight, and the quorum queue's channel returned 38 deliveries
+    # behind newer messages)
+    busy = w.Pace(last=9.95, gap=0.01)  # 2 credits left fill in 20 ms
     window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=10.0))
     # When the drain has seen no delivery for QUIET seconds, but the last was under IDLE ago
-    window, actions = step(window, w.Quiet(1, 1, now=10.25, last=9.95))
+    window, actions = step(window, w.Quiet(1, 1, now=10.25, pace=busy))
     # Then it neither asks the queue nor cancels: it looks again
     assert actions == (w.WaitQuiet(1, 1),) and window.phase is Phase.HOLDING
-    window, actions = step(window, w.Ready(1, 1, ready=0, now=10.3, last=9.95))
+    window, actions = step(window, w.Ready(1, 1, ready=0, now=10.3, pace=busy))
     assert actions == (w.WaitQuiet(1, 1),)
     # and once traffic resumes, the delivery that fills the window is what cancels it
     window, actions = run(window, DELIVERED, DELIVERED)
     assert actions == [w.HandOn(), w.Cancel(), w.HandOn()] and window.full
-    # whereas a partition idle for IDLE seconds is asked about and cancelled as before
-    idle, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=10.0))
-    idle, actions = step(idle, w.Quiet(1, 1, now=10.25, last=10.25 - w.IDLE))
-    assert actions == (w.AskReady(1, 1),)
-    idle, actions = step(idle, w.Ready(1, 1, ready=0, now=10.3, last=10.25 - w.IDLE))
-    assert actions == (w.Cancel(),)
+    # whereas one idle for IDLE seconds is asked about and cancelled as before
+    idle = busy._replace(last=10.25 - w.IDLE)
+    window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=10.0))
+    window, actions = run(window, w.Quiet(1, 1, 10.25, idle), w.Ready(1, 1, 0, 10.3, idle))
+    assert actions == [w.AskReady(1, 1), w.Cancel()]
+    # and so is a trickle (a delivery every second): waiting would not fill its window
+    trickle = w.Pace(last=9.95, gap=1.0)
+    window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=10.0))
+    window, actions = run(window, w.Quiet(1, 1, 10.25, trickle), w.Ready(1, 1, 0, 10.3, trickle))
+    assert actions == [w.AskReady(1, 1), w.Cancel()]
 
 
 def test_timers_of_a_drain_called_off_do_nothing() -> None:
@@ -131,6 +137,7 @@ class Worker:
     emptied: int = 0
     now: float = 0.0
     last: float = float("-inf")  # when the last delivery arrived
+    gap: float = 0.0  # the shell's mean gap between deliveries, as the script sets it
 
 
 KINDS = (
@@ -157,8 +164,8 @@ def _event(window: Window, worker: Worker, kind: str, n: int, amount: float) -> 
         "delivered": DELIVERED,
         "acked": w.Acked(tuple(unacked[: 1 + n])) if unacked else DELIVERED,
         "revoke": w.Revoke(worker.now),
-        "quiet": w.Quiet(drain, seen, worker.now, worker.last),
-        "ready": w.Ready(drain, seen, n % 2, worker.now, worker.last),
+        "quiet": w.Quiet(drain, seen, worker.now, w.Pace(worker.last, worker.gap)),
+        "ready": w.Ready(drain, seen, n % 2, worker.now, w.Pace(worker.last, worker.gap)),
         "resume": w.Resume(),
         "cut": w.Cut(),
         "cancel-ok": w.CancelOk(),
@@ -169,6 +176,8 @@ def _event(window: Window, worker: Worker, kind: str, n: int, amount: float) -> 
 
 
 @settings(max_examples=300, deadline=None)  # a shared, loaded machine: no per-example deadline
+# a busy partition (a delivery every 25 ms) revoked in a pause and found with nothing ready
+@example(False, [("delivered", 0, 0.1), ("revoke", 0, 0.1), ("ready", 2, 0.3)])
 @given(
     st.booleans(),
     st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 4), st.floats(0, 2.0)), max_size=60),
@@ -182,7 +191,7 @@ def test_acks_are_never_lost_or_sent_twice_and_one_cancel_at_most(
         before = window
         window, actions = step(window, event)
         if isinstance(event, w.Delivered):
-            worker.last = worker.now
+            worker.last, worker.gap = worker.now, amount / 4
         if isinstance(event, w.Acked):
             worker.acked.extend(event.tags)
         for action in actions:
@@ -196,13 +205,12 @@ def test_acks_are_never_lost_or_sent_twice_and_one_cancel_at_most(
                     worker.sent.extend(tags)
                 case w.Cancel(overdue):
                     worker.cancels += 1
-                    # a cancel while credit may be left only once idle for IDLE seconds with
-                    # nothing ready, or overdue, or cut: never right after a pause in traffic
-                    quiet = (
-                        isinstance(event, w.Ready)
-                        and event.ready == 0
-                        and worker.now - worker.last >= w.IDLE
-                    )
+                    # a cancel while credit may be left only once quiet (nothing ready), or
+                    # overdue, or cut; never before IDLE after a delivery if the pace would
+                    # fill the window by then (a paused producer's traffic would meet it)
+                    credit = before.prefetch - (before.received - before.acks_sent)
+                    filling = credit * worker.gap < w.IDLE and worker.now - worker.last < w.IDLE
+                    quiet = isinstance(event, w.Ready) and event.ready == 0 and not filling
                     assert window.full or quiet or overdue or isinstance(event, w.Cut)
                 case w.SendEnd():
                     worker.ended = True
