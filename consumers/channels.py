@@ -415,12 +415,13 @@ class Channels:
             case w.SendEnd():
                 self.sink(End(partition, channel, sub.generation))
             case w.WaitQuiet(drain, seen):
-                self.connection.ioloop.call_later(
-                    w.QUIET,
-                    lambda: self._feed(
-                        partition, sub, w.Quiet(drain, seen, time.monotonic(), sub.pace)
-                    ),
-                )
+                due = time.monotonic() + w.QUIET
+
+                def quiet() -> None:
+                    now = time.monotonic()
+                    self._feed(partition, sub, w.Quiet(drain, seen, now, sub.pace, now - due))
+
+                self.connection.ioloop.call_later(w.QUIET, quiet)
             case w.AskReady(drain, seen):
                 channel.queue_declare(
                     self.spec.queue(partition),

@@ -185,12 +185,14 @@ _UNKNOWN = Pace()
 
 @dataclass(frozen=True, slots=True)
 class Quiet:
-    """:data:`QUIET` seconds after drain ``drain`` saw ``seen`` deliveries."""
+    """:data:`QUIET` seconds after drain ``drain`` saw ``seen`` deliveries; ``late``: seconds
+    the timer fired after it was due (the process was stalled)."""
 
     drain: int
     seen: int
     now: float
     pace: Pace = _UNKNOWN
+    late: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,7 +351,9 @@ def step(window: Window, event: WindowEvent) -> tuple[Window, Actions]:
             return _acked(window, tags)
         case Revoke(now):
             return _revoke(window, now)
-        case Quiet(drain, seen, now, pace):
+        case Quiet(drain, seen, now, pace, late):
+            # late: stalled, and what the broker sent meanwhile may not be read yet
+            seen = seen if late <= QUIET else -1
             return _quiet(window, drain, seen, 0, (now, pace), asked=False)
         case Ready(drain, seen, ready, now, pace):
             return _quiet(window, drain, seen, ready, (now, pace), asked=True)
@@ -435,7 +439,9 @@ def _quiet(
     served before the returns are applied, and a key is reordered (docs/history.md). So
     only an empty queue counts as quiet; and for a partition whose pace fills the credit
     left within :data:`IDLE` seconds, only that long without a delivery: a producer that
-    paused for less resumes into our window, which fills (no credit left to race)."""
+    paused for less resumes into our window, which fills (no credit left to race). A timer
+    that fired more than :data:`QUIET` late (``seen`` -1: this process was stalled, and
+    deliveries the broker sent meanwhile may still be unread) looks again instead."""
     if window.drains != drain or window.phase is not Phase.HOLDING:
         return window, _NONE  # called off (resume), cancelled, or emptied
     if window.early and window.full:

@@ -92,6 +92,18 @@ def test_a_busy_partition_pausing_is_not_quiet_before_idle_its_window_fills_inst
     assert actions == [w.AskReady(1, 1), w.Cancel()]
 
 
+def test_a_quiet_timer_that_fired_late_looks_again() -> None:
+    # Given a drain of an idle partition whose process was stalled (load 15: a consumer ran
+    # nothing for 2.3 s; what the broker sent meanwhile was still unread)
+    window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=10.0))
+    # When its quiet timer fires 2 s late / Then it looks again, later, before asking
+    window, actions = step(window, w.Quiet(1, 1, now=12.3, late=2.05))
+    assert actions == (w.WaitQuiet(1, 1),)
+    # and a timer on time goes on as before
+    window, actions = step(window, w.Quiet(1, 1, now=12.55, late=0.0))
+    assert actions == (w.AskReady(1, 1),)
+
+
 def test_timers_of_a_drain_called_off_do_nothing() -> None:
     window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=0.0), w.Acked((1,)))
     window, actions = step(window, w.Resume())
@@ -164,7 +176,7 @@ def _event(window: Window, worker: Worker, kind: str, n: int, amount: float) -> 
         "delivered": DELIVERED,
         "acked": w.Acked(tuple(unacked[: 1 + n])) if unacked else DELIVERED,
         "revoke": w.Revoke(worker.now),
-        "quiet": w.Quiet(drain, seen, worker.now, w.Pace(worker.last, worker.gap)),
+        "quiet": w.Quiet(drain, seen, worker.now, w.Pace(worker.last, worker.gap), n / 8),
         "ready": w.Ready(drain, seen, n % 2, worker.now, w.Pace(worker.last, worker.gap)),
         "resume": w.Resume(),
         "cut": w.Cut(),
