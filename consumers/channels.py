@@ -76,6 +76,14 @@ class _Sub:
     generation: int = 0
     tag: str | None = None
     unacked: deque[int] = field(default_factory=deque)  # handed on, not acked: in order
+    # the deliveries' pace, for the drain's quiet rule (consumers.window.Pace): the last one's
+    # monotonic time and the mean gap between them (an exponential average, 1/8 per delivery)
+    last: float = field(default_factory=time.monotonic)
+    gap: float = w.IDLE
+
+    @property
+    def pace(self) -> w.Pace:
+        return w.Pace(self.last, self.gap)
 
 
 @dataclass
@@ -279,9 +287,13 @@ class Channels:
         tests/integration/test_broker_drain.py pins the effect."""
         channel = sub.channel
         sink = self.sink
+        monotonic = time.monotonic
 
         def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
             method = method_frame.method
+            now = monotonic()
+            sub.gap += (now - sub.last - sub.gap) * 0.125
+            sub.last = now
             sub.window, actions = w.step(sub.window, _DELIVERED)
             for action in () if actions is w.HAND else actions:  # HAND: the per-message path
                 if isinstance(action, w.Reject):  # no credit was left: never handle it here
@@ -403,10 +415,13 @@ class Channels:
             case w.SendEnd():
                 self.sink(End(partition, channel, sub.generation))
             case w.WaitQuiet(drain, seen):
-                self.connection.ioloop.call_later(
-                    w.QUIET,
-                    lambda: self._feed(partition, sub, w.Quiet(drain, seen, time.monotonic())),
-                )
+                due = time.monotonic() + w.QUIET
+
+                def quiet() -> None:
+                    now = time.monotonic()
+                    self._feed(partition, sub, w.Quiet(drain, seen, now, sub.pace, now - due))
+
+                self.connection.ioloop.call_later(w.QUIET, quiet)
             case w.AskReady(drain, seen):
                 channel.queue_declare(
                     self.spec.queue(partition),
@@ -414,7 +429,9 @@ class Channels:
                     callback=lambda frame: self._feed(
                         partition,
                         sub,
-                        w.Ready(drain, seen, frame.method.message_count, time.monotonic()),
+                        w.Ready(
+                            drain, seen, frame.method.message_count, time.monotonic(), sub.pace
+                        ),
                     ),
                 )
             case w.ReportEmptied():

@@ -14,7 +14,10 @@ each thread owns:
   the dispatcher writes.
 
 So a key never has two messages in a handler and its messages run in arrival order,
-while the member has at most ``--concurrency`` messages in handlers at once. Control
+while the member has at most ``--concurrency`` messages in handlers at once. A worker's first
+message goes ahead of the pool's queue: a partition just handed over starts on the next
+free thread instead of behind the member's other partitions' prefetch bursts (which a
+worker thread per partition, ``--concurrency 1``, never waits for). Control
 messages (``partq dlq redrive``/``purge``) carry their key and queue behind it like any
 message. The partition is finished (END: ``Broker.finish``) or given up (STOP) only once
 nothing of it is in a handler any more, so a planned handoff releases it only after every
@@ -88,7 +91,7 @@ class KeyedWorker(Worker):
         self.in_flight = 0  # messages of the partition in a handler (the dispatcher's count)
         self._m_in_flight = metrics.IN_FLIGHT.labels(*self._labels, str(self.partition))
 
-    def _run(self) -> None:  # noqa: C901, PLR0912 — one dispatch loop: deliveries, key slots, stop
+    def _run(self) -> None:  # noqa: C901, PLR0912, PLR0915 — one dispatch loop: deliveries, key slots, stop
         if self.previous is not None:
             self.previous.join()  # never a key in two handlers of this process
         keys: KeyQueues[Delivery] = KeyQueues()
@@ -96,6 +99,7 @@ class KeyedWorker(Worker):
         halted = False  # STOP, or a message timed out: nothing more starts
         in_flight = 0
         next_look = 0.0  # when the longest wait is looked at again
+        first = True  # no message of this subscription started yet: it goes ahead in the pool
         while True:
             try:
                 item = self.inbox.get(timeout=_LOOK)
@@ -127,7 +131,8 @@ class KeyedWorker(Worker):
                     self._give_back(start)
             elif start is not None:
                 in_flight += 1
-                self.pool.submit(functools.partial(self._run_one, start, key))
+                self.pool.submit(functools.partial(self._run_one, start, key), first=first)
+                first = False
             if in_flight != was_in_flight:
                 self._show_in_flight(in_flight)
             if in_flight:  # the stall detector's view: waiting only with nothing in a handler

@@ -5,8 +5,11 @@ shared by its partitions' workers:
 
 - :class:`HandlerPool`: ``--concurrency`` N daemon threads that run the per-message work
   of keyed workers (``consumers.keyed``); at most N messages of the member are in a
-  handler at once. Daemon threads, not ``concurrent.futures``: a hung handler must not
-  keep the interpreter from exiting after the member left its group.
+  handler at once, first come, first served, except that a partition's first message
+  after it was acquired goes ahead of what is queued (``submit(first=True)``): a handoff
+  need not wait for the member's other partitions' prefetch bursts. Daemon threads, not
+  ``concurrent.futures``: a hung handler must not keep the interpreter from exiting after
+  the member left its group.
 - :class:`EventLoop`: one thread running asyncio, started on first use. A handler that
   returns an awaitable (an ``async def`` handler, an async ``__call__``, or a sync one
   returning a coroutine) has it awaited there while the calling thread waits for the
@@ -14,7 +17,8 @@ shared by its partitions' workers:
 
 Threads. The controller makes both and closes them (``Partitions.close``); worker and pool
 threads use them. :class:`HandlerPool`: ``submit`` puts work in a ``SimpleQueue`` that
-the pool threads take from; ``_busy`` is counted under ``_lock`` and read without it by
+the pool threads take from (``first`` ones from ``_ahead``, each with a token in
+``_work`` that wakes a waiting thread); ``_busy`` is counted under ``_lock`` and read without it by
 the HTTP scrape (``busy``, one int). :class:`EventLoop`: ``_loop`` is made, read and
 cleared under ``_lock``; the loop thread owns the asyncio loop and every coroutine on it;
 work crosses in with ``run_coroutine_threadsafe`` (the caller blocks on its
@@ -25,6 +29,7 @@ work crosses in with ``run_coroutine_threadsafe`` (the caller blocks on its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -34,6 +39,7 @@ from typing import Any
 __all__ = ["EventLoop", "HandlerPool"]
 
 log = logging.getLogger("partq.consumer.runners")
+_AHEAD = object()  # in the pool's queue: work was put ahead of it (``submit(first=True)``)
 
 
 class HandlerPool:
@@ -42,7 +48,8 @@ class HandlerPool:
     def __init__(self, size: int, name: str = "handler") -> None:
         if size < 1:
             raise ValueError(f"a handler pool needs at least 1 thread, got {size}")
-        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[Callable[[], None] | object | None] = queue.SimpleQueue()
+        self._ahead: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._busy = 0
         self._threads = [
@@ -56,18 +63,33 @@ class HandlerPool:
     def busy(self) -> int:
         return self._busy
 
-    def submit(self, work: Callable[[], None]) -> None:
-        """Run ``work`` on a free thread (queued until one is free). ``work`` reports its
-        own outcome and must not raise: what it raises is logged and dropped."""
-        self._work.put(work)
+    def submit(self, work: Callable[[], None], *, first: bool = False) -> None:
+        """Run ``work`` on a free thread (queued until one is free); ``first``: on the next
+        free thread, ahead of what is queued. ``work`` reports its own outcome and must not
+        raise: what it raises is logged and dropped."""
+        if first:
+            self._ahead.put(work)
+            self._work.put(_AHEAD)  # wakes a waiting thread, which takes it from _ahead
+        else:
+            self._work.put(work)
 
     def close(self) -> None:
         """Let every thread end once the work queued before is done (returns at once)."""
         for _ in self._threads:
             self._work.put(None)
 
+    def _take(self) -> Callable[[], None] | None:
+        """The next work: what was put ahead first; None: close."""
+        while True:
+            if not self._ahead.empty():
+                with contextlib.suppress(queue.Empty):  # another thread may take it first
+                    return self._ahead.get_nowait()
+            work = self._work.get()
+            if work is not _AHEAD:
+                return work  # type: ignore[return-value]
+
     def _serve(self) -> None:
-        while (work := self._work.get()) is not None:
+        while (work := self._take()) is not None:
             with self._lock:
                 self._busy += 1
             try:

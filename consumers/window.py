@@ -19,6 +19,13 @@ so a cancel returns nothing to the queue. A window that never fills (an idle par
 one slower than the prefetch) is cancelled once no delivery arrived for :data:`QUIET`
 seconds and no message is ready in the queue (``Quiet``, then ``Ready``: the shell's timer
 and passive declare), or after :data:`MAX_HOLD` seconds of a trickle (``Cancel.overdue``).
+Such a cancel is the only one that can meet a delivery in flight, and a quorum queue's
+channel returns such a delivery itself (the client never sees it), late under load: behind
+newer messages the next owner was already given. So a partition whose recent pace
+(:class:`Pace`, from the shell) would fill the window within :data:`IDLE` seconds is not
+taken for quiet before it has been idle that long: a producer that merely stalled resumes
+into the window, which fills and is cancelled with no credit left (docs/history.md, "The
+quiet cancel's returns"). A trickle that could not fill it anyway is cancelled as before.
 (3) After CancelOk, a round trip (``Barrier``) lets any delivery sent before it arrive; END
 follows them to the worker, which handles and acks everything, then ``Finish``: the held
 acks go (``AckEach``) and, after one more round trip, the partition is drained.
@@ -45,6 +52,7 @@ from typing import NamedTuple
 
 __all__ = [
     "HAND",
+    "IDLE",
     "MAX_HOLD",
     "QUIET",
     "Ack",
@@ -59,6 +67,7 @@ __all__ = [
     "Delivered",
     "Finish",
     "HandOn",
+    "Pace",
     "Phase",
     "Quiet",
     "Ready",
@@ -76,6 +85,11 @@ __all__ = [
 ]
 
 QUIET = 0.25  # no delivery for this long while acks are held: nothing is in flight
+# ... unless the partition's pace would fill the window within IDLE seconds: then only this
+# long without a delivery counts. A cancel with credit left has what is in flight returned by
+# a quorum queue's channel, late under load; a producer stalled 0.21 s (load 14) resumed into
+# such a cancel and 38 returns came back behind newer messages (docs/history.md).
+IDLE = 1.0
 # ... and a partition whose window has not filled by then (a steady trickle) is cancelled
 # anyway. A shorter hold let a return reach the queue after the next owner was served
 # (docs/history.md, "A shorter `_MAX_HOLD`"), so a trickling partition's handoff waits up
@@ -155,13 +169,30 @@ class Revoke:
     now: float
 
 
+class Pace(NamedTuple):
+    """The channel's deliveries as the shell saw them: when the last arrived (monotonic
+    seconds) and the mean gap between recent ones (seconds). The default: none seen."""
+
+    last: float = float("-inf")
+    gap: float = float("inf")
+
+    def idle(self, now: float) -> float:
+        return now - self.last
+
+
+_UNKNOWN = Pace()
+
+
 @dataclass(frozen=True, slots=True)
 class Quiet:
-    """:data:`QUIET` seconds after drain ``drain`` saw ``seen`` deliveries."""
+    """:data:`QUIET` seconds after drain ``drain`` saw ``seen`` deliveries; ``late``: seconds
+    the timer fired after it was due (the process was stalled)."""
 
     drain: int
     seen: int
     now: float
+    pace: Pace = _UNKNOWN
+    late: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +203,7 @@ class Ready:
     seen: int
     ready: int
     now: float
+    pace: Pace = _UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,10 +351,12 @@ def step(window: Window, event: WindowEvent) -> tuple[Window, Actions]:
             return _acked(window, tags)
         case Revoke(now):
             return _revoke(window, now)
-        case Quiet(drain, seen, now):
-            return _quiet(window, drain, seen, 0, now, asked=False)
-        case Ready(drain, seen, ready, now):
-            return _quiet(window, drain, seen, ready, now, asked=True)
+        case Quiet(drain, seen, now, pace, late):
+            # late: stalled, and what the broker sent meanwhile may not be read yet
+            seen = seen if late <= QUIET else -1
+            return _quiet(window, drain, seen, 0, (now, pace), asked=False)
+        case Ready(drain, seen, ready, now, pace):
+            return _quiet(window, drain, seen, ready, (now, pace), asked=True)
         case Resume():
             return _resume(window)
         case Cut():
@@ -392,9 +426,10 @@ def _revoke(window: Window, now: float) -> tuple[Window, Actions]:
 
 
 def _quiet(
-    window: Window, drain: int, seen: int, ready: int, now: float, *, asked: bool
+    window: Window, drain: int, seen: int, ready: int, at: tuple[float, Pace], *, asked: bool
 ) -> tuple[Window, Actions]:
-    """A quiet timer (``asked``: its passive declare's answer) of drain ``drain``.
+    """A quiet timer (``asked``: its passive declare's answer) of drain ``drain``, ``at``
+    (now, the channel's pace).
 
     Quiet (or held too long): a round trip makes sure whatever the broker sent before it
     has been read, also by a process that was stalled, and tells how many messages are
@@ -402,12 +437,19 @@ def _quiet(
     sent before the hold are not applied (a loaded broker lags), and once they are, it
     delivers again. Cancelling then returns those deliveries, and the next owner may be
     served before the returns are applied, and a key is reordered (docs/history.md). So
-    only an empty queue counts as quiet."""
+    only an empty queue counts as quiet; and for a partition whose pace fills the credit
+    left within :data:`IDLE` seconds, only that long without a delivery: a producer that
+    paused for less resumes into our window, which fills (no credit left to race). A timer
+    that fired more than :data:`QUIET` late (``seen`` -1: this process was stalled, and
+    deliveries the broker sent meanwhile may still be unread) looks again instead."""
     if window.drains != drain or window.phase is not Phase.HOLDING:
         return window, _NONE  # called off (resume), cancelled, or emptied
     if window.early and window.full:
         return window, _NONE  # emptied is reported once the worker has handled it all
-    busy = window.received != seen or ready > 0
+    now, pace = at
+    credit = window.prefetch - (window.received - window.acks_sent)
+    paused = credit * pace.gap < IDLE and pace.idle(now) < IDLE  # it would fill: wait for it
+    busy = window.received != seen or ready > 0 or paused
     waited = now - window.held_since
     if busy and waited < MAX_HOLD:
         return window, (WaitQuiet(drain, window.received),)

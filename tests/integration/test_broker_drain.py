@@ -6,10 +6,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pika
 import pytest
 
+from consumers import window
 from consumers.broker import Broker
 from consumers.port import (
     BrokerEvent,
@@ -78,6 +80,55 @@ def feed(spec: StreamSpec, rabbitmq: str, stop: threading.Event, published: list
         producer.flush(30)
 
 
+def next_owner_reads(
+    spec: StreamSpec,
+    rabbitmq: str,
+    enough: int,
+    stop: threading.Event | None = None,
+    prefetch: int = 50,
+) -> list[tuple[int, bool]]:
+    """The partition's next owner: (seq, redelivered) of what it reads. After ``enough``:
+    done, or, with ``stop`` (publishing goes on), set it and read until 2 s bring nothing."""
+    rest: list[tuple[int, bool]] = []
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=prefetch)
+        for method, _props, body in channel.consume(spec.queue(0), inactivity_timeout=2):
+            if method is None:
+                break
+            rest.append((int(body), bool(method.redelivered)))
+            channel.basic_ack(method.delivery_tag)
+            if len(rest) == enough:
+                if stop is None:
+                    break
+                stop.set()
+        channel.cancel()
+    return rest
+
+
+def draining_broker(
+    rabbitmq: str,
+    spec: StreamSpec,
+    name: str,
+    deliver: Callable[[Delivery], None],
+    drained: threading.Event,
+) -> Broker:
+    """A broker with prefetch 50 whose END is finished at once and whose drained is set."""
+    broker: Broker = Broker(
+        rabbitmq,
+        spec,
+        prefetch=50,
+        heartbeat=5,
+        name=name,
+        sink=sink(
+            deliver,
+            lambda end: broker.finish(end.partition, end.channel),
+            lambda kind, _p: drained.set() if kind == "drained" else None,
+        ),
+    )
+    return broker
+
+
 def test_cancel_mid_stream_acks_everything_it_was_given(spec: StreamSpec, rabbitmq: str) -> None:
     # Given 2 000 messages in the partition and a consumer with a deep prefetch
     with Producer(spec, amqp_url=rabbitmq) as producer:
@@ -121,18 +172,7 @@ def test_cancel_mid_stream_acks_everything_it_was_given(spec: StreamSpec, rabbit
     assert len(handled) >= 50
     assert ("lost", 0) not in list(events.queue)
     # and the next reader of the partition gets exactly the rest, in order, none redelivered
-    rest: list[tuple[int, bool]] = []
-    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
-        channel = connection.channel()
-        channel.basic_qos(prefetch_count=500)
-        for method, _props, body in channel.consume(spec.queue(0), inactivity_timeout=3):
-            if method is None:
-                break
-            rest.append((int(body), bool(method.redelivered)))
-            channel.basic_ack(method.delivery_tag)
-            if len(rest) == 2000 - len(handled):
-                break
-        channel.cancel()
+    rest = next_owner_reads(spec, rabbitmq, 2000 - len(handled), prefetch=500)
     assert [seq for seq, _ in rest] == list(range(len(handled), 2000))
     assert not any(redelivered for _, redelivered in rest)
 
@@ -157,18 +197,7 @@ def test_drain_while_producers_keep_publishing_keeps_order(spec: StreamSpec, rab
         if len(handled) == 300:
             broker.cancel(item.partition)  # When it is revoked mid-stream
 
-    broker = Broker(
-        rabbitmq,
-        spec,
-        prefetch=50,
-        heartbeat=5,
-        name="drain-live",
-        sink=sink(
-            deliver,
-            lambda end: broker.finish(end.partition, end.channel),
-            lambda kind, _p: done.set() if kind == "drained" else None,
-        ),
-    )
+    broker = draining_broker(rabbitmq, spec, "drain-live", deliver, done)
     producer = threading.Thread(target=produce)
     producer.start()
     broker.start()
@@ -177,18 +206,7 @@ def test_drain_while_producers_keep_publishing_keeps_order(spec: StreamSpec, rab
         broker.subscribe(0, 1)
         assert done.wait(20)
         # Then the next owner, reading while publishing goes on, continues exactly after
-        rest: list[tuple[int, bool]] = []
-        with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
-            channel = connection.channel()
-            channel.basic_qos(prefetch_count=50)
-            for method, _props, body in channel.consume(spec.queue(0), inactivity_timeout=2):
-                if method is None:
-                    break
-                rest.append((int(body), bool(method.redelivered)))
-                channel.basic_ack(method.delivery_tag)
-                if len(rest) == 300:
-                    stop.set()
-            channel.cancel()
+        rest = next_owner_reads(spec, rabbitmq, 300, stop)
     finally:
         stop.set()
         producer.join(30)
@@ -437,3 +455,105 @@ def test_a_fenced_owner_gives_back_its_window_first_in_order(
         for broker in (a, b):
             broker.stop()
             broker.join(10)
+
+
+PAUSE = 0.5  # a producer stalled on a loaded machine: longer than QUIET, shorter than IDLE
+
+
+class _PausingFeed:
+    """Publishes 0, 1, 2, ... (key "k") at about 1 000 msg/s on its own thread, pausing while
+    ``running`` is clear (``paused`` set once what it published before is confirmed)."""
+
+    def __init__(self, spec: StreamSpec, rabbitmq: str) -> None:
+        self.spec, self.rabbitmq = spec, rabbitmq
+        self.published: list[int] = []
+        self.running, self.paused, self.stop = (
+            threading.Event(),
+            threading.Event(),
+            threading.Event(),
+        )
+        self.running.set()
+        self.thread = threading.Thread(target=self._run, name="pausing-feed")
+
+    def _run(self) -> None:
+        with Producer(self.spec, amqp_url=self.rabbitmq) as producer:
+            seq = 0
+            while not self.stop.is_set() and seq < 20_000:
+                if not self.running.is_set():
+                    producer.flush(30)
+                    self.paused.set()
+                    self.running.wait(0.05)
+                    continue
+                self.paused.clear()
+                producer.publish("k", str(seq))
+                self.published.append(seq)
+                seq += 1
+                if seq % 10 == 0:
+                    self.stop.wait(0.01)
+            producer.flush(30)
+
+
+def test_a_drain_right_after_a_pause_in_traffic_cancels_only_a_full_window(
+    spec: StreamSpec, rabbitmq: str
+) -> None:
+    assert window.QUIET < PAUSE < window.IDLE
+    # Given a partition fed at about 1 000 msg/s, consumed with prefetch 50 (issue 21: the
+    # producer of a loaded machine stalled 0.2 s just as the partition was revoked; the
+    # drain took the pause for an idle partition, cancelled with credit left, the resumed
+    # traffic met the cancel in flight and a quorum queue's channel returned it, behind
+    # messages the next owner was already given)
+    feed = _PausingFeed(spec, rabbitmq)
+    handled: list[tuple[int, bool]] = []
+    cancels: list[bool] = []  # for each basic.cancel: was the window full (no credit left)?
+    drained = threading.Event()
+
+    def deliver(item: Delivery) -> None:
+        handled.append((int(item.body), item.redelivered))
+        broker.ack(item.partition, item.channel, item.delivery_tag)
+
+    broker = draining_broker(rabbitmq, spec, "drain-pause", deliver, drained)
+    channels = broker._channels
+    cancel = channels._cancel
+
+    def cancel_as_traffic_resumes(partition: int, sub: Any) -> None:
+        # The worst moment, made certain: traffic resumes as the cancel goes (the I/O
+        # thread waits until 30 more are published, then sends basic.cancel)
+        cancels.append(sub.window.full)
+        mark = len(feed.published)
+        feed.running.set()
+        wait_until(lambda: len(feed.published) >= mark + 30, 10, 0.005, "the feed resuming")
+        cancel(partition, sub)
+
+    channels._cancel = cancel_as_traffic_resumes  # type: ignore[method-assign]
+    broker.start()
+    rest: list[tuple[int, bool]] = []
+    try:
+        assert broker.connected.wait(10)
+        broker.subscribe(0, 1)
+        feed.thread.start()
+        wait_until(lambda: len(handled) >= 300, 20, 0.01, "300 handled")
+        # When the producer pauses, everything it published is handled, and the partition
+        # is revoked right then: a pause shorter than the drain's IDLE
+        feed.running.clear()
+        assert feed.paused.wait(30)
+        wait_until(lambda: len(handled) == len(feed.published), 20, 0.01, "all handled")
+        broker.cancel(0)
+        feed.running.wait(PAUSE)  # the producer's pause (cut short by a cancel meanwhile)
+        feed.running.set()
+        assert drained.wait(20)
+        # Then the next owner, reading while publishing goes on, continues exactly after
+        rest = next_owner_reads(spec, rabbitmq, 300, feed.stop)
+    finally:
+        feed.stop.set()
+        feed.running.set()
+        if feed.thread.is_alive():
+            feed.thread.join(30)
+        broker.stop()
+        broker.join(10)
+    seqs = [seq for seq, _ in handled]
+    assert seqs == list(range(len(seqs)))
+    assert [seq for seq, _ in rest] == list(range(len(seqs), len(seqs) + len(rest)))
+    assert len(seqs) + len(rest) == len(feed.published)
+    assert not [seq for seq, redelivered in handled + rest if redelivered], "returned"
+    # and the drain cancelled once, with no credit left: nothing could be in flight
+    assert cancels == [True]

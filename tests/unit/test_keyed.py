@@ -243,3 +243,20 @@ def test_an_async_message_is_acked_only_once_its_coroutine_finished() -> None:
 
 async def _set(event: asyncio.Event) -> None:
     event.set()
+
+
+def test_the_pool_starts_a_partitions_first_message_ahead_of_what_is_queued() -> None:
+    # Given a pool of one thread, busy, with two messages of other partitions queued
+    pool = HandlerPool(1)
+    gate, busy, order = threading.Event(), threading.Event(), []
+    pool.submit(lambda: (busy.set(), gate.wait(10)))
+    assert busy.wait(10)
+    pool.submit(lambda: order.append("queued 1"))
+    pool.submit(lambda: order.append("queued 2"))
+    # When a partition just handed over submits its first message
+    pool.submit(lambda: order.append("first"), first=True)
+    gate.set()
+    # Then the next free thread starts it before the queued ones, which keep their order
+    wait_until(lambda: len(order) == 3, 10, 0.01, "all three run")
+    assert order == ["first", "queued 1", "queued 2"]
+    pool.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from consumers import window as w
@@ -64,6 +64,46 @@ def test_a_trickle_is_cancelled_after_the_longest_hold_with_its_wait_told() -> N
     assert actions == (w.Cancel(overdue=w.MAX_HOLD + 0.2),)
 
 
+def test_a_busy_partition_pausing_is_not_quiet_before_idle_its_window_fills_instead() -> None:
+    # Given a drain of a partition delivering every 10 ms whose producer paused just before
+    # it (issue 21: a loaded machine stalled the producer 0.21 s; the quiet cancel met the
+    # resumed traffic in flight, and the quorum queue's channel returned 38 deliveries
+    # behind newer messages)
+    busy = w.Pace(last=9.95, gap=0.01)  # 2 credits left fill in 20 ms
+    window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=10.0))
+    # When the drain has seen no delivery for QUIET seconds, but the last was under IDLE ago
+    window, actions = step(window, w.Quiet(1, 1, now=10.25, pace=busy))
+    # Then it neither asks the queue nor cancels: it looks again
+    assert actions == (w.WaitQuiet(1, 1),) and window.phase is Phase.HOLDING
+    window, actions = step(window, w.Ready(1, 1, ready=0, now=10.3, pace=busy))
+    assert actions == (w.WaitQuiet(1, 1),)
+    # and once traffic resumes, the delivery that fills the window is what cancels it
+    window, actions = run(window, DELIVERED, DELIVERED)
+    assert actions == [w.HandOn(), w.Cancel(), w.HandOn()] and window.full
+    # whereas one idle for IDLE seconds is asked about and cancelled as before
+    idle = busy._replace(last=10.25 - w.IDLE)
+    window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=10.0))
+    window, actions = run(window, w.Quiet(1, 1, 10.25, idle), w.Ready(1, 1, 0, 10.3, idle))
+    assert actions == [w.AskReady(1, 1), w.Cancel()]
+    # and so is a trickle (a delivery every second): waiting would not fill its window
+    trickle = w.Pace(last=9.95, gap=1.0)
+    window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=10.0))
+    window, actions = run(window, w.Quiet(1, 1, 10.25, trickle), w.Ready(1, 1, 0, 10.3, trickle))
+    assert actions == [w.AskReady(1, 1), w.Cancel()]
+
+
+def test_a_quiet_timer_that_fired_late_looks_again() -> None:
+    # Given a drain of an idle partition whose process was stalled (load 15: a consumer ran
+    # nothing for 2.3 s; what the broker sent meanwhile was still unread)
+    window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=10.0))
+    # When its quiet timer fires 2 s late / Then it looks again, later, before asking
+    window, actions = step(window, w.Quiet(1, 1, now=12.3, late=2.05))
+    assert actions == (w.WaitQuiet(1, 1),)
+    # and a timer on time goes on as before
+    window, actions = step(window, w.Quiet(1, 1, now=12.55, late=0.0))
+    assert actions == (w.AskReady(1, 1),)
+
+
 def test_timers_of_a_drain_called_off_do_nothing() -> None:
     window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(now=0.0), w.Acked((1,)))
     window, actions = step(window, w.Resume())
@@ -108,6 +148,8 @@ class Worker:
     ended: bool = False
     emptied: int = 0
     now: float = 0.0
+    last: float = float("-inf")  # when the last delivery arrived
+    gap: float = 0.0  # the shell's mean gap between deliveries, as the script sets it
 
 
 KINDS = (
@@ -134,8 +176,8 @@ def _event(window: Window, worker: Worker, kind: str, n: int, amount: float) -> 
         "delivered": DELIVERED,
         "acked": w.Acked(tuple(unacked[: 1 + n])) if unacked else DELIVERED,
         "revoke": w.Revoke(worker.now),
-        "quiet": w.Quiet(drain, seen, worker.now),
-        "ready": w.Ready(drain, seen, n % 2, worker.now),
+        "quiet": w.Quiet(drain, seen, worker.now, w.Pace(worker.last, worker.gap), n / 8),
+        "ready": w.Ready(drain, seen, n % 2, worker.now, w.Pace(worker.last, worker.gap)),
         "resume": w.Resume(),
         "cut": w.Cut(),
         "cancel-ok": w.CancelOk(),
@@ -145,7 +187,9 @@ def _event(window: Window, worker: Worker, kind: str, n: int, amount: float) -> 
     return events[kind]
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)  # a shared, loaded machine: no per-example deadline
+# a busy partition (a delivery every 25 ms) revoked in a pause and found with nothing ready
+@example(False, [("delivered", 0, 0.1), ("revoke", 0, 0.1), ("ready", 2, 0.3)])
 @given(
     st.booleans(),
     st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 4), st.floats(0, 2.0)), max_size=60),
@@ -158,6 +202,8 @@ def test_acks_are_never_lost_or_sent_twice_and_one_cancel_at_most(
         event = _event(window, worker, kind, n, amount)
         before = window
         window, actions = step(window, event)
+        if isinstance(event, w.Delivered):
+            worker.last, worker.gap = worker.now, amount / 4
         if isinstance(event, w.Acked):
             worker.acked.extend(event.tags)
         for action in actions:
@@ -171,8 +217,12 @@ def test_acks_are_never_lost_or_sent_twice_and_one_cancel_at_most(
                     worker.sent.extend(tags)
                 case w.Cancel(overdue):
                     worker.cancels += 1
-                    # a cancel while credit may be left only once quiet, or overdue, or cut
-                    quiet = isinstance(event, w.Ready) and event.ready == 0
+                    # a cancel while credit may be left only once quiet (nothing ready), or
+                    # overdue, or cut; never before IDLE after a delivery if the pace would
+                    # fill the window by then (a paused producer's traffic would meet it)
+                    credit = before.prefetch - (before.received - before.acks_sent)
+                    filling = credit * worker.gap < w.IDLE and worker.now - worker.last < w.IDLE
+                    quiet = isinstance(event, w.Ready) and event.ready == 0 and not filling
                     assert window.full or quiet or overdue or isinstance(event, w.Cut)
                 case w.SendEnd():
                     worker.ended = True
