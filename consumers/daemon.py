@@ -78,6 +78,7 @@ from consumers.message import Handler, check_handler
 from consumers.parking import ParkedKeys, Parking
 from consumers.partitions import Partitions
 from consumers.port import BrokerEvent, BrokerFactory, BrokerUpdate
+from consumers.priority import switches
 from consumers.reports import Reports
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
 from coordinator.events import LeaseLost, Stop, WatchFailed
@@ -386,7 +387,23 @@ class Consumer:
             self.away = True
             return
         self.away = False
+        self._choose_handoff()
         self._join()
+
+    def _choose_handoff(self) -> None:
+        """Hand partitions over by consumer priority if the setting allows it and the broker
+        we are connected to switches (``consumers.priority``); our member key says so."""
+        version = self.broker.server_version
+        by_priority = self.config.handoff == "auto" and switches(version, self.spec.queue_type)
+        if by_priority != self.partitions.priority:
+            log.info(
+                "planned handoffs: %s (RabbitMQ %s, %s queues, handoff %s)",
+                "by consumer priority" if by_priority else "by drain",
+                version or "unknown",
+                self.spec.queue_type,
+                self.config.handoff,
+            )
+        self.partitions.priority = by_priority
 
     def _leave_for_broker(self, outage: int) -> None:
         """RabbitMQ has been unusable for the outage limit (since its ``outage``-th loss):

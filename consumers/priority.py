@@ -14,10 +14,29 @@ owner's consumer, now waiting, is cancelled then (``Broker.cut``: nothing is che
 to it, so nothing is returned). Priorities only ever grow per partition (a counter bumped
 at each assignment): every heir outranks every consumer subscribed before it.
 
-Threads. None: pure functions, called on the thread that calls ``Broker.subscribe``.
+In the daemon (``consumers.partitions``) the priority lives in the partition's claim (the
+x-priority its holder consumes with; 0 for a fresh claim), so the heir's is the claim's
+plus one, written into its own claim by the takeover. An owner whose partition moves to a
+live member that hands over by priority too (its member key says so) *yields*: it consumes
+on and waits for the claim to change. The heir subscribes above it as a hot standby does
+(``consumers.standby``: deliveries are kept unhandled until decided) and, once the broker
+switches to it, takes the claim over by a transaction on the revision it subscribed
+behind (:func:`inherits`); then its deliveries go to a new worker. Every cancel of a
+consumer that an heir may be waiting above is preceded by *sealing* the claim (a
+rewrite, ``Group.seal``): a cancel activates the heir while the owner still handles its
+window, and the sealed claim is no longer the one the heir subscribed behind, so its
+takeover fails and it gives everything back, in order; nobody subscribes as heir behind a
+sealed claim. So the claim still changes hands only once the switch is proven, and the
+heir handles nothing before it holds the claim.
+
+Threads. None: pure functions, called on the daemon's controller thread and the thread
+that calls ``Broker.subscribe``.
 """
 
 from __future__ import annotations
+
+from coordinator.group import GroupState
+from coordinator.policy import paused
 
 __all__ = [
     "MAX_PRIORITY",
@@ -25,6 +44,7 @@ __all__ = [
     "Arguments",
     "consume_arguments",
     "heir_priority",
+    "inherits",
     "switches",
 ]
 
@@ -61,3 +81,19 @@ def switches(version: str, queue_type: str) -> bool:
         return False
     major = version.split(".", 1)[0]
     return major.isdigit() and int(major) >= 4
+
+
+def inherits(state: GroupState, partition: int, me: str, behind: str, seen: int) -> bool:
+    """Whether ``me``, whose heir subscription to ``partition`` the broker has activated,
+    may take the claim over (the module docstring): in ``state``, read after the
+    activation, the claim is still ``behind``'s at revision ``seen`` (so not sealed: its
+    holder cancelled nothing), and the partition is assigned to ``me``, not paused."""
+    claim = state.claims.get(partition)
+    return (
+        claim is not None
+        and claim.member == behind
+        and not claim.sealed
+        and state.claim_revisions.get(partition) == seen
+        and state.assignment.get(partition) == me
+        and not paused(state.requests, partition)
+    )
