@@ -69,6 +69,7 @@ from consumers.events import (
     Resync,
     RetryRelease,
     SettleTakeover,
+    StopYielding,
     TimerEvent,
     WorkerFailed,
 )
@@ -78,7 +79,7 @@ from consumers.message import Handler, check_handler
 from consumers.parking import ParkedKeys, Parking
 from consumers.partitions import Partitions
 from consumers.port import BrokerEvent, BrokerFactory, BrokerUpdate
-from consumers.priority import switches
+from consumers.priority import YIELD_WAIT, switches
 from consumers.reports import Reports
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
 from coordinator.events import LeaseLost, Stop, WatchFailed
@@ -192,6 +193,7 @@ class Consumer:
             retry_release=lambda p: self._schedule(RetryRelease(p)),
             resync=lambda: self._schedule(Resync()),
             settle_takeover=lambda p: self._after(config.ttl + 1.0, SettleTakeover(p)),
+            stop_yielding=lambda p, since: self._after(YIELD_WAIT, StopYielding(p, since)),
             parking=self.parking,
             concurrency=config.concurrency,
         )
@@ -338,8 +340,8 @@ class Consumer:
             case RetryRelease(partition=partition):
                 if not self.deleted:  # deleted: the claim went with the stream
                     self.partitions.release(partition)
-            case SettleTakeover(partition=partition):
-                self.partitions.settle_takeover(partition)
+            case SettleTakeover() | StopYielding():
+                self.partitions.later(event)
             case LeaveNow():
                 if self.stopping and not self.partitions.leaving:
                     log.info("stop announced %.0fs ago: leaving now", self.config.announce_wait)

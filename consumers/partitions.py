@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 
 from consumers import metrics, priority, standby
 from consumers.deadletters import DeadLetters
+from consumers.events import SettleTakeover, StopYielding
 from consumers.handoff import Command, Event, Holder, Phase, Standby, State
 from consumers.keyed import KeyedWorker
 from consumers.message import Handler
@@ -98,6 +99,7 @@ class Partitions:
         retry_release: Callable[[int], None],
         resync: Callable[[], None],
         settle_takeover: Callable[[int], None] = lambda _p: None,
+        stop_yielding: Callable[[int, float], None] = lambda _p, _since: None,
         parking: Parking | None = None,
         concurrency: int = 1,
     ) -> None:
@@ -118,6 +120,7 @@ class Partitions:
         self._retry_release = retry_release
         self._resync = resync
         self._settle_takeover = settle_takeover  # calls settle_takeover(p) a lease TTL later
+        self._stop_yielding = stop_yielding  # calls stop_yielding(p, since) YIELD_WAIT later
         self.session: Session | None = None  # the member's current session (None: none)
         # planned handoffs by consumer priority (consumers.priority): the setting allows it
         # and the broker switches; set by the daemon on each connection, before joining
@@ -430,6 +433,25 @@ class Partitions:
         if revision > 0:
             self.mirror.wrote_claim(partition, Claim(self.member, session.id), revision)
 
+    def later(self, event: SettleTakeover | StopYielding) -> None:
+        """A timer this asked the daemon for (``settle_takeover``, ``stop_yielding``)."""
+        match event:
+            case SettleTakeover(partition=partition):
+                self.settle_takeover(partition)
+            case StopYielding(partition=partition, since=since):
+                self.stop_yielding(partition, since)
+
+    def stop_yielding(self, partition: int, since: float) -> None:
+        """``YIELD_WAIT`` after ``partition`` yielded at ``since``: drain it if its heir has
+        not taken it over yet. On an idle queue the broker switches to the heir at once but
+        silently (no delivery comes to prove it), so the claim would never move; on a busy
+        one with a slow handler the drain is what it always was. Sealed first, as every
+        cancel: the heir, maybe active already, gives back what it got, in order."""
+        slot = self.slots[partition]
+        if slot.state.phase is Phase.YIELDING and slot.yielded_at == since:
+            log.info("partition %d: its heir has not taken it over: draining", partition)
+            self._process(_Step(partition, Event.UNASSIGNED))
+
     def handoff(self, partition: int, event: Event) -> None:
         """An event of one partition from the broker (subscribed, drained, channel lost)."""
         self._process(_Step(partition, event))
@@ -518,6 +540,8 @@ class Partitions:
         elif after.phase is Phase.YIELDING and before.phase is not Phase.YIELDING:
             owner = self.mirror.assignment.get(partition)
             log.info("partition %d: moved to %s: consuming until it takes over", partition, owner)
+            self.slots[partition].yielded_at = since = time.monotonic()
+            self._stop_yielding(partition, since)
         elif before.phase is Phase.YIELDING and after.phase is Phase.ACTIVE:
             log.info("partition %d: ours again before its heir took it: consuming on", partition)
         elif after.phase is Phase.ACTIVE and before.phase is not Phase.ACTIVE:

@@ -41,6 +41,7 @@ from coordinator.policy import paused
 __all__ = [
     "MAX_PRIORITY",
     "PRIORITY_ARGUMENT",
+    "YIELD_WAIT",
     "Arguments",
     "consume_arguments",
     "heir_priority",
@@ -50,6 +51,11 @@ __all__ = [
 
 PRIORITY_ARGUMENT = "x-priority"  # basic.consume argument, a signed 32-bit integer
 MAX_PRIORITY = 2**31 - 1
+# Seconds an owner consumes on, yielding, before it drains after all: an idle queue switches
+# to the heir at once but silently (no delivery proves it to the heir), and a slow handler
+# may take longer than this to settle its window (then the drain, as without priorities).
+# Below the announced leave's wait (5 s), so a stop's idle partitions move by then.
+YIELD_WAIT = 2.0
 
 
 Arguments = dict[str, int] | None  # basic.consume's arguments (None: none)

@@ -43,6 +43,7 @@ class PartitionSlot:
     # x-priority; 0: a hot standby's subscription, or none
     seen: int = 0
     rank: int = 0
+    yielded_at: float = 0.0  # when it last began YIELDING (monotonic), for its timer
     taken_from: str | None = None  # taken over from this (dead) owner, until reassigned
 
     def step(self, event: Event) -> tuple[State, list[Command]]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from consumers.events import StopYielding
 from consumers.handoff import Event, Holder, Phase, Standby
 from consumers.partitions import Partitions
 from coordinator import codec
@@ -176,3 +177,21 @@ def test_no_heir_behind_a_member_that_hands_over_by_drain(env: Env) -> None:
     b, broker = env.side("b")
     b.follow(env.group.snapshot())
     assert (b.slots[0].state.phase, broker.named("stand_by")) == (Phase.WAITING, [])
+
+
+def test_an_owner_whose_heir_does_not_take_over_in_time_seals_and_drains(env: Env) -> None:
+    a, broker = env.owner()
+    yields: list[float] = []
+    a._stop_yielding = lambda _p, since: yields.append(since)  # the daemon's timer
+    env.assign("b")
+    a.follow(env.group.snapshot())
+    assert a.slots[0].state.phase is Phase.YIELDING and len(yields) == 1
+    # When an earlier yield's timer fires / Then nothing
+    a.later(StopYielding(0, yields[0] - 1.0))
+    assert (a.slots[0].state.phase, broker.named("cancel")) == (Phase.YIELDING, [])
+    # When this yield's fires (an idle queue: nothing proved the switch to the heir)
+    a.later(StopYielding(0, yields[0]))
+    # Then a seals its claim, then cancels: a drain
+    claim, _ = env.group.read_claim(0)
+    assert claim is not None and (claim.member, claim.sealed) == ("a", True)
+    assert (a.slots[0].state.phase, broker.named("cancel")) == (Phase.DRAINING, [("cancel", 0)])
