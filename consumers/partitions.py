@@ -295,21 +295,33 @@ class Partitions:
 
     def _sync_standby(self, partition: int) -> None:
         """Stand by for ``partition``, or stand down, as :func:`consumers.standby.wanted`
-        says, or as its heir (:meth:`_inherits`), while we can (joined, not leaving). A
-        subscription behind an owner that is no longer the claim's (a move by priority
-        does not activate the standbys: it switches to the heir), or as heir of a claim
-        rewritten since, stands down first, and stands by again if still wanted."""
+        says, or as its heir (:meth:`_inherits`), while we can (joined, not leaving).
+
+        An heir subscription stays while the claim is the one it subscribed behind, even if
+        the partition is no longer assigned to us (a leader's flapping assignment): the
+        broker may have switched to it already, and the takeover is then ours to make
+        (``priority.inherits``); a give-back of an active consumer is not in order if a
+        delivery is in flight to it when its cancel is applied. A standby behind an owner
+        that no longer holds the claim (a move by priority does not activate standbys: the
+        broker switches to the heir) stands down, and stands by again if still wanted."""
         slot = self.slots[partition]
         usable = not self.leaving and self.session is not None
+        claim = self.mirror.claims.get(partition)
+        if slot.seen and slot.state.standby is Standby.STANDING:
+            if (
+                usable
+                and claim is not None
+                and priority.inherits_claim(
+                    claim, self.mirror.claim_revisions.get(partition), slot.behind, slot.seen
+                )
+            ):
+                return
+            self._process(_Step(partition, Event.STANDBY_UNWANTED))
         heir = usable and self._inherits(partition)
         want = heir or (usable and standby.wanted(self.mirror, partition, self.member, slot.state))
-        if slot.state.standby is Standby.STANDING:
-            claim = self.mirror.claims.get(partition)
-            stale = (claim is not None and slot.behind not in ("", claim.member)) or (
-                bool(slot.seen) != heir
-                or (heir and slot.seen != self.mirror.claim_revisions.get(partition))
-            )
-            if not want or stale:
+        if slot.state.standby is Standby.STANDING:  # a hot standby's
+            moved = claim is not None and slot.behind not in ("", claim.member)
+            if not want or heir or moved:
                 self._process(_Step(partition, Event.STANDBY_UNWANTED))
         if want and slot.state.standby is Standby.NONE:
             self._process(_Step(partition, Event.STANDBY_WANTED))
@@ -373,11 +385,9 @@ class Partitions:
         """The broker switched to our heir subscription: take the claim over if it is the
         very claim we subscribed behind (so its holder never sealed it: never cancelled, so
         it settled everything and is sent nothing more, or its connection died and what it
-        held came back first) and the partition is still ours, unpaused; else give back."""
+        held came back first), assigned to us or not; else give back."""
         slot = self.slots[partition]
-        may = state is not None and priority.inherits(
-            state, partition, self.member, slot.behind, slot.seen
-        )
+        may = state is not None and priority.inherits(state, partition, slot.behind, slot.seen)
         revision = self._claim_over(partition, session, slot.seen if may else None, rank=slot.rank)
         if revision <= 0 or session is None:
             return

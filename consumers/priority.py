@@ -35,8 +35,7 @@ that calls ``Broker.subscribe``.
 
 from __future__ import annotations
 
-from coordinator.group import GroupState
-from coordinator.policy import paused
+from coordinator.group import Claim, GroupState
 
 __all__ = [
     "MAX_PRIORITY",
@@ -46,6 +45,7 @@ __all__ = [
     "consume_arguments",
     "heir_priority",
     "inherits",
+    "inherits_claim",
     "switches",
 ]
 
@@ -89,17 +89,20 @@ def switches(version: str, queue_type: str) -> bool:
     return major.isdigit() and int(major) >= 4
 
 
-def inherits(state: GroupState, partition: int, me: str, behind: str, seen: int) -> bool:
-    """Whether ``me``, whose heir subscription to ``partition`` the broker has activated,
-    may take the claim over (the module docstring): in ``state``, read after the
-    activation, the claim is still ``behind``'s at revision ``seen`` (so not sealed: its
-    holder cancelled nothing), and the partition is assigned to ``me``, not paused."""
+def inherits_claim(claim: Claim, revision: int | None, behind: str, seen: int) -> bool:
+    """Whether ``claim`` (at mod ``revision``) is still the one an heir subscribed behind:
+    ``behind``'s, at revision ``seen``, so never sealed (its holder cancelled nothing)."""
+    return claim.member == behind and not claim.sealed and revision == seen
+
+
+def inherits(state: GroupState, partition: int, behind: str, seen: int) -> bool:
+    """Whether we, whose heir subscription to ``partition`` the broker has activated, may
+    take the claim over (the module docstring): in ``state``, read after the activation,
+    the claim is still the one we subscribed behind. Whether the partition is still
+    assigned to us does not matter: the broker switched to us only because its holder
+    settled everything (or its connection died), and giving back what an active consumer
+    was sent is not in order; once ours, it moves on as any partition of ours would."""
     claim = state.claims.get(partition)
-    return (
-        claim is not None
-        and claim.member == behind
-        and not claim.sealed
-        and state.claim_revisions.get(partition) == seen
-        and state.assignment.get(partition) == me
-        and not paused(state.requests, partition)
+    return claim is not None and inherits_claim(
+        claim, state.claim_revisions.get(partition), behind, seen
     )

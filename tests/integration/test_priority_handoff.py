@@ -30,6 +30,7 @@ from producer.topology import declare_stream, delete_stream
 from tests.integration.groups.harness import PREFETCH, Fleet, Proc, SequenceProducer
 from tests.integration.groups.test_invariants import (
     SETTLE,
+    P,
     assert_invariants,
     handled_all,
     settle,
@@ -283,4 +284,45 @@ def test_an_heir_killed_while_waiting_leaves_the_owner_consuming_in_order(
         c2.kill()
         settle(fleet_40[1], fleet_40[0], {"c1"}, timeout=20)
     records = handled_all(fleet_40[0], producer)
+    assert_invariants(records, producer.published(), crashes=[crash])
+
+
+def test_hot_standbys_and_heirs_at_once_move_by_priority_then_take_over_a_killed_owner(
+    fleet_40, rabbitmq_40: str
+) -> None:
+    """The heir outranks the standby (x-priority 0): a move switches to the heir and never
+    activates the standby, which then stands behind the new owner (it stood behind the old
+    one) and takes over when that one is killed."""
+    fleet, group, spec = fleet_40
+    fleet.coordinator(extra=("--standby",))
+    members = {m: fleet.consumer(m, ttl=10) for m in ("c1", "c2")}
+    settle(group, fleet, set(members))
+    wait_until(lambda: len(group.snapshot().standbys) == P, SETTLE, what="a standby each")
+    producer = SequenceProducer(spec, rabbitmq_40, keys=96, rate=600.0)
+    producer.start()
+    try:
+        time.sleep(1.5)
+        # When c3 joins: planned moves while every partition has a standby
+        members["c3"] = fleet.consumer("c3", ttl=10)
+        settle(group, fleet, set(members), timeout=20)
+        wait_until(lambda: len(group.snapshot().standbys) == P, SETTLE, what="a standby each")
+        time.sleep(1.5)
+        switched = _count(fleet, "RabbitMQ switched to us")
+        # and then c3, the new owner, is killed -9
+        crash = Crash(time.time(), PREFETCH, members["c3"].pid)
+        members.pop("c3").kill()
+        wait_until(
+            lambda: _count(fleet, "is gone from RabbitMQ: taken over"), 10, what="a takeover"
+        )
+        settle(group, fleet, set(members), timeout=30)
+        time.sleep(1.0)
+    finally:
+        producer.stop()
+    records = handled_all(fleet, producer)
+    # Then the moves went by priority, no standby was activated by them, a standby took
+    # over from the killed owner before its lease (10 s) ended, and every key is in order
+    takeovers = _count(fleet, "is gone from RabbitMQ: taken over")
+    given_back = _count(fleet, "standby activated by a planned move")
+    print(f"\n{switched} moves by priority, {takeovers} takeovers, {given_back} given back")
+    assert switched >= 4 and takeovers >= 1, fleet.logs()
     assert_invariants(records, producer.published(), crashes=[crash])

@@ -195,3 +195,23 @@ def test_an_owner_whose_heir_does_not_take_over_in_time_seals_and_drains(env: En
     claim, _ = env.group.read_claim(0)
     assert claim is not None and (claim.member, claim.sealed) == ("a", True)
     assert (a.slots[0].state.phase, broker.named("cancel")) == (Phase.DRAINING, [("cancel", 0)])
+
+
+def test_an_heir_moved_away_keeps_standing_and_takes_over_if_the_broker_switched(
+    env: Env,
+) -> None:
+    env.group.claim(0, "a", env.sessions["a"])
+    env.assign("b")
+    b, broker = env.side("b")
+    b.follow(env.group.snapshot())
+    # When the assignment flaps back to a (the claim unchanged)
+    env.assign("a")
+    b.follow(env.group.snapshot())
+    # Then b stays subscribed above a: the broker may have switched to it already
+    assert (b.slots[0].state.standby, broker.named("stand_down")) == (Standby.STANDING, [])
+    # When it had: the claim is b's all the same (it moves on from b as any partition)
+    b.activated(0)
+    b.check_takeovers()
+    claim, _ = env.group.read_claim(0)
+    assert claim is not None and claim.member == "b"
+    assert not broker.named("give_back")

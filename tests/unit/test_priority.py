@@ -66,9 +66,9 @@ def _state(**changes: object) -> GroupState:
 
 
 def test_an_heir_inherits_only_the_very_claim_it_subscribed_behind() -> None:
-    assert inherits(_state(), 0, "b", "a", 40)
-    assert not inherits(_state(), 0, "b", "a", 39)  # rewritten since: sealed, or handed on
-    assert not inherits(_state(), 0, "b", "c", 40)  # another owner's
-    assert not inherits(_state(claims={0: Claim("a", 7, sealed=True)}), 0, "b", "a", 40)
-    assert not inherits(_state(claims={}), 0, "b", "a", 40)  # released or expired
-    assert not inherits(_state(assignment={0: "c"}), 0, "b", "a", 40)  # moved on
+    assert inherits(_state(), 0, "a", 40)
+    assert inherits(_state(assignment={0: "c"}), 0, "a", 40)  # moved on: ours, then moved
+    assert not inherits(_state(), 0, "a", 39)  # rewritten since: sealed, or handed on
+    assert not inherits(_state(), 0, "c", 40)  # another owner's
+    assert not inherits(_state(claims={0: Claim("a", 7, sealed=True)}), 0, "a", 40)
+    assert not inherits(_state(claims={}), 0, "a", 40)  # released or expired
