@@ -165,6 +165,18 @@ def fleet_40(
         yield e
 
 
+@contextmanager
+def _under_load(spec: StreamSpec, url: str, **options: float) -> Iterator[SequenceProducer]:
+    """A SequenceProducer publishing while the body runs, and a second more."""
+    producer = SequenceProducer(spec, url, **options)  # type: ignore[arg-type]
+    producer.start()
+    try:
+        yield producer
+        time.sleep(1.0)
+    finally:
+        producer.stop()
+
+
 def _count(fleet: Fleet, text: str, member: str | None = None) -> int:
     return sum(
         proc.log.read_text(errors="replace").count(text)
@@ -181,9 +193,7 @@ def test_the_daemon_moves_partitions_by_priority_under_load_in_order(
     fleet.coordinator()
     consumers = {"c1": fleet.consumer("c1")}
     settle(group, fleet, {"c1"})
-    producer = SequenceProducer(spec, rabbitmq_40)
-    producer.start()
-    try:
+    with _under_load(spec, rabbitmq_40) as producer:
         # When members join and leave (SIGTERM), each a rebalance of planned moves
         for action, member in [("add", "c2"), ("add", "c3"), ("remove", "c3"), ("remove", "c2")]:
             time.sleep(1.5)
@@ -192,9 +202,6 @@ def test_the_daemon_moves_partitions_by_priority_under_load_in_order(
             else:
                 assert consumers.pop(member).terminate() == 0, fleet.logs()
             settle(group, fleet, set(consumers))
-        time.sleep(1.0)
-    finally:
-        producer.stop()
     records = handled_all(fleet, producer)
     # Then every move went by the broker's switch, and nothing is lost, overlapped or
     # out of order
@@ -235,16 +242,11 @@ def _mid_switch(
     fleet.coordinator()
     c1 = fleet.consumer("c1", handler="record_async", ttl=ttl)
     settle(group, fleet, {"c1"})
-    producer = SequenceProducer(spec, url, rate=600.0)
-    producer.start()
-    try:
+    with _under_load(spec, url, rate=600.0) as producer:
         time.sleep(2.0)
         c2 = fleet.consumer("c2", ttl=ttl)
         _wait_for_heirs(fleet, "c1", "c2")
         yield c1, c2, producer
-        time.sleep(1.0)
-    finally:
-        producer.stop()
 
 
 def test_an_owner_killed_mid_switch_hands_over_in_order_before_its_lease_ends(
@@ -298,9 +300,7 @@ def test_hot_standbys_and_heirs_at_once_move_by_priority_then_take_over_a_killed
     members = {m: fleet.consumer(m, ttl=10) for m in ("c1", "c2")}
     settle(group, fleet, set(members))
     wait_until(lambda: len(group.snapshot().standbys) == P, SETTLE, what="a standby each")
-    producer = SequenceProducer(spec, rabbitmq_40, keys=96, rate=600.0)
-    producer.start()
-    try:
+    with _under_load(spec, rabbitmq_40, keys=96, rate=600.0) as producer:
         time.sleep(1.5)
         # When c3 joins: planned moves while every partition has a standby
         members["c3"] = fleet.consumer("c3", ttl=10)
@@ -315,9 +315,6 @@ def test_hot_standbys_and_heirs_at_once_move_by_priority_then_take_over_a_killed
             lambda: _count(fleet, "is gone from RabbitMQ: taken over"), 10, what="a takeover"
         )
         settle(group, fleet, set(members), timeout=30)
-        time.sleep(1.0)
-    finally:
-        producer.stop()
     records = handled_all(fleet, producer)
     # Then the moves went by priority, no standby was activated by them, a standby took
     # over from the killed owner before its lease (10 s) ended, and every key is in order

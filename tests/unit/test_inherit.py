@@ -64,6 +64,14 @@ class Env:
     def assign(self, member: str) -> None:
         self.fake.put(keys.assignment(SPEC.name, 0), codec.encode_assignment(member))
 
+    def heir(self) -> tuple[Partitions, RecordingBroker]:
+        """``b``, assigned p0 while ``a`` holds its claim."""
+        self.group.claim(0, "a", self.sessions["a"])
+        self.assign("b")
+        b, broker = self.side("b")
+        b.follow(self.group.snapshot())
+        return b, broker
+
     def owner(self) -> tuple[Partitions, RecordingBroker]:
         """``a`` consuming p0 on its claim."""
         a, broker = self.side("a")
@@ -125,10 +133,7 @@ def test_an_owner_moved_to_a_member_that_drains_seals_its_claim_before_the_cance
 
 
 def test_the_heir_subscribes_above_the_owner_and_takes_the_claim_once_switched(env: Env) -> None:
-    env.group.claim(0, "a", env.sessions["a"])
-    env.assign("b")
-    b, broker = env.side("b")
-    b.follow(env.group.snapshot())
+    b, broker = env.heir()
     slot = b.slots[0]
     # Then b waits for a's claim as its heir: subscribed one above a's priority (0)
     assert (slot.state.phase, slot.state.standby) == (Phase.WAITING, Standby.STANDING)
@@ -147,10 +152,7 @@ def test_the_heir_subscribes_above_the_owner_and_takes_the_claim_once_switched(e
 def test_an_heir_activated_by_a_cancel_behind_a_sealed_claim_gives_back_and_waits(
     env: Env,
 ) -> None:
-    env.group.claim(0, "a", env.sessions["a"])
-    env.assign("b")
-    b, broker = env.side("b")
-    b.follow(env.group.snapshot())
+    b, broker = env.heir()
     # When a seals its claim (a drain: its cancel activates b while it still handles)
     claim, _ = env.group.read_claim(0)
     assert claim is not None
@@ -200,10 +202,7 @@ def test_an_owner_whose_heir_does_not_take_over_in_time_seals_and_drains(env: En
 def test_an_heir_moved_away_keeps_standing_and_takes_over_if_the_broker_switched(
     env: Env,
 ) -> None:
-    env.group.claim(0, "a", env.sessions["a"])
-    env.assign("b")
-    b, broker = env.side("b")
-    b.follow(env.group.snapshot())
+    b, broker = env.heir()
     # When the assignment flaps back to a (the claim unchanged)
     env.assign("a")
     b.follow(env.group.snapshot())
