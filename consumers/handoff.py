@@ -26,6 +26,14 @@ A release hands the claim straight to the member the partition is assigned to wh
 member is alive (``Group.hand_over``: one transaction, on its lease), and deletes it
 otherwise; the heir sees ``granted`` and subscribes without a claim of its own.
 
+By consumer priority (``consumers.priority``; RabbitMQ 4 quorum queues, ``--handoff
+auto``): an ACTIVE partition moved to a member that hands over by priority too is not
+drained but *yielded* (``yield``): YIELDING, consumed on, until the heir, subscribed above
+us, takes the claim over once the broker switched to it (``claim-other``: then the cancel,
+with nothing checked out to us); assigned back, it is ACTIVE again; unassigned with no
+such heir any more (or idle past ``YIELD_WAIT``), drained as usual. The heir is a hot
+standby subscription made from WAITING (the phases below), with a priority.
+
 An operator's pause (``paused``) drains an ACTIVE partition the same way but keeps it:
 DRAINING ──drained──▶ PAUSED (claim held, not consumed) ──resumed──▶ SUBSCRIBING.
 

@@ -453,14 +453,22 @@ class Partitions:
 
     def stop_yielding(self, partition: int, since: float) -> None:
         """``YIELD_WAIT`` after ``partition`` yielded at ``since``: drain it if its heir has
-        not taken it over yet. On an idle queue the broker switches to the heir at once but
-        silently (no delivery comes to prove it), so the claim would never move; on a busy
-        one with a slow handler the drain is what it always was. Sealed first, as every
-        cancel: the heir, maybe active already, gives back what it got, in order."""
+        not taken it over yet and our worker has waited for a delivery for a while. On an
+        idle queue the broker switches to the heir at once but silently (no delivery comes
+        to prove it), so the claim would never move. While the worker still handles what
+        it was sent, wait on: the broker switches once that is settled. Sealed first, as
+        every cancel."""
         slot = self.slots[partition]
-        if slot.state.phase is Phase.YIELDING and slot.yielded_at == since:
-            log.info("partition %d: its heir has not taken it over: draining", partition)
-            self._process(_Step(partition, Event.UNASSIGNED))
+        if slot.state.phase is not Phase.YIELDING or slot.yielded_at != since:
+            return
+        waiting = slot.worker.waiting_since if slot.worker is not None else 0.0
+        if waiting is None or time.monotonic() - waiting < priority.IDLE_BEFORE_DRAIN:
+            # still handling what it was sent: the broker switches once it is settled, and
+            # a cancel now would activate the heir beside it (which must then give back)
+            self._stop_yielding(partition, since)
+            return
+        log.info("partition %d: idle, and its heir has not taken it over: draining", partition)
+        self._process(_Step(partition, Event.UNASSIGNED))
 
     def handoff(self, partition: int, event: Event) -> None:
         """An event of one partition from the broker (subscribed, drained, channel lost)."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 from coordinator.group import Claim, GroupState
 
 __all__ = [
+    "IDLE_BEFORE_DRAIN",
     "MAX_PRIORITY",
     "PRIORITY_ARGUMENT",
     "YIELD_WAIT",
@@ -56,6 +57,9 @@ MAX_PRIORITY = 2**31 - 1
 # may take longer than this to settle its window (then the drain, as without priorities).
 # Below the announced leave's wait (5 s), so a stop's idle partitions move by then.
 YIELD_WAIT = 2.0
+# ... and only once the owner's worker has waited this long for a delivery (it handled all
+# it was sent): a busy owner's cancel would activate the heir beside it.
+IDLE_BEFORE_DRAIN = 1.0
 
 
 Arguments = dict[str, int] | None  # basic.consume's arguments (None: none)

@@ -206,7 +206,7 @@ def test_the_daemon_moves_partitions_by_priority_under_load_in_order(
     # Then every move went by the broker's switch, and nothing is lost, overlapped or
     # out of order
     switched = _count(fleet, "RabbitMQ switched to us")
-    drained = _count(fleet, "its heir has not taken it over: draining")
+    drained = _count(fleet, "and its heir has not taken it over: draining")
     print(
         f"\n{len(records)} records; {switched} moves by priority, {drained} drained after "
         f"{YIELD_WAIT}s (idle partitions: no delivery proves the switch); "

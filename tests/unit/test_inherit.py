@@ -5,6 +5,7 @@ priority; each test drives one side as the daemon would."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -191,7 +192,19 @@ def test_an_owner_whose_heir_does_not_take_over_in_time_seals_and_drains(env: En
     # When an earlier yield's timer fires / Then nothing
     a.later(StopYielding(0, yields[0] - 1.0))
     assert (a.slots[0].state.phase, broker.named("cancel")) == (Phase.YIELDING, [])
-    # When this yield's fires (an idle queue: nothing proved the switch to the heir)
+    # When this yield's fires while a's worker still handles a delivery / Then it waits on
+    worker = a.slots[0].worker
+    assert worker is not None
+    worker.waiting_since = None
+    a.later(StopYielding(0, yields[0]))
+    assert (a.slots[0].state.phase, broker.named("cancel"), yields[-1]) == (
+        Phase.YIELDING,
+        [],
+        yields[0],
+    )
+    # When it fires with the worker idle for a while (an idle queue: nothing proves the
+    # switch to the heir)
+    worker.waiting_since = time.monotonic() - 10
     a.later(StopYielding(0, yields[0]))
     # Then a seals its claim, then cancels: a drain
     claim, _ = env.group.read_claim(0)
