@@ -300,7 +300,7 @@ class Partitions:
         An heir subscription stays while the claim is the one it subscribed behind, even if
         the partition is no longer assigned to us (a leader's flapping assignment): the
         broker may have switched to it already, and the takeover is then ours to make
-        (``priority.inherits``); a give-back of an active consumer is not in order if a
+        (``priority.inherits_claim``); a give-back of an active consumer is not in order if a
         delivery is in flight to it when its cancel is applied. A standby behind an owner
         that no longer holds the claim (a move by priority does not activate standbys: the
         broker switches to the heir) stands down, and stands by again if still wanted."""
@@ -347,22 +347,23 @@ class Partitions:
         group: it comes after each activation, so it sees any etcd change that preceded a
         planned cancel (``consumers.standby``). A dying owner activates all its standbys
         at once: one read for them all, not one each. Not ``allowed`` (stopping): give
-        them all back."""
+        them all back. An heir's takeover needs no read: its transaction on the claim's
+        revision is the whole check (``priority.inherits_claim``)."""
         pending = self._pending_takeovers()
-        session = self.session
+        session = self.session if allowed else None
         state: GroupState | None = None
-        if allowed and session is not None:
+        if session is not None and any(not self.slots[p].seen for p in pending):
             try:
                 state = self.group.snapshot()
             except EtcdUnavailable as e:
                 log.warning("cannot check the takeovers of %s: %s", pending, e)
         for partition in pending:
-            self._take_over(partition, state, session)
+            if self.slots[partition].seen:
+                self._inherit(partition, session)
+            else:
+                self._take_over(partition, state, session)
 
     def _take_over(self, partition: int, state: GroupState | None, session: Session | None) -> None:
-        if self.slots[partition].seen:
-            self._inherit(partition, state, session)
-            return
         behind = self.slots[partition].behind
         seen = None
         if state is not None and behind:
@@ -381,14 +382,14 @@ class Partitions:
         self._settle_takeover(partition)
         self._process(_Step(partition, Event.TAKEN_OVER))  # PROMOTE: a worker, then promote
 
-    def _inherit(self, partition: int, state: GroupState | None, session: Session | None) -> None:
+    def _inherit(self, partition: int, session: Session | None) -> None:
         """The broker switched to our heir subscription: take the claim over if it is the
         very claim we subscribed behind (so its holder never sealed it: never cancelled, so
         it settled everything and is sent nothing more, or its connection died and what it
-        held came back first), assigned to us or not; else give back."""
+        held came back first), assigned to us or not; else give back. The transaction on
+        the revision we subscribed behind is the check (``priority.inherits_claim`` says why)."""
         slot = self.slots[partition]
-        may = state is not None and priority.inherits(state, partition, slot.behind, slot.seen)
-        revision = self._claim_over(partition, session, slot.seen if may else None, rank=slot.rank)
+        revision = self._claim_over(partition, session, slot.seen, rank=slot.rank)
         if revision <= 0 or session is None:
             return
         log.info(
@@ -401,6 +402,7 @@ class Partitions:
             partition, Claim(self.member, session.id, priority=slot.rank), revision
         )
         self._process(_Step(partition, Event.TAKEN_OVER))
+        self.sync(partition)  # taken over while the partition moved on: yield or drain it
 
     def _claim_over(
         self,
@@ -471,8 +473,12 @@ class Partitions:
         self._process(_Step(partition, Event.UNASSIGNED))
 
     def handoff(self, partition: int, event: Event) -> None:
-        """An event of one partition from the broker (subscribed, drained, channel lost)."""
+        """An event of one partition from the broker (subscribed, drained, channel lost);
+        then whatever the mirror says that its steps did not see (a drain that ends in
+        WAITING, behind a claim another member took over meanwhile, subscribes as heir)."""
         self._process(_Step(partition, event))
+        if self.priority:
+            self.sync(partition)
 
     def release(self, partition: int) -> None:
         """Try releasing the claim again (it failed while etcd was away), unless the

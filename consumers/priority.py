@@ -21,7 +21,7 @@ live member that hands over by priority too (its member key says so) *yields*: i
 on and waits for the claim to change. The heir subscribes above it as a hot standby does
 (``consumers.standby``: deliveries are kept unhandled until decided) and, once the broker
 switches to it, takes the claim over by a transaction on the revision it subscribed
-behind (:func:`inherits`); then its deliveries go to a new worker. Every cancel of a
+behind (:func:`inherits_claim`); then its deliveries go to a new worker. Every cancel of a
 consumer that an heir may be waiting above is preceded by *sealing* the claim (a
 rewrite, ``Group.seal``): a cancel activates the heir while the owner still handles its
 window, and the sealed claim is no longer the one the heir subscribed behind, so its
@@ -35,7 +35,7 @@ that calls ``Broker.subscribe``.
 
 from __future__ import annotations
 
-from coordinator.group import Claim, GroupState
+from coordinator.group import Claim
 
 __all__ = [
     "IDLE_BEFORE_DRAIN",
@@ -45,7 +45,6 @@ __all__ = [
     "Arguments",
     "consume_arguments",
     "heir_priority",
-    "inherits",
     "inherits_claim",
     "switches",
 ]
@@ -95,18 +94,12 @@ def switches(version: str, queue_type: str) -> bool:
 
 def inherits_claim(claim: Claim, revision: int | None, behind: str, seen: int) -> bool:
     """Whether ``claim`` (at mod ``revision``) is still the one an heir subscribed behind:
-    ``behind``'s, at revision ``seen``, so never sealed (its holder cancelled nothing)."""
+    ``behind``'s, at revision ``seen``, so never sealed (its holder cancelled nothing).
+
+    Then, once the broker has switched to the heir, it may take the claim over: its holder
+    settled everything (or its connection died, and what it held came back first), and
+    whether the partition is still assigned to the heir does not matter (giving back what
+    an active consumer was sent is not in order; once ours, the partition moves on as any
+    of ours would). The takeover is a transaction on revision ``seen``: the same check,
+    made by etcd."""
     return claim.member == behind and not claim.sealed and revision == seen
-
-
-def inherits(state: GroupState, partition: int, behind: str, seen: int) -> bool:
-    """Whether we, whose heir subscription to ``partition`` the broker has activated, may
-    take the claim over (the module docstring): in ``state``, read after the activation,
-    the claim is still the one we subscribed behind. Whether the partition is still
-    assigned to us does not matter: the broker switched to us only because its holder
-    settled everything (or its connection died), and giving back what an active consumer
-    was sent is not in order; once ours, it moves on as any partition of ours would."""
-    claim = state.claims.get(partition)
-    return claim is not None and inherits_claim(
-        claim, state.claim_revisions.get(partition), behind, seen
-    )

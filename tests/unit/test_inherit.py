@@ -227,3 +227,23 @@ def test_an_heir_moved_away_keeps_standing_and_takes_over_if_the_broker_switched
     claim, _ = env.group.read_claim(0)
     assert claim is not None and claim.member == "b"
     assert not broker.named("give_back")
+    # and b, not assigned p0, yields it to a at once (a hands over by priority too)
+    assert b.slots[0].state.phase is Phase.YIELDING
+
+
+def test_an_owner_whose_heir_took_over_as_it_was_assigned_back_subscribes_above_it(
+    env: Env,
+) -> None:
+    a, broker = env.owner()
+    env.assign("b")
+    a.follow(env.group.snapshot())
+    _, seen = env.group.read_claim(0)
+    assert env.group.take_over(0, "b", env.sessions["b"], seen, priority=1) > 0
+    env.assign("a")  # the leader's flap: a again, but b holds the claim now
+    a.follow(env.group.snapshot())
+    assert a.slots[0].state.phase is Phase.DRAINING
+    # When a's drain ends (nothing was checked out to it)
+    a.handoff(0, Event.DRAINED)
+    # Then a waits for b's claim as its heir, one above b's priority
+    assert (a.slots[0].state.phase, a.slots[0].state.standby) == (Phase.WAITING, Standby.STANDING)
+    assert broker.named("stand_by") == [("stand_by", 0, 2)]

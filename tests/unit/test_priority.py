@@ -10,11 +10,10 @@ from consumers.priority import (
     MAX_PRIORITY,
     consume_arguments,
     heir_priority,
-    inherits,
+    inherits_claim,
     switches,
 )
 from coordinator.codec import Claim
-from coordinator.group import GroupState
 
 
 def test_no_priority_sends_no_argument() -> None:
@@ -56,19 +55,9 @@ def test_only_quorum_queues_of_rabbitmq_4_switch_by_priority(
     assert switches(version, queue_type) is expected
 
 
-def _state(**changes: object) -> GroupState:
-    base = {
-        "claims": {0: Claim("a", 7, priority=3)},
-        "claim_revisions": {0: 40},
-        "assignment": {0: "b"},
-    }
-    return GroupState(**{**base, **changes})  # type: ignore[arg-type]
-
-
 def test_an_heir_inherits_only_the_very_claim_it_subscribed_behind() -> None:
-    assert inherits(_state(), 0, "a", 40)
-    assert inherits(_state(assignment={0: "c"}), 0, "a", 40)  # moved on: ours, then moved
-    assert not inherits(_state(), 0, "a", 39)  # rewritten since: sealed, or handed on
-    assert not inherits(_state(), 0, "c", 40)  # another owner's
-    assert not inherits(_state(claims={0: Claim("a", 7, sealed=True)}), 0, "a", 40)
-    assert not inherits(_state(claims={}), 0, "a", 40)  # released or expired
+    claim = Claim("a", 7, priority=3)
+    assert inherits_claim(claim, 40, "a", 40)
+    assert not inherits_claim(claim, 41, "a", 40)  # rewritten since: sealed, or handed on
+    assert not inherits_claim(claim, 40, "c", 40)  # another owner's
+    assert not inherits_claim(Claim("a", 7, sealed=True), 40, "a", 40)
