@@ -73,6 +73,13 @@ class Env:
         b.follow(self.group.snapshot())
         return b, broker
 
+    def yielded(self) -> tuple[Partitions, RecordingBroker]:
+        """``a`` consuming p0, just moved to ``b``."""
+        a, broker = self.owner()
+        self.assign("b")
+        a.follow(self.group.snapshot())
+        return a, broker
+
     def owner(self) -> tuple[Partitions, RecordingBroker]:
         """``a`` consuming p0 on its claim."""
         a, broker = self.side("a")
@@ -100,10 +107,8 @@ def env() -> Iterator[Env]:
 
 
 def test_the_owner_consumes_on_until_its_heir_takes_the_claim_then_cancels(env: Env) -> None:
-    a, broker = env.owner()
     # When p0 moves to b, which hands over by priority too
-    env.assign("b")
-    a.follow(env.group.snapshot())
+    a, broker = env.yielded()
     # Then a consumes on: nothing cancelled, the claim unchanged
     assert a.slots[0].state.phase is Phase.YIELDING
     assert not broker.named("cancel")
@@ -121,9 +126,7 @@ def test_the_owner_consumes_on_until_its_heir_takes_the_claim_then_cancels(env: 
 
 
 def test_an_owner_moved_to_a_member_that_drains_seals_its_claim_before_the_cancel(env: Env) -> None:
-    a, broker = env.owner()
-    env.assign("b")
-    a.follow(env.group.snapshot())
+    a, broker = env.yielded()
     assert a.slots[0].state.phase is Phase.YIELDING
     # When p0 moves on to c, which hands over by drain / Then a seals its claim, then cancels
     env.assign("c")
@@ -234,9 +237,7 @@ def test_an_heir_moved_away_keeps_standing_and_takes_over_if_the_broker_switched
 def test_an_owner_whose_heir_took_over_as_it_was_assigned_back_subscribes_above_it(
     env: Env,
 ) -> None:
-    a, broker = env.owner()
-    env.assign("b")
-    a.follow(env.group.snapshot())
+    a, broker = env.yielded()
     _, seen = env.group.read_claim(0)
     assert env.group.take_over(0, "b", env.sessions["b"], seen, priority=1) > 0
     env.assign("a")  # the leader's flap: a again, but b holds the claim now
