@@ -320,7 +320,9 @@ class Partitions:
         heir = usable and self._inherits(partition)
         want = heir or (usable and standby.wanted(self.mirror, partition, self.member, slot.state))
         if slot.state.standby is Standby.STANDING:  # a hot standby's
-            moved = claim is not None and slot.behind not in ("", claim.member)
+            # by priority only: a drain's cancel activates the standby, which gives back and
+            # stands by again behind the new owner (consumers.standby)
+            moved = self.priority and claim is not None and slot.behind not in ("", claim.member)
             if not want or heir or moved:
                 self._process(_Step(partition, Event.STANDBY_UNWANTED))
         if want and slot.state.standby is Standby.NONE:
