@@ -2,6 +2,7 @@
 """Planned handoff gap by kind of move: joins, operator moves, drains, SIGTERM leaves (issue 12, goal 2).
 
     .venv/bin/python -m benchmarks.planned [--rounds 2] [--rate 2000] [--queue-type quorum] [--concurrency 1]
+        [--rabbitmq machine|4.0.5] [--handoff drain|auto|both]
 
 Per round: a fresh P = 12 stream, a coordinator (``--settle 1``), the SDK publishing 100
 keys at ``--rate``, consumers recording with the product's recorder
@@ -20,6 +21,11 @@ every claim is held by its assigned owner:
 Gap = one process's last handling of a partition → the next process's first
 (``consumers.audit.handoff_gaps``' rule), each counted in the phase in which the old
 owner's last handling fell. Prints a Markdown table with the machine's load.
+
+``--handoff`` sets every consumer's ``PARTQ_HANDOFF`` (``auto``: by consumer priority where
+the broker switches, RabbitMQ 4 quorum queues; ``consumers/priority.py``); ``both`` runs
+each round twice, drain then auto, on the same broker, and prints a table for each.
+``--rabbitmq 4.0.5`` runs on a private 4.0.5 node (the cached tree; tests/rabbit.py).
 """
 
 from __future__ import annotations
@@ -157,10 +163,17 @@ def done(b: Bench, run: Run, request: str, timeout: float = 30) -> None:
 
 
 def one(
-    b: Bench, queue_type: str, rate: float, dwell: float, concurrency: int = 1
+    b: Bench,
+    queue_type: str,
+    rate: float,
+    dwell: float,
+    concurrency: int = 1,
+    amqp: str = groups.AMQP,
+    handoff: str = "drain",
 ) -> dict[str, Any]:
     phases = Phases()
-    run = Run(b, "planned", queue_type, ["c1"], rate, PARTQ_CONCURRENCY=str(concurrency))
+    env = {"PARTQ_CONCURRENCY": str(concurrency), "PARTQ_HANDOFF": handoff}
+    run = Run(b, "planned", queue_type, ["c1"], rate, amqp=amqp, **env)
     group = Group(b.registry.client, b.registry.where, run.spec.name, report=False)
     time.sleep(dwell)
     members = ["c1"]
@@ -223,33 +236,54 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     ap.add_argument("--keep", type=Path, help="keep the logs and records in this directory")
     ap.add_argument("--debug", action="store_true", help="debug logs of every partq process")
+    ap.add_argument("--rabbitmq", choices=("machine", "4.0.5"), default="machine")
+    ap.add_argument("--handoff", choices=("drain", "auto", "both"), default="drain")
     args = ap.parse_args(argv)
     if args.debug:
         groups.PARTQ.append("--debug")  # before the subcommand
     load_before = os.getloadavg()
-    results = []
-    with LocalEtcd() as etcd, tempfile.TemporaryDirectory() as tmp:
+    handoffs = ("drain", "auto") if args.handoff == "both" else (args.handoff,)
+    results: dict[str, list[dict[str, Any]]] = {h: [] for h in handoffs}
+    with contextlib.ExitStack() as stack:
+        etcd = stack.enter_context(LocalEtcd())
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        amqp, version = groups.AMQP, "the machine's"
+        if args.rabbitmq == "4.0.5":
+            from benchmarks.sac_priority import broker  # starts a private node
+
+            amqp, version = stack.enter_context(broker("4.0.5"))
         workdir = Path(tmp) if args.keep is None else args.keep
         workdir.mkdir(parents=True, exist_ok=True)
         b = Bench(etcd, workdir)
         try:
             for r in range(args.rounds):
-                res = one(b, args.queue_type, args.rate, args.dwell, args.concurrency)
-                results.append(res)
-                summary = {k: len(v) for k, v in res["gaps"].items()}
-                log(
-                    f"round {r + 1}: moves {summary}, order {res['order']}, drained {res['drained']}"
-                )
+                for handoff in handoffs:
+                    res = one(
+                        b, args.queue_type, args.rate, args.dwell, args.concurrency, amqp, handoff
+                    )
+                    results[handoff].append(res)
+                    summary = {k: len(v) for k, v in res["gaps"].items()}
+                    log(
+                        f"round {r + 1} ({handoff}): moves {summary}, order {res['order']}, "
+                        f"drained {res['drained']}"
+                    )
         finally:
             b.stop(b.procs)
     load_after = os.getloadavg()
     if args.json:
         args.json.write_text(json.dumps({"load": [load_before, load_after], "results": results}))
-    print(
-        f"\nqueue type {args.queue_type}, rate {args.rate:.0f} msg/s, P = 12, rounds {args.rounds}, "
-        f"--concurrency {args.concurrency}, "
-        f"load average {' '.join(f'{x:.2f}' for x in load_before)} → {' '.join(f'{x:.2f}' for x in load_after)}\n"
-    )
+    for handoff in handoffs:
+        print(
+            f"\nRabbitMQ {version}, queue type {args.queue_type}, --handoff {handoff}, rate {args.rate:.0f} msg/s, "
+            f"P = 12, rounds {args.rounds}, --concurrency {args.concurrency}, "
+            f"load average {' '.join(f'{x:.2f}' for x in load_before)} → {' '.join(f'{x:.2f}' for x in load_after)}\n"
+        )
+        table(results[handoff])
+    return 0
+
+
+def table(results: list[dict[str, Any]]) -> None:
+    """The gap table of one ``--handoff``'s rounds, the totals, and the segments."""
     print("| planned move | moves | gap p50 | gap p99 | max |")
     print("|---|---:|---:|---:|---:|")
     every: list[float] = []
@@ -279,7 +313,6 @@ def main(argv: list[str] | None = None) -> int:
             xs = [s[i] for s in split]
             cells = " | ".join(f"{audit.percentile(xs, q) * 1000:.0f} ms" for q in (50, 90, 99))
             print(f"| {name} | {cells} | {max(xs) * 1000:.0f} ms |")
-    return 0
 
 
 if __name__ == "__main__":

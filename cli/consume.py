@@ -89,6 +89,15 @@ log = logging.getLogger("partq.cli")
     "run that many coroutines. Default 1: one message at a time per partition "
     "[PARTQ_CONCURRENCY].",
 )
+@click.option(
+    "--handoff",
+    type=click.Choice(["auto", "drain"]),
+    default=None,
+    help="How a planned handoff moves a partition. auto: by consumer priority where "
+    "RabbitMQ switches to the higher-priority waiting consumer once the owner settled "
+    "everything (4.0+, quorum queues), else the drain; drain: always the drain. Default "
+    "drain [PARTQ_HANDOFF].",
+)
 @http_options(default_port=9401)
 @pass_context
 def consume(
@@ -106,6 +115,7 @@ def consume(
     announce_leave: bool,
     load_report: float,
     concurrency: int | None,
+    handoff: str | None,
     http_host: str,
     http_port: int,
 ) -> None:
@@ -126,7 +136,9 @@ def consume(
     server_context(security)  # a certificate that cannot be used: exit 2 before connecting
     import_from_working_directory()
     function = load_handler(handler)
-    given = {} if concurrency is None else {"concurrency": concurrency}
+    given: dict[str, object] = {} if concurrency is None else {"concurrency": concurrency}
+    if handoff is not None:
+        given["handoff"] = handoff
     config = ConsumerConfig.of(
         stream,
         ctx.settings,

@@ -98,6 +98,7 @@ class Broker(threading.Thread):
         self._fenced: SelectConnection | None = None  # being aborted: nothing more on it
         self._probe: Channel | None = None  # passive declares for ``ready`` (I/O thread)
         self.connected = threading.Event()
+        self.server_version = ""  # the RabbitMQ version the last connection reported
 
     # -- thread-safe API -----------------------------------------------------------------
 
@@ -159,9 +160,11 @@ class Broker(threading.Thread):
         """The worker handled everything up to END: send the held acks, then report."""
         self._call_or_lost(partition, lambda: self._channels.finish(partition, channel))
 
-    def stand_by(self, partition: int) -> bool:
-        """Subscribe to ``partition`` as its hot standby (the waiting consumer)."""
-        return self._call(lambda: self._channels.stand_by(partition))
+    def stand_by(self, partition: int, priority: int | None = None) -> bool:
+        """Subscribe to ``partition`` as its hot standby (the waiting consumer), or, with a
+        ``priority`` above its owner's, as its heir (``consumers.priority``)."""
+        arguments = consume_arguments(priority)
+        return self._call(lambda: self._channels.stand_by(partition, arguments))
 
     def stand_down(self, partition: int) -> None:
         """No longer the standby (not activated: cancelled; activated: the controller's
@@ -268,6 +271,8 @@ class Broker(threading.Thread):
 
         def usable(channel: Channel) -> None:
             channel.close()
+            version = (connection.server_properties or {}).get("version", "")
+            self.server_version = version.decode() if isinstance(version, bytes) else str(version)
             log.info("connected to RabbitMQ at %s", self.nodes.where)
             self.connected.set()
             self._sink(Connection(True))

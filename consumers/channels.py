@@ -98,6 +98,7 @@ class _Standby:
     buffer: list[Delivery] = field(default_factory=list)
     activated: bool = False
     returning: bool = False
+    arguments: Arguments = None  # an heir's x-priority (consumers.priority)
 
 
 @dataclass
@@ -462,13 +463,13 @@ class Channels:
 
     # -- hot standby ---------------------------------------------------------------------
 
-    def stand_by(self, partition: int) -> None:
+    def stand_by(self, partition: int, arguments: Arguments = None) -> None:
         slot = self._slot(partition)
         if slot.standby is not None or isinstance(slot.line, _Opening):
             return
         if slot.sub is not None and slot.sub.window.live:
             return
-        standby = slot.standby = _Standby()
+        standby = slot.standby = _Standby(arguments=arguments)
         self.connection.channel(
             on_open_callback=lambda ch: self._standby_open(partition, ch, standby)
         )
@@ -501,7 +502,7 @@ class Channels:
             if frame.method.consumer_count < 1:
                 self.connection.ioloop.call_later(_STANDBY_RECHECK, check)
                 return
-            standby.tag = channel.basic_consume(queue, lambda *_: None)
+            standby.tag = channel.basic_consume(queue, lambda *_: None, arguments=standby.arguments)
 
         def check() -> None:
             if channel.is_open and not standby.returning and standby.tag is None:

@@ -40,6 +40,7 @@ from kernel.errors import UsageError
 from kernel.settings import (
     DEFAULT_AMQP_OUTAGE_LIMIT,
     DEFAULT_CONCURRENCY,
+    DEFAULT_HANDOFF,
     DEFAULT_STALL_AFTER,
     Settings,
 )
@@ -101,16 +102,22 @@ class ConsumerConfig:
     # Seconds an owned partition's worker may wait for a delivery while its queue has
     # messages ready before that is logged and counted as a stall (consumers.flow); 0: never.
     stall_after: float = DEFAULT_STALL_AFTER
+    # How a planned handoff moves a partition (the setting PARTQ_HANDOFF): "auto", by
+    # consumer priority where the broker switches (consumers.priority), else the drain;
+    # "drain": always the drain.
+    handoff: str = DEFAULT_HANDOFF
 
     @classmethod
     def of(cls, stream: str, settings: Settings, **options: Any) -> ConsumerConfig:
         """``stream``'s config: the consumer settings that ``settings`` holds
-        (PARTQ_AMQP_OUTAGE_LIMIT, PARTQ_CONCURRENCY, PARTQ_STALL_AFTER), ``options`` over
+        (PARTQ_AMQP_OUTAGE_LIMIT, PARTQ_CONCURRENCY, PARTQ_STALL_AFTER, PARTQ_HANDOFF),
+        ``options`` over
         them (a flag given, a keyword of ``consumers.run``)."""
         from_settings = {
             "amqp_outage_limit": settings.amqp_outage_limit,
             "concurrency": settings.concurrency,
             "stall_after": settings.stall_after,
+            "handoff": settings.handoff,
         }
         return cls(stream=stream, **{**from_settings, **options})
 
@@ -136,6 +143,8 @@ class ConsumerConfig:
             raise UsageError(f"load report interval must be 0 or more, got {self.load_report}")
         if not self.stall_after >= 0:
             raise UsageError(f"stall bound must be 0 or more, got {self.stall_after}")
+        if self.handoff not in ("auto", "drain"):
+            raise UsageError(f"handoff must be auto or drain, got {self.handoff!r}")
         if self.handler_timeout is not None and not self.handler_timeout >= 0:
             raise UsageError(f"handler timeout must be 0 or more, got {self.handler_timeout}")
 

@@ -69,6 +69,7 @@ from consumers.events import (
     Resync,
     RetryRelease,
     SettleTakeover,
+    StopYielding,
     TimerEvent,
     WorkerFailed,
 )
@@ -78,6 +79,7 @@ from consumers.message import Handler, check_handler
 from consumers.parking import ParkedKeys, Parking
 from consumers.partitions import Partitions
 from consumers.port import BrokerEvent, BrokerFactory, BrokerUpdate
+from consumers.priority import YIELD_WAIT, switches
 from consumers.reports import Reports
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
 from coordinator.events import LeaseLost, Stop, WatchFailed
@@ -191,6 +193,7 @@ class Consumer:
             retry_release=lambda p: self._schedule(RetryRelease(p)),
             resync=lambda: self._schedule(Resync()),
             settle_takeover=lambda p: self._after(config.ttl + 1.0, SettleTakeover(p)),
+            stop_yielding=lambda p, since: self._after(YIELD_WAIT, StopYielding(p, since)),
             parking=self.parking,
             concurrency=config.concurrency,
         )
@@ -337,8 +340,8 @@ class Consumer:
             case RetryRelease(partition=partition):
                 if not self.deleted:  # deleted: the claim went with the stream
                     self.partitions.release(partition)
-            case SettleTakeover(partition=partition):
-                self.partitions.settle_takeover(partition)
+            case SettleTakeover() | StopYielding():
+                self.partitions.later(event)
             case LeaveNow():
                 if self.stopping and not self.partitions.leaving:
                     log.info("stop announced %.0fs ago: leaving now", self.config.announce_wait)
@@ -386,7 +389,23 @@ class Consumer:
             self.away = True
             return
         self.away = False
+        self._choose_handoff()
         self._join()
+
+    def _choose_handoff(self) -> None:
+        """Hand partitions over by consumer priority if the setting allows it and the broker
+        we are connected to switches (``consumers.priority``); our member key says so."""
+        version = self.broker.server_version
+        by_priority = self.config.handoff == "auto" and switches(version, self.spec.queue_type)
+        if by_priority != self.partitions.priority:
+            log.info(
+                "planned handoffs: %s (RabbitMQ %s, %s queues, handoff %s)",
+                "by consumer priority" if by_priority else "by drain",
+                version or "unknown",
+                self.spec.queue_type,
+                self.config.handoff,
+            )
+        self.partitions.priority = by_priority
 
     def _leave_for_broker(self, outage: int) -> None:
         """RabbitMQ has been unusable for the outage limit (since its ``outage``-th loss):

@@ -24,6 +24,7 @@ __all__ = [
     "Resync",
     "RetryRelease",
     "SettleTakeover",
+    "StopYielding",
     "TimerEvent",
     "WorkerFailed",
 ]
@@ -75,6 +76,16 @@ class SettleTakeover:
 
 
 @dataclass(frozen=True, slots=True)
+class StopYielding:
+    """A partition has yielded to its heir (``consumers.priority``) for ``YIELD_WAIT``: if
+    the heir has still not taken it over (an idle queue: the broker switched, silently, but
+    no delivery proves it), drain it; ``since`` tells this yield from a later one."""
+
+    partition: int
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
 class CheckFlow:
     """Time to look for stalled partitions (``consumers.flow``)."""
 
@@ -100,6 +111,7 @@ class CheckLeader:
 TimerEvent = (
     CheckLeader
     | SettleTakeover
+    | StopYielding
     | LeaveNow
     | ReportLoad
     | CheckFlow

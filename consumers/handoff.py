@@ -26,6 +26,14 @@ A release hands the claim straight to the member the partition is assigned to wh
 member is alive (``Group.hand_over``: one transaction, on its lease), and deletes it
 otherwise; the heir sees ``granted`` and subscribes without a claim of its own.
 
+By consumer priority (``consumers.priority``; RabbitMQ 4 quorum queues, ``--handoff
+auto``): an ACTIVE partition moved to a member that hands over by priority too is not
+drained but *yielded* (``yield``): YIELDING, consumed on, until the heir, subscribed above
+us, takes the claim over once the broker switched to it (``claim-other``: then the cancel,
+with nothing checked out to us); assigned back, it is ACTIVE again; unassigned with no
+such heir any more (or idle past ``YIELD_WAIT``), drained as usual. The heir is a hot
+standby subscription made from WAITING (the phases below), with a priority.
+
 An operator's pause (``paused``) drains an ACTIVE partition the same way but keeps it:
 DRAINING ──drained──▶ PAUSED (claim held, not consumed) ──resumed──▶ SUBSCRIBING.
 
@@ -68,6 +76,7 @@ class Phase(Enum):
     RELEASING = "releasing"
     PAUSED = "paused"  # ours (assigned, claimed) but not consumed: an operator paused it
     HANDING = "handing"  # emptied and released before the cancel: waiting for drained
+    YIELDING = "yielding"  # unassigned, consumed on: the heir outranks us (consumers.priority)
 
 
 class Holder(Enum):
@@ -85,6 +94,7 @@ class Standby(Enum):
 class Event(Enum):
     ASSIGNED = "assigned"  # the assignment names us
     UNASSIGNED = "unassigned"
+    YIELD = "yield"  # unassigned, and the new owner will take it over by priority
     CLAIM_FREE = "claim-free"  # the claim key was deleted
     CLAIM_OTHER = "claim-other"
     GRANTED = "granted"  # a claim on our lease that we did not write: handed over to us
@@ -130,7 +140,13 @@ class State:
 
     @property
     def consuming(self) -> bool:
-        return self.phase in (Phase.SUBSCRIBING, Phase.ACTIVE, Phase.DRAINING, Phase.HANDING)
+        return self.phase in (
+            Phase.SUBSCRIBING,
+            Phase.ACTIVE,
+            Phase.YIELDING,
+            Phase.DRAINING,
+            Phase.HANDING,
+        )
 
 
 def _want(state: State) -> tuple[State, list[Command]]:
@@ -194,8 +210,8 @@ def step(state: State, event: Event) -> tuple[State, list[Command]]:
 def _standby_step(state: State, event: Event) -> tuple[State, list[Command]]:
     """The hot standby's events (the module docstring)."""
     standby = state.standby
-    if event is Event.STANDBY_WANTED:
-        if standby is Standby.NONE and state.phase is Phase.IDLE:
+    if event is Event.STANDBY_WANTED:  # WAITING: an heir subscribed above the owner
+        if standby is Standby.NONE and state.phase in (Phase.IDLE, Phase.WAITING):
             return replace(state, standby=Standby.STANDING), [Command.STAND_BY]
         return state, []
     if event is Event.STANDBY_UNWANTED:
@@ -217,9 +233,13 @@ def _standby_step(state: State, event: Event) -> tuple[State, list[Command]]:
 
 def _step(state: State, event: Event) -> tuple[State, list[Command]]:  # noqa: C901, PLR0912, PLR0915 — the transition table: one branch per (phase, event), read top to bottom
     phase = state.phase
+    if event is Event.YIELD:
+        if phase is not Phase.ACTIVE:
+            return _step(state, Event.UNASSIGNED)
+        return replace(state, phase=Phase.YIELDING, assigned=False), []
     if event is Event.PAUSED:
         state = replace(state, paused=True)
-        if phase is Phase.ACTIVE:
+        if phase in (Phase.ACTIVE, Phase.YIELDING):
             return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
         return state, []  # SUBSCRIBING: cancelled once subscribed; DRAINING: kept when drained
     if event is Event.RESUMED:
@@ -229,10 +249,12 @@ def _step(state: State, event: Event) -> tuple[State, list[Command]]:  # noqa: C
         return state, []
     if event is Event.ASSIGNED:
         state = replace(state, assigned=True)
+        if phase is Phase.YIELDING:  # ours again before the heir took it: consuming on
+            return replace(state, phase=Phase.ACTIVE), []
         return _want(state) if phase in (Phase.IDLE, Phase.WAITING) else (state, [])
     if event is Event.UNASSIGNED:
         state = replace(state, assigned=False)
-        if phase is Phase.ACTIVE:
+        if phase in (Phase.ACTIVE, Phase.YIELDING):  # YIELDING: no heir to take it any more
             return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
         if phase is Phase.WAITING:
             return replace(state, phase=Phase.IDLE), []
@@ -241,12 +263,14 @@ def _step(state: State, event: Event) -> tuple[State, list[Command]]:  # noqa: C
         return state, []  # CLAIMING/SUBSCRIBING finish first; DRAINING/RELEASING go on
     if event is Event.CLAIM_FREE:
         state = replace(state, holder=Holder.NOBODY)
-        if phase is Phase.ACTIVE:  # our claim vanished under us: stop, then start over
+        if phase in (Phase.ACTIVE, Phase.YIELDING):  # our claim vanished: stop, start over
             return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
         return _want(state) if phase in (Phase.WAITING, Phase.PAUSED) else (state, [])
     if event is Event.CLAIM_OTHER:
         state = replace(state, holder=Holder.OTHER)
-        if phase is Phase.ACTIVE:  # a standby took it over (our connection had died): stop
+        # ACTIVE: a standby took it over (our connection had died); YIELDING: the heir did,
+        # once the broker had switched to it (we hold nothing, and are sent nothing): stop
+        if phase in (Phase.ACTIVE, Phase.YIELDING):
             return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
         if phase is Phase.PAUSED:  # kept while paused, but the claim is no longer ours
             return _want(state)
@@ -305,7 +329,7 @@ def _step(state: State, event: Event) -> tuple[State, list[Command]]:  # noqa: C
             return replace(state, holder=Holder.NOBODY), []
         return _want(replace(state, phase=Phase.IDLE, holder=Holder.NOBODY))
     if event is Event.CHANNEL_LOST:
-        if phase in (Phase.SUBSCRIBING, Phase.ACTIVE):
+        if phase in (Phase.SUBSCRIBING, Phase.ACTIVE, Phase.YIELDING):
             if state.assigned and state.holder is Holder.ME:
                 return _consume(state)
             return replace(state, phase=Phase.RELEASING), [Command.RELEASE]

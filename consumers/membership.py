@@ -71,7 +71,13 @@ class Membership:
                     on_renewal_failure=metrics.LEASE_RENEWAL_FAILURES.labels(*self._labels).inc,
                 )
                 self.session = session
-                self.group.join(session, self.member, self.config.weight, self.config.version)
+                self.group.join(
+                    session,
+                    self.member,
+                    self.config.weight,
+                    self.config.version,
+                    priority=self.partitions.priority,
+                )
                 break
             except EtcdUnavailable as e:
                 wait = delays.next()

@@ -34,10 +34,11 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from consumers import metrics, standby
+from consumers import metrics, priority, standby
 from consumers.deadletters import DeadLetters
+from consumers.events import SettleTakeover, StopYielding
 from consumers.handoff import Command, Event, Holder, Phase, Standby, State
 from consumers.keyed import KeyedWorker
 from consumers.message import Handler
@@ -98,6 +99,7 @@ class Partitions:
         retry_release: Callable[[int], None],
         resync: Callable[[], None],
         settle_takeover: Callable[[int], None] = lambda _p: None,
+        stop_yielding: Callable[[int, float], None] = lambda _p, _since: None,
         parking: Parking | None = None,
         concurrency: int = 1,
     ) -> None:
@@ -118,7 +120,11 @@ class Partitions:
         self._retry_release = retry_release
         self._resync = resync
         self._settle_takeover = settle_takeover  # calls settle_takeover(p) a lease TTL later
+        self._stop_yielding = stop_yielding  # calls stop_yielding(p, since) YIELD_WAIT later
         self.session: Session | None = None  # the member's current session (None: none)
+        # planned handoffs by consumer priority (consumers.priority): the setting allows it
+        # and the broker switches; set by the daemon on each connection, before joining
+        self.priority = False
         self.leaving = False  # the member is stopping: nothing counts as assigned to it
         self.mirror = GroupMirror()
         self.slots = {p: PartitionSlot(p) for p in range(spec.partitions)}
@@ -154,7 +160,12 @@ class Partitions:
     # -- what the daemon asks ------------------------------------------------------------
 
     def owned(self) -> list[int]:
-        return [p for p, slot in self.slots.items() if slot.state.phase is Phase.ACTIVE]
+        """Ours and consumed (YIELDING too: consumed until its heir takes it over)."""
+        return [
+            p
+            for p, slot in self.slots.items()
+            if slot.state.phase in (Phase.ACTIVE, Phase.YIELDING)
+        ]
 
     @property
     def abandoned(self) -> frozenset[int]:
@@ -199,8 +210,17 @@ class Partitions:
         slot = self.slots[partition]
         owner = self.mirror.assignment.get(partition)
         assigned = slot.ours(owner, self.member, leaving=self.leaving)
-        if assigned != slot.state.assigned:
-            self._process(_Step(partition, Event.ASSIGNED if assigned else Event.UNASSIGNED))
+        if assigned:
+            if not slot.state.assigned:
+                self._process(_Step(partition, Event.ASSIGNED))
+        elif slot.state.phase is Phase.ACTIVE:  # moved away: yield to its heir, or drain
+            self._process(
+                _Step(partition, Event.YIELD if self._yields(partition) else Event.UNASSIGNED)
+            )
+        elif slot.state.assigned or (
+            slot.state.phase is Phase.YIELDING and not self._yields(partition)
+        ):  # YIELDING: its heir can no longer take it over: a drain after all
+            self._process(_Step(partition, Event.UNASSIGNED))
         paused = policy.paused(self.mirror.requests, partition)
         if paused != slot.state.paused:
             self._process(_Step(partition, Event.PAUSED if paused else Event.RESUMED))
@@ -231,16 +251,82 @@ class Partitions:
             session.renew()
         return session.lost.is_set()
 
+    def _yields(self, partition: int) -> bool:
+        """Whether our ACTIVE, unassigned ``partition`` is left to its heir (consumed on
+        until the heir, subscribed above us, takes the claim over once the broker switched
+        to it; ``consumers.priority``) instead of drained: we hand over by priority, our
+        claim is unsealed, and the assignment names a live member that does too."""
+        claim = self.mirror.claims.get(partition)
+        owner = self.mirror.assignment.get(partition)
+        heir = self.mirror.members.get(owner) if owner and owner != self.member else None
+        return (
+            self.priority
+            and not self.leaving
+            and self._holder(partition) is Holder.ME
+            and claim is not None
+            and not claim.sealed
+            and claim.priority < priority.MAX_PRIORITY
+            and heir is not None
+            and heir.priority
+            and not heir.leaving
+            and heir.lease != 0
+            and not policy.paused(self.mirror.requests, partition)
+        )
+
+    def _inherits(self, partition: int) -> bool:
+        """Whether we should subscribe to ``partition`` as its heir, above its owner's
+        priority: assigned to us, waiting for an unsealed claim of a live member that hands
+        over by priority too (so it yields, and seals its claim before any cancel)."""
+        state = self.slots[partition].state
+        claim = self.mirror.claims.get(partition)
+        holder = self.mirror.members.get(claim.member) if claim is not None else None
+        return (
+            self.priority
+            and state.phase is Phase.WAITING
+            and state.assigned
+            and claim is not None
+            and not claim.sealed
+            and claim.priority < priority.MAX_PRIORITY
+            and holder is not None
+            and holder.priority
+            and holder.lease == claim.lease
+            and not policy.paused(self.mirror.requests, partition)
+        )
+
     def _sync_standby(self, partition: int) -> None:
         """Stand by for ``partition``, or stand down, as :func:`consumers.standby.wanted`
-        says, while we can (joined, not leaving)."""
+        says, or as its heir (:meth:`_inherits`), while we can (joined, not leaving).
+
+        An heir subscription stays while the claim is the one it subscribed behind, even if
+        the partition is no longer assigned to us (a leader's flapping assignment): the
+        broker may have switched to it already, and the takeover is then ours to make
+        (``priority.inherits_claim``); a give-back of an active consumer is not in order if a
+        delivery is in flight to it when its cancel is applied. A standby behind an owner
+        that no longer holds the claim (a move by priority does not activate standbys: the
+        broker switches to the heir) stands down, and stands by again if still wanted."""
         slot = self.slots[partition]
         usable = not self.leaving and self.session is not None
-        want = usable and standby.wanted(self.mirror, partition, self.member, slot.state)
+        claim = self.mirror.claims.get(partition)
+        if slot.seen and slot.state.standby is Standby.STANDING:
+            if (
+                usable
+                and claim is not None
+                and priority.inherits_claim(
+                    claim, self.mirror.claim_revisions.get(partition), slot.behind, slot.seen
+                )
+            ):
+                return
+            self._process(_Step(partition, Event.STANDBY_UNWANTED))
+        heir = usable and self._inherits(partition)
+        want = heir or (usable and standby.wanted(self.mirror, partition, self.member, slot.state))
+        if slot.state.standby is Standby.STANDING:  # a hot standby's
+            # by priority only: a drain's cancel activates the standby, which gives back and
+            # stands by again behind the new owner (consumers.standby)
+            moved = self.priority and claim is not None and slot.behind not in ("", claim.member)
+            if not want or heir or moved:
+                self._process(_Step(partition, Event.STANDBY_UNWANTED))
         if want and slot.state.standby is Standby.NONE:
             self._process(_Step(partition, Event.STANDBY_WANTED))
-        elif not want and slot.state.standby is Standby.STANDING:
-            self._process(_Step(partition, Event.STANDBY_UNWANTED))
 
     def standby_lost(self, partition: int) -> None:
         """The standby's channel or connection went: stand by again if still wanted."""
@@ -263,17 +349,21 @@ class Partitions:
         group: it comes after each activation, so it sees any etcd change that preceded a
         planned cancel (``consumers.standby``). A dying owner activates all its standbys
         at once: one read for them all, not one each. Not ``allowed`` (stopping): give
-        them all back."""
+        them all back. An heir's takeover needs no read: its transaction on the claim's
+        revision is the whole check (``priority.inherits_claim``)."""
         pending = self._pending_takeovers()
-        session = self.session
+        session = self.session if allowed else None
         state: GroupState | None = None
-        if allowed and session is not None:
+        if session is not None and any(not self.slots[p].seen for p in pending):
             try:
                 state = self.group.snapshot()
             except EtcdUnavailable as e:
                 log.warning("cannot check the takeovers of %s: %s", pending, e)
         for partition in pending:
-            self._take_over(partition, state, session)
+            if self.slots[partition].seen:
+                self._inherit(partition, session)
+            else:
+                self._take_over(partition, state, session)
 
     def _take_over(self, partition: int, state: GroupState | None, session: Session | None) -> None:
         behind = self.slots[partition].behind
@@ -281,14 +371,8 @@ class Partitions:
         if state is not None and behind:
             seen = standby.may_take_over(state, partition, self.member, behind)
         owner = state.claims[partition].member if state is not None and seen is not None else ""
-        revision = 0
-        if owner and seen is not None and session is not None:
-            try:
-                revision = self.group.take_over(partition, self.member, session, seen, owner)
-            except EtcdUnavailable as e:
-                log.warning("partition %d: cannot take it over: %s", partition, e)
+        revision = self._claim_over(partition, session, seen if owner else None, owner)
         if revision <= 0 or session is None:
-            self._process(_Step(partition, Event.TAKEOVER_REFUSED))
             return
         log.warning(
             "partition %d: its owner %s is gone from RabbitMQ: taken over", partition, owner
@@ -299,6 +383,50 @@ class Partitions:
         self.mirror.wrote_claim(partition, claim, revision)
         self._settle_takeover(partition)
         self._process(_Step(partition, Event.TAKEN_OVER))  # PROMOTE: a worker, then promote
+
+    def _inherit(self, partition: int, session: Session | None) -> None:
+        """The broker switched to our heir subscription: take the claim over if it is the
+        very claim we subscribed behind (so its holder never sealed it: never cancelled, so
+        it settled everything and is sent nothing more, or its connection died and what it
+        held came back first), assigned to us or not; else give back. The transaction on
+        the revision we subscribed behind is the check (``priority.inherits_claim`` says why)."""
+        slot = self.slots[partition]
+        revision = self._claim_over(partition, session, slot.seen, rank=slot.rank)
+        if revision <= 0 or session is None:
+            return
+        log.info(
+            "partition %d: RabbitMQ switched to us (priority %d): taken over from %s",
+            partition,
+            slot.rank,
+            slot.behind,
+        )
+        self.mirror.wrote_claim(
+            partition, Claim(self.member, session.id, priority=slot.rank), revision
+        )
+        self._process(_Step(partition, Event.TAKEN_OVER))
+        self.sync(partition)  # taken over while the partition moved on: yield or drain it
+
+    def _claim_over(
+        self,
+        partition: int,
+        session: Session | None,
+        seen: int | None,
+        owner: str = "",
+        rank: int = 0,
+    ) -> int:
+        """Take the claim seen at revision ``seen`` over (None: we may not); its new
+        revision, or 0 after giving the activated subscription back (TAKEOVER_REFUSED)."""
+        revision = 0
+        if seen is not None and session is not None:
+            try:
+                revision = self.group.take_over(
+                    partition, self.member, session, seen, owner, priority=rank
+                )
+            except EtcdUnavailable as e:
+                log.warning("partition %d: cannot take it over: %s", partition, e)
+        if revision <= 0:
+            self._process(_Step(partition, Event.TAKEOVER_REFUSED))
+        return revision
 
     def settle_takeover(self, partition: int) -> None:
         """A lease TTL after a takeover: make our takeover claim ordinary, so the member we
@@ -319,9 +447,40 @@ class Partitions:
         if revision > 0:
             self.mirror.wrote_claim(partition, Claim(self.member, session.id), revision)
 
+    def later(self, event: SettleTakeover | StopYielding) -> None:
+        """A timer this asked the daemon for (``settle_takeover``, ``stop_yielding``)."""
+        match event:
+            case SettleTakeover(partition=partition):
+                self.settle_takeover(partition)
+            case StopYielding(partition=partition, since=since):
+                self.stop_yielding(partition, since)
+
+    def stop_yielding(self, partition: int, since: float) -> None:
+        """``YIELD_WAIT`` after ``partition`` yielded at ``since``: drain it if its heir has
+        not taken it over yet and our worker has waited for a delivery for a while. On an
+        idle queue the broker switches to the heir at once but silently (no delivery comes
+        to prove it), so the claim would never move. While the worker still handles what
+        it was sent, wait on: the broker switches once that is settled. Sealed first, as
+        every cancel."""
+        slot = self.slots[partition]
+        if slot.state.phase is not Phase.YIELDING or slot.yielded_at != since:
+            return
+        waiting = slot.worker.waiting_since if slot.worker is not None else 0.0
+        if waiting is None or time.monotonic() - waiting < priority.IDLE_BEFORE_DRAIN:
+            # still handling what it was sent: the broker switches once it is settled, and
+            # a cancel now would activate the heir beside it (which must then give back)
+            self._stop_yielding(partition, since)
+            return
+        log.info("partition %d: idle, and its heir has not taken it over: draining", partition)
+        self._process(_Step(partition, Event.UNASSIGNED))
+
     def handoff(self, partition: int, event: Event) -> None:
-        """An event of one partition from the broker (subscribed, drained, channel lost)."""
+        """An event of one partition from the broker (subscribed, drained, channel lost);
+        then whatever the mirror says that its steps did not see (a drain that ends in
+        WAITING, behind a claim another member took over meanwhile, subscribes as heir)."""
         self._process(_Step(partition, event))
+        if self.priority:
+            self.sync(partition)
 
     def release(self, partition: int) -> None:
         """Try releasing the claim again (it failed while etcd was away), unless the
@@ -347,7 +506,15 @@ class Partitions:
         """The broker is back: subscribe what was waiting for it."""
         for partition, slot in self.slots.items():
             if slot.state.phase is Phase.SUBSCRIBING and slot.worker is not None:
-                self.broker.subscribe(partition, slot.worker.generation)
+                self._subscribe(partition, slot.worker.generation)
+
+    def _subscribe(self, partition: int, generation: int) -> bool:
+        """Subscribe with our claim's x-priority when handing over by priority (an heir
+        then subscribes one above it), with none otherwise."""
+        claim = self.mirror.claims.get(partition)
+        if not self.priority:
+            return self.broker.subscribe(partition, generation)
+        return self.broker.subscribe(partition, generation, claim.priority if claim else 0)
 
     def stop_workers(self) -> None:
         for worker in self._current_workers():
@@ -396,6 +563,13 @@ class Partitions:
             log.info("partition %d: ours again before the cancel: consuming on", partition)
         elif event is Event.TAKEN_OVER:
             pass
+        elif after.phase is Phase.YIELDING and before.phase is not Phase.YIELDING:
+            owner = self.mirror.assignment.get(partition)
+            log.info("partition %d: moved to %s: consuming until it takes over", partition, owner)
+            self.slots[partition].yielded_at = since = time.monotonic()
+            self._stop_yielding(partition, since)
+        elif before.phase is Phase.YIELDING and after.phase is Phase.ACTIVE:
+            log.info("partition %d: ours again before its heir took it: consuming on", partition)
         elif after.phase is Phase.ACTIVE and before.phase is not Phase.ACTIVE:
             metrics.HANDOFFS.labels(*self._labels, "acquired").inc()
             log.info("partition %d: consuming", partition)
@@ -422,10 +596,12 @@ class Partitions:
                 # The worker's inbox takes deliveries before its thread runs: subscribe
                 # first, start the thread after (a start waits for the thread to run).
                 worker = self._start_worker(partition, start=False)
-                if not self.broker.subscribe(partition, worker.generation):
+                if not self._subscribe(partition, worker.generation):
                     log.info("partition %d: subscribing once RabbitMQ is back", partition)
                 worker.start()
             case Command.CANCEL:
+                if not self._seal(partition):
+                    return []  # fenced instead: everything starts over, in order
                 self.broker.cancel(partition)
             case Command.CUT:
                 self.broker.cut(partition)
@@ -438,14 +614,52 @@ class Partitions:
                 return self._release(partition)
         return []
 
+    def _seal(self, partition: int) -> bool:
+        """Before a cancel, when handing over by priority: seal our claim, so that an heir
+        the cancel may activate (it waits above us at the broker) cannot take it over while
+        we still handle what we hold. False if etcd cannot be reached: then we fence (the
+        connection is aborted, what we held comes back first, in order) instead."""
+        claim = self.mirror.claims.get(partition)
+        session = self.session
+        if not self.priority or claim is None or claim.sealed or session is None:
+            return True
+        if self._holder(partition) is not Holder.ME:
+            return True  # not ours any more: nobody can take it over from us
+        try:
+            revision = self.group.seal(partition, session, claim)
+        except EtcdUnavailable as e:
+            log.warning(
+                "partition %d: cannot seal the claim before a drain (%s): fencing", partition, e
+            )
+            self.drop()
+            self._resync()
+            return False
+        if revision > 0:
+            self.mirror.wrote_claim(partition, replace(claim, sealed=True), revision)
+        return True
+
     def _do_standby(self, partition: int, command: Command) -> list[_Step]:
-        """Carry out a command of the hot standby's phases (``consumers.handoff``)."""
+        """Carry out a command of the hot standby's phases (``consumers.handoff``), an
+        heir's included (a standby subscribed above the owner: ``consumers.priority``)."""
         match command:
             case Command.STAND_BY:
-                if not self.broker.stand_by(partition):
-                    return [_Step(partition, Event.STANDBY_LOST)]  # no connection: not standing
+                slot = self.slots[partition]
                 claim = self.mirror.claims.get(partition)
-                self.slots[partition].behind = claim.member if claim is not None else ""
+                heir = claim is not None and self._inherits(partition)
+                rank = priority.heir_priority(claim.priority) if heir and claim else None
+                if not self.broker.stand_by(partition, rank):
+                    return [_Step(partition, Event.STANDBY_LOST)]  # no connection: not standing
+                slot.behind = claim.member if claim is not None else ""
+                if heir and rank is not None:
+                    slot.seen = self.mirror.claim_revisions.get(partition, 0)
+                    slot.rank = rank
+                    log.info(
+                        "partition %d: subscribed above %s (priority %d): its heir",
+                        partition,
+                        slot.behind,
+                        rank,
+                    )
+                    return []
                 owner = self.mirror.assignment.get(partition)
                 log.info("partition %d: standing by behind %s", partition, owner)
             case Command.STAND_DOWN:

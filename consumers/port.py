@@ -189,6 +189,7 @@ class BrokerPort(Protocol):
     """One connection's partitions (:class:`consumers.broker.Broker` says how)."""
 
     connected: threading.Event  # set while the connection is usable
+    server_version: str  # RabbitMQ's, as the last connection reported it ("" before one)
 
     def start(self) -> None: ...
 
@@ -228,8 +229,9 @@ class BrokerPort(Protocol):
         """The worker handled everything up to END: the held acks go, then ``Drained``."""
         ...
 
-    def stand_by(self, partition: int) -> bool:
-        """Subscribe as the partition's hot standby (``Activated`` if its owner goes)."""
+    def stand_by(self, partition: int, priority: int | None = None) -> bool:
+        """Subscribe as the partition's hot standby (``Activated`` if its owner goes), or
+        as its heir with ``priority`` (``Activated`` once the broker switches to it)."""
         ...
 
     def stand_down(self, partition: int) -> None: ...

@@ -39,6 +39,11 @@ class PartitionSlot:
     freed_at: float | None = None  # when the claim was freed or handed to us (epoch seconds)
     abandoned: bool = False  # its worker failed: nothing is handled or drained here any more
     behind: str = ""  # the owner our standby subscription waits behind, while standing by
+    # as its heir (consumers.priority): the claim's revision when we subscribed, and our
+    # x-priority; 0: a hot standby's subscription, or none
+    seen: int = 0
+    rank: int = 0
+    yielded_at: float = 0.0  # when it last began YIELDING (monotonic), for its timer
     taken_from: str | None = None  # taken over from this (dead) owner, until reassigned
 
     def step(self, event: Event) -> tuple[State, list[Command]]:
@@ -46,7 +51,7 @@ class PartitionSlot:
         before = self.state
         self.state, commands = step(before, event)
         if self.state.standby is Standby.NONE:
-            self.behind = ""
+            self.behind, self.seen, self.rank = "", 0, 0
         return before, commands
 
     def ours(self, owner: str | None, member: str, *, leaving: bool) -> bool:

@@ -79,10 +79,12 @@ class StubBroker:
         self.auto = auto
         self.sink = sink
         self.connected = threading.Event()
+        self.server_version = ""  # RabbitMQ's: a test sets "4.0.5" for handoffs by priority
         self.stopped = threading.Event()
         self.calls: list[tuple[str, int]] = []  # ("subscribe", p), ("cancel", p), ...
         self.channels: dict[int, StubChannel] = {}  # the partitions subscribed now
         self.generations: dict[int, int] = {}  # of each partition's latest subscription
+        self.priorities: dict[int, int | None] = {}  # of each latest subscription or standby
         self._acked: dict[int, list[int]] = {}
         self._ended: set[int] = set()  # cancels done (END sent): too late to resume
         self._lock = threading.Lock()
@@ -96,9 +98,11 @@ class StubBroker:
     def join(self, timeout: float | None = None) -> None:
         pass
 
-    def stand_by(self, partition: int) -> bool:
+    def stand_by(self, partition: int, priority: int | None = None) -> bool:
         """The stub has no waiting consumers: standing by is recorded, never activated."""
+        consume_arguments(priority)
         with self._lock:
+            self.priorities[partition] = priority
             self.calls.append(("stand_by", partition))
         return True
 
@@ -113,6 +117,8 @@ class StubBroker:
     def subscribe(self, partition: int, generation: int, priority: int | None = None) -> bool:
         consume_arguments(priority)  # a bad priority fails as on the real broker
         self._record("subscribe", partition)
+        with self._lock:
+            self.priorities[partition] = priority
         if not self.connected.is_set():
             return False
         with self._lock:

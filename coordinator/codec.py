@@ -149,6 +149,7 @@ class Member:
     version: str = ""
     started: float = 0.0
     leaving: bool = False  # announced its stop: it hands its partitions over, then leaves
+    priority: bool = False  # hands partitions over by consumer priority (consumers.priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +168,8 @@ class Claim:
     at: float = 0.0
     takeover: bool = False  # a hot standby took the partition over from its dead owner
     taken_from: str = ""  # ... that owner (suspect until the claim is made ordinary)
+    priority: int = 0  # the x-priority its holder consumes with (consumers.priority)
+    sealed: bool = False  # its holder may cancel: no heir may take it over by priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,6 +374,7 @@ def encode_member(member: Member) -> str:
         version=_text(member.version, "version"),
         started=_time(member.started, "started"),
         **({"leaving": True} if member.leaving else {}),
+        **({"priority": True} if member.priority else {}),
     )
 
 
@@ -383,9 +387,18 @@ def encode_candidate() -> str:
     return ""
 
 
-def encode_claim(member: str, at: float, *, taken_from: str = "") -> str:
-    """A claim; ``taken_from``: the dead owner a hot standby took the partition from."""
-    extra = {"takeover": True, "from": validate_member_id(taken_from)} if taken_from else {}
+def encode_claim(
+    member: str, at: float, *, taken_from: str = "", priority: int = 0, sealed: bool = False
+) -> str:
+    """A claim; ``taken_from``: the dead owner a hot standby took the partition from;
+    ``priority``: the holder's x-priority (0: none written); ``sealed``: see :class:`Claim`."""
+    extra: dict[str, Any] = (
+        {"takeover": True, "from": validate_member_id(taken_from)} if taken_from else {}
+    )
+    if priority:
+        extra["priority"] = _count(priority, "priority", 0)  # below 2**31 (consumers.priority)
+    if sealed:
+        extra["sealed"] = True
     return _dumps(member=validate_member_id(member), at=_time(at, "at"), **extra)
 
 
@@ -638,6 +651,7 @@ def decode_member(_stream: str, name: str, raw: bytes | str, lease: int) -> Memb
         version=_str(doc, "version"),
         started=_number(doc, "started"),
         leaving=_flag(doc, "leaving"),
+        priority=_flag(doc, "priority"),
     )
 
 
@@ -649,7 +663,15 @@ def decode_claim(_stream: str, _name: str, raw: bytes | str, lease: int) -> Clai
     doc = _object(raw)
     takeover = _flag(doc, "takeover")
     source = _id(doc, "from") if takeover else ""
-    return Claim(_id(doc, "member"), lease, _number(doc, "at"), takeover, source)
+    return Claim(
+        _id(doc, "member"),
+        lease,
+        _number(doc, "at"),
+        takeover,
+        source,
+        _int(doc, "priority", 0) if "priority" in doc else 0,
+        _flag(doc, "sealed"),
+    )
 
 
 def decode_standby(_stream: str, _name: str, raw: bytes | str, _lease: int) -> Standby:

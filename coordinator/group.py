@@ -225,7 +225,15 @@ class Group:
 
     # -- membership --------------------------------------------------------------------
 
-    def join(self, session: Session, member_id: str, weight: int = 1, version: str = "") -> None:
+    def join(
+        self,
+        session: Session,
+        member_id: str,
+        weight: int = 1,
+        version: str = "",
+        *,
+        priority: bool = False,
+    ) -> None:
         """Register ``member_id`` on ``session``'s lease; refused if another live one has it.
 
         The id must pass :func:`validate_member_id` (:class:`InvalidMemberId` otherwise). A
@@ -233,7 +241,7 @@ class Group:
         once, for at most its lease's remaining TTL.
         """
         validate_member_id(member_id)
-        existing = self._try_join(session, member_id, weight, version)
+        existing = self._try_join(session, member_id, weight, version, priority)
         if existing is None:
             return
         with etcd_errors(self.where):
@@ -248,7 +256,7 @@ class Group:
         while existing is not None and (left := deadline - time.monotonic()) > 0:
             with etcd_errors(self.where), contextlib.suppress(etcd3.exceptions.WatchTimedOut):
                 self.client.watch_once(keys.member(self.stream, member_id), timeout=left)
-            existing = self._try_join(session, member_id, weight, version)
+            existing = self._try_join(session, member_id, weight, version, priority)
         if existing is None:
             return
         raise MemberIdTaken(
@@ -256,7 +264,9 @@ class Group:
             f"(lease {existing:x}): give this one another --member-id, or stop the other one"
         )
 
-    def _try_join(self, session: Session, member_id: str, weight: int, version: str) -> int | None:
+    def _try_join(
+        self, session: Session, member_id: str, weight: int, version: str, priority: bool = False
+    ) -> int | None:
         """Put the member key if absent; None if it is ours now, else the holder's lease."""
         if weight < 1:
             raise ValueError(f"weight must be at least 1, got {weight}")
@@ -269,6 +279,7 @@ class Group:
                 pid=os.getpid(),
                 version=version,
                 started=time.time(),
+                priority=priority,
             )
         )
         ok, existing = self._put_if_absent(key, value, session, "member")
@@ -353,17 +364,47 @@ class Group:
         return 0
 
     def take_over(
-        self, partition: int, member_id: str, session: Session, seen: int, owner: str = ""
+        self,
+        partition: int,
+        member_id: str,
+        session: Session,
+        seen: int,
+        owner: str = "",
+        *,
+        priority: int = 0,
     ) -> int:
         """Put our claim on ``partition`` if its claim is still the one read at mod
         revision ``seen``: with ``owner`` a takeover claim naming the dead owner; without,
-        our own takeover claim made ordinary. The claim's new revision, or 0."""
+        our own takeover claim made ordinary, or an heir's claim (``priority``: the x-priority
+        it consumes with, ``consumers.priority``). The claim's new revision, or 0."""
         key = keys.claim(self.stream, partition)
-        value = codec.encode_claim(member_id, time.time(), taken_from=owner)
+        value = codec.encode_claim(member_id, time.time(), taken_from=owner, priority=priority)
         t = self.client.transactions
         with etcd_errors(self.where):
             ok, responses = self.client.transaction(
                 compare=[t.mod(key) == seen],
+                success=[t.put(key, value, lease=session.lease)],
+                failure=[],
+            )
+        return int(responses[0].response_put.header.revision) if ok else 0
+
+    def seal(self, partition: int, session: Session, claim: Claim) -> int:
+        """Rewrite our ``claim`` on ``partition`` sealed (only if it is still on our lease),
+        before its consumer is cancelled: an heir subscribed above us by priority, which the
+        cancel may activate, then cannot take it over while we still handle what we hold
+        (``consumers.priority``). The claim's new revision, or 0."""
+        key = keys.claim(self.stream, partition)
+        value = codec.encode_claim(
+            claim.member,
+            time.time(),
+            taken_from=claim.taken_from,
+            priority=claim.priority,
+            sealed=True,
+        )
+        t = self.client.transactions
+        with etcd_errors(self.where):
+            ok, responses = self.client.transaction(
+                compare=[lease_is(key, session.id)],
                 success=[t.put(key, value, lease=session.lease)],
                 failure=[],
             )

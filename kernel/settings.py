@@ -10,7 +10,7 @@ import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import SecretStr, ValidationError, field_validator, model_validator
@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_AMQP_OUTAGE_LIMIT",
     "DEFAULT_CONCURRENCY",
     "DEFAULT_ETCD_ENDPOINTS",
+    "DEFAULT_HANDOFF",
     "DEFAULT_STALL_AFTER",
     "Endpoint",
     "HttpSecurity",
@@ -45,6 +46,10 @@ DEFAULT_CONCURRENCY = 1
 # Consumers: seconds an owned partition may get nothing while messages are ready in its
 # queue before it is reported stalled; PARTQ_STALL_AFTER.
 DEFAULT_STALL_AFTER = 30.0
+# Consumers: how a planned handoff moves a partition; auto: by consumer priority where the
+# broker switches (RabbitMQ 4 quorum queues), else the drain. PARTQ_HANDOFF or --handoff.
+Handoff = Literal["auto", "drain"]
+DEFAULT_HANDOFF: Handoff = "drain"
 
 Endpoint = tuple[str, int, bool]  # host, port, tls
 
@@ -106,6 +111,13 @@ class Settings(BaseSettings):
     """Consumers: seconds an owned partition may get nothing while its queue has messages
     ready before it is reported stalled (`partition N: stalled`,
     `partq_consumer_stalled_partitions`); 0: never."""
+    handoff: Handoff = DEFAULT_HANDOFF
+    """Consumers: how a planned handoff moves a partition. `auto`: by consumer priority
+    where RabbitMQ switches to a higher-priority waiting consumer once the active one has
+    settled everything (4.0 and later, quorum queues): the next owner subscribes above the
+    old one and the broker hands over, no drain; elsewhere the drain. `drain`: always the
+    drain. Every member of a group should use the same (a member using `drain` is
+    never handed a partition by priority)."""
     http_cert: Path | None = None
     """Certificate for HTTPS on the daemons' port; needs `http_key`."""
     http_key: Path | None = None

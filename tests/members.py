@@ -1,13 +1,50 @@
-"""Members played by bare etcd sessions, for coordinator tests (fake and real etcd alike)."""
+"""Members played by bare etcd sessions, for coordinator tests (fake and real etcd alike),
+and a consumer's partitions with no broker and no daemon (``bare_partitions``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import cast
 
+from consumers.deadletters import DeadLetters
+from consumers.message import Message
+from consumers.partitions import Partitions
+from consumers.port import BrokerPort
 from coordinator.group import Group
 from coordinator.session import Session
+from producer.contract import StreamSpec
 
-__all__ = ["claim_assigned"]
+__all__ = ["bare_partitions", "claim_assigned"]
+
+
+def _ignore(_message: Message) -> None:
+    pass
+
+
+def bare_partitions(
+    spec: StreamSpec,
+    member: str,
+    group: Group,
+    broker: object,
+    settle_takeover: Callable[[int], None] = lambda _p: None,
+) -> Partitions:
+    """``member``'s partitions on ``broker`` (a recorder), with a handler that does nothing,
+    one attempt per message and no retries, dead letters, resync or release retries."""
+    return Partitions(
+        spec=spec,
+        member=member,
+        group=group,
+        broker=cast(BrokerPort, broker),
+        handler=_ignore,
+        dead_letters=cast(DeadLetters, None),
+        max_attempts=1,
+        retry_backoff=0.01,
+        handler_timeout=None,
+        on_worker_failure=lambda _p, _r: None,
+        retry_release=lambda _p: None,
+        resync=lambda: None,
+        settle_takeover=settle_takeover,
+    )
 
 
 def claim_assigned(group: Group, sessions: Mapping[str, Session]) -> None:

@@ -1,6 +1,8 @@
 """A planned handoff by consumer priority on RabbitMQ 4.0.5 quorum (consumers/priority.py):
 the heir, subscribed above the owner, is served only once the owner has settled every
-delivery, and then exactly what follows, in order, with nothing returned."""
+delivery, and then exactly what follows, in order, with nothing returned. Then the daemon
+(``--handoff auto``, consumers as OS processes): planned moves under load, and a kill -9 of
+either side mid-switch, with nothing lost, no overlap, every key in order."""
 
 from __future__ import annotations
 
@@ -8,15 +10,33 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pika
 import pytest
 
+from consumers import audit as checker
+from consumers.audit import Crash
 from consumers.broker import Broker
 from consumers.port import BrokerEvent, ChannelLost, Delivery, Drained, End, Subscribed
+from consumers.priority import YIELD_WAIT
+from coordinator.group import Group
+from kernel.settings import Settings
 from producer.contract import StreamSpec
 from producer.publisher import Producer
+from producer.registry import Registry
 from producer.topology import declare_stream, delete_stream
+from tests.integration.groups.harness import PREFETCH, Fleet, Proc, SequenceProducer
+from tests.integration.groups.test_invariants import (
+    SETTLE,
+    P,
+    assert_invariants,
+    handled_all,
+    settle,
+    stream_fleet,
+    summary,
+)
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -130,3 +150,176 @@ def test_the_heir_above_the_owner_takes_over_once_the_owner_settled_all(
     # and the owner handled nothing once the heir was served (never two at once)
     assert max(when for when, _, _ in owner.handled) <= switched
     assert ("lost", 0) not in events
+
+
+# -- the daemon: planned moves by priority, and crashes mid-switch ------------------------
+
+
+@pytest.fixture
+def fleet_40(
+    registry: Registry, settings: Settings, rabbitmq_40: str, stream_name: str, tmp_path: Path
+) -> Iterator[tuple[Fleet, Group, StreamSpec]]:
+    """A P = 12 quorum stream on the 4.0.5 node whose consumers hand over by priority."""
+    with stream_fleet(registry, settings.etcd_endpoints, rabbitmq_40, stream_name, tmp_path) as e:
+        e[0].env["PARTQ_HANDOFF"] = "auto"
+        yield e
+
+
+@contextmanager
+def _under_load(spec: StreamSpec, url: str, **options: float) -> Iterator[SequenceProducer]:
+    """A SequenceProducer publishing while the body runs, and a second more."""
+    producer = SequenceProducer(spec, url, **options)  # type: ignore[arg-type]
+    producer.start()
+    try:
+        yield producer
+        time.sleep(1.0)
+    finally:
+        producer.stop()
+
+
+def _count(fleet: Fleet, text: str, member: str | None = None) -> int:
+    return sum(
+        proc.log.read_text(errors="replace").count(text)
+        for proc in fleet.procs
+        if member is None or proc.name == member
+    )
+
+
+def test_the_daemon_moves_partitions_by_priority_under_load_in_order(
+    fleet_40, rabbitmq_40: str
+) -> None:
+    # Given c1 consuming all 12 partitions under load (400 msg/s, a 2 ms handler)
+    fleet, group, spec = fleet_40
+    fleet.coordinator()
+    consumers = {"c1": fleet.consumer("c1")}
+    settle(group, fleet, {"c1"})
+    with _under_load(spec, rabbitmq_40) as producer:
+        # When members join and leave (SIGTERM), each a rebalance of planned moves
+        for action, member in [("add", "c2"), ("add", "c3"), ("remove", "c3"), ("remove", "c2")]:
+            time.sleep(1.5)
+            if action == "add":
+                consumers[member] = fleet.consumer(member)
+            else:
+                assert consumers.pop(member).terminate() == 0, fleet.logs()
+            settle(group, fleet, set(consumers))
+    records = handled_all(fleet, producer)
+    # Then every move went by the broker's switch, and nothing is lost, overlapped or
+    # out of order
+    switched = _count(fleet, "RabbitMQ switched to us")
+    drained = _count(fleet, "and its heir has not taken it over: draining")
+    print(
+        f"\n{len(records)} records; {switched} moves by priority, {drained} drained after "
+        f"{YIELD_WAIT}s (idle partitions: no delivery proves the switch); "
+        + summary("handoff gap", checker.handoff_gaps(records))
+    )
+    assert switched >= 12, fleet.logs()  # 4 + 4 (joins) and 4 + 6 (leaves) moves at least
+    assert _count(fleet, "planned handoffs: by consumer priority") == 3
+    assert_invariants(records, producer.published())
+
+
+def _wait_for_heirs(fleet: Fleet, owner: str, heir: str) -> None:
+    """Until ``owner`` yields a partition and ``heir`` subscribed above it."""
+    wait_until(
+        lambda: (
+            _count(fleet, "consuming until it takes over", owner)
+            and _count(fleet, "(priority ", heir)
+        ),
+        SETTLE,
+        interval=0.02,
+        what=f"{owner} yielding to {heir}, subscribed above it as heir",
+    )
+
+
+@contextmanager
+def _mid_switch(
+    fleet_40: tuple[Fleet, Group, StreamSpec], url: str, ttl: int
+) -> Iterator[tuple[Proc, Proc, SequenceProducer]]:
+    """c1 consuming every partition with a slow handler (10 ms: a full window takes a
+    second to settle) at 600 msg/s; c2 joins and the body runs once c1 yields a partition
+    and c2 subscribed above it as heir: (c1, c2, the producer), stopped after the body."""
+    fleet, group, spec = fleet_40
+    fleet.env["PARTQ_RECORD_SLEEP"] = "0.01"
+    fleet.coordinator()
+    c1 = fleet.consumer("c1", handler="record_async", ttl=ttl)
+    settle(group, fleet, {"c1"})
+    with _under_load(spec, url, rate=600.0) as producer:
+        time.sleep(2.0)
+        c2 = fleet.consumer("c2", ttl=ttl)
+        _wait_for_heirs(fleet, "c1", "c2")
+        yield c1, c2, producer
+
+
+def test_an_owner_killed_mid_switch_hands_over_in_order_before_its_lease_ends(
+    fleet_40, rabbitmq_40: str
+) -> None:
+    fleet, group, _ = fleet_40
+    with _mid_switch(fleet_40, rabbitmq_40, ttl=5) as (c1, _, producer):
+        # When c1 is killed -9 while c2 waits above it: the broker had not switched yet
+        killed_at, c1_pid = time.time(), c1.pid
+        yielding = _count(fleet, "consuming until it takes over", "c1")
+        switched = _count(fleet, "RabbitMQ switched to us", "c2")
+        c1.kill()
+        settle(group, fleet, {"c2"}, timeout=20)
+    records = handled_all(fleet, producer)
+    # Then c2's heirs took over as soon as c1's connection died (its lease 5 s), and what
+    # c1 held came back first: nothing lost, no overlap, in order
+    after = [
+        r["start"] - killed_at for r in records if r["pid"] != c1_pid and r["start"] > killed_at
+    ]
+    print(
+        f"\nkilled with {yielding} partitions yielding, {switched} switched; first handling "
+        f"by c2 after the kill: {min(after, default=float('nan')):.3f}s"
+    )
+    assert yielding > switched, "the kill came after every switch: nothing was mid-switch"
+    assert _count(fleet, "RabbitMQ switched to us", "c2") > switched, fleet.logs()
+    # no crash excuse: a dead connection's deliveries come back first, in order
+    assert_invariants(records, producer.published())
+    assert any(r["redelivered"] for r in records if r["start"] > killed_at)
+
+
+def test_an_heir_killed_while_waiting_leaves_the_owner_consuming_in_order(
+    fleet_40, rabbitmq_40: str
+) -> None:
+    with _mid_switch(fleet_40, rabbitmq_40, ttl=2) as (_, c2, producer):
+        # When c2 is killed -9 while it waits above c1 / Then c1 keeps every partition
+        crash = Crash(time.time(), PREFETCH, c2.pid)
+        c2.kill()
+        settle(fleet_40[1], fleet_40[0], {"c1"}, timeout=20)
+    records = handled_all(fleet_40[0], producer)
+    assert_invariants(records, producer.published(), crashes=[crash])
+
+
+def test_hot_standbys_and_heirs_at_once_move_by_priority_then_take_over_a_killed_owner(
+    fleet_40, rabbitmq_40: str
+) -> None:
+    """The heir outranks the standby (x-priority 0): a move switches to the heir and never
+    activates the standby, which then stands behind the new owner (it stood behind the old
+    one) and takes over when that one is killed."""
+    fleet, group, spec = fleet_40
+    fleet.coordinator(extra=("--standby",))
+    members = {m: fleet.consumer(m, ttl=10) for m in ("c1", "c2")}
+    settle(group, fleet, set(members))
+    wait_until(lambda: len(group.snapshot().standbys) == P, SETTLE, what="a standby each")
+    with _under_load(spec, rabbitmq_40, keys=96, rate=600.0) as producer:
+        time.sleep(1.5)
+        # When c3 joins: planned moves while every partition has a standby
+        members["c3"] = fleet.consumer("c3", ttl=10)
+        settle(group, fleet, set(members), timeout=20)
+        wait_until(lambda: len(group.snapshot().standbys) == P, SETTLE, what="a standby each")
+        time.sleep(1.5)
+        switched = _count(fleet, "RabbitMQ switched to us")
+        # and then c3, the new owner, is killed -9
+        crash = Crash(time.time(), PREFETCH, members["c3"].pid)
+        members.pop("c3").kill()
+        wait_until(
+            lambda: _count(fleet, "is gone from RabbitMQ: taken over"), 10, what="a takeover"
+        )
+        settle(group, fleet, set(members), timeout=30)
+    records = handled_all(fleet, producer)
+    # Then the moves went by priority, no standby was activated by them, a standby took
+    # over from the killed owner before its lease (10 s) ended, and every key is in order
+    takeovers = _count(fleet, "is gone from RabbitMQ: taken over")
+    given_back = _count(fleet, "standby activated by a planned move")
+    print(f"\n{switched} moves by priority, {takeovers} takeovers, {given_back} given back")
+    assert switched >= 4 and takeovers >= 1, fleet.logs()
+    assert_invariants(records, producer.published(), crashes=[crash])

@@ -148,6 +148,19 @@ def test_a_claim_round_trips(member: str, lease: int, at: float, partition: int)
     assert kinds.decode("claim", STREAM, f"{partition:05d}", raw, lease) == Claim(member, lease, at)
 
 
+@given(member_ids, leases, times, st.integers(0, 2**31 - 1), st.booleans())
+def test_a_claim_with_its_priority_and_seal_round_trips(
+    member: str, lease: int, at: float, priority: int, sealed: bool
+) -> None:
+    raw = encode_claim(member, at, priority=priority, sealed=sealed).encode()
+    claim = Claim(member, lease, at, priority=priority, sealed=sealed)
+    assert kinds.decode("claim", STREAM, "00000", raw, lease) == claim
+
+
+def test_a_claim_without_priority_is_written_as_before() -> None:
+    assert json.loads(encode_claim("c1", 5.0)) == {"member": "c1", "at": 5.0, "v": 1}
+
+
 @given(st.integers(1, 2**64 - 1))
 def test_a_leader_candidate_round_trips(lease: int) -> None:
     assert kinds.decode("leader", STREAM, f"{lease:016x}", codec.encode_candidate()) == Candidate(

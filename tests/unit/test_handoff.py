@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -343,9 +345,11 @@ def test_a_standby_never_runs_beside_our_consumption_and_is_promoted_only_once_a
         state, commands = step(state, event)
         # Then a standby never lives beside our own consumption of the partition
         assert not (state.consuming and state.standby is not Standby.NONE)
-        # and a standby subscription is made only for an idle partition
+        # and a standby subscription is made only for an idle partition, or one we wait
+        # for as its heir (consumers.priority)
         if Command.STAND_BY in commands:
-            assert before.phase is Phase.IDLE and before.standby is Standby.NONE
+            assert before.phase in (Phase.IDLE, Phase.WAITING)
+            assert before.standby is Standby.NONE
             assert state.standby is Standby.STANDING
         # and promoted only once activated, onto our takeover claim, consumed at once
         if Command.PROMOTE in commands:
@@ -368,3 +372,48 @@ def test_a_standby_never_runs_beside_our_consumption_and_is_promoted_only_once_a
         # and a drop leaves nothing consumed
         if event is Event.DROPPED:
             assert (state.phase, commands) == (Phase.IDLE, [])
+
+
+def test_a_move_by_priority_consumes_on_until_the_heir_takes_the_claim() -> None:
+    # Given an active partition
+    active, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED])
+    # When it moves to an heir that outranks us / Then nothing is cancelled: we consume on
+    yielding, commands = step(active, Event.YIELD)
+    assert (yielding.phase, yielding.assigned, commands) == (Phase.YIELDING, False, [])
+    assert yielding.consuming
+    # When the heir takes the claim over (the broker switched) / Then we cancel and release
+    draining, commands = step(yielding, Event.CLAIM_OTHER)
+    assert (draining.phase, commands) == (Phase.DRAINING, [Command.CANCEL])
+    state, commands = step(draining, Event.DRAINED)
+    assert (state.phase, commands) == (Phase.RELEASING, [Command.RELEASE])
+
+
+def test_a_yield_assigned_back_consumes_on_and_one_without_heir_drains() -> None:
+    yielding, _ = run([Event.ASSIGNED, Event.CLAIMED, Event.SUBSCRIBED, Event.YIELD])
+    back, commands = step(yielding, Event.ASSIGNED)
+    assert (back.phase, back.assigned, commands) == (Phase.ACTIVE, True, [])
+    for event in (Event.UNASSIGNED, Event.PAUSED, Event.CLAIM_FREE):
+        state, commands = step(yielding, event)
+        assert (state.phase, commands) == (Phase.DRAINING, [Command.CANCEL]), event
+    state, commands = step(yielding, Event.CHANNEL_LOST)
+    assert (state.phase, commands) == (Phase.RELEASING, [Command.RELEASE])
+
+
+def test_a_yield_of_a_partition_not_active_is_an_unassignment() -> None:
+    waiting, _ = run([Event.CLAIM_OTHER, Event.ASSIGNED])
+    assert step(waiting, Event.YIELD) == step(waiting, Event.UNASSIGNED)
+
+
+def test_an_heir_stands_by_from_waiting_and_is_promoted_on_its_takeover() -> None:
+    waiting, _ = run([Event.CLAIM_OTHER, Event.ASSIGNED])
+    heir, commands = step(waiting, Event.STANDBY_WANTED)
+    assert heir == replace(waiting, standby=Standby.STANDING)
+    assert commands == [Command.STAND_BY]
+    heir, _ = step(heir, Event.ACTIVATED)
+    state, commands = step(heir, Event.TAKEN_OVER)
+    assert (state.phase, state.holder, commands) == (Phase.ACTIVE, Holder.ME, [Command.PROMOTE])
+    # A refused one gives back and waits; a claim freed meanwhile gives back, then claims
+    assert step(heir, Event.TAKEOVER_REFUSED) == (waiting, [Command.GIVE_BACK])
+    state, issued = run([Event.CLAIM_FREE, Event.CLAIMED], heir)
+    assert state.phase is Phase.SUBSCRIBING
+    assert issued == [Command.CLAIM, Command.GIVE_BACK, Command.SUBSCRIBE]

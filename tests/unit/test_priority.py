@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.priority import MAX_PRIORITY, consume_arguments, heir_priority, switches
+from consumers.priority import (
+    MAX_PRIORITY,
+    consume_arguments,
+    heir_priority,
+    inherits_claim,
+    switches,
+)
+from coordinator.codec import Claim
 
 
 def test_no_priority_sends_no_argument() -> None:
@@ -46,3 +53,11 @@ def test_only_quorum_queues_of_rabbitmq_4_switch_by_priority(
     version: str, queue_type: str, expected: bool
 ) -> None:
     assert switches(version, queue_type) is expected
+
+
+def test_an_heir_inherits_only_the_very_claim_it_subscribed_behind() -> None:
+    claim = Claim("a", 7, priority=3)
+    assert inherits_claim(claim, 40, "a", 40)
+    assert not inherits_claim(claim, 41, "a", 40)  # rewritten since: sealed, or handed on
+    assert not inherits_claim(claim, 40, "c", 40)  # another owner's
+    assert not inherits_claim(Claim("a", 7, sealed=True), 40, "a", 40)

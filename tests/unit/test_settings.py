@@ -19,6 +19,7 @@ PARTQ_VARS = (
     "PARTQ_ETCD_KEY",
     "PARTQ_ETCD_TIMEOUT",
     "PARTQ_AMQP_URL",
+    "PARTQ_HANDOFF",
 )
 
 
@@ -103,6 +104,7 @@ def test_several_endpoints_are_parsed() -> None:
         ({"etcd_endpoints": " , "}, "no etcd endpoint given"),
         ({"amqp_url": "http://guest:guest@h/"}, "must start with amqp:// or amqps://"),
         ({"etcd_timeout": "soon"}, "etcd_timeout"),
+        ({"handoff": "priority"}, "handoff"),
         ({"no_such_setting": 1}, "no_such_setting"),
     ],
 )
@@ -172,3 +174,12 @@ def test_validation_error_never_shows_the_amqp_password() -> None:
     # Then the message shows the URL redacted
     assert "s3cret-pw" not in str(caught.value)
     assert "user:***@h:5672" in str(caught.value)
+
+
+def test_the_handoff_comes_from_the_environment_or_the_file_and_drains_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert Settings.load().handoff == "drain"
+    assert Settings.load(write_toml(tmp_path, 'handoff = "auto"')).handoff == "auto"
+    monkeypatch.setenv("PARTQ_HANDOFF", "auto")
+    assert Settings.load().handoff == "auto"

@@ -10,21 +10,18 @@ the broker's callbacks: ``activated`` (``on_activated``), ``standby_lost``, and 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
-from consumers.deadletters import DeadLetters
 from consumers.handoff import Holder, Phase, Standby
-from consumers.message import Message
-from consumers.partitions import Partitions
-from consumers.port import BrokerPort
 from coordinator import codec
 from coordinator.group import Group
 from coordinator.session import Session
 from coordinator.testing import FakeEtcd
 from kernel import keys
 from producer.contract import StreamSpec
+from tests.members import bare_partitions
 
 SPEC = StreamSpec("s", 2)
 
@@ -58,26 +55,11 @@ class Env:
         self.fake.put(keys.standby(SPEC.name, 0), codec.encode_standby("b"))
         self.broker = RecordingBroker()
         self.settled: list[int] = []
-        self.partitions = Partitions(
-            spec=SPEC,
-            member="b",
-            group=self.group,
-            broker=cast(BrokerPort, self.broker),
-            handler=self.handle,
-            dead_letters=cast(DeadLetters, None),
-            max_attempts=1,
-            retry_backoff=0.01,
-            handler_timeout=None,
-            on_worker_failure=lambda _p, _r: None,
-            retry_release=lambda _p: None,
-            resync=lambda: None,
-            settle_takeover=self.settled.append,
+        self.partitions = bare_partitions(
+            SPEC, "b", self.group, self.broker, settle_takeover=self.settled.append
         )
         self.partitions.session = self.b
         self.partitions.follow(self.group.snapshot())
-
-    def handle(self, message: Message) -> None:
-        pass
 
     def assign(self, partition: int, member: str) -> None:
         self.fake.put(keys.assignment(SPEC.name, partition), codec.encode_assignment(member))
