@@ -79,6 +79,7 @@ from consumers.parking import ParkedKeys, Parking
 from consumers.partitions import Partitions
 from consumers.port import BrokerEvent, BrokerFactory, BrokerUpdate
 from consumers.reports import Reports
+from consumers.resizing import ResizeGate
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
 from coordinator.events import LeaseLost, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
@@ -136,6 +137,10 @@ class Consumer:
         self.member = config.member
         self.spec: StreamSpec = registry.read_spec(config.stream)
         self.spec.check_partitions(config.partitions)
+        self.epoch = self.spec.epoch  # the layout's (self.spec keeps the widest count seen)
+        self.resize = ResizeGate(
+            registry.client, registry.where, config.stream, self.member, self.spec.epoch
+        )
         self.group = Group(registry.client, registry.where, config.stream)
         self.events: queue.Queue[ControllerEvent] = queue.Queue()
         self.stopping = False
@@ -193,6 +198,7 @@ class Consumer:
             settle_takeover=lambda p: self._after(config.ttl + 1.0, SettleTakeover(p)),
             parking=self.parking,
             concurrency=config.concurrency,
+            resize=self.resize,
         )
         self.reports = Reports(
             config, self._labels, self.group, self.partitions, self.broker, self.parking
@@ -224,6 +230,7 @@ class Consumer:
     def _run(self) -> int:
         self.alive.set()
         self.broker.start()
+        self.resize.start()
         log.info("waiting for a usable RabbitMQ connection before joining %s", self.spec.name)
         if self.config.load_report > 0:
             self._after(self.config.load_report, ReportLoad())
@@ -278,10 +285,8 @@ class Consumer:
         match event:
             case Stop():
                 self._begin_stop()
-            case WatchEvent(kind="spec", value=None):
-                self._stream_deleted()
-            case WatchEvent(kind="spec"):
-                self._stream_recreated()
+            case WatchEvent(kind="spec", value=spec):
+                self._on_spec(spec if isinstance(spec, StreamSpec) else None)
             case WatchEvent():
                 # a recreated stream is read afresh (_resync), and so is the group on a rejoin
                 if not self.deleted and not self.away:
@@ -477,6 +482,32 @@ class Consumer:
         self.partitions.forget()
         self.membership.end(revoke=True)  # our member key and claims went with the stream
 
+    def _on_spec(self, spec: StreamSpec | None) -> None:
+        """The stream's spec changed: deleted (None), recreated, or resized."""
+        if spec is None:
+            self._stream_deleted()
+        elif not self.deleted and spec.epoch > self.epoch:
+            self._resized(spec)
+        else:
+            self._stream_recreated()
+
+    def _resized(self, spec: StreamSpec) -> None:
+        """A resize switched the stream's layout: partitions it adds are consumed as they
+        are assigned; those it retires stay known until their fence (docs/resize.md)."""
+        log.info(
+            "stream %s resized: layout epoch %d, %d partitions (was %d)",
+            spec.name,
+            spec.epoch,
+            spec.partitions,
+            self.spec.partitions,
+        )
+        self.epoch = spec.epoch
+        self.resize.spec_epoch(spec.epoch)
+        if spec.partitions > self.spec.partitions:
+            self.broker.widen(spec)
+            self.partitions.widen(spec)
+            self.spec = spec
+
     def _stream_recreated(self) -> None:
         if not self.deleted:
             return
@@ -541,6 +572,7 @@ class Consumer:
         self.membership.unwatch()
         self.partitions.stop_workers()
         self.partitions.close()
+        self.resize.close()
         self.broker.stop()
         self.broker.join(timeout=5)
         if self.parking is not None:
