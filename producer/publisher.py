@@ -308,6 +308,7 @@ class Producer:
         self._returned: dict[int, _Pending] = {}
         self._held = False
         self._awaiting_layout = False  # a thread waits for a newer layout in etcd
+        self.rerouted = 0  # messages returned by a cut layout and republished under a newer
         self._wire_epoch = spec.epoch  # of the messages in _unconfirmed (all of one epoch)
 
     def _on_spec(self, spec: StreamSpec) -> None:
@@ -1002,6 +1003,7 @@ class Producer:
             self._returned.clear()
             self._held = False
             self._outbox.extendleft(reversed(again))
+            self.rerouted += len(again)
         log.info(
             "stream %s: republishing %d returned messages under layout epoch %d",
             self.spec.name,
