@@ -13,6 +13,7 @@ fence in etcd, and the producer did republish what the cut returned.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 
@@ -23,6 +24,7 @@ from consumers import audit
 from coordinator import resize
 from coordinator.group import Group
 from kernel import keys
+from kernel.errors import EtcdUnavailable
 from producer import Producer, StreamSpec
 from producer.contract import CONTROL_FENCE, HEADER_CONTROL, HEADER_EPOCH, fence_routing_key
 from producer.registry import Registry
@@ -211,3 +213,77 @@ def test_a_grow_then_a_shrink_keep_every_keys_order_under_load(
         f"\n{len(sent)} sent, {len(records)} handled, {len(moved)} keys in added partitions, "
         f"{rerouted_grow} + {producer.rerouted - rerouted_grow} republished after the cuts"
     )
+
+
+class CutOff:
+    """A registry behind a network partition that opens on demand: while ``healed`` is
+    clear, nothing is pushed and every read fails, as for a producer cut off from etcd."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.healed = threading.Event()
+        self.healed.set()
+
+    def _reach(self) -> None:
+        if not self.healed.is_set():
+            raise EtcdUnavailable("etcd is cut off (the test's partition)")
+
+    def read_spec(self, stream: str) -> StreamSpec:
+        self._reach()
+        return self.registry.read_spec(stream)
+
+    def read_resize(self, stream: str) -> bytes | None:
+        self._reach()
+        return self.registry.read_resize(stream)
+
+    def watch_spec(self, stream: str, on_spec: Callable[[StreamSpec | None], None]) -> int:
+        return 0  # a watch that never tells anything
+
+    def cancel_watch(self, watch_id: int) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_a_producer_cut_off_from_etcd_across_the_switch_republishes_in_order(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str
+) -> None:
+    # Given a stream of 6 partitions under a keyed load from a producer that follows the
+    # spec, and loses etcd (no watch, no read) before the resize begins
+    fleet = quorum_fleet(6)
+    spec = registry.read_spec(fleet.stream)
+    group = Group(registry.client, registry.where, fleet.stream)
+    fleet.coordinator()
+    fleet.consumer("c1")
+    settle(group, fleet, 6, {"c1"})
+    etcd = CutOff(registry)
+    producer = Producer(fleet.stream, amqp_url=rabbitmq, etcd=etcd, name="cut-off", window=200)
+    load = KeyedLoad(producer, keys=40, rate=400.0)
+    load.start()
+    try:
+        wait_until(lambda: len(fleet.records()) > 400, 60, 0.1, "the load flowing")
+        etcd.healed.clear()
+        # When the whole resize 6 -> 12 happens meanwhile: it keeps publishing under epoch
+        # 0 after the cut, and the broker returns those messages
+        resize_by_hand(registry, rabbitmq, spec, 12)
+        settle(group, fleet, 12, {"c1"})
+        wait_until(lambda: drained(registry, spec.name, 0) == set(range(6)), 60, 0.1, "fences")
+        time.sleep(1.0)  # the producer stays held: its returned messages wait for etcd
+        held = load.published()
+        assert producer.rerouted == 0
+        # And etcd comes back
+        etcd.healed.set()
+        # Then it republishes what was returned, in order, under epoch 1, and goes on
+        wait_until(lambda: producer.rerouted > 0, 30, 0.1, "the returned messages republished")
+        wait_until(lambda: len(load.published()) > len(held) + 400, 60, 0.1, "flowing at 12")
+    finally:
+        load.stop()
+        producer.close()
+    sent = load.published()
+    assert not load.failed, load.failed[:5]
+    wait_until(lambda: not audit.lost(sent, fleet.records()), 60, 0.25, "everything handled")
+    records = fleet.records()
+    assert audit.lost(sent, records) == []
+    assert audit.order_violations(records) == []
+    assert producer.spec.epoch == 1 and producer.spec.partitions == 12
+    assert any(r["partition"] >= 6 for r in records)  # published under the new layout
+    print(f"\n{len(sent)} sent, {producer.rerouted} returned and republished after the cut")
