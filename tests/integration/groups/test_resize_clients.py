@@ -30,7 +30,7 @@ from producer.contract import CONTROL_FENCE, HEADER_CONTROL, HEADER_EPOCH, fence
 from producer.registry import Registry
 from producer.topology import queue_arguments
 
-from .groups.harness import Fleet, SequenceProducer, balanced, wait_until
+from .harness import Fleet, SequenceProducer, balanced, wait_until
 
 pytestmark = [pytest.mark.integration]
 
