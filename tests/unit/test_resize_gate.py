@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 
 import pika
@@ -16,14 +15,15 @@ from consumers.keyed import KeyedWorker
 from consumers.message import Message
 from consumers.port import END, Delivery
 from consumers.resizing import WAITING_FOR_RECORD, ResizeGate
-from consumers.runners import EventLoop, HandlerPool
+from consumers.runners import HandlerPool
 from coordinator import resize
 from coordinator.testing import FakeEtcd
 from kernel import keys
 from producer.contract import CONTROL_FENCE, HEADER_CONTROL, HEADER_EPOCH, fence_routing_key
 from producer.layout import Layout
 from tests.polling import wait_until
-from tests.unit.test_worker import PARTITION, SPEC, Broker, Channel, DeadLetters, Session
+from tests.unit.test_keyed import _worker as keyed_worker
+from tests.unit.test_worker import PARTITION, SPEC, Broker, Channel, DeadLetters
 
 GROW = Layout(6).resize(12)
 MOVED = next(f"k{i}" for i in range(1000) if GROW.gate(f"k{i}") is not None)
@@ -84,24 +84,7 @@ def test_a_moved_key_waits_for_its_old_partitions_fence(etcd: FakeEtcd, gate: Re
 
 
 def _worker(handler: object, pool: HandlerPool, broker: Broker, gate: ResizeGate) -> KeyedWorker:
-    worker = KeyedWorker(
-        pool=pool,
-        spec=SPEC,
-        partition=PARTITION,
-        member=f"m-{uuid.uuid4().hex[:8]}",
-        handler=handler,
-        broker=broker,
-        session=Session(),
-        dead_letters=DeadLetters(),
-        max_attempts=3,
-        retry_backoff=0.001,
-        previous=None,
-        freed_at=None,
-        loop=EventLoop(),
-        resize=gate,
-    )
-    worker.start()
-    return worker
+    return keyed_worker(handler, pool, broker, DeadLetters(), resize=gate)
 
 
 def _delivery(tag: int, key: str, routing_key: str) -> Delivery:
