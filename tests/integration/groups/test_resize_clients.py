@@ -13,6 +13,8 @@ fence in etcd, and the producer did republish what the cut returned.
 from __future__ import annotations
 
 import json
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -215,6 +217,35 @@ def test_a_grow_then_a_shrink_keep_every_keys_order_under_load(
     )
 
 
+def six_partitions(
+    quorum_fleet: Callable[..., Fleet], registry: Registry
+) -> tuple[Fleet, StreamSpec, Group]:
+    """A stream of 6 partitions with a coordinator and one consumer, c1, consuming them."""
+    fleet = quorum_fleet(6)
+    group = Group(registry.client, registry.where, fleet.stream)
+    fleet.coordinator()
+    fleet.consumer("c1")
+    settle(group, fleet, 6, {"c1"})
+    return fleet, registry.read_spec(fleet.stream), group
+
+
+def grow(registry: Registry, rabbitmq: str, fleet: Fleet, spec: StreamSpec, group: Group) -> None:
+    """The resize 6 -> 12, until the 12 partitions are consumed and every fence handled."""
+    resize_by_hand(registry, rabbitmq, spec, 12)
+    settle(group, fleet, 12, {"c1"})
+    wait_until(lambda: drained(registry, spec.name, 0) == set(range(6)), 60, 0.1, "fences")
+
+
+def all_in_order(sent: set[tuple[str, int]], fleet: Fleet) -> None:
+    """Once every message of ``sent`` is handled: none lost, per key in order, some under
+    the new layout."""
+    wait_until(lambda: not audit.lost(sent, fleet.records()), 60, 0.25, "everything handled")
+    records = fleet.records()
+    assert audit.lost(sent, records) == []
+    assert audit.order_violations(records) == []
+    assert any(r["partition"] >= 6 for r in records)  # published under the new layout
+
+
 class CutOff:
     """A registry behind a network partition that opens on demand: while ``healed`` is
     clear, nothing is pushed and every read fails, as for a producer cut off from etcd."""
@@ -249,12 +280,7 @@ def test_a_producer_cut_off_from_etcd_across_the_switch_republishes_in_order(
 ) -> None:
     # Given a stream of 6 partitions under a keyed load from a producer that follows the
     # spec, and loses etcd (no watch, no read) before the resize begins
-    fleet = quorum_fleet(6)
-    spec = registry.read_spec(fleet.stream)
-    group = Group(registry.client, registry.where, fleet.stream)
-    fleet.coordinator()
-    fleet.consumer("c1")
-    settle(group, fleet, 6, {"c1"})
+    fleet, spec, group = six_partitions(quorum_fleet, registry)
     etcd = CutOff(registry)
     producer = Producer(fleet.stream, amqp_url=rabbitmq, etcd=etcd, name="cut-off", window=200)
     load = KeyedLoad(producer, keys=40, rate=400.0)
@@ -264,9 +290,7 @@ def test_a_producer_cut_off_from_etcd_across_the_switch_republishes_in_order(
         etcd.healed.clear()
         # When the whole resize 6 -> 12 happens meanwhile: it keeps publishing under epoch
         # 0 after the cut, and the broker returns those messages
-        resize_by_hand(registry, rabbitmq, spec, 12)
-        settle(group, fleet, 12, {"c1"})
-        wait_until(lambda: drained(registry, spec.name, 0) == set(range(6)), 60, 0.1, "fences")
+        grow(registry, rabbitmq, fleet, spec, group)
         time.sleep(1.0)  # the producer stays held: its returned messages wait for etcd
         held = load.published()
         assert producer.rerouted == 0
@@ -280,10 +304,36 @@ def test_a_producer_cut_off_from_etcd_across_the_switch_republishes_in_order(
         producer.close()
     sent = load.published()
     assert not load.failed, load.failed[:5]
-    wait_until(lambda: not audit.lost(sent, fleet.records()), 60, 0.25, "everything handled")
-    records = fleet.records()
-    assert audit.lost(sent, records) == []
-    assert audit.order_violations(records) == []
+    all_in_order(sent, fleet)
     assert producer.spec.epoch == 1 and producer.spec.partitions == 12
-    assert any(r["partition"] >= 6 for r in records)  # published under the new layout
     print(f"\n{len(sent)} sent, {producer.rerouted} returned and republished after the cut")
+
+
+@pytest.mark.slow
+def test_a_producer_sigstopped_across_the_whole_resize_loses_and_reorders_nothing(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str
+) -> None:
+    # Given a stream of 6 partitions and a producer process publishing 40 keys
+    fleet, spec, group = six_partitions(quorum_fleet, registry)
+    out, stop = fleet.tmp / "confirmed.txt", fleet.tmp / "stop"
+    module = "tests.integration.groups.keyed_producer"
+    args = ["-m", module, fleet.stream, str(out), str(stop)]
+    producer = fleet.process("producer", [sys.executable, *args])
+    try:
+        wait_until(lambda: len(fleet.records()) > 400, 60, 0.1, "the load flowing")
+        # When it is frozen (SIGSTOP) across the whole resize 6 -> 12, then resumed
+        producer.signal(signal.SIGSTOP)
+        grow(registry, rabbitmq, fleet, spec, group)
+        producer.signal(signal.SIGCONT)
+        handled = len(fleet.records())
+        wait_until(lambda: len(fleet.records()) > handled + 800, 60, 0.1, "flowing at 12")
+    finally:
+        producer.signal(signal.SIGCONT)
+        stop.touch()
+    assert producer.popen.wait(60) == 0, fleet.logs()
+    lines = out.read_text().splitlines()
+    assert lines[-1].startswith("rerouted "), fleet.logs()
+    sent = {(key, int(seq)) for key, seq in (line.split() for line in lines[:-1])}
+    # Then nothing it had confirmed is lost, and per key every handling is in order
+    all_in_order(sent, fleet)
+    print(f"\n{len(sent)} confirmed, {lines[-1]} (returned by the cut, republished)")
