@@ -38,6 +38,7 @@ stream to be created again; then it rejoins (or exits with 5 if the partition co
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -81,13 +82,14 @@ from consumers.port import BrokerEvent, BrokerFactory, BrokerUpdate
 from consumers.reports import Reports
 from consumers.resizing import ResizeGate
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
+from coordinator import resize
 from coordinator.events import LeaseLost, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
 from coordinator.session import Session
 from kernel import logs
 from kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
 from kernel.backoff import Backoff
-from kernel.errors import EtcdUnavailable
+from kernel.errors import EtcdError, EtcdUnavailable, MalformedValue
 from producer.contract import StreamSpec
 from producer.registry import Registry
 
@@ -118,6 +120,20 @@ _HANDOFF: dict[type[BrokerUpdate], Event] = {
 _BACKOFF = Backoff()  # resyncing with etcd: 0.2 s doubling to 5 s
 
 
+def _widest(registry: Registry, spec: StreamSpec) -> StreamSpec:
+    """``spec``, or, while a shrink runs, with its old count: the partitions it retires are
+    consumed until their fence (docs/resize.md), so their queues must be known here."""
+    try:
+        raw = registry.read_resize(spec.name)
+        state = None if raw is None else resize.decode(raw)
+    except (EtcdError, MalformedValue) as e:
+        log.warning("cannot read the resize of %s: %s; consuming its current count", spec.name, e)
+        return spec
+    if state is None or not state.running or state.resize.old.partitions <= spec.partitions:
+        return spec
+    return dataclasses.replace(spec, partitions=state.resize.old.partitions)
+
+
 class Consumer:
     """A member of a stream's group (the module docstring). ``broker``: the RabbitMQ edge's
     class, or one with its constructor and methods (``consumers.testing.StubBroker``)."""
@@ -138,6 +154,7 @@ class Consumer:
         self.spec: StreamSpec = registry.read_spec(config.stream)
         self.spec.check_partitions(config.partitions)
         self.epoch = self.spec.epoch  # the layout's (self.spec keeps the widest count seen)
+        self.spec = _widest(registry, self.spec)
         self.resize = ResizeGate(
             registry.client, registry.where, config.stream, self.member, self.spec.epoch
         )
