@@ -898,7 +898,9 @@ class Producer:
             )
         if self._held and not self._unconfirmed:
             self._after_returns()
-        elif self._closing or (self._outbox and not self._unconfirmed):
+        elif self._closing or (
+            self._outbox and not self._unconfirmed and self._wire_epoch != self._layout.epoch
+        ):
             self._drain()  # closing, or messages of a newer epoch waited for these
 
     def _outcomes(
