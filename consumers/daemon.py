@@ -38,6 +38,7 @@ stream to be created again; then it rejoins (or exits with 5 if the partition co
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -79,14 +80,16 @@ from consumers.parking import ParkedKeys, Parking
 from consumers.partitions import Partitions
 from consumers.port import BrokerEvent, BrokerFactory, BrokerUpdate
 from consumers.reports import Reports
+from consumers.resizing import ResizeGate
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
+from coordinator import resize
 from coordinator.events import LeaseLost, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
 from coordinator.session import Session
 from kernel import logs
 from kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
 from kernel.backoff import Backoff
-from kernel.errors import EtcdUnavailable
+from kernel.errors import EtcdError, EtcdUnavailable, MalformedValue
 from producer.contract import StreamSpec
 from producer.registry import Registry
 
@@ -117,6 +120,20 @@ _HANDOFF: dict[type[BrokerUpdate], Event] = {
 _BACKOFF = Backoff()  # resyncing with etcd: 0.2 s doubling to 5 s
 
 
+def _widest(registry: Registry, spec: StreamSpec) -> StreamSpec:
+    """``spec``, or, while a shrink runs, with its old count: the partitions it retires are
+    consumed until their fence (docs/resize.md), so their queues must be known here."""
+    try:
+        raw = registry.read_resize(spec.name)
+        state = None if raw is None else resize.decode(raw)
+    except (EtcdError, MalformedValue) as e:
+        log.warning("cannot read the resize of %s: %s; consuming its current count", spec.name, e)
+        return spec
+    if state is None or not state.running or state.resize.old.partitions <= spec.partitions:
+        return spec
+    return dataclasses.replace(spec, partitions=state.resize.old.partitions)
+
+
 class Consumer:
     """A member of a stream's group (the module docstring). ``broker``: the RabbitMQ edge's
     class, or one with its constructor and methods (``consumers.testing.StubBroker``)."""
@@ -136,6 +153,11 @@ class Consumer:
         self.member = config.member
         self.spec: StreamSpec = registry.read_spec(config.stream)
         self.spec.check_partitions(config.partitions)
+        self.epoch = self.spec.epoch  # the layout's (self.spec keeps the widest count seen)
+        self.spec = _widest(registry, self.spec)
+        self.resize = ResizeGate(
+            registry.client, registry.where, config.stream, self.member, self.spec.epoch
+        )
         self.group = Group(registry.client, registry.where, config.stream)
         self.events: queue.Queue[ControllerEvent] = queue.Queue()
         self.stopping = False
@@ -193,6 +215,7 @@ class Consumer:
             settle_takeover=lambda p: self._after(config.ttl + 1.0, SettleTakeover(p)),
             parking=self.parking,
             concurrency=config.concurrency,
+            resize=self.resize,
         )
         self.reports = Reports(
             config, self._labels, self.group, self.partitions, self.broker, self.parking
@@ -224,6 +247,7 @@ class Consumer:
     def _run(self) -> int:
         self.alive.set()
         self.broker.start()
+        self.resize.start()
         log.info("waiting for a usable RabbitMQ connection before joining %s", self.spec.name)
         if self.config.load_report > 0:
             self._after(self.config.load_report, ReportLoad())
@@ -278,10 +302,8 @@ class Consumer:
         match event:
             case Stop():
                 self._begin_stop()
-            case WatchEvent(kind="spec", value=None):
-                self._stream_deleted()
-            case WatchEvent(kind="spec"):
-                self._stream_recreated()
+            case WatchEvent(kind="spec", value=spec):
+                self._on_spec(spec if isinstance(spec, StreamSpec) else None)
             case WatchEvent():
                 # a recreated stream is read afresh (_resync), and so is the group on a rejoin
                 if not self.deleted and not self.away:
@@ -477,6 +499,32 @@ class Consumer:
         self.partitions.forget()
         self.membership.end(revoke=True)  # our member key and claims went with the stream
 
+    def _on_spec(self, spec: StreamSpec | None) -> None:
+        """The stream's spec changed: deleted (None), recreated, or resized."""
+        if spec is None:
+            self._stream_deleted()
+        elif not self.deleted and spec.epoch > self.epoch:
+            self._resized(spec)
+        else:
+            self._stream_recreated()
+
+    def _resized(self, spec: StreamSpec) -> None:
+        """A resize switched the stream's layout: partitions it adds are consumed as they
+        are assigned; those it retires stay known until their fence (docs/resize.md)."""
+        log.info(
+            "stream %s resized: layout epoch %d, %d partitions (was %d)",
+            spec.name,
+            spec.epoch,
+            spec.partitions,
+            self.spec.partitions,
+        )
+        self.epoch = spec.epoch
+        self.resize.spec_epoch(spec.epoch)
+        if spec.partitions > self.spec.partitions:
+            self.broker.widen(spec)
+            self.partitions.widen(spec)
+            self.spec = spec
+
     def _stream_recreated(self) -> None:
         if not self.deleted:
             return
@@ -541,6 +589,7 @@ class Consumer:
         self.membership.unwatch()
         self.partitions.stop_workers()
         self.partitions.close()
+        self.resize.close()
         self.broker.stop()
         self.broker.join(timeout=5)
         if self.parking is not None:
