@@ -58,7 +58,7 @@ class ResizeGate:
         self._watches: list[int] = []
         self._closed = threading.Event()
         # every epoch's drained keys: keys.drained_prefix(stream, epoch) for each epoch
-        self._prefix = keys.drained_prefix(stream, 0).removesuffix("0/")
+        self._prefix = keys.drained_all(stream)
 
     # -- reading and watching etcd -----------------------------------------------------------
 

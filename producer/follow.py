@@ -18,12 +18,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 from kernel.errors import PartqError
 from producer.contract import StreamSpec
 
-__all__ = ["SpecFollower", "SpecWatcher"]
+__all__ = ["SpecFollower", "SpecWatcher", "resizing_to"]
 
 log = logging.getLogger("partq.producer")
 
@@ -84,12 +84,8 @@ class SpecFollower:
             raw = self._source.read_resize(self.spec.name)
         except PartqError:
             return True
-        if raw is None:
-            return False
-        try:
-            return bool(json.loads(raw).get("phase") != "retired")
-        except (ValueError, AttributeError):
-            return True
+        record = _record(raw)
+        return record is not False and (record is None or record.get("phase") != "retired")
 
     def wait_newer(self, epoch: int, timeout: float) -> StreamSpec | None:
         """The spec once its epoch is above ``epoch``; None after ``timeout`` seconds."""
@@ -113,3 +109,27 @@ class SpecFollower:
         if self._watch is not None:
             self._source.cancel_watch(self._watch)
             self._watch = None
+
+
+def _record(raw: bytes | None) -> dict[str, Any] | Literal[False] | None:
+    """The resize record ``raw`` as JSON (``coordinator.resize.encode``), False when there is
+    none, None when it does not parse."""
+    if raw is None:
+        return False
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def resizing_to(source: SpecWatcher, stream: str) -> int | None:
+    """The larger partition count of ``stream``'s resize while one runs, else None (also
+    when etcd cannot tell: the producer's queue check then stays strict)."""
+    try:
+        record = _record(source.read_resize(stream))
+        if not record or record.get("phase") == "retired":
+            return None
+        return max(int(record["old"]["partitions"]), int(record["new"]["partitions"]))
+    except (PartqError, KeyError, TypeError, ValueError):
+        return None

@@ -74,7 +74,7 @@ from kernel.errors import (
 from kernel.settings import Settings
 from producer import metrics
 from producer.contract import StreamSpec, refuse_control_headers, validate_stream_name
-from producer.follow import SpecFollower, SpecWatcher
+from producer.follow import SpecFollower, SpecWatcher, resizing_to
 from producer.futures import PublishFuture, resolve_all
 from producer.layout import Layout
 from producer.registry import Registry
@@ -189,12 +189,23 @@ def _spec_and_url(
 
 
 def _check(
-    spec: StreamSpec, amqp_url: AmqpURL, partitions: int | None, window: int, name: str
+    spec: StreamSpec,
+    amqp_url: AmqpURL,
+    partitions: int | None,
+    window: int,
+    name: str,
+    source: SpecSource | None,
 ) -> None:
     spec.check_partitions(partitions)
     if window < 1:
         raise UsageError(f"window must be at least 1, got {window}")
-    check_partition_queues(amqp_url, spec, name=f"{name}-check")  # no queues beyond P
+    follows = _follows(source)
+    check_partition_queues(  # no queues beyond P, but those of a resize that runs
+        amqp_url,
+        spec,
+        name=f"{name}-check",
+        resizing_to=None if follows is None else functools.partial(resizing_to, follows, spec.name),
+    )
 
 
 def _follows(source: SpecSource | None) -> SpecWatcher | None:
@@ -245,7 +256,7 @@ class Producer:
     ) -> None:
         spec, amqp_url, source, self._registry = _spec_and_url(stream, amqp_url, etcd)
         try:
-            _check(spec, amqp_url, partitions, window, name)
+            _check(spec, amqp_url, partitions, window, name, source)
         except BaseException:
             self._close_registry()
             raise
@@ -469,7 +480,7 @@ class Producer:
             )
             encoded = encode_properties(properties, self._max_properties)
             message_id = properties.message_id  # pika's path makes one up for an empty id
-        routing_key = str(partition) if layout.epoch == 0 else layout.routing_key(partition)
+        routing_key = layout.routing_key(partition)
         return _Pending(
             partition,
             body,

@@ -91,7 +91,8 @@ class Registry:
                     log.warning("%s", e)
 
         with etcd_errors(self.where):
-            watch_id: int = self.client.add_watch_prefix_callback(key, on_response)
+            # the key alone, not a prefix: the producer role may read only this key
+            watch_id: int = self.client.add_watch_callback(key, on_response)
         return watch_id
 
     def cancel_watch(self, watch_id: int) -> None:

@@ -116,6 +116,27 @@ def resize_by_hand(
     return new_spec
 
 
+def audited(load: KeyedLoad, fleet: Fleet) -> tuple[set[tuple[str, int]], list[audit.Record]]:
+    """Once ``load`` stopped and everything it had confirmed is handled: what it sent and
+    the handlers' records, checked: nothing lost, no fence handed to a handler, per key
+    every handling in publish order and none overlapping another of its key."""
+    sent = load.published()
+    assert not load.failed, load.failed[:5]
+    wait_until(lambda: not audit.lost(sent, fleet.records()), 60, 0.25, "everything handled")
+    records = fleet.records()
+    assert audit.lost(sent, records) == []
+    assert [r for r in records if r["key"] is None] == []
+    assert audit.order_violations(records) == []
+    assert audit.key_overlaps(records) == []
+    return sent, records
+
+
+def flowing(fleet: Fleet, what: str, more: int = 1500) -> None:
+    """Wait until the handlers recorded ``more`` messages beyond what they have now."""
+    handled = len(fleet.records())
+    wait_until(lambda: len(fleet.records()) > handled + more, 60, 0.1, what)
+
+
 def drained(registry: Registry, stream: str, epoch: int) -> set[int]:
     found = registry.client.get_prefix(keys.drained_prefix(stream, epoch))
     return {int(meta.key.decode().rsplit("/", 1)[1]) for _value, meta in found}
@@ -172,8 +193,7 @@ def test_a_grow_then_a_shrink_keep_every_keys_order_under_load(
             grown = resize_by_hand(registry, rabbitmq, spec, 12)
             settle(group, fleet, 12, {"c1", "c2"})
         wait_until(lambda: drained(registry, spec.name, 0) == set(range(6)), 60, 0.1, "fences")
-        handled = len(fleet.records())
-        wait_until(lambda: len(fleet.records()) > handled + 1500, 60, 0.1, "flowing at 12")
+        flowing(fleet, "flowing at 12")
         rerouted_grow = producer.rerouted
 
         # And then shrinks 12 -> 8; the retired partitions 8..11 must handle their fence
@@ -191,21 +211,13 @@ def test_a_grow_then_a_shrink_keep_every_keys_order_under_load(
             resize_by_hand(registry, rabbitmq, grown, 8, before_switch=retired_drained)
             settle(group, fleet, 8, {"c1", "c2"})
         wait_until(lambda: drained(registry, spec.name, 1) == set(range(12)), 60, 0.1, "fences")
-        handled = len(fleet.records())
-        wait_until(lambda: len(fleet.records()) > handled + 1500, 60, 0.1, "flowing at 8")
+        flowing(fleet, "flowing at 8")
     finally:
         load.stop()
         producer.close()  # after flushing what is unconfirmed
-    sent = load.published()
-    assert not load.failed, load.failed[:5]
-    wait_until(lambda: not audit.lost(sent, fleet.records()), 60, 0.25, "everything handled")
-    records = fleet.records()
     # Then nothing confirmed is lost, no fence reached a handler, and per key every
     # handling is in publish order, across both resizes
-    assert audit.lost(sent, records) == []
-    assert [r for r in records if r["key"] is None] == []
-    assert audit.order_violations(records) == []
-    assert audit.key_overlaps(records) == []
+    sent, records = audited(load, fleet)
     # And the producer republished what the cuts returned to it (the shrink's cut lasts
     # until the retired partitions drained: rounds are published meanwhile; the grow's
     # may fall between two rounds)
@@ -325,8 +337,7 @@ def test_a_producer_sigstopped_across_the_whole_resize_loses_and_reorders_nothin
         producer.signal(signal.SIGSTOP)
         grow(registry, rabbitmq, fleet, spec, group)
         producer.signal(signal.SIGCONT)
-        handled = len(fleet.records())
-        wait_until(lambda: len(fleet.records()) > handled + 800, 60, 0.1, "flowing at 12")
+        flowing(fleet, "flowing at 12", 800)
     finally:
         producer.signal(signal.SIGCONT)
         stop.touch()
