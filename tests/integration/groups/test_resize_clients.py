@@ -1,9 +1,9 @@
 """The clients' side of a resize (docs/resize.md), on real etcd and RabbitMQ.
 
-The operator's side (``partq stream resize`` and the coordinator's driver) is not in this
-branch, so the test does its steps by hand, in the protocol's order: the record, the new
-queues, the cut (old-epoch bindings removed), a fence per old queue, the new epoch's
-bindings, the spec's compare-and-set to the next epoch. Meanwhile an SDK producer that
+The test does the operator's steps by hand (``partq stream resize`` itself runs in
+``test_resize_end_to_end.py``), in the protocol's order, to test the clients alone: the
+record, the new queues, the cut (old-epoch bindings removed), a fence per old queue, the
+new epoch's bindings, the spec's compare-and-set to the next epoch. Meanwhile an SDK producer that
 follows the spec publishes keyed sequences and consumer daemons (one with
 ``--concurrency 8``) handle them. Then, per key, the handlers' records are in order and
 nothing confirmed is lost, no fence reached a handler, every old partition recorded its
@@ -66,7 +66,6 @@ def resize_by_hand(
     rabbitmq: str,
     spec: StreamSpec,
     partitions: int,
-    before_switch: Callable[[resize.State], None] = lambda _state: None,
 ) -> StreamSpec:
     """Do what the resize's driver does, in its order; the spec after the switch."""
     state = resize.State(spec.layout.resize(partitions))
@@ -102,8 +101,6 @@ def resize_by_hand(
                 mandatory=True,
             )
             channel.queue_unbind(spec.queue(p), spec.exchange, fence)
-        state = resize.State(change, resize.Phase.FENCED, fenced=frozenset(change.kept))
-        before_switch(state)
         for p in range(change.new.partitions):  # the new epoch's bindings
             channel.queue_bind(new_spec.queue(p), spec.exchange, change.new.routing_key(p))
     swapped, _ = client.transaction(
@@ -196,21 +193,16 @@ def test_a_grow_then_a_shrink_keep_every_keys_order_under_load(
         flowing(fleet, "flowing at 12")
         rerouted_grow = producer.rerouted
 
-        # And then shrinks 12 -> 8; the retired partitions 8..11 must handle their fence
-        # while they are still assigned (the coordinator's part, not built yet, is to keep
-        # them assigned until then: here the switch waits for it)
-        def retired_drained(state: resize.State) -> None:
-            wait_until(
-                lambda: set(state.resize.retired) <= drained(registry, spec.name, 1),
-                60,
-                0.1,
-                "the retired partitions' fences",
-            )
-
+        # And then shrinks 12 -> 8: the coordinator keeps the retired partitions 8..11
+        # assigned until their fence is handled and the record says so (which
+        # `partq stream resize --wait` writes once it reads the drained keys)
         with backlog:
-            resize_by_hand(registry, rabbitmq, grown, 8, before_switch=retired_drained)
-            settle(group, fleet, 8, {"c1", "c2"})
+            resize_by_hand(registry, rabbitmq, grown, 8)
         wait_until(lambda: drained(registry, spec.name, 1) == set(range(12)), 60, 0.1, "fences")
+        every = frozenset(range(12))
+        done = resize.State(grown.layout.resize(8), resize.Phase.DRAINED, every, every)
+        registry.client.put(keys.resize(spec.name), resize.encode(done))
+        settle(group, fleet, 8, {"c1", "c2"})
         flowing(fleet, "flowing at 8")
     finally:
         load.stop()

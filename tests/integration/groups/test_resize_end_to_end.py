@@ -12,18 +12,21 @@ spec is epoch 2 with 8 partitions.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import pika
 import pytest
 
-from coordinator import resize
+from coordinator import dlq, resize
 from coordinator.group import Group
 from kernel import keys
+from kernel.errors import SpecMismatch
 from producer import Producer
 from producer.registry import Registry
-from producer.topology import scan_partition_queues
+from producer.topology import declare_partition_queues, scan_partition_queues
 
 from .harness import PARTQ, Fleet, wait_until
 from .test_resize_clients import Backlog, KeyedLoad, audited, drained, flowing, settle
@@ -101,3 +104,54 @@ def test_partq_stream_resize_grows_then_shrinks_under_load_keeping_every_keys_or
         f"\n{len(sent)} sent, {len(records)} handled, {len(moved)} keys handled in a "
         f"partition >= 6, {producer.rerouted} returned by the cuts and republished"
     )
+
+
+def test_a_producer_started_while_a_grow_runs_accepts_its_new_queues(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str
+) -> None:
+    # Given a stream of 6 partitions whose grow to 12 declared its queues, not yet switched
+    fleet = quorum_fleet(6)
+    spec = registry.read_spec(fleet.stream)
+    state = resize.State(spec.layout.resize(12), resize.Phase.DECLARED)
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        declare_partition_queues(connection, spec, range(6, 12))
+    # When a producer starts without the resize's record (a lost spec would look so)
+    # Then its queue check refuses the stream in one line
+    with pytest.raises(SpecMismatch, match="RabbitMQ has 12 partition queues"):
+        Producer(fleet.stream, amqp_url=rabbitmq, etcd=registry, name="mid-resize").close()
+    # And with the record, one starts and publishes under epoch 0
+    registry.client.put(keys.resize(fleet.stream), resize.encode(state))
+    with Producer(fleet.stream, amqp_url=rabbitmq, etcd=registry, name="mid-resize") as producer:
+        assert producer.publish("k", b"{}").result(30).partition == spec.partition_for("k")
+
+
+def test_a_dead_letter_of_the_old_layout_is_redriven_under_the_new_one(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str, tmp_path: Path
+) -> None:
+    # Given dead letters of one key, dead-lettered under epoch 0 of a 4-partition stream
+    fleet = quorum_fleet(4, "dead-letter")
+    spec = registry.read_spec(fleet.stream)
+    flag = tmp_path / "poisoned"
+    flag.touch()
+    fleet.env.update(PARTQ_POISON_KEY="key-a", PARTQ_POISON_SEQ="0", PARTQ_POISON_FLAG=str(flag))
+    group = Group(registry.client, registry.where, fleet.stream)
+    fleet.coordinator(settle=0.5)
+    fleet.consumer("c1", handler="poison_key", extra=("--max-attempts", "1"))
+    settle(group, fleet, 4, {"c1"})
+    with Producer(spec, amqp_url=rabbitmq) as producer:
+        for seq in range(6):
+            producer.publish("key-a", json.dumps({"seq": seq}).encode(), message_id=f"a:{seq}")
+        producer.flush(30)
+    wait_until(lambda: dlq.dead_letter_depth(rabbitmq, spec) == 6, 30, 0.2, "dead letters")
+    # When the stream grows to 7 (`partq stream resize --wait`) and they are redriven
+    resize_to_7 = [str(PARTQ), "stream", "resize", fleet.stream, "--partitions", "7", "--wait"]
+    assert fleet.process("resize", resize_to_7).popen.wait(120) == 0, fleet.logs()
+    flag.unlink()
+    redrive = [str(PARTQ), "dlq", "redrive", fleet.stream, "--dead-letters"]
+    assert fleet.process("redrive", redrive).popen.wait(120) == 0, fleet.logs()
+    # Then they are handled once, in order, in the key's partition of the new layout
+    wait_until(lambda: len(fleet.records()) == 6, 60, 0.2, "the redriven letters handled")
+    assert [r["seq"] for r in fleet.records()] == list(range(6))
+    resized_spec = registry.read_spec(fleet.stream)
+    assert {r["partition"] for r in fleet.records()} == {resized_spec.partition_for("key-a")}
+    assert dlq.dead_letter_depth(rabbitmq, spec) == 0
