@@ -122,13 +122,16 @@ _BACKOFF = Backoff()  # resyncing with etcd: 0.2 s doubling to 5 s
 
 def _widest(registry: Registry, spec: StreamSpec) -> StreamSpec:
     """``spec``, or, while a shrink runs, with its old count: the partitions it retires are
-    consumed until their fence (docs/resize.md), so their queues must be known here."""
+    consumed until their fence (docs/resize.md), so their queues must be known here; while
+    a grow runs, with its new count once its queues are declared (``resize.grown``)."""
     try:
         raw = registry.read_resize(spec.name)
         state = None if raw is None else resize.decode(raw)
     except (EtcdError, MalformedValue) as e:
         log.warning("cannot read the resize of %s: %s; consuming its current count", spec.name, e)
         return spec
+    if (count := resize.grown(state)) is not None and count > spec.partitions:
+        return dataclasses.replace(spec, partitions=count)
     if state is None or not state.running or state.resize.old.partitions <= spec.partitions:
         return spec
     return dataclasses.replace(spec, partitions=state.resize.old.partitions)
@@ -307,6 +310,7 @@ class Consumer:
             case WatchEvent():
                 # a recreated stream is read afresh (_resync), and so is the group on a rejoin
                 if not self.deleted and not self.away:
+                    self._grow_early(event)
                     self.partitions.apply(event)
                     self.membership.leader_seen()
             case WatchFailed(error=error):
@@ -507,6 +511,19 @@ class Consumer:
             self._resized(spec)
         else:
             self._stream_recreated()
+
+    def _grow_early(self, event: WatchEvent) -> None:
+        """A resize record saying a grow declared its queues: the coordinator assigns them
+        from now on (``resize.grown``), so their slots are made before the switch."""
+        if not isinstance(event.value, resize.State):
+            return
+        count = resize.grown(event.value)
+        if count is not None and count > self.spec.partitions:
+            log.info("stream %s grows to %d partitions: consuming them", self.spec.name, count)
+            widened = dataclasses.replace(self.spec, partitions=count)
+            self.broker.widen(widened)
+            self.partitions.widen(widened)
+            self.spec = widened
 
     def _resized(self, spec: StreamSpec) -> None:
         """A resize switched the stream's layout: partitions it adds are consumed as they

@@ -630,6 +630,18 @@ def test_a_grown_stream_has_its_added_partitions_consumed(env: Env) -> None:
     assert running.broker.spec.partitions == 8
 
 
+def test_a_grow_has_its_added_partitions_consumed_from_its_declare_on(env: Env) -> None:
+    # Given a member consuming partition 0 of 4
+    running = consuming(env, "m1", 0)
+    # When a grow to 8 declared its queues (no switch yet) and partition 6 is assigned to it
+    state = resize.State(Layout(P).resize(8), resize.Phase.DECLARED)
+    env.fake.put(keys.resize(env.stream), resize.encode(state))
+    env.assign(6, "m1")
+    # Then it consumes partition 6 before the spec changes
+    eventually("partition 6 consumed", lambda: running.consumer.owned() == [0, 6])
+    assert running.broker.spec.partitions == 8 and running.consumer.epoch == 0
+
+
 def test_a_member_started_during_a_shrink_consumes_a_retired_partition(env: Env) -> None:
     # Given a shrink 4 -> 2 switched (epoch 1) whose retired partitions still drain
     state = resize.State(Layout(P).resize(2), resize.Phase.SWITCHED)
