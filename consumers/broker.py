@@ -179,6 +179,11 @@ class Broker(threading.Thread):
         """Return the activated standby's deliveries in order, then cancel it."""
         self._call(lambda: self._channels.give_back(partition))
 
+    def widen(self, spec: StreamSpec) -> None:
+        """A resize added partitions (``spec``'s): their queues are known from now on (the
+        spec is replaced whole; the I/O thread reads it per subscribe)."""
+        self.spec = self._channels.spec = spec
+
     def ready(self, partitions: list[int]) -> None:
         """Ask RabbitMQ how many messages are ready in ``partitions``' queues (passive
         declares on a channel of their own): ``ReadyCounts``. None while disconnected, or if

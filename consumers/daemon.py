@@ -38,6 +38,7 @@ stream to be created again; then it rejoins (or exits with 5 if the partition co
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -81,14 +82,16 @@ from consumers.partitions import Partitions
 from consumers.port import BrokerEvent, BrokerFactory, BrokerUpdate
 from consumers.priority import YIELD_WAIT, switches
 from consumers.reports import Reports
+from consumers.resizing import ResizeGate
 from consumers.worker import HANDLER_TIMEOUT, DeadLetters
+from coordinator import resize
 from coordinator.events import LeaseLost, Stop, WatchFailed
 from coordinator.group import Group, WatchEvent
 from coordinator.session import Session
 from kernel import logs
 from kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
 from kernel.backoff import Backoff
-from kernel.errors import EtcdUnavailable
+from kernel.errors import EtcdError, EtcdUnavailable, MalformedValue
 from producer.contract import StreamSpec
 from producer.registry import Registry
 
@@ -119,6 +122,23 @@ _HANDOFF: dict[type[BrokerUpdate], Event] = {
 _BACKOFF = Backoff()  # resyncing with etcd: 0.2 s doubling to 5 s
 
 
+def _widest(registry: Registry, spec: StreamSpec) -> StreamSpec:
+    """``spec``, or, while a shrink runs, with its old count: the partitions it retires are
+    consumed until their fence (docs/resize.md), so their queues must be known here; while
+    a grow runs, with its new count once its queues are declared (``resize.grown``)."""
+    try:
+        raw = registry.read_resize(spec.name)
+        state = None if raw is None else resize.decode(raw)
+    except (EtcdError, MalformedValue) as e:
+        log.warning("cannot read the resize of %s: %s; consuming its current count", spec.name, e)
+        return spec
+    if (count := resize.grown(state)) is not None and count > spec.partitions:
+        return dataclasses.replace(spec, partitions=count)
+    if state is None or not state.running or state.resize.old.partitions <= spec.partitions:
+        return spec
+    return dataclasses.replace(spec, partitions=state.resize.old.partitions)
+
+
 class Consumer:
     """A member of a stream's group (the module docstring). ``broker``: the RabbitMQ edge's
     class, or one with its constructor and methods (``consumers.testing.StubBroker``)."""
@@ -138,6 +158,11 @@ class Consumer:
         self.member = config.member
         self.spec: StreamSpec = registry.read_spec(config.stream)
         self.spec.check_partitions(config.partitions)
+        self.epoch = self.spec.epoch  # the layout's (self.spec keeps the widest count seen)
+        self.spec = _widest(registry, self.spec)
+        self.resize = ResizeGate(
+            registry.client, registry.where, config.stream, self.member, self.spec.epoch
+        )
         self.group = Group(registry.client, registry.where, config.stream)
         self.events: queue.Queue[ControllerEvent] = queue.Queue()
         self.stopping = False
@@ -196,6 +221,7 @@ class Consumer:
             stop_yielding=lambda p, since: self._after(YIELD_WAIT, StopYielding(p, since)),
             parking=self.parking,
             concurrency=config.concurrency,
+            resize=self.resize,
         )
         self.reports = Reports(
             config, self._labels, self.group, self.partitions, self.broker, self.parking
@@ -227,6 +253,7 @@ class Consumer:
     def _run(self) -> int:
         self.alive.set()
         self.broker.start()
+        self.resize.start()
         log.info("waiting for a usable RabbitMQ connection before joining %s", self.spec.name)
         if self.config.load_report > 0:
             self._after(self.config.load_report, ReportLoad())
@@ -281,13 +308,12 @@ class Consumer:
         match event:
             case Stop():
                 self._begin_stop()
-            case WatchEvent(kind="spec", value=None):
-                self._stream_deleted()
-            case WatchEvent(kind="spec"):
-                self._stream_recreated()
+            case WatchEvent(kind="spec", value=spec):
+                self._on_spec(spec if isinstance(spec, StreamSpec) else None)
             case WatchEvent():
                 # a recreated stream is read afresh (_resync), and so is the group on a rejoin
                 if not self.deleted and not self.away:
+                    self._grow_early(event)
                     self.partitions.apply(event)
                     self.membership.leader_seen()
             case WatchFailed(error=error):
@@ -496,6 +522,45 @@ class Consumer:
         self.partitions.forget()
         self.membership.end(revoke=True)  # our member key and claims went with the stream
 
+    def _on_spec(self, spec: StreamSpec | None) -> None:
+        """The stream's spec changed: deleted (None), recreated, or resized."""
+        if spec is None:
+            self._stream_deleted()
+        elif not self.deleted and spec.epoch > self.epoch:
+            self._resized(spec)
+        else:
+            self._stream_recreated()
+
+    def _grow_early(self, event: WatchEvent) -> None:
+        """A resize record saying a grow declared its queues: the coordinator assigns them
+        from now on (``resize.grown``), so their slots are made before the switch."""
+        if not isinstance(event.value, resize.State):
+            return
+        count = resize.grown(event.value)
+        if count is not None and count > self.spec.partitions:
+            log.info("stream %s grows to %d partitions: consuming them", self.spec.name, count)
+            widened = dataclasses.replace(self.spec, partitions=count)
+            self.broker.widen(widened)
+            self.partitions.widen(widened)
+            self.spec = widened
+
+    def _resized(self, spec: StreamSpec) -> None:
+        """A resize switched the stream's layout: partitions it adds are consumed as they
+        are assigned; those it retires stay known until their fence (docs/resize.md)."""
+        log.info(
+            "stream %s resized: layout epoch %d, %d partitions (was %d)",
+            spec.name,
+            spec.epoch,
+            spec.partitions,
+            self.spec.partitions,
+        )
+        self.epoch = spec.epoch
+        self.resize.spec_epoch(spec.epoch)
+        if spec.partitions > self.spec.partitions:
+            self.broker.widen(spec)
+            self.partitions.widen(spec)
+            self.spec = spec
+
     def _stream_recreated(self) -> None:
         if not self.deleted:
             return
@@ -560,6 +625,7 @@ class Consumer:
         self.membership.unwatch()
         self.partitions.stop_workers()
         self.partitions.close()
+        self.resize.close()
         self.broker.stop()
         self.broker.join(timeout=5)
         if self.parking is not None:

@@ -36,6 +36,7 @@ tests/unit/test_keyorder.py checks it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import queue
@@ -47,8 +48,9 @@ from consumers import metrics
 from consumers.keyorder import KeyQueues
 from consumers.parking import shown_key
 from consumers.port import END, Delivery
+from consumers.resizing import ResizeGate
 from consumers.runners import HandlerPool
-from consumers.worker import STOP, Worker
+from consumers.worker import STOP, Worker, is_fence
 from coordinator.codec import MAX_SHOWN_KEY, Concurrency
 from kernel import logs
 from producer.contract import decode_key, key_bytes
@@ -56,6 +58,78 @@ from producer.contract import decode_key, key_bytes
 __all__ = ["KeyedWorker", "concurrency_report", "key_of"]
 
 _LOOK = 1.0  # seconds between the dispatcher's looks at its waiting keys when idle
+
+
+_WAKE = object()  # an inbox item: a resize gate may have opened
+
+
+@dataclasses.dataclass(slots=True)
+class _Held:
+    """What the dispatcher holds back: a resize's ``fence`` until nothing before it is in a
+    handler, what arrived ``behind`` it, and the deliveries of ``gated`` keys (in arrival
+    order; a key with one gated delivery has all its later ones gated too)."""
+
+    fence: Delivery | None = None
+    behind: collections.deque[Delivery] = dataclasses.field(default_factory=collections.deque)
+    gated: list[tuple[Hashable, Delivery]] = dataclasses.field(default_factory=list)
+    gated_keys: collections.Counter[Hashable] = dataclasses.field(
+        default_factory=collections.Counter
+    )
+
+    @property
+    def empty(self) -> bool:
+        return self.fence is None and not self.behind and not self.gated
+
+    def take(self) -> list[Delivery]:
+        """Everything held, removed: the gated first (they arrived before the rest)."""
+        taken = [delivery for _key, delivery in self.gated]
+        taken += [] if self.fence is None else [self.fence]
+        taken += self.behind
+        self.gated.clear()
+        self.gated_keys.clear()
+        self.fence = None
+        self.behind.clear()
+        return taken
+
+    def gates(self, gate: ResizeGate | None, key: Hashable, delivery: Delivery) -> bool:
+        """Hold ``delivery`` if its key waits for a resize's gate (True), else False."""
+        if gate is None or (key not in self.gated_keys and "." not in delivery.routing_key):
+            return False
+        if (
+            key in self.gated_keys
+            or gate.waits_for(delivery.routing_key, _gate_key(key)) is not None
+        ):
+            self.gated.append((key, delivery))
+            self.gated_keys[key] += 1
+            return True
+        return False
+
+    def opened(
+        self, gate: ResizeGate, keys: KeyQueues[Delivery], now: float
+    ) -> list[tuple[Hashable, Delivery]]:
+        """The gated deliveries whose gate opened, handed to ``keys`` in order: what may
+        start now. A key stays gated from its first delivery still waiting on."""
+        starts: list[tuple[Hashable, Delivery]] = []
+        waiting: set[Hashable] = set()
+        kept: list[tuple[Hashable, Delivery]] = []
+        for key, delivery in self.gated:
+            if key in waiting or gate.waits_for(delivery.routing_key, _gate_key(key)) is not None:
+                waiting.add(key)
+                kept.append((key, delivery))
+                continue
+            self.gated_keys[key] -= 1
+            if not self.gated_keys[key]:
+                del self.gated_keys[key]
+            start = keys.arrive(key, delivery, now)
+            if start is not None:
+                starts.append((key, start))
+        self.gated = kept
+        return starts
+
+
+def _gate_key(key: Hashable) -> bytes | None:
+    """The key a gate hashes: ``key_of``'s bytes; None (never gated) for none or a malformed one."""
+    return key if isinstance(key, bytes) else None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,27 +163,41 @@ class KeyedWorker(Worker):
         # none waited. One tuple, replaced whole: read by the HTTP scrape and the report.
         self.waiting: tuple[Hashable, float] | None = None
         self.in_flight = 0  # messages of the partition in a handler (the dispatcher's count)
+        self._first = True  # the dispatcher's: the first start after a handoff jumps the pool
         self._m_in_flight = metrics.IN_FLIGHT.labels(*self._labels, str(self.partition))
 
-    def _run(self) -> None:  # noqa: C901, PLR0912, PLR0915 — one dispatch loop: deliveries, key slots, stop
+    def _run(self) -> None:
         if self.previous is not None:
             self.previous.join()  # never a key in two handlers of this process
+        if self.resize is not None:
+            self.resize.listen(self._wake)
+        try:
+            self._dispatch()
+        finally:
+            if self.resize is not None:
+                self.resize.unlisten(self._wake)
+
+    def _wake(self) -> None:
+        """A resize gate may have opened (the etcd watch's thread)."""
+        self.inbox.put(_WAKE)
+
+    def _dispatch(self) -> None:  # noqa: C901, PLR0912 — the loop of the module docstring
         keys: KeyQueues[Delivery] = KeyQueues()
+        held = _Held()  # a fence waiting for its turn, what came after it, gated keys
         ending: Any = None  # END's channel once the broker sent it
         halted = False  # STOP, or a message timed out: nothing more starts
         in_flight = 0
         next_look = 0.0  # when the longest wait is looked at again
-        first = True  # no message of this subscription started yet: it goes ahead in the pool
+        self._first = True  # nothing of this subscription started yet: it goes ahead in the pool
         while True:
             try:
                 item = self.inbox.get(timeout=_LOOK)
             except queue.Empty:
                 item = None
             now = time.monotonic()
-            start: Delivery | None = None
-            key: Hashable = None  # start's key
+            starts: list[tuple[Hashable, Delivery]] = []
             was_in_flight = in_flight
-            if item is None:
+            if item is None or item is _WAKE:
                 pass
             elif item is STOP:
                 halted = True
@@ -118,21 +206,20 @@ class KeyedWorker(Worker):
             elif isinstance(item, _Done):
                 in_flight -= 1
                 halted = halted or not item.go_on
-                key = item.key  # the key's next delivery, if any, has the same key
-                start = keys.done(key)
+                following = keys.done(item.key)
+                if following is not None:  # the key's next delivery has the same key
+                    starts.append((item.key, following))
             else:
-                key = key_of(item)
-                start = keys.arrive(key, item, now)
+                held.behind.append(item)
             if halted:
-                for waiting in keys.take_waiting():
+                for waiting in [*keys.take_waiting(), *held.take()]:
                     self._give_back(waiting)
-                if start is not None:
+                for key, start in starts:
                     keys.done(key)  # it never runs: its key is free again
                     self._give_back(start)
-            elif start is not None:
-                in_flight += 1
-                self.pool.submit(functools.partial(self._run_one, start, key), first=first)
-                first = False
+            else:
+                go_on, in_flight = self._admit(keys, held, starts, in_flight, now)
+                halted = not go_on
             if in_flight != was_in_flight:
                 self._show_in_flight(in_flight)
             if in_flight:  # the stall detector's view: waiting only with nothing in a handler
@@ -142,10 +229,50 @@ class KeyedWorker(Worker):
             if now >= next_look:
                 self.waiting = keys.longest_waiting(now)
                 next_look = now + _LOOK
-            if in_flight == 0 and (halted or ending is not None):
+            if in_flight == 0 and (halted or (ending is not None and held.empty)):
                 if not halted:
                     self.broker.finish(self.partition, ending)
                 return
+
+    def _admit(
+        self,
+        keys: KeyQueues[Delivery],
+        held: _Held,
+        starts: list[tuple[Hashable, Delivery]],
+        in_flight: int,
+        now: float,
+    ) -> tuple[bool, int]:
+        """Start what may start: ``starts``, gated keys whose gate opened, and what arrived,
+        in order, up to a fence (run here once nothing of the partition is in a handler or
+        gated). (False, n) once the fence's handling says stop; n: in flight now."""
+        gate = self.resize
+        while True:
+            for key, start in starts:
+                in_flight += 1
+                self.pool.submit(functools.partial(self._run_one, start, key), first=self._first)
+                self._first = False
+            starts = []
+            if gate is not None and held.gated:
+                starts += held.opened(gate, keys, now)
+            while held.behind and held.fence is None:
+                delivery = held.behind.popleft()
+                if is_fence(delivery):
+                    held.fence = delivery
+                    break
+                key = key_of(delivery)
+                if held.gates(gate, key, delivery):
+                    continue
+                ready = keys.arrive(key, delivery, now)
+                if ready is not None:
+                    starts.append((key, ready))
+            if starts:
+                continue
+            if held.fence is None or in_flight or held.gated:
+                return True, in_flight
+            fence = held.fence
+            held.fence = None
+            if not self._process(fence):  # every earlier message is done: the fence's turn
+                return False, in_flight
 
     def _show_in_flight(self, count: int) -> None:
         self.in_flight = count

@@ -12,7 +12,8 @@ command may yield a follow-up event (its outcome: claimed, refused, released), a
 each is processed in turn until nothing follows.
 
 Everything about one partition is one :class:`consumers.slot.PartitionSlot`, kept in
-one mapping made at the start and never changed (``slots``); its state changes only by a
+one mapping, replaced whole when a resize adds partitions and never changed in place
+(``slots``); its state changes only by a
 step of its state machine, the hot standby's phases included.
 
 Threads. Every method runs on the controller thread, which owns the mirror and writes
@@ -44,6 +45,7 @@ from consumers.keyed import KeyedWorker
 from consumers.message import Handler
 from consumers.parking import Parking, written_by_holder
 from consumers.port import BrokerPort
+from consumers.resizing import ResizeGate
 from consumers.runners import EventLoop, HandlerPool
 from consumers.slot import PartitionSlot, WorkerView
 from consumers.worker import Worker
@@ -102,6 +104,7 @@ class Partitions:
         stop_yielding: Callable[[int, float], None] = lambda _p, _since: None,
         parking: Parking | None = None,
         concurrency: int = 1,
+        resize: ResizeGate | None = None,
     ) -> None:
         """``concurrency``: 1, one message at a time per partition (:class:`Worker`); above
         1, messages of different keys at once, at most that many in the member
@@ -113,6 +116,7 @@ class Partitions:
         self.handler = handler
         self.dead_letters = dead_letters
         self.parking = parking  # None: the stream dead-letters instead of parking keys
+        self.resize = resize  # the resize gate every worker asks (None: no gate)
         self.max_attempts = max_attempts
         self.retry_backoff = retry_backoff
         self.handler_timeout = handler_timeout
@@ -193,6 +197,19 @@ class Partitions:
                 self.parking.parked.apply(event.name, record, event.revision)
         for partition in sorted(self.mirror.apply(event)):
             self.sync(partition)
+
+    def widen(self, spec: StreamSpec) -> None:
+        """A resize grew the stream to ``spec``: a slot for each added partition (its
+        assignment is followed as any other's). A shrink keeps every slot: the retired
+        partitions are consumed as long as they are assigned, until their fence."""
+        if spec.partitions <= self.spec.partitions:
+            return
+        added = {p: PartitionSlot(p) for p in range(self.spec.partitions, spec.partitions)}
+        # replaced whole, never changed in place: other threads iterate the slots
+        self.slots = {**self.slots, **added}
+        self.workers = WorkerView(self.slots)
+        self.spec = spec
+        self.sync_all()
 
     def forget(self) -> None:
         """The stream is gone: so are its keys."""
@@ -697,6 +714,7 @@ class Partitions:
             parking=self.parking,
             loop=self.loop,
             generation=next(self._generations),
+            resize=self.resize,
         )
         slot.worker = worker
         if start:

@@ -63,6 +63,8 @@ class Delivery:
     properties: pika.BasicProperties
     body: bytes
     generation: int = 0  # of the subscription it came from
+    # as published: its layout's epoch (``producer.layout.parse_routing_key``), or a fence's
+    routing_key: str = ""
 
     @classmethod
     def of(
@@ -83,6 +85,7 @@ class Delivery:
             header_frame.properties,
             body,
             generation,
+            method.routing_key,
         )
 
 
@@ -250,6 +253,10 @@ class BrokerPort(Protocol):
 
     def fence(self) -> None:
         """Our lease is gone: drop the connection and every partition on it, silently."""
+        ...
+
+    def widen(self, spec: StreamSpec) -> None:
+        """A resize added partitions: their queues may be consumed from now on."""
         ...
 
 

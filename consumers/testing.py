@@ -242,6 +242,9 @@ class StubBroker:
         self.sink(delivery)
         return tag
 
+    def widen(self, spec: StreamSpec) -> None:
+        self.spec = spec
+
     def acked(self, partition: int) -> list[int]:
         """Delivery tags acked on the partition's channels, oldest first."""
         with self._lock:

@@ -27,6 +27,13 @@ What happens to a delivery (every outcome is logged and counted):
   (a poison message cannot crash-loop the group), the worker never handles
   another message (if the handler ever returns, its result is dropped) and
   reports ``handler_timeout``: the daemon leaves the group and exits non-zero.
+- **A resize's fence** (``x-partq-control: fence``, docs/resize.md): never handed to the
+  handler. Every message before it is handled (it is handled in its turn), so the
+  partition's old layout is drained: that is recorded in etcd (``keys.drained``, retried
+  while etcd is away), then the fence is acked. One whose routing key is not its own
+  (``fence.E.q``) is dead-lettered as forged.
+- **Gated** (a resize's new-layout message of a key that moved): waits, holding the
+  partition, until the key's old partition handled its fence (:mod:`consumers.resizing`).
 - **The worker itself fails** (any unexpected error outside the handler): the
   traceback is logged, ``partq_consumer_worker_failures_total{reason="crash"}``
   counted, and the daemon told (``on_failure``): it turns ``/readyz`` false,
@@ -65,12 +72,21 @@ from consumers.keyparking import KeyParking, Outcome
 from consumers.message import Handler, MalformedHeaders, Message, message_from
 from consumers.parking import Parking, shown_key
 from consumers.port import END, BrokerPort, Delivery
+from consumers.resizing import WAITING_FOR_RECORD, ResizeGate
 from consumers.runners import EventLoop
 from coordinator.session import Session
 from kernel import logs
 from kernel.backoff import Backoff
-from kernel.errors import PartqError
-from producer.contract import HEADER_CONTROL, StreamSpec, key_id
+from kernel.errors import EtcdError, PartqError
+from producer.contract import (
+    CONTROL_FENCE,
+    HEADER_CONTROL,
+    HEADER_EPOCH,
+    StreamSpec,
+    decode_key,
+    fence_routing_key,
+    key_id,
+)
 
 __all__ = ["CRASH", "HANDLER_TIMEOUT", "DeadLetters", "HandlerTimeout", "Worker"]
 
@@ -87,6 +103,16 @@ class HandlerTimeout(PartqError):
 
 class _TimedOut(Exception):
     pass
+
+
+class ForgedFence(PartqError):
+    """A fence whose routing key or epoch is not what a resize publishes (dead-lettered)."""
+
+
+def is_fence(delivery: Delivery) -> bool:
+    """Whether ``delivery`` is a resize's fence (partq's control header says so)."""
+    headers = delivery.properties.headers
+    return bool(headers) and headers.get(HEADER_CONTROL) in (CONTROL_FENCE, CONTROL_FENCE.encode())
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,13 +145,15 @@ class Worker(KeyParking, threading.Thread):
         parking: Parking | None = None,
         loop: EventLoop | None = None,
         generation: int = 0,
+        resize: ResizeGate | None = None,
     ) -> None:
         """``handler_timeout``: seconds (None or 0: none). ``on_failure(partition, reason)``:
         the worker stopped for good, ``reason`` :data:`CRASH` or :data:`HANDLER_TIMEOUT`.
         ``parking``: park keys (the stream's ``on_failure`` is ``park``) instead of
         dead-lettering single messages. ``loop``: where awaitables a handler returns are
         awaited (the daemon's; by default one of the worker's own, started on first use).
-        ``generation``: of the subscription whose deliveries it takes (``consumers.port``)."""
+        ``generation``: of the subscription whose deliveries it takes (``consumers.port``).
+        ``resize``: the member's gate (None: fences are acked unrecorded, nothing is gated)."""
         super().__init__(name=f"partition-{partition}", daemon=True)
         self.spec = spec
         self.partition = partition
@@ -143,6 +171,7 @@ class Worker(KeyParking, threading.Thread):
         self.on_failure = on_failure
         self.loop = loop or EventLoop(name=f"handler-loop-{partition}")
         self.generation = generation
+        self.resize = resize
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.stopped = threading.Event()
         self.failure: str | None = None  # why the worker stopped for good, if it did
@@ -226,6 +255,9 @@ class Worker(KeyParking, threading.Thread):
         if self.stopped.is_set() or not self._may_handle(delivery):
             self._give_back(delivery)
             return True
+        if "." in delivery.routing_key and not self._gate(delivery):
+            self._give_back(delivery)  # stopped, or the channel went, while it waited
+            return True
         first = False
         if self._first:  # only ever goes from True to False: the lock only the first time
             with self._lock:
@@ -276,6 +308,67 @@ class Worker(KeyParking, threading.Thread):
                 return False  # lost: the fence (consumers.daemon) closes every channel too
         return True
 
+    def _gate(self, delivery: Delivery) -> bool:
+        """Wait while ``delivery`` is gated by a resize; False if it must be given back."""
+        gate = self.resize
+        if gate is None:
+            return True
+        try:
+            key = decode_key(delivery.properties.headers or {})
+        except Exception:  # malformed: dead-lettered in its turn, never gated
+            key = None
+        waits_for = gate.waits_for(delivery.routing_key, key)
+        if waits_for is None:
+            return True
+        log.info(
+            "partition %d: a message of layout %s waits for %s",
+            self.partition,
+            delivery.routing_key,
+            "the resize's record"
+            if waits_for == WAITING_FOR_RECORD
+            else f"old partition {waits_for} to handle its fence",
+        )
+        return gate.wait(
+            delivery.routing_key,
+            key,
+            lambda: (
+                self.stopped.is_set() or not delivery.channel.is_open or self.session.lost.is_set()
+            ),
+        )
+
+    def _fence(self, delivery: Delivery) -> Outcome:
+        """A resize's fence: every message before it is handled, so the old layout of this
+        partition is drained. Recorded in etcd (retried while it is away), then acked."""
+        raw = (delivery.properties.headers or {}).get(HEADER_EPOCH)
+        epoch = raw if type(raw) is int and raw >= 0 else None
+        if epoch is None or delivery.routing_key != fence_routing_key(epoch, self.partition):
+            forged = ForgedFence(
+                f"a fence on routing key {delivery.routing_key!r} with epoch {raw!r}: a "
+                f"resize fences partition {self.partition} on 'fence.<epoch>.{self.partition}'"
+            )
+            metrics.HEADER_PROBLEMS.labels(*self._labels, "forged_control").inc()
+            log.error("partition %d: %s: dead-lettering it", self.partition, forged)
+            return self._dead_letter(delivery, forged, 0)
+        gate = self.resize
+        delays = keyparking.RETRY_BACKOFF.delays()
+        while gate is not None and not self.stopped.is_set():
+            try:
+                gate.drained(epoch, self.partition)
+                break
+            except EtcdError as e:
+                log.warning("partition %d: cannot record its fence yet: %s", self.partition, e)
+                self.stopped.wait(delays.next())
+        else:
+            if gate is not None:
+                return Outcome.KEEP  # stopped: the fence is handled again by the next owner
+            log.error("partition %d: a fence of epoch %d, unrecorded", self.partition, epoch)
+        log.info(
+            "partition %d: handled the fence of layout epoch %d: its old layout is drained",
+            self.partition,
+            epoch,
+        )
+        return Outcome.ACK
+
     def _message(self, delivery: Delivery) -> Message:
         """The handler's view of ``delivery``; :class:`MalformedHeaders` if its partq headers
         do not parse."""
@@ -319,6 +412,8 @@ class Worker(KeyParking, threading.Thread):
                 wrong,
             )
         control = (props.headers or {}).get(HEADER_CONTROL)
+        if control in (CONTROL_FENCE, CONTROL_FENCE.encode()):
+            return self._fence(delivery)
         if control is not None:
             return self._control(delivery, message, control)
         key = message.key

@@ -282,7 +282,7 @@ def act(
                         held += 1
                         unroutable += letter.matches(key)
                         continue
-                    if action == "redrive":
+                    if action == "redrive" and partition is not None:  # None: held above
                         _publish(out, spec, partition, properties, body)
                     channel.basic_ack(method.delivery_tag)
                     acted += 1
@@ -296,18 +296,24 @@ def act(
 def _publish(
     channel: BlockingChannel,
     spec: StreamSpec,
-    partition: int | None,
+    partition: int,
     properties: pika.BasicProperties,
     body: bytes,
 ) -> None:
     try:
         channel.basic_publish(
-            spec.exchange, str(partition), body, republished(properties), mandatory=True
+            spec.exchange,
+            spec.layout.routing_key(partition),  # the current epoch's: "q", or "E.q" resized
+            body,
+            republished(properties),
+            mandatory=True,
         )
     except pika.exceptions.UnroutableError:
         raise MessageUnroutable(
-            f"partition {partition} of {spec.name} has no queue bound (run `partq stream "
-            f"create {spec.name}` again); the dead letter stays in {spec.dead_letter_queue}"
+            f"partition {partition} of {spec.name} has no queue bound under layout epoch "
+            f"{spec.epoch} (a resize switched it meanwhile, or run `partq stream create "
+            f"{spec.name}` again); the dead letter stays in {spec.dead_letter_queue}: run "
+            f"the command again"
         ) from None
     except pika.exceptions.NackError:
         raise MessageNacked(

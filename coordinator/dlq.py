@@ -23,6 +23,7 @@ import pika.exceptions
 
 from coordinator.group import Group, Parked
 from kernel.amqp import AmqpURL, blocking_connection
+from kernel.errors import UsageError
 from producer.contract import (
     HEADER_CONTROL,
     HEADER_PARTITION,
@@ -102,6 +103,12 @@ def _depth(connection: pika.BlockingConnection, queue: str) -> int | None:
 def request(amqp_url: AmqpURL, spec: StreamSpec, record: Parked, action: Action) -> str:
     """Publish the control message for ``record``'s key into its partition (confirmed); its
     message id, which the owner names in the key's record if the replay fails."""
+    if not 0 <= record.partition < spec.partitions:
+        raise UsageError(
+            f"the parked key's record names partition {record.partition}, which a resize of "
+            f"{spec.name} retired ({spec.partitions} partitions now), and parked keys do not "
+            f"follow a resize yet (docs/resize.md): its messages stay in its parking queue"
+        )
     key: str | bytes = record.key
     with contextlib.suppress(UnicodeDecodeError):
         key = record.key.decode("utf-8")
@@ -120,7 +127,8 @@ def request(amqp_url: AmqpURL, spec: StreamSpec, record: Parked, action: Action)
         )
         channel = connection.channel()
         channel.confirm_delivery()
-        channel.basic_publish(spec.exchange, str(record.partition), b"", properties, mandatory=True)
+        routing_key = spec.layout.routing_key(record.partition)  # the current epoch's
+        channel.basic_publish(spec.exchange, routing_key, b"", properties, mandatory=True)
     return str(properties.message_id)
 
 

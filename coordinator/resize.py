@@ -321,13 +321,26 @@ def waiting(state: State) -> dict[int, tuple[int, ...]]:
     return {q: parents for q, parents in gates.items() if parents}
 
 
+def grown(state: State | None) -> int | None:
+    """The new count of a running grow whose added queues are declared, else None: they
+    are assigned and consumed from then on, so that their consumers are subscribed when
+    the new layout's first messages arrive after the switch (empty and unbound before)."""
+    if state is None or not state.running or state.phase is Phase.REQUESTED:
+        return None
+    change = state.resize
+    return change.new.partitions if change.new.partitions > change.old.partitions else None
+
+
 def served(partitions: int, state: State | None) -> int:
     """How many partitions the coordinator assigns for a spec of ``partitions`` while
-    ``state`` is the stream's last resize: the spec's, and during a shrink after its
-    switch also the retired partitions whose fence is not handled yet (their old-layout
-    messages still need a consumer; partq assigns a prefix ``0 … n-1``, so up to the
-    highest of them). A retired partition that drained is given up, so that its queue,
-    empty and without a consumer, can be deleted."""
+    ``state`` is the stream's last resize: the spec's; during a grow, its new count from
+    the declare on (:func:`grown`); and during a shrink after its switch also the retired
+    partitions whose fence is not handled yet (their old-layout messages still need a
+    consumer; partq assigns a prefix ``0 … n-1``, so up to the highest of them). A retired
+    partition that drained is given up, so that its queue, empty and without a consumer,
+    can be deleted."""
+    if (count := grown(state)) is not None:
+        return max(partitions, count)
     if state is None or not state.running or state.resize.new.partitions != partitions:
         return partitions
     draining = [p for p in state.resize.retired if p not in state.drained]

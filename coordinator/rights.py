@@ -6,10 +6,10 @@ and :func:`script` prints it as ``etcdctl``/``rabbitmqctl`` commands.
 =============  ==========================================  ===================================
 component      etcd (under /partq/v1/streams/S/)           RabbitMQ (configure / write / read)
 =============  ==========================================  ===================================
-producer       read ``spec``                               - / exchange ``partq.S`` / -
+producer       read ``spec`` and ``resize``                - / exchange ``partq.S`` / -
 consumer       read all; write ``members/ID`` (or          parking queues ``partq.S.park.*`` /
-               ``members/``), ``claims/`` and ``parked/``    ``partq.S.dlx`` and parking queues /
-                                                             partition and parking queues, dlx
+               ``members/``), ``claims/``, ``parked/``       ``partq.S.dlx`` and parking queues /
+               and ``drained/`` (a resize's fences)          partition and parking queues, dlx
 coordinator    read all; write ``assignment/``,            - / - / -   (queue depths are
                ``leader/``, ``requests/`` (clears them),     passive declares: no rights)
                ``/partq/v1/policy/S/``
@@ -118,6 +118,7 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
     )
     claims = EtcdRight("readwrite", keys.claims(stream), prefix=True)
     parked = EtcdRight("readwrite", keys.parked_keys(stream), prefix=True)
+    drained = EtcdRight("readwrite", keys.drained_all(stream), prefix=True)  # resize fences
     read_loads = EtcdRight("read", keys.loads(stream), prefix=True)  # load reports
     read_policies = EtcdRight("read", keys.policies(stream), prefix=True)  # coordinators'
 
@@ -125,7 +126,8 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
         return Role(role_name(stream, component), component, stream, tuple(etcd), amqp)
 
     found = [
-        role("producer", [EtcdRight("read", keys.spec(stream))],
+        role("producer", [EtcdRight("read", keys.spec(stream)),  # and the resize record:
+                          EtcdRight("read", keys.resize(stream))],  # a returned message
              AmqpRights(write=_exactly(exchange_name(stream)))),
         role("coordinator", [read_all, read_loads,
              EtcdRight("readwrite", keys.assignments(stream), prefix=True),
@@ -147,7 +149,11 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
         members_right = EtcdRight("readwrite", keys.members(stream), prefix=True)
         loads_right = EtcdRight("readwrite", keys.loads(stream), prefix=True)
         found.append(
-            role("consumer", [read_all, members_right, claims, parked, loads_right], consumer_amqp)
+            role(
+                "consumer",
+                [read_all, members_right, claims, parked, drained, loads_right],
+                consumer_amqp,
+            )
         )
     for member in named:
         own = EtcdRight("readwrite", keys.member(stream, member))
@@ -157,7 +163,7 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
                 role_name(stream, "consumer", member),
                 "consumer",
                 stream,
-                (read_all, own, claims, parked, own_load),
+                (read_all, own, claims, parked, drained, own_load),
                 consumer_amqp,
                 member,
             )

@@ -86,9 +86,14 @@ def resize(stream: str) -> str:
     return f"{stream_prefix(stream)}resize"
 
 
+def drained_all(stream: str) -> str:
+    """Every epoch's drained keys (consumers may write them: ``coordinator.rights``)."""
+    return f"{stream_prefix(stream)}drained/"
+
+
 def drained_prefix(stream: str, epoch: int) -> str:
     """Where the consumers of epoch ``epoch``'s old partitions record their fences."""
-    return f"{stream_prefix(stream)}drained/{epoch}/"
+    return f"{drained_all(stream)}{epoch}/"
 
 
 def drained(stream: str, epoch: int, partition: int) -> str:

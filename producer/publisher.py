@@ -40,6 +40,7 @@ limit only means the broker refuses the message).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import re
@@ -73,8 +74,10 @@ from kernel.errors import (
 from kernel.settings import Settings
 from producer import metrics
 from producer.contract import StreamSpec, refuse_control_headers, validate_stream_name
+from producer.follow import SpecFollower, SpecWatcher, resizing_to
 from producer.futures import PublishFuture, resolve_all
-from producer.registry import read_spec_from_settings
+from producer.layout import Layout
+from producer.registry import Registry
 from producer.topology import check_partition_queues, encoded_properties, message_properties
 from producer.wire import (
     HEADER_FRAME_OVERHEAD,
@@ -131,6 +134,12 @@ class _Pending:
     properties: bytes  # the content header's properties, encoded
     message_id: str
     future: PublishFuture[Receipt]
+    # what a republish under a newer layout encodes again (the partition header changes)
+    key: str | bytes
+    headers: Mapping[str, Any] | None
+    now: float  # its partq-published-ms and timestamp, kept across a republish
+    epoch: int  # of the layout it was routed under
+    routing_key: str
     published_at: float = 0.0
     returned: bool = False
 
@@ -152,25 +161,59 @@ def _unpack(
 
 def _spec_and_url(
     stream: str | StreamSpec, amqp_url: AmqpURL | None, etcd: SpecSource | None
-) -> tuple[StreamSpec, AmqpURL]:
+) -> tuple[StreamSpec, AmqpURL, SpecSource | None, Registry | None]:
     """The spec and the broker of a producer: as given, else read as the CLI reads them
-    (PARTQ_* environment > PARTQ_CONFIG file, the spec from etcd)."""
+    (PARTQ_* environment > PARTQ_CONFIG file, the spec from etcd); the spec's source (to
+    follow resizes) and the registry made here, if one was (the producer closes it)."""
     settings = None
     if amqp_url is None or (etcd is None and not isinstance(stream, StreamSpec)):
         settings = Settings.load()
+    made = None
     if isinstance(stream, StreamSpec):
         spec = stream
     else:
         validate_stream_name(stream)
         if etcd is None:
             assert settings is not None
-            spec = read_spec_from_settings(stream, settings)
-        else:
+            etcd = made = Registry.connect(settings)
+        try:
             spec = etcd.read_spec(stream)
+        except BaseException:
+            if made is not None:
+                made.close()
+            raise
     if amqp_url is None:
         assert settings is not None
         amqp_url = settings.amqp
-    return spec, amqp_url
+    return spec, amqp_url, etcd, made
+
+
+def _check(
+    spec: StreamSpec,
+    amqp_url: AmqpURL,
+    partitions: int | None,
+    window: int,
+    name: str,
+    source: SpecSource | None,
+) -> None:
+    spec.check_partitions(partitions)
+    if window < 1:
+        raise UsageError(f"window must be at least 1, got {window}")
+    follows = _follows(source)
+    check_partition_queues(  # no queues beyond P, but those of a resize that runs
+        amqp_url,
+        spec,
+        name=f"{name}-check",
+        resizing_to=None if follows is None else functools.partial(resizing_to, follows, spec.name),
+    )
+
+
+def _follows(source: SpecSource | None) -> SpecWatcher | None:
+    """``source`` if it can watch the spec (a :class:`Registry` can; a plain reader not)."""
+    needed = ("watch_spec", "cancel_watch", "read_resize")
+    if source is not None and all(callable(getattr(source, n, None)) for n in needed):
+        return source  # type: ignore[return-value]
+    return None
 
 
 class Producer:
@@ -182,6 +225,14 @@ class Producer:
     Without ``amqp_url`` or ``etcd`` it finds RabbitMQ and etcd the way the ``partq``
     command does: ``PARTQ_*`` environment variables, then the TOML file named by
     ``PARTQ_CONFIG``, then the defaults (both on 127.0.0.1).
+
+    It follows the stream's layout (docs/resize.md) when it reads the spec from etcd: a
+    watch moves new publishes to a resized layout, and a message the broker returns
+    because its layout was cut stops the stream's publishing until etcd has a newer
+    layout (at most ``layout_timeout`` seconds, else it fails with
+    :class:`MessageUnroutable`); it is then republished under the new layout, with every
+    later message, in the order they were published. A producer given a
+    :class:`StreamSpec` without ``etcd`` does not follow: a return fails its message.
 
     ``on_settled``, if given, is called with the futures that just settled (confirmed or
     failed), each future once, on whichever thread settled them (mostly the I/O thread,
@@ -201,13 +252,16 @@ class Producer:
         reconnect_timeout: float = 30.0,
         name: str = "partq-producer",
         on_settled: Callable[[Sequence[PublishFuture[Receipt]]], None] | None = None,
+        layout_timeout: float = 30.0,
     ) -> None:
-        spec, amqp_url = _spec_and_url(stream, amqp_url, etcd)
-        spec.check_partitions(partitions)
-        if window < 1:
-            raise UsageError(f"window must be at least 1, got {window}")
-        check_partition_queues(amqp_url, spec, name=f"{name}-check")  # no queues beyond P
+        spec, amqp_url, source, self._registry = _spec_and_url(stream, amqp_url, etcd)
+        try:
+            _check(spec, amqp_url, partitions, window, name, source)
+        except BaseException:
+            self._close_registry()
+            raise
         self.spec = spec
+        self._follow_layouts(spec, layout_timeout)
         self._url = amqp_url
         self._nodes = Nodes.of(amqp_url, name=name, socket_timeout=connect_timeout)
         self._open_errors: list[str] = []  # the first connection's, one per node tried
@@ -245,7 +299,43 @@ class Producer:
         self._m_confirm_seconds = metrics.CONFIRM_SECONDS.labels(spec.name)
         self._m_in_flight = metrics.IN_FLIGHT.labels(spec.name)
         self._io = threading.Thread(target=self._run, name=f"{name}-io", daemon=True)
-        self._connect(connect_timeout)
+        watcher = _follows(source)
+        self._follower: SpecFollower | None = (
+            None if watcher is None else SpecFollower(watcher, spec, self._on_spec)
+        )
+        try:
+            self._connect(connect_timeout)
+        except BaseException:
+            self._close_registry()
+            raise
+
+    def _follow_layouts(self, spec: StreamSpec, timeout: float) -> None:
+        """The state of following resizes (the follower itself comes once all is set)."""
+        self._layout: Layout = spec.layout  # replaced whole when a watch sees a newer epoch
+        self._layout_timeout = timeout
+        # Returned by the broker (their layout was cut), by delivery tag: republished in
+        # order under a newer layout once every message sent before or with them is
+        # settled. ``_held``: one was returned, nothing new goes out meanwhile.
+        self._returned: dict[int, _Pending] = {}
+        self._held = False
+        self._awaiting_layout = False  # a thread waits for a newer layout in etcd
+        self.rerouted = 0  # messages returned by a cut layout and republished under a newer
+        self._wire_epoch = spec.epoch  # of the messages in _unconfirmed (all of one epoch)
+
+    def _on_spec(self, spec: StreamSpec) -> None:
+        """A newer layout (the watch's thread): later publishes use it."""
+        self.spec = spec
+        self._layout = spec.layout
+        self._wake()  # messages held for the newer epoch go out
+
+    def _close_registry(self) -> None:
+        follower = getattr(self, "_follower", None)  # None until the follower is made
+        if follower is not None:
+            follower.close()
+            self._follower = None
+        if self._registry is not None:
+            self._registry.close()
+            self._registry = None
 
     def _connect(self, timeout: float) -> None:
         """Start the I/O thread; wait for its first connection, or raise why there is none."""
@@ -368,7 +458,8 @@ class Producer:
         now: float,
     ) -> _Pending:
         """One message, hashed and encoded in the caller's thread (its checks raise here)."""
-        partition = self.spec.partition_for(key)
+        layout = self._layout
+        partition = layout.partition_for(key)
         if isinstance(body, str):
             body = body.encode("utf-8")
         elif not isinstance(body, bytes):
@@ -389,7 +480,40 @@ class Producer:
             )
             encoded = encode_properties(properties, self._max_properties)
             message_id = properties.message_id  # pika's path makes one up for an empty id
-        return _Pending(partition, body, encoded, message_id, PublishFuture[Receipt]())
+        routing_key = layout.routing_key(partition)
+        return _Pending(
+            partition,
+            body,
+            encoded,
+            message_id,
+            PublishFuture[Receipt](),
+            key,
+            headers,
+            now,
+            layout.epoch,
+            routing_key,
+        )
+
+    def _reroute(self, pending: _Pending, layout: Layout) -> None:
+        """``pending`` (prepared under an older layout) routed and encoded under ``layout``:
+        the I/O thread's, before it frames the message (same id, same publish time)."""
+        partition = layout.partition_for(pending.key)
+        encoded = encoded_properties(
+            pending.key, partition, pending.message_id, pending.now, pending.headers
+        )
+        if encoded is None or len(encoded) > self._max_properties:
+            properties = message_properties(
+                pending.key,
+                partition,
+                message_id=pending.message_id,
+                headers=pending.headers,
+                now=pending.now,
+            )
+            encoded = encode_properties(properties, self._max_properties)
+        pending.partition = partition
+        pending.properties = encoded
+        pending.epoch = layout.epoch
+        pending.routing_key = layout.routing_key(partition)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every message published so far is confirmed or failed."""
@@ -413,6 +537,7 @@ class Producer:
         self._wake()
         self._io.join(timeout=10)
         self._fail_all(ProducerClosed("the producer was closed before the broker confirmed"))
+        self._close_registry()
 
     def __enter__(self) -> Producer:
         return self
@@ -468,9 +593,11 @@ class Producer:
 
     def _fail_all(self, error: PublishFailed | ProducerClosed) -> None:
         with self._lock:
-            doomed = [*self._unconfirmed.values(), *self._outbox]
+            doomed = [*self._in_order(), *self._outbox]
             self._unconfirmed.clear()
+            self._returned.clear()
             self._outbox.clear()
+            self._held = False
         self._resolve([], [(pending, error) for pending in doomed])
 
     def _refuse(
@@ -554,9 +681,12 @@ class Producer:
                 self._channel = None
                 self._framer = None
                 self._wake_scheduled = False
-                # Unconfirmed messages go back to the front, in publish order.
-                requeue = [self._unconfirmed[tag] for tag in sorted(self._unconfirmed)]
+                # Unconfirmed and returned messages go back to the front, in publish order
+                # (sent again, the returned ones are rerouted if a newer layout is known).
+                requeue = self._in_order()
                 self._unconfirmed.clear()
+                self._returned.clear()
+                self._held = False
                 self._outbox.extendleft(reversed(requeue))
                 closing = self._closing
             if closing:
@@ -693,16 +823,28 @@ class Producer:
                 lambda pending: body_refused(len(pending.body), limit),
             )
 
+    def _in_order(self) -> list[_Pending]:
+        """Unconfirmed and returned messages, in the order they were sent (under the lock)."""
+        sent = {**self._unconfirmed, **self._returned}
+        return [sent[tag] for tag in sorted(sent)]
+
     def _drain(self) -> None:
         with self._lock:
             self._wake_scheduled = False
             channel = self._channel
-            if self._closing and not self._outbox and not self._unconfirmed:
+            if self._closing and not self._outbox and not self._unconfirmed and not self._held:
                 if self._connection is not None and self._connection.is_open:
                     self._connection.close()
                 return
             if channel is None or not channel.is_open:
                 return
+            layout = self._layout
+            # Nothing goes out while returned messages wait for a newer layout, nor under a
+            # newer epoch while messages of the older one may still be returned: a key's
+            # later message must not be routed before its earlier one is republished.
+            if self._held or (self._unconfirmed and self._wire_epoch != layout.epoch):
+                return
+            self._wire_epoch = layout.epoch
             framer = self._framer
             batch = list(self._outbox)
             self._outbox.clear()
@@ -719,8 +861,10 @@ class Producer:
             return
         now = time.monotonic()
         for pending in batch:
+            if pending.epoch != layout.epoch:  # prepared under an older layout
+                self._reroute(pending, layout)
             pending.published_at = now
-            framer.add(str(pending.partition), pending.properties, pending.body)
+            framer.add(pending.routing_key, pending.properties, pending.body)
         framer.send()  # the batch in one write (the channel is open: checked above)
         self._m_published.inc(len(batch))
 
@@ -751,25 +895,135 @@ class Producer:
             else:
                 tags = [method.delivery_tag] if method.delivery_tag in self._unconfirmed else []
             done = [self._unconfirmed.pop(tag) for tag in tags]
-        confirmed: list[_Pending] = []
-        failed: list[tuple[_Pending, PublishFailed | ProducerClosed]] = []
-        for pending in done:
-            if nacked:
-                failed.append((pending, MessageNacked("the broker refused the message (nack)")))
-            elif pending.returned:
-                error = MessageUnroutable(
-                    f"no queue is bound for partition {pending.partition} of "
-                    f"{self.spec.name!r}: run `partq stream create {self.spec.name} "
-                    f"--partitions {self.spec.partitions}` to declare its queues"
-                )
-                failed.append((pending, error))
-            else:
-                confirmed.append(pending)
+        held = self._held
+        confirmed, failed, returned = self._outcomes(tags, done, nacked)
         self._resolve(confirmed, failed)  # all at once: one lock and one window release
         if nacked and not self._closing:
             self._recycle_after_nack()
-        if self._closing:
-            self._drain()
+        if returned and not held:
+            log.warning(
+                "stream %s: the broker returned a message of layout epoch %d (its bindings "
+                "are cut: a resize): holding publishes until etcd has a newer layout",
+                self.spec.name,
+                returned[0].epoch,
+            )
+        if self._held and not self._unconfirmed:
+            self._after_returns()
+        elif self._closing or (
+            self._outbox and not self._unconfirmed and self._wire_epoch != self._layout.epoch
+        ):
+            self._drain()  # closing, or messages of a newer epoch waited for these
+
+    def _outcomes(
+        self, tags: list[int], done: list[_Pending], nacked: bool
+    ) -> tuple[
+        list[_Pending], list[tuple[_Pending, PublishFailed | ProducerClosed]], list[_Pending]
+    ]:
+        """Confirmed, failed, and returned (kept for a newer layout) of a confirm frame."""
+        confirmed: list[_Pending] = []
+        failed: list[tuple[_Pending, PublishFailed | ProducerClosed]] = []
+        returned: list[_Pending] = []
+        for tag, pending in zip(tags, done, strict=True):
+            if nacked:
+                failed.append((pending, MessageNacked("the broker refused the message (nack)")))
+            elif pending.returned and self._follower is not None:
+                pending.returned = False
+                returned.append(pending)
+                with self._lock:  # republished once a newer layout is known
+                    self._returned[tag] = pending
+                    self._held = True
+            elif pending.returned:
+                failed.append((pending, self._unroutable(pending)))
+            else:
+                confirmed.append(pending)
+        return confirmed, failed, returned
+
+    def _unroutable(self, pending: _Pending, resizing: int | None = None) -> MessageUnroutable:
+        """Why ``pending`` fails: its layout (epoch ``resizing``) was cut by a resize and no
+        newer one came in time, or (None) its queue is simply not bound."""
+        if resizing is not None:
+            return MessageUnroutable(
+                f"the broker returned a message of {self.spec.name!r} (partition "
+                f"{pending.partition}, layout epoch {resizing}) and etcd had no newer layout "
+                f"within {self._layout_timeout:g}s: finish the stream's resize, then publish "
+                f"it again"
+            )
+        return MessageUnroutable(
+            f"no queue is bound for partition {pending.partition} of "
+            f"{self.spec.name!r}: run `partq stream create {self.spec.name} "
+            f"--partitions {self.spec.partitions}` to declare its queues"
+        )
+
+    # -- returned messages: wait for a newer layout, then republish (I/O thread) ------------
+
+    def _after_returns(self) -> None:
+        """Every message sent is settled or returned: republish the returned ones under a
+        newer layout if one is known, else wait for one on another thread."""
+        epoch = max(pending.epoch for pending in self._returned.values())
+        if self._layout.epoch > epoch:
+            self._republish()
+            return
+        with self._lock:
+            if self._awaiting_layout:
+                return
+            self._awaiting_layout = True
+        threading.Thread(
+            target=self._await_layout, args=(epoch,), name="partq-producer-layout", daemon=True
+        ).start()
+
+    def _await_layout(self, epoch: int) -> None:
+        """Waiter thread: a layout newer than ``epoch`` (at most ``layout_timeout``; at once
+        none when no resize runs: the queue is just not bound), then back to the I/O thread."""
+        follower = self._follower
+        found = None
+        resizing = False
+        try:
+            if follower is not None:
+                resizing = follower.resizing()
+                wait = self._layout_timeout if resizing else 0.0
+                found = follower.wait_newer(epoch, wait)
+        finally:
+            with self._lock:
+                self._awaiting_layout = False
+                connection = self._connection
+        if found is not None and found.epoch > self._layout.epoch:
+            self._on_spec(found)
+        if connection is None:
+            return  # reconnecting: the returned messages are sent again, in order
+        with contextlib.suppress(Exception):  # the loop is closing: the requeue sends them
+            connection.ioloop.add_callback_threadsafe(
+                functools.partial(self._layout_waited, epoch, resizing)
+            )
+
+    def _layout_waited(self, epoch: int, resizing: bool) -> None:
+        if not self._returned:
+            return  # a reconnect requeued them meanwhile
+        if self._layout.epoch > epoch:
+            self._republish()
+            return
+        with self._lock:
+            doomed = [self._returned[tag] for tag in sorted(self._returned)]
+            self._returned.clear()
+            self._held = False
+        self._resolve([], [(p, self._unroutable(p, epoch if resizing else None)) for p in doomed])
+        self._drain()
+
+    def _republish(self) -> None:
+        """The returned messages ahead of everything not yet sent, in their first order;
+        ``_drain`` routes them (and every older message) under the current layout."""
+        with self._lock:
+            again = [self._returned[tag] for tag in sorted(self._returned)]
+            self._returned.clear()
+            self._held = False
+            self._outbox.extendleft(reversed(again))
+            self.rerouted += len(again)
+        log.info(
+            "stream %s: republishing %d returned messages under layout epoch %d",
+            self.spec.name,
+            len(again),
+            self._layout.epoch,
+        )
+        self._drain()
 
     def _recycle_after_nack(self) -> None:
         """A nack: start over on a new connection (the next node of a list), at most once

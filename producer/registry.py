@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kernel import keys
-from kernel.errors import SpecMismatch, StreamNotFound
+from kernel.errors import MalformedValue, SpecMismatch, StreamNotFound, UsageError
 from kernel.etcd import EtcdClient, connect, etcd_errors
 from kernel.settings import Settings
 from producer.contract import StreamSpec, validate_stream_name
 
 __all__ = ["Registry", "read_spec_from_endpoints"]
+
+log = logging.getLogger("partq.producer")
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,40 @@ class Registry:
                 f"`partq stream create {stream} --partitions N`"
             )
         return StreamSpec.from_json(value, keys.spec(stream))  # MalformedValue naming the key
+
+    def watch_spec(self, stream: str, on_spec: Callable[[StreamSpec | None], None]) -> int:
+        """Call ``on_spec`` with each new value of ``stream``'s spec (None: deleted), on the
+        watch's thread; a value that does not parse is logged and skipped. The watch id."""
+        key = keys.spec(stream)
+
+        def on_response(response: Any) -> None:
+            if response is None or isinstance(response, Exception):
+                log.warning("the watch of %s ended (%s): reading it on demand", key, response)
+                return
+            for event in response.events:
+                if event.key.decode(errors="replace") != key:
+                    continue
+                if type(event).__name__ == "DeleteEvent":
+                    on_spec(None)
+                    continue
+                try:
+                    on_spec(StreamSpec.from_json(event.value, key))
+                except (MalformedValue, UsageError) as e:
+                    log.warning("%s", e)
+
+        with etcd_errors(self.where):
+            # the key alone, not a prefix: the producer role may read only this key
+            watch_id: int = self.client.add_watch_callback(key, on_response)
+        return watch_id
+
+    def cancel_watch(self, watch_id: int) -> None:
+        self.client.cancel_watch(watch_id)
+
+    def read_resize(self, stream: str) -> bytes | None:
+        """``stream``'s resize record as stored (``coordinator.resize.encode``), or None."""
+        with etcd_errors(self.where):
+            value, _meta = self.client.get(keys.resize(stream))
+        return value
 
     def list_specs(self) -> list[StreamSpec]:
         with etcd_errors(self.where):

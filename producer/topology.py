@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -475,7 +475,13 @@ def beyond_spec_message(spec: StreamSpec, beyond: list[QueueStats]) -> str:
     )
 
 
-def check_partition_queues(url: AmqpURL, spec: StreamSpec, *, name: str = "partq-check") -> None:
+def check_partition_queues(
+    url: AmqpURL,
+    spec: StreamSpec,
+    *,
+    name: str = "partq-check",
+    resizing_to: Callable[[], int | None] | None = None,
+) -> None:
     """Refuse (:class:`SpecMismatch`) a spec that RabbitMQ has queues beyond.
 
     One passive declare of ``p(P)``, on a short-lived connection: run once when a
@@ -483,11 +489,18 @@ def check_partition_queues(url: AmqpURL, spec: StreamSpec, *, name: str = "partq
     above 0) is not checked: only a resize writes one, and during a shrink the old
     queues beyond it still drain until the resize deletes them; the spec that the check
     is about, one re-created after etcd lost it, is of epoch 0 (``create``, ``--adopt``).
+    ``resizing_to``: asked only when queues beyond P exist, the larger count of a resize
+    that runs (None: none runs); a grow declares its queues before the switch, so queues up
+    to that count are the resize's, not a lost spec's.
     """
     if spec.partitions >= MAX_PARTITIONS or spec.epoch:
         return
     with blocking_connection(url, name=name) as connection:
         beyond = scan_partition_queues(connection, spec.name, spec.partitions)
+    if beyond and resizing_to is not None:
+        widest = resizing_to()  # read after the scan: a resize that declared them is seen
+        if widest is not None and beyond[-1].partition < widest:
+            return
     if beyond:
         raise SpecMismatch(beyond_spec_message(spec, beyond))
 

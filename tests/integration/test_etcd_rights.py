@@ -136,6 +136,8 @@ PROBES = {  # one key of every kind in the layout, and keys of another stream
     "standby": keys.standby(STREAM, 0),
     "request": keys.request(STREAM, "rebalance"),
     "parked": keys.parked(STREAM, key_id("k")),
+    "resize": keys.resize(STREAM),
+    "drained": keys.drained(STREAM, 0, 3),
     "load c-1": keys.load(STREAM, "c-1"),
     "load c-2": keys.load(STREAM, "c-2"),
     "other stream's spec": keys.spec("other"),

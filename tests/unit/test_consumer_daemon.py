@@ -26,12 +26,13 @@ from consumers.daemon import (
 from consumers.handoff import Phase
 from consumers.message import Message
 from consumers.testing import StubBroker
-from coordinator import codec
+from coordinator import codec, resize
 from coordinator.group import Group
 from coordinator.session import Session
 from coordinator.testing import FakeEtcd
 from kernel import keys
 from producer.contract import OnFailure, StreamSpec
+from producer.layout import Layout
 from producer.registry import Registry
 from tests.polling import eventually
 
@@ -615,3 +616,39 @@ def test_a_standby_given_the_partition_from_a_suspect_owner_keeps_standing_by(
     finally:
         for session in others:
             session.close()
+
+
+def test_a_grown_stream_has_its_added_partitions_consumed(env: Env) -> None:
+    # Given a member consuming partition 0 of 4
+    running = consuming(env, "m1", 0)
+    # When a resize switches the spec to 8 partitions (epoch 1) and assigns it partition 6
+    grown = StreamSpec(env.stream, 8, epoch=1)
+    env.fake.put(keys.spec(env.stream), grown.to_json())
+    env.assign(6, "m1")
+    # Then it consumes partition 6 too
+    eventually("partition 6 consumed", lambda: running.consumer.owned() == [0, 6])
+    assert running.broker.spec.partitions == 8
+
+
+def test_a_grow_has_its_added_partitions_consumed_from_its_declare_on(env: Env) -> None:
+    # Given a member consuming partition 0 of 4
+    running = consuming(env, "m1", 0)
+    # When a grow to 8 declared its queues (no switch yet) and partition 6 is assigned to it
+    state = resize.State(Layout(P).resize(8), resize.Phase.DECLARED)
+    env.fake.put(keys.resize(env.stream), resize.encode(state))
+    env.assign(6, "m1")
+    # Then it consumes partition 6 before the spec changes
+    eventually("partition 6 consumed", lambda: running.consumer.owned() == [0, 6])
+    assert running.broker.spec.partitions == 8 and running.consumer.epoch == 0
+
+
+def test_a_member_started_during_a_shrink_consumes_a_retired_partition(env: Env) -> None:
+    # Given a shrink 4 -> 2 switched (epoch 1) whose retired partitions still drain
+    state = resize.State(Layout(P).resize(2), resize.Phase.SWITCHED)
+    env.fake.put(keys.resize(env.stream), resize.encode(state))
+    env.fake.put(keys.spec(env.stream), StreamSpec(env.stream, 2, epoch=1).to_json())
+    # When a member starts and partition 3 (retired) is assigned to it
+    running = env.consumer("m1")
+    env.assign(3, "m1")
+    # Then it consumes it, until the resize retires
+    eventually("partition 3 consumed", lambda: running.consumer.owned() == [3])

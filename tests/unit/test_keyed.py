@@ -55,8 +55,9 @@ class Spans:
 
 
 def _worker(
-    handler: Any, pool: HandlerPool, broker: Broker, dead: DeadLetters, parking: Any = None
-) -> KeyedWorker:
+    handler: Any, pool: HandlerPool, broker: Broker, dead: DeadLetters, parking: Any = None,
+    **options: Any,
+) -> KeyedWorker:  # fmt: skip
     worker = KeyedWorker(
         pool=pool,
         spec=SPEC,
@@ -72,6 +73,7 @@ def _worker(
         freed_at=None,
         loop=EventLoop(),
         parking=parking,
+        **options,
     )
     worker.start()
     return worker

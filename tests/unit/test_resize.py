@@ -392,3 +392,17 @@ def test_status_names_a_shrink_s_old_queues_as_retiring_not_as_beyond_the_spec()
     assert "queues to delete once drained and empty: 8-11" in "".join(lines)
     # a queue beyond the old count too is not the resize's: reported as before
     assert lines[-1] == "queue partq.s.p00012 exists beyond the stream's 8 partitions: 3 messages"
+
+
+def test_a_grow_is_served_from_its_declare_on() -> None:
+    # Given a resize 6 -> 12 just requested (its queues not declared yet): the spec's 6
+    requested = resize.begin(Layout(6), 12, running=None)[0]
+    assert resize.served(6, requested) == 6 and resize.grown(requested) is None
+    # When its queues are declared, then all 12 are assigned, before the switch and after
+    declared, _ = run(requested, Declared())
+    assert resize.served(6, declared) == 12 and resize.grown(declared) == 12
+    state, _ = run(declared, Cut(), *(Fenced(p) for p in range(6)), Bound(), Switched())
+    assert resize.served(12, state) == 12
+    # And a shrink is never served early
+    shrink, _ = run(resize.begin(Layout(12), 8, running=None)[0], Declared())
+    assert resize.grown(shrink) is None and resize.served(12, shrink) == 12

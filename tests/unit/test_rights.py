@@ -46,7 +46,7 @@ def test_each_component_writes_only_its_own_keys() -> None:
     assert _may_write(coordinator, keys.assignment("orders", 7))
     assert _may_write(coordinator, keys.claim("orders", 7))  # it deletes forged claims
     assert not any(r.permission != "read" for r in producer.etcd)
-    assert [r.key for r in producer.etcd] == [keys.spec("orders")]
+    assert [r.key for r in producer.etcd] == [keys.spec("orders"), keys.resize("orders")]
     assert _may_write(operator, keys.request("orders", "x"))
     assert not _may_write(operator, keys.assignment("orders", 0))
     assert "partq-orders-consumer" not in {r.name for r in found}

@@ -95,9 +95,13 @@ class Fleet:
         return env
 
     def _start(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
+        return self.process(name, [str(PARTQ), *args], env)
+
+    def process(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        """Start ``argv`` with this fleet's settings; ended by ``close`` like the others."""
         log = self.tmp / f"{name}.log"
         with open(log, "ab") as out:
-            popen = subprocess.Popen([str(PARTQ), *args], stdout=out, stderr=out, env=env, cwd=ROOT)
+            popen = subprocess.Popen(argv, stdout=out, stderr=out, env=env or self._env(), cwd=ROOT)
         proc = Proc(name, popen, log)
         self.procs.append(proc)
         return proc

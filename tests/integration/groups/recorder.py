@@ -5,7 +5,9 @@ to ``$PARTQ_RECORD``), ``record_async`` the same as an ``async def`` (it awaits
 ``$PARTQ_RECORD_SLEEP`` seconds); ``poison`` raises for bodies containing ``poison``;
 ``poison_key`` raises for ``$PARTQ_POISON_KEY``'s messages from seq
 ``$PARTQ_POISON_SEQ`` on while the file ``$PARTQ_POISON_FLAG`` exists (delete it to
-"fix the handler"), and takes ``$PARTQ_POISON_SLOW`` seconds per message of that key.
+"fix the handler"), and takes ``$PARTQ_POISON_SLOW`` seconds per message of that key;
+``slow_while`` takes ``$PARTQ_SLOW_SLEEP`` seconds per message while the file
+``$PARTQ_SLOW_FLAG`` exists (a backlog made on purpose), then records.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from consumers.examples import record_handler as record
 from consumers.examples import write_record
 from consumers.message import Message
 
-__all__ = ["poison", "poison_key", "record", "record_async"]
+__all__ = ["poison", "poison_key", "record", "record_async", "slow_while"]
 
 
 async def record_async(message: Message) -> None:
@@ -43,3 +45,10 @@ def poison_key(message: Message) -> None:
     if key in chosen:  # once fixed, slower: a replay takes time
         time.sleep(float(os.environ.get("PARTQ_POISON_SLOW", "0")))
     record(message)
+
+
+def slow_while(message: Message) -> None:
+    start = time.time()
+    if os.path.exists(os.environ["PARTQ_SLOW_FLAG"]):
+        time.sleep(float(os.environ.get("PARTQ_SLOW_SLEEP", "0.05")))
+    write_record(message, start, time.time())

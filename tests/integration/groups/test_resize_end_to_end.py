@@ -1,0 +1,157 @@
+"""A real resize end to end (docs/resize.md): ``partq stream resize --wait`` under load.
+
+Both halves of issue 22 together, nothing done by hand: a running coordinator assigns the
+layouts, three consumer daemons (one with ``--concurrency 8``) record the fences they reach
+and gate the keys that moved, an SDK producer that follows the spec publishes keyed
+sequences throughout, and the command carries out the protocol, 6 -> 12 and then 12 -> 8,
+each while the old partitions hold a backlog. Then: nothing confirmed is lost, per key
+every handling is in publish order and never overlaps another of its key, no fence reached
+a handler, the retired queues are gone (deleted only once empty: nothing was lost), and the
+spec is epoch 2 with 8 partitions.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pika
+import pytest
+
+from coordinator import dlq, resize
+from coordinator.group import Group
+from kernel import keys
+from kernel.errors import SpecMismatch
+from producer import Producer
+from producer.registry import Registry
+from producer.topology import declare_partition_queues, scan_partition_queues
+
+from .harness import PARTQ, Fleet, wait_until
+from .test_resize_clients import Backlog, KeyedLoad, audited, drained, flowing, settle
+
+pytestmark = [pytest.mark.integration]
+
+MEMBERS = {"c1", "c2", "c3"}
+
+
+def resized(fleet: Fleet, partitions: int, backlog: Backlog) -> tuple[int, str]:
+    """Run ``partq stream resize --wait`` while the old partitions hold a backlog; its exit
+    code and output."""
+    argv = [str(PARTQ), "stream", "resize", fleet.stream, "--partitions", str(partitions)]
+    with backlog:
+        command = fleet.process(f"resize-{partitions}", [*argv, "--wait", "--timeout", "120"])
+    try:
+        code = command.popen.wait(150)
+    except subprocess.TimeoutExpired:
+        code = -1
+    return code, command.tail(20)
+
+
+@pytest.mark.slow
+def test_partq_stream_resize_grows_then_shrinks_under_load_keeping_every_keys_order(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str
+) -> None:
+    # Given a stream of 6 partitions, a coordinator, three consumers (one with
+    # concurrency), and an SDK producer that follows the spec, publishing 60 keys at 600/s
+    fleet = quorum_fleet(6)
+    stream = fleet.stream
+    group = Group(registry.client, registry.where, stream)
+    backlog = Backlog(fleet)
+    fleet.coordinator()
+    fleet.consumer("c1", handler="slow_while")
+    fleet.consumer("c2", handler="slow_while", extra=("--concurrency", "8"))
+    fleet.consumer("c3", handler="slow_while")
+    settle(group, fleet, 6, MEMBERS)
+    producer = Producer(stream, amqp_url=rabbitmq, etcd=registry, name="e2e-load")
+    load = KeyedLoad(producer)
+    load.start()
+    try:
+        wait_until(lambda: len(fleet.records()) > 1500, 60, 0.1, "the load flowing")
+        # When `partq stream resize --partitions 12 --wait` runs under the load
+        code, out = resized(fleet, 12, backlog)
+        assert code == 0, out + fleet.logs()
+        # Then it returned with every old partition's fence recorded, and 12 are consumed
+        assert drained(registry, stream, 0) == set(range(6))
+        settle(group, fleet, 12, MEMBERS)
+        flowing(fleet, "flowing at 12")
+        # And when it shrinks 12 -> 8 the same way (the retired 8..11 stay assigned until
+        # their fence, then their queues are deleted)
+        code, out = resized(fleet, 8, backlog)
+        assert code == 0, out + fleet.logs()
+        settle(group, fleet, 8, MEMBERS)
+        flowing(fleet, "flowing at 8")
+    finally:
+        load.stop()
+        producer.close()  # after flushing what is unconfirmed
+    # Then nothing confirmed is lost, no fence reached a handler, per key every handling
+    # is in publish order and none overlaps another of its key
+    sent, records = audited(load, fleet)
+    # And the spec is epoch 2 with 8 partitions, the resize retired, its retired queues
+    # deleted (only once empty: nothing is lost) and no other queue left beyond 8
+    spec = registry.read_spec(stream)
+    assert (spec.epoch, spec.partitions) == (2, 8)
+    raw, _meta = registry.client.get(keys.resize(stream))
+    state = resize.decode(raw)
+    assert state.phase is resize.Phase.RETIRED and state.deleted == frozenset(range(8, 12))
+    assert drained(registry, stream, 1) == set(range(12))
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        assert scan_partition_queues(connection, stream, 8) == []
+        assert len(scan_partition_queues(connection, stream)) == 8
+    moved = {r["key"] for r in records if r["partition"] >= 6}
+    print(
+        f"\n{len(sent)} sent, {len(records)} handled, {len(moved)} keys handled in a "
+        f"partition >= 6, {producer.rerouted} returned by the cuts and republished"
+    )
+
+
+def test_a_producer_started_while_a_grow_runs_accepts_its_new_queues(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str
+) -> None:
+    # Given a stream of 6 partitions whose grow to 12 declared its queues, not yet switched
+    fleet = quorum_fleet(6)
+    spec = registry.read_spec(fleet.stream)
+    state = resize.State(spec.layout.resize(12), resize.Phase.DECLARED)
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        declare_partition_queues(connection, spec, range(6, 12))
+    # When a producer starts without the resize's record (a lost spec would look so)
+    # Then its queue check refuses the stream in one line
+    with pytest.raises(SpecMismatch, match="RabbitMQ has 12 partition queues"):
+        Producer(fleet.stream, amqp_url=rabbitmq, etcd=registry, name="mid-resize").close()
+    # And with the record, one starts and publishes under epoch 0
+    registry.client.put(keys.resize(fleet.stream), resize.encode(state))
+    with Producer(fleet.stream, amqp_url=rabbitmq, etcd=registry, name="mid-resize") as producer:
+        assert producer.publish("k", b"{}").result(30).partition == spec.partition_for("k")
+
+
+def test_a_dead_letter_of_the_old_layout_is_redriven_under_the_new_one(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str, tmp_path: Path
+) -> None:
+    # Given dead letters of one key, dead-lettered under epoch 0 of a 4-partition stream
+    fleet = quorum_fleet(4, "dead-letter")
+    spec = registry.read_spec(fleet.stream)
+    flag = tmp_path / "poisoned"
+    flag.touch()
+    fleet.env.update(PARTQ_POISON_KEY="key-a", PARTQ_POISON_SEQ="0", PARTQ_POISON_FLAG=str(flag))
+    group = Group(registry.client, registry.where, fleet.stream)
+    fleet.coordinator(settle=0.5)
+    fleet.consumer("c1", handler="poison_key", extra=("--max-attempts", "1"))
+    settle(group, fleet, 4, {"c1"})
+    with Producer(spec, amqp_url=rabbitmq) as producer:
+        for seq in range(6):
+            producer.publish("key-a", json.dumps({"seq": seq}).encode(), message_id=f"a:{seq}")
+        producer.flush(30)
+    wait_until(lambda: dlq.dead_letter_depth(rabbitmq, spec) == 6, 30, 0.2, "dead letters")
+    # When the stream grows to 7 (`partq stream resize --wait`) and they are redriven
+    resize_to_7 = [str(PARTQ), "stream", "resize", fleet.stream, "--partitions", "7", "--wait"]
+    assert fleet.process("resize", resize_to_7).popen.wait(120) == 0, fleet.logs()
+    flag.unlink()
+    redrive = [str(PARTQ), "dlq", "redrive", fleet.stream, "--dead-letters"]
+    assert fleet.process("redrive", redrive).popen.wait(120) == 0, fleet.logs()
+    # Then they are handled once, in order, in the key's partition of the new layout
+    wait_until(lambda: len(fleet.records()) == 6, 60, 0.2, "the redriven letters handled")
+    assert [r["seq"] for r in fleet.records()] == list(range(6))
+    resized_spec = registry.read_spec(fleet.stream)
+    assert {r["partition"] for r in fleet.records()} == {resized_spec.partition_for("key-a")}
+    assert dlq.dead_letter_depth(rabbitmq, spec) == 0
