@@ -85,7 +85,9 @@ class Channel:
     def deliver(self) -> int:
         """RabbitMQ delivers the next message on this channel; its tag."""
         tag = next(self._tags)
-        method = SimpleNamespace(method=SimpleNamespace(delivery_tag=tag, redelivered=False))
+        method = SimpleNamespace(
+            method=SimpleNamespace(delivery_tag=tag, redelivered=False, routing_key="0")
+        )
         self._on_deliver(method, SimpleNamespace(properties=None), b"")  # type: ignore[attr-defined]
         return tag
 
