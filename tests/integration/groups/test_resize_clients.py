@@ -34,7 +34,7 @@ from producer.topology import queue_arguments
 
 from .harness import Fleet, SequenceProducer, balanced, wait_until
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("machine_version_in_ci")]
 
 
 class KeyedLoad(SequenceProducer):

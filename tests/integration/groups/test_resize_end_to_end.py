@@ -31,7 +31,7 @@ from producer.topology import declare_partition_queues, scan_partition_queues
 from .harness import PARTQ, Fleet, wait_until
 from .test_resize_clients import Backlog, KeyedLoad, audited, drained, flowing, settle
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("machine_version_in_ci")]
 
 MEMBERS = {"c1", "c2", "c3"}
 
