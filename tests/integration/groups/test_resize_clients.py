@@ -210,10 +210,10 @@ def test_a_grow_then_a_shrink_keep_every_keys_order_under_load(
     # Then nothing confirmed is lost, no fence reached a handler, and per key every
     # handling is in publish order, across both resizes
     sent, records = audited(load, fleet)
-    # And the producer republished what the cuts returned to it (the shrink's cut lasts
-    # until the retired partitions drained: rounds are published meanwhile; the grow's
-    # may fall between two rounds)
-    assert producer.rerouted > rerouted_grow
+    # (How many publishes the cuts returned, printed below, depends on whether the
+    # producer's watch saw each switch before its next publish: CI on 4.0.5 once had all 60
+    # at the grow and none at the shrink. The cut-off test below makes returns happen and
+    # checks their order.)
     moved = {r["key"] for r in records if r["partition"] >= 6}
     print(
         f"\n{len(sent)} sent, {len(records)} handled, {len(moved)} keys in added partitions, "
