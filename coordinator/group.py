@@ -322,27 +322,28 @@ class Group:
                 return responses[0], None
         return None, existing
 
+    def _if_ours(self, key: str, session: Session, op: Any) -> tuple[bool, list[Any]]:
+        """``op`` (a put or delete of ``key``) only while ``key`` is on our session's lease:
+        (done, the transaction's responses)."""
+        with etcd_errors(self.where):
+            ok, responses = self.client.transaction(
+                compare=[lease_is(key, session.id)], success=[op], failure=[]
+            )
+        return bool(ok), responses
+
     def announce_leaving(self, member: Member, session: Session) -> bool:
         """Mark our member key ``leaving`` (only if it is still on our lease): the leader
         then moves our partitions away at once, while we go on consuming them."""
         key = keys.member(self.stream, member.id)
         value = codec.encode_member(dataclasses.replace(member, leaving=True))
-        t = self.client.transactions
-        with etcd_errors(self.where):
-            ok, _ = self.client.transaction(
-                compare=[lease_is(key, session.id)],
-                success=[t.put(key, value, lease=session.lease)],
-                failure=[],
-            )
-        return bool(ok)
+        ok, _ = self._if_ours(
+            key, session, self.client.transactions.put(key, value, lease=session.lease)
+        )
+        return ok
 
     def leave(self, member_id: str, session: Session) -> None:
         key = keys.member(self.stream, member_id)
-        t = self.client.transactions
-        with etcd_errors(self.where):
-            self.client.transaction(
-                compare=[lease_is(key, session.id)], success=[t.delete(key)], failure=[]
-            )
+        self._if_ours(key, session, self.client.transactions.delete(key))
 
     # -- claims ------------------------------------------------------------------------
 
@@ -401,23 +402,14 @@ class Group:
             priority=claim.priority,
             sealed=True,
         )
-        t = self.client.transactions
-        with etcd_errors(self.where):
-            ok, responses = self.client.transaction(
-                compare=[lease_is(key, session.id)],
-                success=[t.put(key, value, lease=session.lease)],
-                failure=[],
-            )
+        put = self.client.transactions.put(key, value, lease=session.lease)
+        ok, responses = self._if_ours(key, session, put)
         return int(responses[0].response_put.header.revision) if ok else 0
 
     def release(self, partition: int, session: Session) -> int:
         """Delete our claim on ``partition`` (only if it is ours): the delete's revision, or 0."""
         key = keys.claim(self.stream, partition)
-        t = self.client.transactions
-        with etcd_errors(self.where):
-            ok, responses = self.client.transaction(
-                compare=[lease_is(key, session.id)], success=[t.delete(key)], failure=[]
-            )
+        ok, responses = self._if_ours(key, session, self.client.transactions.delete(key))
         return int(responses[0].response_delete_range.header.revision) if ok else 0
 
     def hand_over(self, partition: int, session: Session, to: Member) -> int:
