@@ -18,13 +18,12 @@ record, the drained sets and the listeners; a listener is called outside it.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from coordinator import resize
+from coordinator import codec, resize
 from kernel import keys
 from kernel.backoff import Backoff
 from kernel.errors import EtcdError, MalformedValue
@@ -196,7 +195,7 @@ class ResizeGate:
     def drained(self, epoch: int, partition: int) -> None:
         """Old ``partition`` handled the fence of ``epoch``: recorded in etcd (not on a
         lease: it stays true), then here. Raises :class:`EtcdError`."""
-        value = json.dumps({"member": self.member}, sort_keys=True)
+        value = codec.encode_drained(self.member)
         with etcd_errors(self.where):
             self.client.put(keys.drained(self.stream, epoch, partition), value)
         with self._changed:

@@ -36,6 +36,9 @@ key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)          
                                       base64url, or ``sha256.<hex>`` for a key over
                                       1,536 bytes, whose value then holds ``"key"``
                                       (base64)
+``drained/<epoch>/<partition:05d>``   ``{"v": 1, "member"}``: old ``partition``'s      Drained
+                                      consumer handled the fence of resize epoch
+                                      ``epoch`` (not on a lease)
 ``spec``                              :meth:`StreamSpec.to_json`                       StreamSpec
 ``resize``                            ``{"v": 1, "old", "new": {"epoch",                resize.State
                                       "partitions"}, "phase", "fenced", "drained",
@@ -86,6 +89,7 @@ __all__ = [
     "Claim",
     "Concurrency",
     "Drain",
+    "Drained",
     "LoadReport",
     "Member",
     "Move",
@@ -100,6 +104,7 @@ __all__ = [
     "decode_assignment",
     "decode_candidate",
     "decode_claim",
+    "decode_drained",
     "decode_load",
     "decode_member",
     "decode_parked",
@@ -108,9 +113,11 @@ __all__ = [
     "decode_resize",
     "decode_spec",
     "decode_standby",
+    "drained_name",
     "encode_assignment",
     "encode_candidate",
     "encode_claim",
+    "encode_drained",
     "encode_load",
     "encode_member",
     "encode_parked",
@@ -313,8 +320,29 @@ class Parked:
 
 
 Request = Rebalance | Move | Drain | Pause
+
+
+@dataclass(frozen=True, slots=True)
+class Drained:
+    """An old partition's consumer handled the fence of a resize (``drained/<epoch>/<p>``):
+    every old-layout message of that partition is handled. Not on a lease: it stays true."""
+
+    epoch: int
+    partition: int
+    member: str  # who handled the fence
+
+
 Value = (
-    Member | Assignment | Claim | Standby | Candidate | Request | Parked | StreamSpec | ResizeState
+    Member
+    | Assignment
+    | Claim
+    | Standby
+    | Candidate
+    | Request
+    | Parked
+    | Drained
+    | StreamSpec
+    | ResizeState
 )
 
 
@@ -403,6 +431,10 @@ def encode_claim(
 
 
 def encode_standby(member: str) -> str:
+    return _dumps(member=validate_member_id(member))
+
+
+def encode_drained(member: str) -> str:
     return _dumps(member=validate_member_id(member))
 
 
@@ -599,6 +631,15 @@ def parked_name(name: str) -> str:
         raise MalformedValue(str(e)) from None
 
 
+def drained_name(name: str) -> str:
+    """A drained key's name, ``<epoch>/<partition:05d>``, checked."""
+    epoch, _, partition = name.partition("/")
+    if not (epoch.isdigit() and epoch == str(int(epoch))):
+        raise MalformedValue(f"the drained key names no epoch: {name!r} (<epoch>/<partition>)")
+    partition_name(partition)
+    return name
+
+
 def spec_name(name: str) -> str:
     """The spec key has no name of its own: ``name`` is the stream's."""
     return name
@@ -726,6 +767,12 @@ def decode_spec(stream: str, _name: str, raw: bytes | str, _lease: int) -> Strea
     if spec.name != stream:
         raise MalformedValue(f"the spec of stream {spec.name!r} is not {stream!r}'s")
     return spec
+
+
+def decode_drained(_stream: str, name: str, raw: bytes | str, _lease: int) -> Drained:
+    """A resize's fence handled (written by ``consumers.resizing``: ``{"member"}``)."""
+    epoch, _, partition = drained_name(name).partition("/")
+    return Drained(int(epoch), int(partition), _id(_object(raw), "member"))
 
 
 def decode_resize(_stream: str, _name: str, raw: bytes | str, _lease: int) -> ResizeState:

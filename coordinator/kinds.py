@@ -18,6 +18,7 @@ standby        ``standby/``                 partition (5 digits)    ``standbys``
 leader         ``leader/``                  lease (16 hex digits)   ``candidates``
 request        ``requests/``                a request's name        ``requests``
 parked         ``parked/``                  key id                  ``parked``
+drained        ``drained/``                 ``<epoch>/<partition>``  ``drained``
 spec           ``spec`` (the key itself)    (the stream)            ``spec``
 resize         ``resize`` (the key itself)  (the stream)            ``resize``
 =============  ===========================  ======================  ===================
@@ -47,7 +48,16 @@ __all__ = [
 ]
 
 Kind = Literal[
-    "member", "assignment", "claim", "standby", "leader", "request", "parked", "spec", "resize"
+    "member",
+    "assignment",
+    "claim",
+    "standby",
+    "leader",
+    "request",
+    "parked",
+    "drained",
+    "spec",
+    "resize",
 ]
 
 
@@ -137,6 +147,7 @@ KINDS: Final[Mapping[Kind, KeyKind]] = {
             "parked",
             revisions="parked_revisions",
         ),
+        KeyKind("drained", keys.drained_all, codec.drained_name, codec.decode_drained, "drained"),
         KeyKind("spec", keys.spec, codec.spec_name, codec.decode_spec, "spec"),
         KeyKind("resize", keys.resize, codec.spec_name, codec.decode_resize, "resize"),
     )

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from coordinator.codec import Claim, Member, Parked, Pause, Request
+from coordinator.codec import Claim, Drained, Member, Parked, Pause, Request
 from coordinator.kinds import KINDS, Malformed, WatchEvent
 from coordinator.policy import forged_claims
 from coordinator.resize import State as ResizeState
@@ -52,6 +52,7 @@ class GroupKeys:
     requests: dict[str, Request] = field(default_factory=dict)
     parked: dict[str, Parked] = field(default_factory=dict)  # key id -> record
     parked_revisions: dict[str, int] = field(default_factory=dict)  # key id -> mod revision
+    drained: dict[str, Drained] = field(default_factory=dict)  # "<epoch>/<p>" -> a resize's fence
     spec: StreamSpec | None = None  # None: deleted, or malformed
     resize: ResizeState | None = None  # the last resize's record (coordinator.resize), if any
 

@@ -437,7 +437,7 @@ class StreamCoordinator(threading.Thread):
         """The spec as far as assigning goes: during a shrink, with the retired partitions
         still draining (:func:`coordinator.resize.served`)."""
         assert self.spec is not None
-        count = resize.served(self.spec.partitions, self.mirror.resize)
+        count = resize.served(self.spec.partitions, self.mirror.resize, self.mirror.drained)
         if count == self.spec.partitions:
             return self.spec
         return dataclasses.replace(self.spec, partitions=count)

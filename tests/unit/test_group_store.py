@@ -27,6 +27,7 @@ NAMES = {  # a name partq gives a key of each kind
     "leader": "00000000000000ab",
     "request": "move-3",
     "parked": "a2V5",
+    "drained": "2/00011",
     "spec": STREAM,
     "resize": STREAM,
 }

@@ -353,6 +353,19 @@ def test_a_shrink_keeps_its_retired_partitions_served_until_they_drain() -> None
     assert resize.served(6, None) == 6
 
 
+def test_a_shrinks_retired_partitions_are_given_up_by_the_consumers_drained_keys() -> None:
+    # Given a resize 12 -> 8 (old epoch 0), switched, whose command returned without --wait
+    # (the record never learns what drained)
+    state, _ = run(resize.begin(Layout(12), 8, running=None)[0], Declared(), Cut())
+    state, _ = run(state, *(Fenced(p) for p in range(12)), Bound(), Switched())
+    # When the consumers record the fences of 9, 10 and 11 (and of another epoch's 8)
+    keys = ["0/00009", "0/00010", "0/00011", "1/00008"]
+    # Then the coordinator serves up to 8, the highest not drained: 9 partitions
+    assert resize.served(8, state, keys) == 9
+    # and once 8 drained too, only the spec's 8
+    assert resize.served(8, state, [*keys, "0/00008"]) == 8
+
+
 def test_the_summary_shows_the_phase_the_draining_and_the_gates() -> None:
     state, _ = run(resize.begin(Layout(6), 12, running=None)[0], Declared(), Cut())
     state, _ = run(state, Drained(0, 0), Drained(0, 1), Drained(0, 2))

@@ -261,6 +261,7 @@ def test_sigstop_longer_than_ttl_no_overlap(env, rabbitmq: str) -> None:
 
 
 @pytest.mark.fault
+@pytest.mark.usefixtures("machine_version_in_ci")  # coordinator and etcd faults: broker-blind
 def test_kill_leading_coordinator_another_takes_over(env, rabbitmq: str) -> None:
     fleet, group, spec = env
     a = fleet.coordinator("coordinator-a")
@@ -299,6 +300,7 @@ def test_kill_leading_coordinator_another_takes_over(env, rabbitmq: str) -> None
 
 
 @pytest.mark.fault
+@pytest.mark.usefixtures("machine_version_in_ci")  # coordinator and etcd faults: broker-blind
 def test_etcd_down_consumers_keep_consuming_then_converge(
     rabbitmq: str, stream_name: str, tmp_path: Path
 ) -> None:
