@@ -23,7 +23,6 @@ import pika.exceptions
 
 from coordinator.group import Group, Parked
 from kernel.amqp import AmqpURL, blocking_connection
-from kernel.errors import UsageError
 from producer.contract import (
     HEADER_CONTROL,
     HEADER_PARTITION,
@@ -101,20 +100,19 @@ def _depth(connection: pika.BlockingConnection, queue: str) -> int | None:
 
 
 def request(amqp_url: AmqpURL, spec: StreamSpec, record: Parked, action: Action) -> str:
-    """Publish the control message for ``record``'s key into its partition (confirmed); its
-    message id, which the owner names in the key's record if the replay fails."""
-    if not 0 <= record.partition < spec.partitions:
-        raise UsageError(
-            f"the parked key's record names partition {record.partition}, which a resize of "
-            f"{spec.name} retired ({spec.partitions} partitions now), and parked keys do not "
-            f"follow a resize yet (docs/resize.md): its messages stay in its parking queue"
-        )
+    """Publish the control message for ``record``'s key into the key's partition under the
+    current layout (confirmed); its message id, which the owner names in the key's record if
+    the replay fails. The current layout's, not the record's: after a resize moved the key,
+    its new messages reach that partition, whose owner parks them behind the parked ones;
+    the replay must run on that same worker, in line with them, or a message parked during
+    the replay on another worker would go with the deleted parking queue."""
     key: str | bytes = record.key
     with contextlib.suppress(UnicodeDecodeError):
         key = record.key.decode("utf-8")
+    partition = spec.layout.partition_for(record.key)
     headers: dict[str, object] = {
         **encode_key(key),
-        HEADER_PARTITION: record.partition,
+        HEADER_PARTITION: partition,
         HEADER_CONTROL: action,
     }
     with blocking_connection(amqp_url) as connection:
@@ -127,7 +125,7 @@ def request(amqp_url: AmqpURL, spec: StreamSpec, record: Parked, action: Action)
         )
         channel = connection.channel()
         channel.confirm_delivery()
-        routing_key = spec.layout.routing_key(record.partition)  # the current epoch's
+        routing_key = spec.layout.routing_key(partition)  # the current epoch's
         channel.basic_publish(spec.exchange, routing_key, b"", properties, mandatory=True)
     return str(properties.message_id)
 

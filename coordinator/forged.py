@@ -170,7 +170,7 @@ def remove_parked(
         if record is None or mirror.parked_revisions.get(name) != revision:
             continue  # gone or rewritten since: its own event brought it back here
         try:
-            claim, member = group.parked_at(record, revision)
+            claim, member, then = group.parked_at(record, revision)
         except EtcdUnavailable:
             unverified[name] = revision  # etcd away: judged on the leader's next step
             continue
@@ -183,7 +183,9 @@ def remove_parked(
                 e,
             )
             continue
-        if policy.parked_by_holder(record, spec.partitions, claim, member):
+        # by the layout the key was parked under: a resize since may have moved the key
+        partitions = then.partitions if then is not None else spec.partitions
+        if policy.parked_by_holder(record, partitions, claim, member):
             continue
         if not _delete(group, fence, refusals, "parked", name, revision):
             continue

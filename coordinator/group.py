@@ -58,6 +58,7 @@ from kernel.errors import (
     NotHolder,
 )
 from kernel.etcd import EtcdClient, etcd_errors, lease_is, translate
+from producer.contract import StreamSpec
 
 __all__ = [
     "Assignment",
@@ -552,16 +553,19 @@ class Group:
             )
         return int(found.mod_revision)
 
-    def parked_at(self, record: Parked, revision: int) -> tuple[Claim | None, Member | None]:
-        """The claim on ``record``'s partition and the record's member as they were at
-        ``revision`` (the record's): the facts :func:`coordinator.policy.parked_by_holder`
-        judges. Raises :class:`EtcdUnavailable` if etcd compacted that revision away."""
-        claim_key = keys.claim(self.stream, record.partition)
-        member_key = keys.member(self.stream, record.member)
+    def parked_at(
+        self, record: Parked, revision: int
+    ) -> tuple[Claim | None, Member | None, StreamSpec | None]:
+        """The claim on ``record``'s partition, the record's member and the stream's spec as
+        they were at ``revision`` (the record's): the facts
+        :func:`coordinator.policy.parked_by_holder` judges (the spec: the partition count
+        the key was placed by, which a resize changes later). Raises
+        :class:`EtcdUnavailable` if etcd compacted that revision away."""
         found: list[Value | Malformed | None] = []
         for kind, name, key in (
-            ("claim", f"{record.partition:05d}", claim_key),
-            ("member", record.member, member_key),
+            ("claim", f"{record.partition:05d}", keys.claim(self.stream, record.partition)),
+            ("member", record.member, keys.member(self.stream, record.member)),
+            ("spec", self.stream, keys.spec(self.stream)),
         ):
             with etcd_errors(self.where):
                 raw, meta = self.client.get(key, revision=revision)
@@ -570,10 +574,11 @@ class Group:
                 if raw is None
                 else self._decode(kind, name, key, raw, meta.lease_id, meta.mod_revision)
             )
-        claim, member = found
+        claim, member, spec = found
         return (
             claim if isinstance(claim, Claim) else None,
             member if isinstance(member, Member) else None,
+            spec if isinstance(spec, StreamSpec) else None,
         )
 
     def report_redrive_failed(self, parked: Parked) -> int:

@@ -337,3 +337,51 @@ def test_a_60000_byte_key_is_parked_and_its_partition_flows_on(
     wait_until(lambda: not audit.lost(sent, fleet.records()), 30, 0.25, "all handled")
     assert seqs(fleet.records(), long_key) == list(range(5))
     assert group.parked() == {}
+
+
+def test_a_parked_key_that_a_resize_moves_keeps_its_parked_messages_ahead_of_its_new_ones(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str, tmp_path: Path
+) -> None:
+    # Given POISON_KEY parked in partition 0 of 4, with 5 messages waiting
+    fleet, spec, flag, group, members = parked_key(quorum_fleet, registry, rabbitmq, tmp_path, 5)
+    assert spec.partition_for(POISON_KEY) == 0
+    # When the stream grows 4 -> 7, which moves the key to partition 6
+    partq(fleet, "stream", "resize", fleet.stream, "--partitions", "7", "--wait")
+    grown = registry.read_spec(fleet.stream)
+    assert (grown.partitions, grown.partition_for(POISON_KEY)) == (7, 6)
+    wait_until(lambda: balanced(group, 7, set(members)), 30, 0.1, "balanced over 7")
+    # and 5 more of its messages are published under the new layout
+    with Producer(fleet.stream, amqp_url=rabbitmq, etcd=registry) as producer:
+        for seq in range(5, 10):
+            producer.publish(POISON_KEY, json.dumps({"seq": seq}).encode(), message_id=f"p:{seq}")
+        producer.flush(30)
+    # Then partition 6's owner parks them behind the 5 (the key is parked, wherever it is)
+    wait_until(
+        lambda: [k.messages for k in dlq.parked_keys(registry, rabbitmq, grown)] == [10],
+        30,
+        0.2,
+        "the new messages parked behind the old",
+    )
+    assert seqs(fleet.records(), POISON_KEY) == []
+    # When the handler is fixed and the key redriven while 50 more of its messages are
+    # published (so that some are parked while the replay runs, some after it)
+    flag.unlink()
+    more = threading.Thread(target=_publish_seqs, args=(fleet.stream, rabbitmq, registry, 10, 60))
+    more.start()
+    try:
+        partq(fleet, "dlq", "redrive", fleet.stream, "--key", POISON_KEY)
+    finally:
+        more.join(60)
+    # Then every message of the key is handled once, in publish order, across the resize
+    wait_until(lambda: len(seqs(fleet.records(), POISON_KEY)) >= 60, 30, 0.1, "all handled")
+    assert seqs(fleet.records(), POISON_KEY) == list(range(60))
+    assert group.parked() == {}
+
+
+def _publish_seqs(stream: str, rabbitmq: str, registry: Registry, first: int, end: int) -> None:
+    """POISON_KEY's messages ``first`` … ``end - 1``, about 200 a second, confirmed."""
+    with Producer(stream, amqp_url=rabbitmq, etcd=registry) as producer:
+        for seq in range(first, end):
+            producer.publish(POISON_KEY, json.dumps({"seq": seq}).encode(), message_id=f"p:{seq}")
+            time.sleep(0.005)
+        producer.flush(30)

@@ -17,6 +17,7 @@ from coordinator.session import Session
 from coordinator.testing import FakeEtcd
 from kernel import keys
 from kernel.errors import EtcdCompacted
+from producer.contract import StreamSpec
 
 STREAM = "orders"
 NAMES = {  # a name partq gives a key of each kind
@@ -110,7 +111,9 @@ def test_the_leaders_writes_go_in_fenced_chunks_and_stop_at_another_leader(
 def test_a_parked_records_judges_are_read_as_they_were_until_compacted(
     fake: FakeEtcd, session: Session
 ) -> None:
-    # Given a member holding partition 3 that parks a key, then leaves
+    # Given a stream of 4 partitions and a member holding partition 3 that parks a key,
+    # then leaves, and then the stream is resized to 7
+    fake.put(keys.spec(STREAM), StreamSpec(STREAM, 4).to_json())
     group = Group(fake, "fake", STREAM)
     group.join(session, "c1")
     assert group.claim(3, "c1", session)
@@ -118,10 +121,12 @@ def test_a_parked_records_judges_are_read_as_they_were_until_compacted(
     revision = group.park(record, session)
     group.release(3, session)
     group.leave("c1", session)
-    # Then the claim and the member are read as they were when it parked
-    claim, member = group.parked_at(record, revision)
+    fake.put(keys.spec(STREAM), StreamSpec(STREAM, 7, epoch=1).to_json())
+    # Then the claim, the member and the spec are read as they were when it parked
+    claim, member, spec = group.parked_at(record, revision)
     assert claim is not None and claim.member == "c1" and claim.lease == session.id
     assert member is not None and member.id == "c1"
+    assert spec is not None and (spec.partitions, spec.epoch) == (4, 0)
     # When etcd compacts that revision away / Then it says so, as such, to a read
     fake.compact(fake.get_prefix_response("/").header.revision)
     with pytest.raises(EtcdCompacted):
