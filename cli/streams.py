@@ -11,7 +11,7 @@ from coordinator import admin
 from coordinator.resize import Phase
 from coordinator.resizer import Resizer
 from coordinator.status import beyond_lines
-from kernel.errors import StreamNotFound
+from kernel.errors import BrokerUnavailable, EtcdUnavailable, StreamNotFound
 from producer.contract import MAX_PARTITIONS, ON_FAILURE, QUEUE_TYPES, StreamSpec, refuse_overlap
 
 
@@ -153,7 +153,16 @@ def resize(ctx: Context, name: str, partitions: int, wait: bool, timeout: float 
         f"(epoch {change.new.epoch}), {state.phase.value}"
     )
     until = Phase.RETIRED if wait else Phase.SWITCHED
-    state = resizer.run(until, timeout if timeout is not None else (600.0 if wait else 60.0))
+    try:
+        state = resizer.run(until, timeout if timeout is not None else (600.0 if wait else 60.0))
+    except (EtcdUnavailable, BrokerUnavailable) as e:
+        again = f"partq stream resize {name} --partitions {partitions}" + (
+            " --wait" if wait else ""
+        )
+        raise click.ClickException(
+            f"{e}. The resize is recorded in etcd ({resizer.phase}): once that is back, run "
+            f"`{again}` again to continue it"
+        ) from None
     if state.phase is Phase.RETIRED:
         click.echo(
             f"stream {name}: {change.new.partitions} partitions (epoch {change.new.epoch}); "

@@ -37,7 +37,7 @@ from coordinator.dlq import sender
 from coordinator.resize import Action, Event, Phase, State
 from kernel import keys
 from kernel.amqp import AmqpURL, blocking_connection
-from kernel.errors import PartqError, UsageError
+from kernel.errors import EtcdUnavailable, PartqError, UsageError
 from kernel.etcd import etcd_errors
 from producer import topology
 from producer.contract import MAX_PARTITIONS, StreamSpec, queue_name
@@ -80,6 +80,12 @@ class Resizer:
     resumed: bool = field(default=False, init=False)  # start() found it running
     _revision: int = field(default=0, init=False)  # the record's mod revision, ours last
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _etcd_away: bool = field(default=False, init=False)  # the last read of drained keys failed
+
+    @property
+    def phase(self) -> str:
+        """The recorded phase, as the commands print it."""
+        return self.state.phase.value if self.state is not None else "not started"
 
     # -- the record ------------------------------------------------------------------------
 
@@ -169,7 +175,15 @@ class Resizer:
         assert self.state is not None
         state = self.state
         if state.phase is Phase.SWITCHED:
-            return self._drained(state)
+            try:
+                events = self._drained(state)
+            except EtcdUnavailable as e:  # a read only: wait for etcd within the timeout
+                if not self._etcd_away:
+                    log.warning("%s: cannot read the drained keys (%s): waiting", self.stream, e)
+                self._etcd_away = True
+                return []
+            self._etcd_away = False
+            return events
         # DRAINED: a queue noted not empty is still pending, so each round tries it again
         return [self._do(connection, spec, user, action) for action in resize.pending(state)]
 
@@ -251,7 +265,9 @@ class Resizer:
         assert self.state is not None
         state = self.state
         what = f"the resize of {self.stream} to {state.resize.new.partitions} partitions"
-        if state.phase is Phase.SWITCHED:
+        if state.phase is Phase.SWITCHED and self._etcd_away:
+            why = "etcd could not be reached to read the old partitions' drained keys"
+        elif state.phase is Phase.SWITCHED:
             left = sorted(set(range(state.resize.old.partitions)) - state.drained)
             why = (
                 f"old partitions not drained yet: {resize.ranges(left)} (their consumers must run)"

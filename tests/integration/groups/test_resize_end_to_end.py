@@ -12,23 +12,29 @@ spec is epoch 2 with 8 partitions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pika
 import pytest
 
-from coordinator import dlq, resize
+from consumers import audit
+from consumers.audit import Crash
+from coordinator import admin, dlq, resize
 from coordinator.group import Group
 from kernel import keys
 from kernel.errors import SpecMismatch
-from producer import Producer
+from kernel.local import LocalEtcd
+from kernel.settings import Settings
+from producer import Producer, StreamSpec
 from producer.registry import Registry
 from producer.topology import declare_partition_queues, scan_partition_queues
 
-from .harness import PARTQ, Fleet, wait_until
+from .harness import PARTQ, PREFETCH, Fleet, wait_until
 from .test_resize_clients import Backlog, KeyedLoad, audited, drained, flowing, settle
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("machine_version_in_ci")]
@@ -155,3 +161,89 @@ def test_a_dead_letter_of_the_old_layout_is_redriven_under_the_new_one(
     resized_spec = registry.read_spec(fleet.stream)
     assert {r["partition"] for r in fleet.records()} == {resized_spec.partition_for("key-a")}
     assert dlq.dead_letter_depth(rabbitmq, spec) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_resize_is_finished_through_a_leader_kill_a_consumer_kill_and_an_etcd_outage(
+    rabbitmq: str, stream_name: str, tmp_path: Path
+) -> None:
+    """Issue 22's crash-safety, one fault of each kind while a grow waits for its fences:
+    the leading coordinator and a consumer killed -9, then etcd away for 20 s. The
+    command fails in one line while etcd is away; run again, it finishes the resize."""
+    etcd = LocalEtcd(data_dir=tmp_path / "etcd")
+    etcd.data_dir.mkdir()  # type: ignore[union-attr]
+    etcd.start()
+    registry = Registry.connect(Settings.load(etcd_endpoints=etcd.endpoint, amqp_url=rabbitmq))
+    admin.create_stream(registry, rabbitmq, StreamSpec(stream_name, 6, "quorum"))
+    fleet = Fleet(stream_name, tmp_path, etcd.endpoint, rabbitmq, tmp_path / "records.jsonl")
+    try:
+        # Given two coordinators, three consumers and an SDK producer following the spec
+        group = Group(registry.client, registry.where, stream_name)
+        backlog = Backlog(fleet)
+        coordinators = [fleet.coordinator(name) for name in ("coordinator-a", "coordinator-b")]
+        consumers = {m: fleet.consumer(m, handler="slow_while") for m in sorted(MEMBERS)}
+        settle(group, fleet, 6, MEMBERS)
+        producer = Producer(stream_name, amqp_url=rabbitmq, etcd=registry, name="faults-load")
+        load = KeyedLoad(producer)
+        load.start()
+        try:
+            wait_until(lambda: len(fleet.records()) > 1000, 60, 0.1, "the load flowing")
+            # When a grow 6 -> 12 switches while the old partitions hold a backlog (the
+            # command waits for their fences, riding out an etcd outage for up to 5 s)
+            argv = [str(PARTQ), "stream", "resize", stream_name, "--partitions", "12", "--wait"]
+            backlog.__enter__()
+            first = fleet.process("resize-first", [*argv, "--timeout", "5"])
+            wait_until(lambda: _phase(registry, stream_name) == "switched", 30, 0.05, "switched")
+            # and the leading coordinator and consumer c3 are killed -9
+            (leader,) = [c for c in coordinators if "leading (candidate" in c.tail(200)]
+            leader.kill()
+            crash = Crash(time.time(), PREFETCH, consumers["c3"].pid)
+            consumers.pop("c3").kill()
+            # and etcd goes away for 20 s, while the backlog drains
+            etcd.stop()
+            backlog.__exit__()
+            failed = first.popen.wait(60)
+            time.sleep(max(0.0, 20.0 - (time.time() - crash.at)))
+            etcd.start()
+            # Then the command had given up in one line that says to run it again, and run
+            # again it finishes: every old fence recorded, the resize retired
+            assert failed != 0, first.tail()
+            assert "--wait` again to continue" in first.tail(1), first.tail()
+            again = fleet.process("resize-again", [*argv, "--timeout", "120"])
+            assert again.popen.wait(150) == 0, again.tail() + fleet.logs()
+            assert _phase(registry, stream_name) == "retired"
+            settle(group, fleet, 12, set(consumers))
+            flowing(fleet, "flowing at 12")
+        finally:
+            load.stop()
+            producer.close()
+        # And nothing confirmed is lost, and per key every handling is in order but for
+        # what c3 held when it was killed (redelivered first, in order, by its socket's end)
+        records = fleet.records()
+        assert not load.failed, load.failed[:5]
+        wait_until(lambda: not audit.lost(load.published(), fleet.records()), 60, 0.25, "all")
+        records = fleet.records()
+        assert audit.lost(load.published(), records) == []
+        assert audit.order_violations(records, [crash]) == []
+        spec = registry.read_spec(stream_name)
+        assert (spec.epoch, spec.partitions) == (1, 12)
+        print(
+            f"\n{len(load.published())} confirmed, {len(records)} handled; the first command "
+            f"exited {failed}: {first.tail(1)}"
+        )
+    finally:
+        fleet.close()
+        with contextlib.suppress(Exception):
+            admin.delete(registry, rabbitmq, stream_name)
+        registry.close()
+        etcd.stop()
+
+
+def _phase(registry: Registry, stream: str) -> str:
+    """The resize record's phase ('' without one, or while etcd cannot be read)."""
+    try:
+        raw, _meta = registry.client.get(keys.resize(stream))
+    except Exception:
+        return ""
+    return resize.decode(raw).phase.value if raw is not None else ""
