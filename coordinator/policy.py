@@ -181,12 +181,18 @@ def standbys(spec: StreamSpec, view: View) -> dict[int, str]:
 
 def takeovers(view: View) -> dict[int, str]:
     """Partitions a hot standby took over from their dead owner (a takeover claim by a live
-    member that the assignment does not name yet): the assignment follows the claim."""
-    return {
-        p: c.member
-        for p, c in sorted(view.claims.items())
-        if c.takeover and c.member in view.members and view.assignment.get(p) != c.member
-    }
+    member that the assignment does not name yet): the assignment follows the claim, once.
+    Only while the assignment still names the owner it was taken from (or no live member):
+    once the leader has planned the partition elsewhere since, the plan stands; following
+    the claim again would undo it, and the plan redo it, every few milliseconds until the
+    claim is made ordinary a lease TTL later (seen: a partition flapping for 11 s)."""
+    found = {}
+    for p, c in sorted(view.claims.items()):
+        owner = view.assignment.get(p)
+        stale = owner is None or owner == c.taken_from or owner not in view.members
+        if c.takeover and c.member in view.members and owner != c.member and stale:
+            found[p] = c.member
+    return found
 
 
 def plan(

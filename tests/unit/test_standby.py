@@ -85,6 +85,19 @@ def test_standbys_are_the_next_live_member_after_the_owner_and_suspects_get_noth
     assert "a" not in set(policy.plan(SPEC, view, None).values())
 
 
+def test_the_assignment_follows_a_takeover_once_then_the_plan_stands() -> None:
+    # Given b's takeover claim on p0 from a (dead): the assignment follows it
+    took = {0: Claim("b", 2, takeover=True, taken_from="a")}
+    assert policy.takeovers(state(assignment={0: "a"}, claims=took)) == {0: "b"}
+    assert policy.takeovers(state(assignment={}, claims=took)) == {0: "b"}
+    assert policy.takeovers(state(members={"b": B, "c": C}, assignment={0: "x"}, claims=took)) == {
+        0: "b"
+    }
+    # When the leader then plans p0 to c (the claim still a takeover until a TTL passes)
+    # Then the takeover rule does not move it back to b: no flapping between the two
+    assert policy.takeovers(state(assignment={0: "c"}, claims=took)) == {}
+
+
 def test_takeover_claims_and_standby_values_round_trip() -> None:
     raw = codec.encode_claim("b", 1.5, taken_from="a")
     assert kinds.decode("claim", "s", "00000", raw, 2) == Claim("b", 2, 1.5, True, "a")
