@@ -119,6 +119,7 @@ def summary(name: str, values: list[float]) -> str:
     )
 
 
+@pytest.mark.usefixtures("machine_version_in_ci")  # 4.0.5: test_priority_handoff's moves
 def test_scale_up_and_down_keeps_every_invariant(env, rabbitmq: str) -> None:
     fleet, group, spec = env
     fleet.coordinator()
@@ -161,6 +162,7 @@ def test_scale_up_and_down_keeps_every_invariant(env, rabbitmq: str) -> None:
 
 
 @pytest.mark.parametrize("handler", ["record", "record_async"])
+@pytest.mark.usefixtures("machine_version_in_ci")  # 4.0.5: test_priority_handoff's moves
 def test_concurrency_keeps_keys_in_order_through_a_join_and_a_leave(
     env, rabbitmq: str, handler: str
 ) -> None:
