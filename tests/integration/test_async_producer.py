@@ -375,6 +375,7 @@ def test_connection_loss_keeps_per_key_order(
     assert [f.exception() for f in sent if f.exception() is not None] == []
     confirmed = {f.result().message_id for f in sent}
     # And what was unconfirmed at the close was republished once, keeping per-key order
-    assert_republished_in_order(rabbitmq, spec, confirmed, publish_counts, window=200)
+    again = assert_republished_in_order(rabbitmq, spec, confirmed, publish_counts, window=200)
+    print(f"\n{again} republished after the connection loss")
     # And the loop kept turning through the reconnect
     assert ticker.max_cpu < 0.03 and ticker.max_lag < 2.0, str(ticker)

@@ -453,7 +453,8 @@ def test_connection_loss_loses_nothing_confirmed(
     assert failures == []
     confirmed_ids = {f.result().message_id for f in futures}
     # And the producer republished what was unconfirmed once, keeping per-key order
-    assert_republished_in_order(rabbitmq, spec, confirmed_ids, publish_counts, window=200)
+    again = assert_republished_in_order(rabbitmq, spec, confirmed_ids, publish_counts, window=200)
+    print(f"\n{again} republished after the connection loss")
 
 
 def assert_republished_in_order(
@@ -462,12 +463,14 @@ def assert_republished_in_order(
     confirmed_ids: set[str],
     publish_counts: collections.Counter[str],
     window: int,
-) -> None:
+) -> int:
     """After a connection loss: what was unconfirmed was republished once, every confirmed
-    message (``key:seq`` bodies) arrived, and each key's first copies keep publish order."""
+    message (``key:seq`` bodies) arrived, and each key's first copies keep publish order;
+    how many were republished (0 when the close found the window empty: CI once saw that
+    on a classic queue, whose confirms come fast)."""
     # the producer reconnected and republished what was unconfirmed, once each
     republished = {mid for mid, n in publish_counts.items() if n > 1}
-    assert 0 < len(republished) <= window  # what was in the window when the connection went
+    assert len(republished) <= window  # what was in the window when the connection went
     assert max(publish_counts.values()) <= 2
     # every confirmed message is in its queue
     delivered = drain(rabbitmq, spec)
@@ -490,6 +493,7 @@ def assert_republished_in_order(
     for key, seqs in first_seqs.items():
         assert seqs == sorted(seqs), f"{key!r} out of order"
         assert len(seqs) == len(set(seqs))
+    return len(republished)
 
 
 # -- backpressure: the window bounds what is unconfirmed ----------------------------------
