@@ -192,7 +192,7 @@ def publish_rows_task(url: str, spec: StreamSpec, n: int, work: Workload) -> tup
     options = SinkOptions(
         spec.name, "key", value_column="payload", amqp_url=url, window=work.window
     )
-    layout = RowLayout.from_schema(schema, options, spec.partitions)
+    layout = RowLayout.from_schema(schema, options, spec)
     payload = work.body.decode()
     rows = [
         (work.key(i), payload, partition_for(work.key(i), spec.partitions), i) for i in range(n)

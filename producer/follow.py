@@ -88,9 +88,17 @@ class SpecFollower:
         return record is not False and (record is None or record.get("phase") != "retired")
 
     def wait_newer(self, epoch: int, timeout: float) -> StreamSpec | None:
-        """The spec once its epoch is above ``epoch``; None after ``timeout`` seconds."""
+        """The spec once its epoch is above ``epoch``; None after ``timeout`` seconds.
+
+        etcd is read first, then every ``_POLL`` seconds between pushes: a producer whose
+        spec was stale before the wait began (given pinned, or its watch missed the
+        switch) finds the newer layout at once, even with ``timeout`` 0."""
         deadline = time.monotonic() + timeout
         while True:
+            try:
+                self._seen(self._source.read_spec(self.spec.name))
+            except PartqError as e:
+                log.debug("reading the spec of %s while waiting: %s", self.spec.name, e)
             with self._changed:
                 if self.spec.epoch > epoch:
                     return self.spec
@@ -100,10 +108,6 @@ class SpecFollower:
                 self._changed.wait(min(left, _POLL))
                 if self.spec.epoch > epoch:
                     return self.spec
-            try:
-                self._seen(self._source.read_spec(self.spec.name))
-            except PartqError as e:
-                log.debug("reading the spec of %s while waiting: %s", self.spec.name, e)
 
     def close(self) -> None:
         if self._watch is not None:

@@ -13,7 +13,7 @@ from kernel.etcd import EtcdClient, connect, etcd_errors
 from kernel.settings import Settings
 from producer.contract import StreamSpec, validate_stream_name
 
-__all__ = ["Registry", "read_spec_from_endpoints"]
+__all__ = ["Registry", "read_resize_from_endpoints", "read_spec_from_endpoints"]
 
 log = logging.getLogger("partq.producer")
 
@@ -128,6 +128,16 @@ def read_spec_from_settings(stream: str, settings: Settings) -> StreamSpec:
     registry = Registry.connect(settings)
     try:
         return registry.read_spec(stream)
+    finally:
+        registry.close()
+
+
+def read_resize_from_endpoints(stream: str, endpoints: str) -> bytes | None:
+    """``stream``'s resize record as stored, or None, from the etcd at ``endpoints`` (empty:
+    the usual settings), with one short-lived connection."""
+    registry = Registry.connect(Settings.load(etcd_endpoints=endpoints or None))
+    try:
+        return registry.read_resize(stream)
     finally:
         registry.close()
 

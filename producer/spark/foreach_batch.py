@@ -2,11 +2,12 @@
 
 Inside ``foreachBatch`` each micro-batch is a static DataFrame, so Spark can
 sort it (and spill to disk) — this path does not hold a task's rows in memory
-as the ``partq`` format does. The writer reads the stream's spec once, when it
-is made (in the driver), and never contacts etcd again. Each call prepares the
-batch, publishes every Spark partition in one task, and returns only when all
-tasks got every confirm; an exception fails the batch and Spark does not commit
-it.
+as the ``partq`` format does. The writer reads the stream's spec when it is made
+(in the driver) and pins it; each call takes the newest layout
+(:meth:`~producer.spark.options.SinkOptions.current_spec`: the pinned one while
+etcd is away), prepares the batch for it, publishes every Spark partition in
+one task, and returns only when all tasks got every confirm; an exception fails
+the batch and Spark does not commit it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ from kernel.errors import UsageError
 from producer.contract import StreamSpec
 from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions
 from producer.spark.partitioning import prepare
-from producer.spark.publish import TaskReport, check_one_task_per_partition, publish_task
+from producer.spark.publish import (
+    TaskReport,
+    check_one_task_per_partition,
+    publish_task,
+    rerouted_note,
+)
 from producer.spark.rows import RowLayout
 from producer.spark.sink import QUERY_ID_PROPERTY
 
@@ -60,11 +66,11 @@ def _publish_partition(
 class BatchWriter:
     """``query.foreachBatch(writer)``: publish each micro-batch to the stream."""
 
-    options: SinkOptions
-    spec: StreamSpec
+    options: SinkOptions  # pinned
     num_tasks: int | None = None
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
+        spec = self.options.current_spec()
         started = time.monotonic()
         query_id = self.options.query_id or df.sparkSession.sparkContext.getLocalProperty(
             QUERY_ID_PROPERTY
@@ -76,16 +82,16 @@ class BatchWriter:
             )
         prepared = prepare(
             df,
-            self.spec,
+            spec,
             self.options.key_column,
             self.options.order_column,
             num_tasks=self.num_tasks,
         )
-        layout = RowLayout.from_schema(prepared.schema, self.options, self.spec.partitions)
+        layout = RowLayout.from_schema(prepared.schema, self.options, spec)
         publish = functools.partial(
             _publish_partition,
             layout=layout,
-            spec=self.spec,
+            spec=spec,
             options=self.options,
             query_id=query_id,
             batch_id=batch_id,
@@ -93,12 +99,13 @@ class BatchWriter:
         reports = prepared.rdd.mapPartitionsWithIndex(publish).collect()
         rows = check_one_task_per_partition(reports, batch_id)
         log.info(
-            "stream %s batch %d: %d rows confirmed in %.2fs by %d tasks",
-            self.spec.name,
+            "stream %s batch %d: %d rows confirmed in %.2fs by %d tasks%s",
+            spec.name,
             batch_id,
             rows,
             time.monotonic() - started,
             len(reports),
+            rerouted_note(reports),
         )
 
 
@@ -118,7 +125,7 @@ def foreach_batch_writer(
     confirm_timeout: float = 120.0,
     num_tasks: int | None = None,
 ) -> BatchWriter:
-    """A ``foreachBatch`` function publishing to ``stream``; reads the spec now, once.
+    """A ``foreachBatch`` function publishing to ``stream``; reads and pins the spec now.
 
     The arguments mean what the ``partq`` format's options of the same names do.
     """
@@ -136,4 +143,4 @@ def foreach_batch_writer(
         query_id=query_id,
         confirm_timeout=confirm_timeout,
     )
-    return BatchWriter(options, options.read_spec(), num_tasks)
+    return BatchWriter(options.pinned(), num_tasks)

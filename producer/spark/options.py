@@ -14,23 +14,39 @@ is resolved with :mod:`importlib` in whichever Spark process needs it.
 in a driver-side Python worker when it plans each micro-batch and again
 before committing it, so a sink given only ``etcdEndpoints`` reads the spec
 (a few milliseconds) then. :meth:`SinkOptions.pinned` reads it once in the
-driver and passes it as option ``spec``; the sink then never contacts etcd and
-keeps publishing while etcd is down. ``partq spark-job`` always pins.
+driver and passes it as option ``spec``; the sink then keeps publishing while
+etcd is down. ``partq spark-job`` always pins.
+
+**Resizes** (docs/resize.md). Each micro-batch publishes under the newest layout
+(:meth:`SinkOptions.current_spec`: a pinned spec is a fallback that a newer epoch in etcd
+replaces). A task that publishes while a resize cuts its layout gets its messages returned
+by the broker; its producer then reads etcd (:class:`TaskSpecs`, read only then: tasks do
+not watch) for the newer layout and republishes them in order.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kernel.amqp import DEFAULT_AMQP_URL, AmqpTarget, AmqpTLS, AmqpURL, redact_url
-from kernel.errors import SpecMismatch, UsageError
+from kernel.errors import PartqError, SpecMismatch, UsageError
 from kernel.settings import Settings
 from producer.contract import StreamSpec, validate_stream_name
 
-__all__ = ["DEFAULT_SPEC_READER", "SinkOptions", "SpecReader", "read_spec", "resolve_spec_reader"]
+__all__ = [
+    "DEFAULT_SPEC_READER",
+    "SinkOptions",
+    "SpecReader",
+    "TaskSpecs",
+    "read_spec",
+    "resolve_spec_reader",
+]
+
+log = logging.getLogger("partq.spark")
 
 DEFAULT_SPEC_READER = "producer.registry:read_spec_from_endpoints"
 
@@ -172,22 +188,51 @@ class SinkOptions:
 
     def read_spec(self) -> StreamSpec:
         """The stream's spec (pinned, or read now), checked against ``partitions``."""
-        if self.spec is not None:
-            try:
-                spec = StreamSpec.from_json(self.spec)
-            except (ValueError, KeyError, TypeError) as e:
-                raise UsageError(f"option spec is not a partq stream spec ({e})") from None
-            if spec.name != self.stream:
-                raise UsageError(f"option spec describes stream {spec.name!r}, not {self.stream!r}")
+        spec = self._pinned() if self.spec is not None else self._read()
+        self._check_partitions(spec)
+        return spec
+
+    def current_spec(self) -> StreamSpec:
+        """The layout one micro-batch publishes under: read from etcd now; with a pinned
+        spec, the pinned one unless etcd answers with a newer epoch (a resize since the
+        pin), so a pinned query keeps publishing while etcd is away. ``partitions`` is
+        checked against a stream never resized (a resized one may have grown or shrunk
+        under a running query: ``RowLayout.from_schema`` checks the count the query
+        grouped its rows by)."""
+        if self.spec is None:
+            spec = self._read()
         else:
-            spec = read_spec(self.stream, self.etcd_endpoints, self.spec_reader)
+            spec = self._pinned()
+            try:
+                newest = self._read()
+            except PartqError as e:
+                log.info("stream %s: publishing under the pinned layout (%s)", self.stream, e)
+            else:
+                spec = newest if newest.epoch > spec.epoch else spec
+        if spec.epoch == 0:
+            self._check_partitions(spec)
+        return spec
+
+    def _read(self) -> StreamSpec:
+        return read_spec(self.stream, self.etcd_endpoints, self.spec_reader)
+
+    def _pinned(self) -> StreamSpec:
+        assert self.spec is not None
+        try:
+            spec = StreamSpec.from_json(self.spec)
+        except (ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"option spec is not a partq stream spec ({e})") from None
+        if spec.name != self.stream:
+            raise UsageError(f"option spec describes stream {spec.name!r}, not {self.stream!r}")
+        return spec
+
+    def _check_partitions(self, spec: StreamSpec) -> None:
         if self.partitions is not None and self.partitions != spec.partitions:
             raise SpecMismatch(
                 f"stream {spec.name!r} has {spec.partitions} partitions in etcd, but option "
                 f"partitions={self.partitions} expects {self.partitions}: fix the option "
-                f"(partitions are fixed when a stream is created); nothing was published"
+                f"(a count changes only by `partq stream resize`); nothing was published"
             )
-        return spec
 
     def pinned(self) -> SinkOptions:
         """These options with the spec read now (once) and carried along as option ``spec``."""
@@ -198,6 +243,33 @@ class SinkOptions:
             f"{name}={getattr(self, name)!r}" for name in _NAMES if name not in ("amqp_url", "spec")
         )
         return f"SinkOptions({shown}, amqp_url={redact_url(self.amqp_url)!r})"
+
+
+class TaskSpecs:
+    """How a task's producer follows a resize (``producer.follow.SpecWatcher``): it reads
+    etcd only once the broker returned a publish, and never watches (a task publishes for
+    seconds, and a resize is rare). The producer then reads the spec at once, and every
+    second while a resize runs, for at most its ``layout_timeout``."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self._options = options
+
+    def read_spec(self, stream: str) -> StreamSpec:
+        return read_spec(stream, self._options.etcd_endpoints, self._options.spec_reader)
+
+    def read_resize(self, stream: str) -> bytes | None:
+        if self._options.spec_reader != DEFAULT_SPEC_READER:
+            # cannot tell: the producer waits its layout_timeout for a newer spec
+            raise PartqError(f"specReader {self._options.spec_reader!r} reads no resize record")
+        from producer.registry import read_resize_from_endpoints
+
+        return read_resize_from_endpoints(stream, self._options.etcd_endpoints)
+
+    def watch_spec(self, stream: str, on_spec: Callable[[StreamSpec | None], None]) -> int:
+        return 0  # no watch: the producer reads the spec while it waits
+
+    def cancel_watch(self, watch_id: int) -> None:
+        pass
 
 
 def resolve_spec_reader(path: str) -> SpecReader:

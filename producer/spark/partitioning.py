@@ -5,7 +5,9 @@ sink cannot promise per-key order by itself. ``prepare`` adds
 
 * ``_partq_partition`` — ``producer.contract.partition_for(key, P)``, the very
   function every partq producer uses, run as a Python UDF (Spark's own
-  ``hash()`` is a different function);
+  ``hash()`` is a different function); its metadata records P, the count the
+  rows are grouped by, which a running query keeps across a resize (the sink
+  then routes each key by the current layout);
 * ``_partq_position`` — the row's place in the source: the source task's index
   shifted left 33 bits plus the row's index within that task, so sorting by it
   restores source order after the shuffle mixed tasks' rows;
@@ -41,7 +43,7 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType
 
 from kernel.errors import UsageError
 from producer.contract import StreamSpec, partition_for
-from producer.spark.rows import ORDER_COLUMN, PARTITION_COLUMN, POSITION_COLUMN
+from producer.spark.rows import GROUPED_BY, ORDER_COLUMN, PARTITION_COLUMN, POSITION_COLUMN
 
 __all__ = ["prepare"]
 
@@ -136,7 +138,9 @@ def prepare(
             f"key column {key_column!r} is {key_type.simpleString()}: keys must be string or "
             f"binary so every language hashes the same bytes (cast it to string first)"
         )
-    prepared = df.withColumn(PARTITION_COLUMN, _partition_column(key_column, partitions))
+    prepared = df.withColumn(
+        PARTITION_COLUMN, _partition_column(key_column, partitions)
+    ).withMetadata(PARTITION_COLUMN, {GROUPED_BY: partitions})
     prepared = prepared.withColumn(POSITION_COLUMN, _position_column())
     if df.isStreaming and order_column is not None:
         prepared = prepared.withColumn(ORDER_COLUMN, F.col(order_column))

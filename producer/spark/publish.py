@@ -1,7 +1,8 @@
 """One Spark task's publishes: rows in per-partition order, pipelined confirms, all or fail.
 
 A task publishes the rows Spark gives it through the producer SDK, with the
-stream's spec passed in (executors never talk to etcd), and returns only after
+stream's spec passed in (executors read etcd only when a resize returned their
+publishes: :class:`~producer.spark.options.TaskSpecs`), and returns only after
 the broker confirmed every message. If any message is not confirmed the task
 raises :class:`PublishFailed`; Spark then retries the task or fails the batch,
 which is never committed. A retried task publishes the same messages with the
@@ -32,11 +33,11 @@ from pyspark.sql.datasource import WriterCommitMessage
 from kernel.errors import PublishFailed, UsageError
 from producer.contract import StreamSpec
 from producer.publisher import BatchItem, Producer, Receipt
-from producer.spark.options import SinkOptions
+from producer.spark.options import SinkOptions, TaskSpecs
 from producer.spark.replay import message_id, replay_headers
 from producer.spark.rows import Outgoing, RowLayout
 
-__all__ = ["TaskReport", "check_one_task_per_partition", "publish_task"]
+__all__ = ["TaskReport", "check_one_task_per_partition", "publish_task", "rerouted_note"]
 
 _BATCH = 256  # messages per Producer.publish_many: one lock and wake-up per batch, not per row
 
@@ -47,8 +48,10 @@ class TaskReport(WriterCommitMessage):
 
     task: int
     rows: int
-    partitions: tuple[int, ...]
+    partitions: tuple[int, ...]  # as prepare() grouped the rows
     seconds: float
+    epoch: int = 0  # of the layout the task published under last
+    rerouted: int = 0  # returned by a resize's cut and republished under a newer layout
 
 
 def _in_order(
@@ -123,7 +126,11 @@ def publish_task(
     seqs: dict[int, int] = {}
     sent = 0
     producer = Producer(
-        spec, amqp_url=options.amqp_url, window=options.window, name=f"partq-spark-task-{task}"
+        spec,
+        amqp_url=options.amqp_url,
+        etcd=TaskSpecs(options),
+        window=options.window,
+        name=f"partq-spark-task-{task}",
     )
     try:
         batch: list[BatchItem] = []
@@ -158,7 +165,24 @@ def publish_task(
             f"were not confirmed (first: {confirms.first_error}); the task fails so that Spark "
             f"retries it, and the batch is not committed"
         )
-    return TaskReport(task, sent, tuple(sorted(seqs)), time.monotonic() - started)
+    return TaskReport(
+        task,
+        sent,
+        tuple(sorted(seqs)),
+        time.monotonic() - started,
+        producer.spec.epoch,
+        producer.rerouted,
+    )
+
+
+def rerouted_note(reports: Iterable[TaskReport | None]) -> str:
+    """What a batch's tasks republished after a resize returned it ("" when nothing)."""
+    done = [report for report in reports if report is not None and report.rerouted]
+    if not done:
+        return ""
+    rerouted = sum(report.rerouted for report in done)
+    epoch = max(report.epoch for report in done)
+    return f"; {rerouted} returned by a resize and republished under layout epoch {epoch}"
 
 
 def check_one_task_per_partition(reports: Iterable[TaskReport | None], batch_id: int) -> int:

@@ -29,10 +29,11 @@ from pyspark.sql.types import (
 )
 
 from kernel.errors import SpecMismatch, UsageError
-from producer.contract import partition_for
+from producer.contract import StreamSpec, partition_for
 from producer.spark.options import SinkOptions
 
 __all__ = [
+    "GROUPED_BY",
     "INTERNAL_PREFIX",
     "ORDER_COLUMN",
     "PARTITION_COLUMN",
@@ -43,6 +44,7 @@ __all__ = [
 
 INTERNAL_PREFIX = "_partq_"
 PARTITION_COLUMN = "_partq_partition"  # partition_for(key, P), added by prepare()
+GROUPED_BY = "partq.partitions"  # PARTITION_COLUMN's metadata: the P prepare() hashed by
 POSITION_COLUMN = "_partq_position"  # source order: (source task << 33) + row index in it
 ORDER_COLUMN = "_partq_order"  # a copy of prepare()'s order column on streaming DataFrames
 
@@ -96,6 +98,32 @@ def _index(schema: StructType, column: str, what: str) -> int:
     return names.index(column)
 
 
+def _grouped_by(schema: StructType, options: SinkOptions, spec: StreamSpec) -> int:
+    """The partition count ``prepare()`` grouped the rows by (its column's metadata; the
+    spec's count for a column without it), checked against the stream.
+
+    A query keeps its grouping for its life, while a resize (docs/resize.md) may change
+    the stream's count under it: each key is still in one task, in order, and the task's
+    producer routes it by the current layout. So a resized stream (epoch above 0) takes
+    any grouping; a stream never resized, only its own count."""
+    metadata = schema[PARTITION_COLUMN].metadata or {}
+    grouped = metadata.get(GROUPED_BY, spec.partitions)
+    if not isinstance(grouped, int) or isinstance(grouped, bool) or grouped < 1:
+        raise UsageError(f"column {PARTITION_COLUMN} has malformed metadata: {_PREPARE_HINT}")
+    if options.partitions is not None and grouped != options.partitions:
+        raise SpecMismatch(
+            f"prepare() grouped the rows by {grouped} partitions, but option "
+            f"partitions={options.partitions} expects {options.partitions}: pass prepare() "
+            f"the stream's spec, and fix the option"
+        )
+    if spec.epoch == 0 and grouped != spec.partitions:
+        raise SpecMismatch(
+            f"prepare() grouped the rows by {grouped} partitions, but stream {spec.name!r} "
+            f"has {spec.partitions}: pass prepare() the stream's spec; nothing was published"
+        )
+    return grouped
+
+
 @dataclass(frozen=True)
 class RowLayout:
     """Where each part of a message is in a row, checked against the schema."""
@@ -110,7 +138,7 @@ class RowLayout:
     payload: tuple[tuple[str, int, bool], ...]  # JSON body: (name, index, needs _plain)
 
     @classmethod
-    def from_schema(cls, schema: StructType, options: SinkOptions, partitions: int) -> RowLayout:
+    def from_schema(cls, schema: StructType, options: SinkOptions, spec: StreamSpec) -> RowLayout:
         fields = schema.fields
         for column, kind, what in (
             (PARTITION_COLUMN, IntegerType, "int"),
@@ -120,6 +148,7 @@ class RowLayout:
                 raise UsageError(f"the DataFrame has no column {column}: {_PREPARE_HINT}")
             if not isinstance(fields[schema.fieldNames().index(column)].dataType, kind):
                 raise UsageError(f"column {column} must be {what}: {_PREPARE_HINT}")
+        partitions = _grouped_by(schema, options, spec)
         key = _index(schema, options.key_column, "option keyColumn")
         if not isinstance(fields[key].dataType, StringType | BinaryType):
             raise UsageError(

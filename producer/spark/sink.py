@@ -41,7 +41,12 @@ from pyspark.sql.types import StructType
 from kernel.errors import UsageError
 from producer.contract import StreamSpec
 from producer.spark.options import SinkOptions
-from producer.spark.publish import TaskReport, check_one_task_per_partition, publish_task
+from producer.spark.publish import (
+    TaskReport,
+    check_one_task_per_partition,
+    publish_task,
+    rerouted_note,
+)
 from producer.spark.rows import RowLayout
 
 __all__ = [
@@ -97,7 +102,13 @@ class PartqStreamWriter(DataSourceStreamWriter):
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         reports = [m if isinstance(m, TaskReport) else None for m in messages]
         rows = check_one_task_per_partition(reports, batchId)
-        log.info("stream %s batch %d: %d rows confirmed", self.spec.name, batchId, rows)
+        log.info(
+            "stream %s batch %d: %d rows confirmed%s",
+            self.spec.name,
+            batchId,
+            rows,
+            rerouted_note(reports),
+        )
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         log.warning(
@@ -122,8 +133,8 @@ class PartqDataSource(DataSource):
                 "or 'update', not 'complete'"
             )
         options = SinkOptions.from_options(self.options)
-        spec = options.read_spec()
-        layout = RowLayout.from_schema(schema, options, spec.partitions)
+        spec = options.current_spec()
+        layout = RowLayout.from_schema(schema, options, spec)
         return PartqStreamWriter(options, spec, layout)
 
 

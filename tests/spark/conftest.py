@@ -93,6 +93,7 @@ class Delivered:
     message_id: str
     body: bytes
     headers: dict[str, Any]
+    routing_key: str = ""
 
     @property
     def row(self) -> dict[str, Any]:
@@ -120,7 +121,13 @@ def read_all(amqp_url: str, spec: StreamSpec) -> dict[int, list[Delivered]]:
                 if method is None:
                     break
                 got.append(
-                    Delivered(partition, properties.message_id, body, dict(properties.headers))
+                    Delivered(
+                        partition,
+                        properties.message_id,
+                        body,
+                        dict(properties.headers or {}),
+                        method.routing_key,
+                    )
                 )
                 channel.basic_ack(method.delivery_tag)
                 if len(got) == expected:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import importlib
 import types
+from dataclasses import replace
 
 import pytest
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 import producer.spark
-from kernel.errors import SpecMismatch, UsageError
+from kernel.errors import EtcdUnavailable, PartqError, SpecMismatch, UsageError
 from producer.contract import StreamSpec
 from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions, resolve_spec_reader
 from producer.spark.progress import failure_reason
 from producer.spark.replay import ReplayId, message_id
+from producer.spark.rows import GROUPED_BY, PARTITION_COLUMN, POSITION_COLUMN, RowLayout
 
 pytestmark = pytest.mark.spark
 
@@ -124,3 +127,65 @@ def test_the_partq_error_is_found_in_a_spark_failure() -> None:
         "BrokerUnavailable: cannot reach RabbitMQ at amqp://g:***@h:1/: is it running?"
     )
     assert failure_reason("java.lang.OutOfMemoryError\n\tat x") == "java.lang.OutOfMemoryError"
+
+
+# A spec reader for the tests below ("module:function", as option specReader names one):
+# what etcd holds now, or the error reading it raises.
+_ETCD: list[StreamSpec | PartqError] = []
+
+
+def etcd_now(stream: str, endpoints: str) -> StreamSpec:
+    now = _ETCD[-1]
+    if isinstance(now, PartqError):
+        raise now
+    return now
+
+
+def test_each_batch_takes_the_newest_layout_and_a_pinned_one_while_etcd_is_away() -> None:
+    # Given a spec pinned at epoch 0 with 8 partitions
+    options = SinkOptions(
+        "orders", "k", partitions=8, spec_reader="tests.spark.test_surface:etcd_now"
+    )
+    _ETCD[:] = [StreamSpec("orders", 8)]
+    pinned = options.pinned()
+    # When etcd answers with the same, then away, then a resize's layout
+    assert pinned.current_spec() == StreamSpec("orders", 8)
+    _ETCD.append(EtcdUnavailable("etcd at 127.0.0.1:1 is unavailable"))
+    assert pinned.current_spec() == StreamSpec("orders", 8)
+    grown = replace(StreamSpec("orders", 16), epoch=1)
+    _ETCD.append(grown)
+    # Then a batch publishes under the newest (the option's count was the query's, at start)
+    assert pinned.current_spec() == grown
+    assert pinned.read_spec() == StreamSpec("orders", 8)  # the strict start-up read: pinned
+    # and a stream never resized is still held to the option
+    _ETCD.append(StreamSpec("orders", 4))
+    with pytest.raises(SpecMismatch, match="has 4 partitions in etcd, but option partitions=8"):
+        replace(options, spec=None).current_spec()
+
+
+def _prepared_schema(grouped_by: int | None) -> StructType:
+    metadata = {} if grouped_by is None else {GROUPED_BY: grouped_by}
+    return StructType(
+        [
+            StructField("k", StringType()),
+            StructField(PARTITION_COLUMN, IntegerType(), metadata=metadata),
+            StructField(POSITION_COLUMN, LongType()),
+        ]
+    )
+
+
+def test_rows_grouped_for_an_older_layout_are_taken_only_by_a_resized_stream() -> None:
+    options = SinkOptions("orders", "k")
+    resized = replace(StreamSpec("orders", 16), epoch=1)
+    # A query prepared for 8 partitions publishes to the stream resized to 16 under it
+    assert RowLayout.from_schema(_prepared_schema(8), options, resized).partitions == 8
+    # but not to a stream never resized with another count: nothing is published
+    with pytest.raises(SpecMismatch, match="grouped the rows by 8 partitions, but stream"):
+        RowLayout.from_schema(_prepared_schema(8), options, StreamSpec("orders", 4))
+    # nor against the option's expectation
+    with pytest.raises(SpecMismatch, match="but option partitions=4 expects 4"):
+        RowLayout.from_schema(_prepared_schema(8), replace(options, partitions=4), resized)
+    # A column without the metadata is taken as the spec's count (checked per row)
+    assert RowLayout.from_schema(_prepared_schema(None), options, resized).partitions == 16
+    with pytest.raises(UsageError, match="malformed metadata"):
+        RowLayout.from_schema(_prepared_schema(0), options, resized)
