@@ -331,15 +331,15 @@ def grown(state: State | None) -> int | None:
     return change.new.partitions if change.new.partitions > change.old.partitions else None
 
 
-def served(partitions: int, state: State | None, drained: Iterable[str] = ()) -> int:
+def served(partitions: int, state: State | None, drained: Iterable[tuple[int, int]] = ()) -> int:
     """How many partitions the coordinator assigns for a spec of ``partitions`` while
     ``state`` is the stream's last resize: the spec's; during a grow, its new count from
     the declare on (:func:`grown`); and during a shrink after its switch also the retired
     partitions whose fence is not handled yet (their old-layout messages still need a
     consumer; partq assigns a prefix ``0 … n-1``, so up to the highest of them). A retired
     partition that drained is given up, so that its queue, empty and without a consumer,
-    can be deleted. Drained means recorded so in ``state`` or named in ``drained``, the
-    consumers' own keys (``<epoch>/<partition:05d>``, :func:`kernel.keys.drained`): the
+    can be deleted. Drained means recorded so in ``state`` or among ``drained``, the
+    (epoch, partition) pairs of the consumers' own keys (:func:`kernel.keys.drained`): the
     command that advances the record may have returned (no ``--wait``) long before."""
     if (count := grown(state)) is not None:
         return max(partitions, count)
@@ -350,10 +350,9 @@ def served(partitions: int, state: State | None, drained: Iterable[str] = ()) ->
     return max(partitions, max(draining, default=-1) + 1)
 
 
-def _of_epoch(drained: Iterable[str], epoch: int) -> frozenset[int]:
-    """The partitions of ``epoch`` that the drained key names ``drained`` name."""
-    prefix = f"{epoch}/"
-    return frozenset(int(name[len(prefix) :]) for name in drained if name.startswith(prefix))
+def _of_epoch(drained: Iterable[tuple[int, int]], epoch: int) -> frozenset[int]:
+    """The partitions of ``epoch`` among the (epoch, partition) pairs ``drained``."""
+    return frozenset(partition for of, partition in drained if of == epoch)
 
 
 def summary(state: State) -> dict[str, Any]:

@@ -437,7 +437,8 @@ class StreamCoordinator(threading.Thread):
         """The spec as far as assigning goes: during a shrink, with the retired partitions
         still draining (:func:`coordinator.resize.served`)."""
         assert self.spec is not None
-        count = resize.served(self.spec.partitions, self.mirror.resize, self.mirror.drained)
+        drained = ((d.epoch, d.partition) for d in self.mirror.drained.values())
+        count = resize.served(self.spec.partitions, self.mirror.resize, drained)
         if count == self.spec.partitions:
             return self.spec
         return dataclasses.replace(self.spec, partitions=count)

@@ -359,11 +359,11 @@ def test_a_shrinks_retired_partitions_are_given_up_by_the_consumers_drained_keys
     state, _ = run(resize.begin(Layout(12), 8, running=None)[0], Declared(), Cut())
     state, _ = run(state, *(Fenced(p) for p in range(12)), Bound(), Switched())
     # When the consumers record the fences of 9, 10 and 11 (and of another epoch's 8)
-    keys = ["0/00009", "0/00010", "0/00011", "1/00008"]
+    drained = [(0, 9), (0, 10), (0, 11), (1, 8)]
     # Then the coordinator serves up to 8, the highest not drained: 9 partitions
-    assert resize.served(8, state, keys) == 9
+    assert resize.served(8, state, drained) == 9
     # and once 8 drained too, only the spec's 8
-    assert resize.served(8, state, [*keys, "0/00008"]) == 8
+    assert resize.served(8, state, [*drained, (0, 8)]) == 8
 
 
 def test_the_summary_shows_the_phase_the_draining_and_the_gates() -> None:
