@@ -129,11 +129,12 @@ class ResizeGate:
     def _put_drained(self, key: str) -> None:
         if not key.startswith(self._prefix):
             return
-        epoch_text, _, partition_text = key[len(self._prefix) :].partition("/")
-        if not (epoch_text.isdigit() and partition_text.isdigit()):
-            return
+        try:
+            epoch, partition = codec.parse_drained_name(key[len(self._prefix) :])
+        except MalformedValue:
+            return  # not a name partq writes (keys.drained): it records no fence
         with self._changed:
-            self._drained.setdefault(int(epoch_text), set()).add(int(partition_text))
+            self._drained.setdefault(epoch, set()).add(partition)
 
     def _tell(self) -> None:
         with self._changed:

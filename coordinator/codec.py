@@ -2,7 +2,8 @@
 
 :mod:`kernel.keys` names the keys and :data:`coordinator.kinds.KINDS` says which
 decoder of this module reads each kind; this module is the only one that writes or
-reads their values, and parses a request key's name (:func:`parse_request_name`).
+reads their values, and parses a request key's name (:func:`parse_request_name`) and a
+drained key's (:func:`parse_drained_name`).
 Encoders refuse what decoders would refuse, so partq never
 writes a value it cannot read back; decoders check the JSON, the version ``v``, the
 type of every field and the key's own name, and raise
@@ -126,6 +127,7 @@ __all__ = [
     "encode_standby",
     "member_name",
     "parked_name",
+    "parse_drained_name",
     "parse_request_name",
     "partition_name",
     "request_name",
@@ -631,12 +633,17 @@ def parked_name(name: str) -> str:
         raise MalformedValue(str(e)) from None
 
 
-def drained_name(name: str) -> str:
-    """A drained key's name, ``<epoch>/<partition:05d>``, checked."""
+def parse_drained_name(name: str) -> tuple[int, int]:
+    """The (epoch, partition) a drained key's name, ``<epoch>/<partition:05d>``, names."""
     epoch, _, partition = name.partition("/")
     if not (epoch.isdigit() and epoch == str(int(epoch))):
         raise MalformedValue(f"the drained key names no epoch: {name!r} (<epoch>/<partition>)")
-    partition_name(partition)
+    return int(epoch), partition_name(partition)
+
+
+def drained_name(name: str) -> str:
+    """``name`` if it names a drained key (see :func:`parse_drained_name`)."""
+    parse_drained_name(name)
     return name
 
 
@@ -771,8 +778,8 @@ def decode_spec(stream: str, _name: str, raw: bytes | str, _lease: int) -> Strea
 
 def decode_drained(_stream: str, name: str, raw: bytes | str, _lease: int) -> Drained:
     """A resize's fence handled (written by ``consumers.resizing``: ``{"member"}``)."""
-    epoch, _, partition = drained_name(name).partition("/")
-    return Drained(int(epoch), int(partition), _id(_object(raw), "member"))
+    epoch, partition = parse_drained_name(name)
+    return Drained(epoch, partition, _id(_object(raw), "member"))
 
 
 def decode_resize(_stream: str, _name: str, raw: bytes | str, _lease: int) -> ResizeState:

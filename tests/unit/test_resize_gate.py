@@ -16,7 +16,7 @@ from consumers.message import Message
 from consumers.port import END, Delivery
 from consumers.resizing import WAITING_FOR_RECORD, ResizeGate
 from consumers.runners import HandlerPool
-from coordinator import resize
+from coordinator import codec, resize
 from coordinator.testing import FakeEtcd
 from kernel import keys
 from producer.contract import CONTROL_FENCE, HEADER_CONTROL, HEADER_EPOCH, fence_routing_key
@@ -81,6 +81,24 @@ def test_a_moved_key_waits_for_its_old_partitions_fence(etcd: FakeEtcd, gate: Re
     assert gate.waits_for("1.7", MOVED) is None
     raw, _meta = etcd.get(keys.drained(SPEC.name, 0, old))
     assert raw is not None and b"m2" in raw
+
+
+def test_a_drained_key_named_otherwise_than_partq_names_it_opens_no_gate(
+    etcd: FakeEtcd, gate: ResizeGate
+) -> None:
+    # Given a switched grow whose moved key waits for its old partition's fence
+    _switched(etcd)
+    old = GROW.gate(MOVED)
+    assert old is not None
+    # When drained keys for that partition appear under names partq does not write (the
+    # partition not in 5 digits; the epoch with a leading zero)
+    etcd.put(f"{keys.drained_all(SPEC.name)}0/{old}", codec.encode_drained("m2"))
+    etcd.put(f"{keys.drained_all(SPEC.name)}00/{old:05d}", codec.encode_drained("m2"))
+    # Then they record no fence: the key still waits
+    assert gate.waits_for("1.7", MOVED) == old
+    # And the key as partq names it (keys.drained) opens the gate
+    etcd.put(keys.drained(SPEC.name, 0, old), codec.encode_drained("m2"))
+    assert gate.waits_for("1.7", MOVED) is None
 
 
 def _worker(handler: object, pool: HandlerPool, broker: Broker, gate: ResizeGate) -> KeyedWorker:
