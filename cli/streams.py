@@ -8,7 +8,7 @@ import click
 
 from cli.context import Context, Seconds, pass_context
 from coordinator import admin
-from coordinator.resize import Phase
+from coordinator.resize import Phase, command_line
 from coordinator.resizer import Resizer
 from coordinator.status import beyond_lines
 from kernel.errors import BrokerUnavailable, EtcdUnavailable, StreamNotFound
@@ -156,9 +156,7 @@ def resize(ctx: Context, name: str, partitions: int, wait: bool, timeout: float 
     try:
         state = resizer.run(until, timeout if timeout is not None else (600.0 if wait else 60.0))
     except (EtcdUnavailable, BrokerUnavailable) as e:
-        again = f"partq stream resize {name} --partitions {partitions}" + (
-            " --wait" if wait else ""
-        )
+        again = command_line(name, partitions, wait=wait)
         raise click.ClickException(
             f"{e}. The resize is recorded in etcd ({resizer.phase}): once that is back, run "
             f"`{again}` again to continue it"
@@ -173,7 +171,7 @@ def resize(ctx: Context, name: str, partitions: int, wait: bool, timeout: float 
         f"stream {name}: producers publish {change.new.partitions} partitions (epoch "
         f"{change.new.epoch}); the old partitions drain as their consumers reach the fences. "
         f"Follow with `partq status {name}`; retire the old layout with "
-        f"`partq stream resize {name} --partitions {change.new.partitions} --wait`"
+        f"`{command_line(name, change.new.partitions, wait=True)}`"
     )
 
 

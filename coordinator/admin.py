@@ -14,7 +14,7 @@ import pika
 
 from coordinator.group import Group
 from coordinator.resize import State as ResizeState
-from coordinator.resize import summary
+from coordinator.resize import command_line, summary
 from coordinator.resizer import read_record
 from kernel import keys
 from kernel.amqp import AmqpURL, blocking_connection
@@ -116,8 +116,8 @@ def _refuse_while_resizing(registry: Registry, stream: str, verb: str) -> None:
         target = running.resize.new.partitions
         raise UsageError(
             f"stream {stream!r} is being resized to {target} partitions "
-            f"({running.phase.value}): finish that first with `partq stream resize {stream} "
-            f"--partitions {target} --wait`, then {verb} again"
+            f"({running.phase.value}): finish that first with "
+            f"`{command_line(stream, target, wait=True)}`, then {verb} again"
         )
 
 

@@ -63,6 +63,7 @@ __all__ = [
     "Switched",
     "Unbind",
     "begin",
+    "command_line",
     "decode",
     "encode",
     "pending",
@@ -391,9 +392,14 @@ def summary_lines(doc: dict[str, Any], stream: str) -> list[str]:
         lines.append(f"  queues to delete once drained and empty: {ranges(doc['retiring'])}")
     if doc["not_empty"]:
         lines.append(f"  retired queues not empty or still consumed: {ranges(doc['not_empty'])}")
-    command = f"partq stream resize {stream} --partitions {doc['to']} --wait"
-    lines.append(f"  continue or finish it with: {command}")
+    lines.append(f"  continue or finish it with: {command_line(stream, doc['to'], wait=True)}")
     return lines
+
+
+def command_line(stream: str, partitions: int, *, wait: bool) -> str:
+    """The ``partq stream resize`` command that continues the resize of ``stream`` to
+    ``partitions`` (with ``wait``: until it retires), as the messages tell it to run."""
+    return f"partq stream resize {stream} --partitions {partitions}" + (" --wait" if wait else "")
 
 
 def ranges(partitions: Iterable[int]) -> str:

@@ -279,8 +279,8 @@ class Resizer:
             why = "the broker steps did not finish"
         return (
             f"{what} is {state.phase.value} after {timeout:g} s, not {until.value}; {why}. "
-            f"Run `partq stream resize {self.stream} --partitions "
-            f"{state.resize.new.partitions} --wait` again to continue"
+            f"Run `{resize.command_line(self.stream, state.resize.new.partitions, wait=True)}` "
+            f"again to continue"
         )
 
 

@@ -382,6 +382,12 @@ def test_the_summary_shows_the_phase_the_draining_and_the_gates() -> None:
     assert resize.summary_lines(resize.summary(retired), "s") == []
 
 
+def test_the_command_to_continue_a_resize_with_and_without_wait() -> None:
+    # The CLI, the resizer's timeout, status and admin's refusals all print this one
+    assert resize.command_line("s", 12, wait=True) == "partq stream resize s --partitions 12 --wait"
+    assert resize.command_line("s", 12, wait=False) == "partq stream resize s --partitions 12"
+
+
 def test_status_names_a_shrink_s_old_queues_as_retiring_not_as_beyond_the_spec() -> None:
     from coordinator.status import beyond_lines
 
