@@ -12,12 +12,13 @@ fence in etcd, and the producer did republish what the cut returned.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pika
 import pytest
@@ -59,6 +60,21 @@ class KeyedLoad(SequenceProducer):
                 future.add_done_callback(self._done(key, seq))
             seq += 1
             self.halt.wait(max(0.0, pause - (time.monotonic() - began)))
+
+
+@contextlib.contextmanager
+def keyed_load(stream: str, rabbitmq: str, registry: Registry, name: str) -> Iterator[KeyedLoad]:
+    """A :class:`KeyedLoad` (60 keys at 600 msg/s) through a new SDK producer ``name`` that
+    follows ``stream``'s spec, running; on leaving, stopped, and the producer closed after
+    flushing what is unconfirmed."""
+    producer = Producer(stream, amqp_url=rabbitmq, etcd=registry, name=name)
+    load = KeyedLoad(producer)
+    load.start()
+    try:
+        yield load
+    finally:
+        load.stop()
+        producer.close()
 
 
 def resize_by_hand(
@@ -179,10 +195,7 @@ def test_a_grow_then_a_shrink_keep_every_keys_order_under_load(
     fleet.consumer("c1", handler="slow_while")
     fleet.consumer("c2", handler="slow_while", extra=("--concurrency", "8"))
     settle(group, fleet, 6, {"c1", "c2"})
-    producer = Producer(fleet.stream, amqp_url=rabbitmq, etcd=registry, name="resize-load")
-    load = KeyedLoad(producer)
-    load.start()
-    try:
+    with keyed_load(fleet.stream, rabbitmq, registry, "resize-load") as load:
         wait_until(lambda: len(fleet.records()) > 1500, 60, 0.1, "the load flowing")
         # When the stream grows 6 -> 12 by the protocol's steps, under the load, while
         # the old partitions hold a backlog
@@ -191,7 +204,7 @@ def test_a_grow_then_a_shrink_keep_every_keys_order_under_load(
             settle(group, fleet, 12, {"c1", "c2"})
         wait_until(lambda: drained(registry, spec.name, 0) == set(range(6)), 60, 0.1, "fences")
         flowing(fleet, "flowing at 12")
-        rerouted_grow = producer.rerouted
+        rerouted_grow = load.producer.rerouted
 
         # And then shrinks 12 -> 8: the coordinator keeps the retired partitions 8..11
         # assigned until their fence is handled and the record says so (which
@@ -204,9 +217,6 @@ def test_a_grow_then_a_shrink_keep_every_keys_order_under_load(
         registry.client.put(keys.resize(spec.name), resize.encode(done))
         settle(group, fleet, 8, {"c1", "c2"})
         flowing(fleet, "flowing at 8")
-    finally:
-        load.stop()
-        producer.close()  # after flushing what is unconfirmed
     # Then nothing confirmed is lost, no fence reached a handler, and per key every
     # handling is in publish order, across both resizes
     sent, records = audited(load, fleet)
@@ -217,7 +227,7 @@ def test_a_grow_then_a_shrink_keep_every_keys_order_under_load(
     moved = {r["key"] for r in records if r["partition"] >= 6}
     print(
         f"\n{len(sent)} sent, {len(records)} handled, {len(moved)} keys in added partitions, "
-        f"{rerouted_grow} + {producer.rerouted - rerouted_grow} republished after the cuts"
+        f"{rerouted_grow} + {load.producer.rerouted - rerouted_grow} republished after the cuts"
     )
 
 

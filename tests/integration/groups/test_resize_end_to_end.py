@@ -35,7 +35,7 @@ from producer.registry import Registry
 from producer.topology import declare_partition_queues, scan_partition_queues
 
 from .harness import PARTQ, PREFETCH, Fleet, wait_until
-from .test_resize_clients import Backlog, KeyedLoad, audited, drained, flowing, settle
+from .test_resize_clients import Backlog, audited, drained, flowing, keyed_load, settle
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("machine_version_in_ci")]
 
@@ -70,10 +70,7 @@ def test_partq_stream_resize_grows_then_shrinks_under_load_keeping_every_keys_or
     fleet.consumer("c2", handler="slow_while", extra=("--concurrency", "8"))
     fleet.consumer("c3", handler="slow_while")
     settle(group, fleet, 6, MEMBERS)
-    producer = Producer(stream, amqp_url=rabbitmq, etcd=registry, name="e2e-load")
-    load = KeyedLoad(producer)
-    load.start()
-    try:
+    with keyed_load(stream, rabbitmq, registry, "e2e-load") as load:
         wait_until(lambda: len(fleet.records()) > 1500, 60, 0.1, "the load flowing")
         # When `partq stream resize --partitions 12 --wait` runs under the load
         code, out = resized(fleet, 12, backlog)
@@ -88,9 +85,6 @@ def test_partq_stream_resize_grows_then_shrinks_under_load_keeping_every_keys_or
         assert code == 0, out + fleet.logs()
         settle(group, fleet, 8, MEMBERS)
         flowing(fleet, "flowing at 8")
-    finally:
-        load.stop()
-        producer.close()  # after flushing what is unconfirmed
     # Then nothing confirmed is lost, no fence reached a handler, per key every handling
     # is in publish order and none overlaps another of its key
     sent, records = audited(load, fleet)
@@ -108,7 +102,7 @@ def test_partq_stream_resize_grows_then_shrinks_under_load_keeping_every_keys_or
     moved = {r["key"] for r in records if r["partition"] >= 6}
     print(
         f"\n{len(sent)} sent, {len(records)} handled, {len(moved)} keys handled in a "
-        f"partition >= 6, {producer.rerouted} returned by the cuts and republished"
+        f"partition >= 6, {load.producer.rerouted} returned by the cuts and republished"
     )
 
 
@@ -184,10 +178,7 @@ def test_a_resize_is_finished_through_a_leader_kill_a_consumer_kill_and_an_etcd_
         coordinators = [fleet.coordinator(name) for name in ("coordinator-a", "coordinator-b")]
         consumers = {m: fleet.consumer(m, handler="slow_while") for m in sorted(MEMBERS)}
         settle(group, fleet, 6, MEMBERS)
-        producer = Producer(stream_name, amqp_url=rabbitmq, etcd=registry, name="faults-load")
-        load = KeyedLoad(producer)
-        load.start()
-        try:
+        with keyed_load(stream_name, rabbitmq, registry, "faults-load") as load:
             wait_until(lambda: len(fleet.records()) > 1000, 60, 0.1, "the load flowing")
             # When a grow 6 -> 12 switches while the old partitions hold a backlog (the
             # command waits for their fences, riding out an etcd outage for up to 5 s)
@@ -215,9 +206,6 @@ def test_a_resize_is_finished_through_a_leader_kill_a_consumer_kill_and_an_etcd_
             assert _phase(registry, stream_name) == "retired"
             settle(group, fleet, 12, set(consumers))
             flowing(fleet, "flowing at 12")
-        finally:
-            load.stop()
-            producer.close()
         # And nothing confirmed is lost, and per key every handling is in order but for
         # what c3 held when it was killed (redelivered first, in order, by its socket's end)
         records = fleet.records()
