@@ -29,8 +29,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pika
+from etcd3.utils import prefix_range_end
 
 from coordinator import resize
 from coordinator.dlq import sender
@@ -102,8 +104,19 @@ class Resizer:
             log.info("%s: resuming the resize to %d (%s)", self.stream, partitions, phase)
             return running
         state, _actions = resize.begin(spec.layout, partitions, running, self.maximum)
-        self._write(state)
+        self._write(state, self._forget_drained(state))
         return state
+
+    def _forget_drained(self, state: State) -> list[Any]:
+        """With a new resize's record, the drained keys of the last one (its old epoch is
+        this one's minus 1) go: nothing reads another epoch's than the running resize's
+        (the gates, the leader and this command read ``state.resize.old.epoch``'s). Each
+        start removes the last's, so at most one resize's keys are ever kept."""
+        epoch = state.resize.old.epoch - 1
+        if epoch < 0:
+            return []
+        prefix = keys.drained_prefix(self.stream, epoch).encode()
+        return [self.registry.client.transactions.delete(prefix, prefix_range_end(prefix))]
 
     def _check_spec(self, spec: StreamSpec, state: State) -> None:
         if spec.layout not in (state.resize.old, state.resize.new):
@@ -113,14 +126,17 @@ class Resizer:
                 f"changed by hand; restore it or delete {keys.resize(self.stream)}"
             )
 
-    def _write(self, state: State) -> None:
-        """Store ``state`` if the record is still the one we read or wrote last."""
+    def _write(self, state: State, also: list[Any] | None = None) -> None:
+        """Store ``state`` if the record is still the one we read or wrote last (and do the
+        operations ``also`` in the same transaction)."""
         key, client = keys.resize(self.stream), self.registry.client
         t = client.transactions
         found = t.mod(key) == self._revision if self._revision else t.version(key) == 0
         with etcd_errors(self.registry.where):
             ok, responses = client.transaction(
-                compare=[found], success=[t.put(key, resize.encode(state))], failure=[]
+                compare=[found],
+                success=[t.put(key, resize.encode(state)), *(also or [])],
+                failure=[],
             )
         if not ok:
             raise UsageError(

@@ -283,6 +283,11 @@ def _reauthenticating(
 _ELECTION = ("leader changed", "no leader", "not leader", "not capable")
 _PATIENCE = 5.0  # seconds a call is retried while the etcd cluster elects a leader
 _SKIP_FAILED = 2.0  # seconds a failed endpoint of a list is passed over
+# gRPC's reconnect backoff (1 s, times 1.6 per failed attempt, up to 120 s) left a client
+# blind for 5 s after a 20 s etcd outage (and longer after longer ones): capped at 1 s, every
+# partq process reads etcd again within about a second of its return.
+# (gRPC takes its min_reconnect_backoff as the shortest connect timeout too: left alone.)
+_RECONNECT = [("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 def _retrying(fn: Callable[..., T], endpoints: int, *args: Any, **kwargs: Any) -> T:
@@ -660,7 +665,9 @@ def connect(settings: Settings) -> Client:
     # next of a list (python3-etcd3's default is 300 s); a single endpoint is never skipped.
     skip = _SKIP_FAILED if len(settings.endpoints) > 1 else 0.0
     endpoints = [
-        etcd3.Endpoint(host, port, secure=creds is not None, creds=creds, time_retry=skip)
+        etcd3.Endpoint(
+            host, port, secure=creds is not None, creds=creds, time_retry=skip, opts=_RECONNECT
+        )
         for host, port, _tls in settings.endpoints
     ]
     identity = Identity(

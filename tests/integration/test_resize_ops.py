@@ -256,6 +256,10 @@ def test_shrink_12_to_8_deletes_the_retired_queues_only_once_empty(
     # shows no resize running
     description = admin.describe(registry, rabbitmq, spec.name)
     assert description.beyond == [] and description.resize == state
+    # And the next resize's record takes this one's drained keys with it
+    assert len(list(registry.client.get_prefix(keys.drained_all(spec.name)))) == 12
+    Resizer(registry, rabbitmq, spec.name).start(16)
+    assert list(registry.client.get_prefix(keys.drained_all(spec.name))) == []
 
 
 def test_deleting_a_stream_during_a_shrink_deletes_the_queues_of_both_layouts(
