@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,6 +50,12 @@ __all__ = [
 log = logging.getLogger("partq.spark")
 
 DEFAULT_SPEC_READER = "producer.registry:read_spec_from_endpoints"
+
+# A pinned query's per-batch read of the newest layout: after an etcd that did not answer
+# (which may take its whole timeout), this process asks it again only after _ASK_AGAIN s.
+_ASK_AGAIN = 30.0
+_unanswered: dict[tuple[str, str], float] = {}  # (endpoints, reader) -> monotonic deadline
+_newest: dict[str, StreamSpec] = {}  # stream -> the newest layout this process read
 
 SpecReader = Callable[[str, str], StreamSpec]
 
@@ -201,14 +208,26 @@ class SinkOptions:
         grouped its rows by)."""
         if self.spec is None:
             spec = self._read()
-        else:
+        else:  # the pinned spec, or a newer one this process read before
             spec = self._pinned()
-            try:
-                newest = self._read()
-            except PartqError as e:
-                log.info("stream %s: publishing under the pinned layout (%s)", self.stream, e)
-            else:
-                spec = newest if newest.epoch > spec.epoch else spec
+            seen = _newest.get(spec.name)
+            spec = seen if seen is not None and seen.epoch > spec.epoch else spec
+            where = (self.etcd_endpoints, self.spec_reader)
+            if time.monotonic() >= _unanswered.get(where, 0.0):
+                try:
+                    newest = self._read()
+                except PartqError as e:
+                    _unanswered[where] = time.monotonic() + _ASK_AGAIN
+                    log.warning(
+                        "stream %s: publishing under the pinned layout; etcd is asked again in "
+                        "%.0fs (%s)",
+                        self.stream,
+                        _ASK_AGAIN,
+                        e,
+                    )
+                else:
+                    spec = newest if newest.epoch > spec.epoch else spec
+                    _newest[spec.name] = spec
         if spec.epoch == 0:
             self._check_partitions(spec)
         return spec

@@ -12,6 +12,7 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 import producer.spark
 from kernel.errors import EtcdUnavailable, PartqError, SpecMismatch, UsageError
 from producer.contract import StreamSpec
+from producer.spark import options as options_module
 from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions, resolve_spec_reader
 from producer.spark.progress import failure_reason
 from producer.spark.replay import ReplayId, message_id
@@ -141,22 +142,35 @@ def etcd_now(stream: str, endpoints: str) -> StreamSpec:
     return now
 
 
-def test_each_batch_takes_the_newest_layout_and_a_pinned_one_while_etcd_is_away() -> None:
+def test_each_batch_takes_the_newest_layout_and_a_pinned_one_while_etcd_is_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Given a spec pinned at epoch 0 with 8 partitions
     options = SinkOptions(
         "orders", "k", partitions=8, spec_reader="tests.spark.test_surface:etcd_now"
     )
     _ETCD[:] = [StreamSpec("orders", 8)]
+    monkeypatch.setattr(options_module, "_unanswered", {})
+    monkeypatch.setattr(options_module, "_newest", {})
     pinned = options.pinned()
-    # When etcd answers with the same, then away, then a resize's layout
+    grown = replace(StreamSpec("orders", 16), epoch=1)
+    # When etcd answers with the pinned layout, a batch publishes under it
     assert pinned.current_spec() == StreamSpec("orders", 8)
+    # When etcd is away, under the pinned one, and etcd is not asked again for 30 s
     _ETCD.append(EtcdUnavailable("etcd at 127.0.0.1:1 is unavailable"))
     assert pinned.current_spec() == StreamSpec("orders", 8)
-    grown = replace(StreamSpec("orders", 16), epoch=1)
     _ETCD.append(grown)
-    # Then a batch publishes under the newest (the option's count was the query's, at start)
+    assert pinned.current_spec() == StreamSpec("orders", 8)
+    # When the 30 s have passed and etcd holds a resize's layout, under that one
+    monkeypatch.setattr(options_module, "_unanswered", {})
     assert pinned.current_spec() == grown
-    assert pinned.read_spec() == StreamSpec("orders", 8)  # the strict start-up read: pinned
+    # When etcd is away again, under the newest layout read, not the pinned one
+    _ETCD.append(EtcdUnavailable("etcd at 127.0.0.1:1 is unavailable"))
+    monkeypatch.setattr(options_module, "_unanswered", {})
+    assert pinned.current_spec() == grown
+    # The strict start-up read is still the pinned spec (the option's count was the
+    # query's, at its start)
+    assert pinned.read_spec() == StreamSpec("orders", 8)
     # and a stream never resized is still held to the option
     _ETCD.append(StreamSpec("orders", 4))
     with pytest.raises(SpecMismatch, match="has 4 partitions in etcd, but option partitions=8"):
