@@ -4,8 +4,9 @@ Runs until stopped: SIGTERM or SIGINT, at any point after the command starts,
 stop the query between writes (or Spark, if it is still starting) and the
 command exits 0 after one log line; a failed query exits 1 with the partq error
 that failed it.
-It reads the stream's spec once, at start, and pins it in the sink's options,
-so the running query never needs etcd. Every batch is logged (rows, seconds)
+It reads the stream's spec at start and pins it in the sink's options, so the
+running query keeps publishing while etcd is away; each batch takes a newer
+layout from etcd when a resize made one (docs/resize.md). Every batch is logged (rows, seconds)
 and counted in the ``partq_spark_*`` metrics (``--metrics-port``).
 
 Also runnable with ``spark-submit`` (the master then comes from spark-submit)::

@@ -1,7 +1,8 @@
 """The Spark Structured Streaming producer job: a file (or rate) source published to a stream.
 
 ``partq spark-job`` (:mod:`cli.spark`) parses the command line, reads the
-stream's spec once and calls :func:`run_job`; the query itself never reads etcd.
+stream's spec, pins it and calls :func:`run_job`; the query reads etcd only for a newer
+layout (a resize: ``SinkOptions.current_spec``), and publishes while etcd is away.
 SIGTERM or SIGINT stop the query between writes, or, during Spark's start-up,
 stop the session before a query starts; a failed query raises the partq error
 that failed it.
