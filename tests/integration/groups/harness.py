@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from consumers import audit as checker
 from coordinator.group import Group, GroupState
@@ -157,11 +157,16 @@ class SequenceProducer(threading.Thread):
         keys: int = 40,
         rate: float = 400.0,
         rounds: int | None = None,
+        prefix: str = "",
+        journal: TextIO | None = None,
     ) -> None:
+        """``prefix`` goes before each key's name; each confirm is written to ``journal``
+        as a line ``KEY SEQ`` (for a producer in a process of its own, killed at will)."""
         super().__init__(name="sequence-producer", daemon=True)
         self.spec = spec
         self.amqp = amqp
-        self.keys = [f"key-{i:03d}" for i in range(keys)]
+        self.keys = [f"{prefix}key-{i:03d}" for i in range(keys)]
+        self.journal = journal
         self.rate = rate
         self.rounds = rounds
         self.halt = threading.Event()
@@ -193,6 +198,9 @@ class SequenceProducer(threading.Thread):
             with self._lock:
                 if error is None:
                     self.confirmed.add((key, seq))
+                    if self.journal is not None:
+                        self.journal.write(f"{key} {seq}\n")
+                        self.journal.flush()
                 else:
                     self.failed.append(f"{key}:{seq}: {error}")
 

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TextIO
 
 import pika
 import pytest
@@ -42,8 +43,15 @@ class KeyedLoad(SequenceProducer):
     """:class:`SequenceProducer`'s keyed rounds, in batches, through one SDK producer that
     follows the spec in etcd (``producer``)."""
 
-    def __init__(self, producer: Producer, keys: int = 60, rate: float = 600.0) -> None:
-        super().__init__(producer.spec, "", keys=keys, rate=rate)
+    def __init__(
+        self,
+        producer: Producer,
+        keys: int = 60,
+        rate: float = 600.0,
+        prefix: str = "",
+        journal: TextIO | None = None,
+    ) -> None:
+        super().__init__(producer.spec, "", keys=keys, rate=rate, prefix=prefix, journal=journal)
         self.producer = producer
 
     def run(self) -> None:

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from producer.topology import declare_partition_queues, scan_partition_queues
 
 from .conftest import EVERY_FAULT
 from .harness import PARTQ, PREFETCH, Fleet, Proc, wait_until
+from .journaled_load import PREFIX, confirmed
 from .test_resize_clients import (
     Backlog,
     KeyedLoad,
@@ -173,7 +175,8 @@ def test_a_dead_letter_of_the_old_layout_is_redriven_under_the_new_one(
 @dataclass
 class Faulty:
     """A group under a keyed load on a private etcd, for the resize's fault tests: two
-    coordinators, consumers c1 … c3 (``handler``), and an SDK producer following the spec."""
+    coordinators, consumers c1 … c3, and two SDK producers following the spec: one in the
+    test, one in a process of its own (``other``: it journals its confirms)."""
 
     etcd: LocalEtcd
     registry: Registry
@@ -182,13 +185,18 @@ class Faulty:
     coordinators: list[Proc]
     consumers: dict[str, Proc]
     load: KeyedLoad
+    other: Proc
+    journal: Path
     backlog: Backlog | None
     crashes: list[Crash] = field(default_factory=list)
+    sent: set[tuple[str, int]] = field(default_factory=set)  # both producers' confirms
 
     def strike(self) -> None:
-        """The leading coordinator and consumer c3 killed -9, then etcd stopped."""
+        """The leading coordinator, the other producer and consumer c3 killed -9, then etcd
+        stopped."""
         (leader,) = [c for c in self.coordinators if "leading (candidate" in c.tail(200)]
         leader.kill()
+        self.other.kill()
         self.crashes.append(Crash(time.time(), PREFETCH, self.consumers["c3"].pid))
         self.consumers.pop("c3").kill()
         self.etcd.stop()
@@ -219,9 +227,11 @@ class Faulty:
         load.stop()
         load.producer.flush(30)
         assert not load.failed, load.failed[:5]
-        wait_until(lambda: not audit.lost(load.published(), fleet.records()), 60, 0.25, "all")
+        sent = self.sent = load.published() | confirmed(self.journal)
+        assert any(key.startswith(PREFIX) for key, _seq in sent)
+        wait_until(lambda: not audit.lost(sent, fleet.records()), 60, 0.25, "all")
         records = fleet.records()
-        assert audit.lost(load.published(), records) == []
+        assert audit.lost(sent, records) == []
         assert audit.order_violations(records, self.crashes) == []
         return records
 
@@ -244,9 +254,17 @@ def faulty(rabbitmq: str, stream: str, tmp_path: Path, backlog: bool = False) ->
         coordinators = [fleet.coordinator(name) for name in ("coordinator-a", "coordinator-b")]
         consumers = {m: fleet.consumer(m, handler=handler) for m in sorted(MEMBERS)}
         settle(group, fleet, 6, MEMBERS)
+        journal = tmp_path / "journal"
+        module = "tests.integration.groups.journaled_load"
+        other = fleet.process(
+            "journaled-load", [sys.executable, "-m", module, stream, str(journal)]
+        )
         with keyed_load(stream, rabbitmq, registry, "faults-load") as load:
             wait_until(lambda: len(fleet.records()) > 1000, 60, 0.1, "the load flowing")
-            yield Faulty(etcd, registry, fleet, group, coordinators, consumers, load, slows)
+            wait_until(lambda: len(confirmed(journal)) > 200, 60, 0.1, "the other producer")
+            yield Faulty(
+                etcd, registry, fleet, group, coordinators, consumers, load, other, journal, slows
+            )
     finally:
         fleet.close()
         with contextlib.suppress(Exception):
@@ -261,7 +279,7 @@ def test_a_resize_is_finished_through_a_leader_kill_a_consumer_kill_and_an_etcd_
     rabbitmq: str, stream_name: str, tmp_path: Path
 ) -> None:
     """Issue 22's crash-safety, one fault of each kind while a grow waits for its fences:
-    the leading coordinator and a consumer killed -9, then etcd away for 20 s. The
+    the leading coordinator, a producer and a consumer killed -9, then etcd away for 20 s. The
     command fails in one line while etcd is away; run again, it finishes the resize."""
     # Given two coordinators, three consumers and an SDK producer following the spec
     with faulty(rabbitmq, stream_name, tmp_path, backlog=True) as group:
@@ -274,8 +292,8 @@ def test_a_resize_is_finished_through_a_leader_kill_a_consumer_kill_and_an_etcd_
         first = group.fleet.process("resize-first", [*argv, "--timeout", "5"])
         wait_until(lambda: _phase(group.registry, stream_name) == "switched", 30, 0.05,
                    "switched")  # fmt: skip
-        # and the leading coordinator and consumer c3 are killed -9, and etcd goes away
-        # for 20 s, while the backlog drains
+        # and the leading coordinator, a producer and consumer c3 are killed -9, and etcd
+        # goes away for 20 s, while the backlog drains
         group.strike()
         backlog.__exit__()
         failed = first.popen.wait(60)
@@ -289,7 +307,7 @@ def test_a_resize_is_finished_through_a_leader_kill_a_consumer_kill_and_an_etcd_
         # what c3 held when it was killed
         records = group.audit()
     print(
-        f"\n{len(group.load.published())} confirmed, {len(records)} handled; the first "
+        f"\n{len(group.sent)} confirmed, {len(records)} handled; the first "
         f"command exited {failed}: {first.tail(1)}"
     )
 
@@ -311,7 +329,8 @@ def test_a_resize_stopped_at_a_step_by_every_fault_at_once_is_finished_by_one_co
 ) -> None:
     """The same faults at each short step before the switch: the command stopped right
     after writing the step's record (before its actions, as a kill there would), the
-    leading coordinator and consumer c3 killed -9 and etcd away for 20 s at that moment.
+    leading coordinator, a producer and consumer c3 killed -9 and etcd away for 20 s at
+    that moment.
     CI runs the step after the cut; the others run on demand (PARTQ_TEST_EVERY_FAULT=1)."""
     if step is not STEP_IN_CI and not os.environ.get(EVERY_FAULT):
         pytest.skip(f"on demand: {EVERY_FAULT}=1 (CI's time budget; CI runs {STEP_IN_CI.value})")
@@ -335,7 +354,7 @@ def test_a_resize_stopped_at_a_step_by_every_fault_at_once_is_finished_by_one_co
         # what c3 held when it was killed
         records = group.audit()
     print(
-        f"\nstopped at {step.value}: {len(group.load.published())} confirmed, "
+        f"\nstopped at {step.value}: {len(group.sent)} confirmed, "
         f"{len(records)} handled, {group.load.producer.rerouted} returned and republished"
     )
 
