@@ -7,12 +7,14 @@ to ``$PARTQ_RECORD``), ``record_async`` the same as an ``async def`` (it awaits
 ``$PARTQ_POISON_SEQ`` on while the file ``$PARTQ_POISON_FLAG`` exists (delete it to
 "fix the handler"), and takes ``$PARTQ_POISON_SLOW`` seconds per message of that key;
 ``slow_while`` takes ``$PARTQ_SLOW_SLEEP`` seconds per message while the file
-``$PARTQ_SLOW_FLAG`` exists (a backlog made on purpose), then records.
+``$PARTQ_SLOW_FLAG`` exists (a backlog made on purpose), then records; ``record_rate``
+records ``partq spark-job --rate``'s rows with their ``value`` as the seq.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -21,7 +23,7 @@ from consumers.examples import record_handler as record
 from consumers.examples import write_record
 from consumers.message import Message
 
-__all__ = ["poison", "poison_key", "record", "record_async", "slow_while"]
+__all__ = ["poison", "poison_key", "record", "record_async", "record_rate", "slow_while"]
 
 
 async def record_async(message: Message) -> None:
@@ -52,3 +54,13 @@ def slow_while(message: Message) -> None:
     if os.path.exists(os.environ["PARTQ_SLOW_FLAG"]):
         time.sleep(float(os.environ.get("PARTQ_SLOW_SLEEP", "0.05")))
     write_record(message, start, time.time())
+
+
+def record_rate(message: Message) -> None:
+    """``record`` for the rows of ``partq spark-job --rate``: the body is the row's other
+    columns as JSON (``{"timestamp": ..., "value": n}``, key ``key-<n % 1000>``), and ``n``
+    is the seq. The source's values ascend and are published in order per key, so they
+    are a per-key sequence as the audit reads one; only gaps between a key's values are
+    wider (1,000) than a SequenceProducer's."""
+    value = json.loads(message.body)["value"]
+    record(dataclasses.replace(message, body=json.dumps({"seq": value}).encode()))
