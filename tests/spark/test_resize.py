@@ -43,10 +43,10 @@ from tests.spark.conftest import (
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-FILES = 16  # one per micro-batch
+FILES = 10  # one per micro-batch
 ROWS_PER_FILE = 400
 KEYS = 200
-BEFORE = 5  # files published before the resize
+BEFORE = 3  # files published before the resize
 DURING = 2  # files given to the query while the resize is held after its cut
 GROWN = 16
 _EPOCH = time.time() - 3600  # the files' modification times: _EPOCH + n
