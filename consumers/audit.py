@@ -40,9 +40,12 @@ Window = tuple[float, float]
 
 
 def load(path: Path) -> list[dict[str, Any]]:
+    """The records in ``path``, a line each. A last line without its newline is a record
+    still being written (handlers append while it is read): left for the next read."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    whole = path.read_text().split("\n")[:-1]
+    return [json.loads(line) for line in whole if line.strip()]
 
 
 def lost(published: Iterable[tuple[str, int]], records: Iterable[Record]) -> list[tuple[str, int]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from consumers import audit as checker
@@ -156,3 +157,14 @@ def test_repeats_and_late_first_handlings_share_one_window() -> None:
     # Then a window of 5 (what pid 1 can have held) explains all five, a window of 4 not
     assert checker.order_violations(records, [checker.Crash(2.0, 5, 1)], repeats=True) == []
     assert len(checker.order_violations(records, [checker.Crash(2.0, 4, 1)], repeats=True)) == 1
+
+
+def test_a_record_still_being_written_is_left_for_the_next_read(tmp_path: Path) -> None:
+    # A handler appends its line while the test reads the file: seen, a half line
+    # (CI, 2026-11-26) failed a test with a JSONDecodeError
+    record = tmp_path / "records.jsonl"
+    record.write_text('{"key": "a", "seq": 0}\n{"key": "a", "se')
+    assert checker.load(record) == [{"key": "a", "seq": 0}]
+    with record.open("a") as out:
+        out.write('q": 1}\n')
+    assert checker.load(record) == [{"key": "a", "seq": 0}, {"key": "a", "seq": 1}]
