@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,29 +124,36 @@ class Registry:
         self.client.close()
 
 
-def read_spec_from_settings(stream: str, settings: Settings) -> StreamSpec:
-    """Read ``stream``'s spec from the etcd ``settings`` name, with one short-lived connection."""
+@contextmanager
+def _short_lived(settings: Settings) -> Iterator[Registry]:
+    """A registry on one connection to the etcd ``settings`` name, closed on leaving."""
     registry = Registry.connect(settings)
     try:
-        return registry.read_spec(stream)
+        yield registry
     finally:
         registry.close()
+
+
+def _at(endpoints: str) -> Settings:
+    """The settings for the etcd at ``endpoints``; empty: the usual settings
+    (``PARTQ_ETCD_ENDPOINTS``, the ``PARTQ_CONFIG`` file, or the default)."""
+    return Settings.load(etcd_endpoints=endpoints or None)
+
+
+def read_spec_from_settings(stream: str, settings: Settings) -> StreamSpec:
+    """Read ``stream``'s spec from the etcd ``settings`` name, with one short-lived connection."""
+    with _short_lived(settings) as registry:
+        return registry.read_spec(stream)
 
 
 def read_resize_from_endpoints(stream: str, endpoints: str) -> bytes | None:
     """``stream``'s resize record as stored, or None, from the etcd at ``endpoints`` (empty:
     the usual settings), with one short-lived connection."""
-    registry = Registry.connect(Settings.load(etcd_endpoints=endpoints or None))
-    try:
+    with _short_lived(_at(endpoints)) as registry:
         return registry.read_resize(stream)
-    finally:
-        registry.close()
 
 
 def read_spec_from_endpoints(stream: str, endpoints: str) -> StreamSpec:
-    """Read ``stream``'s spec from the etcd at ``endpoints`` (the Spark sink's default reader).
-
-    An empty ``endpoints`` means the usual settings (``PARTQ_ETCD_ENDPOINTS``, the
-    ``PARTQ_CONFIG`` file, or the default).
-    """
-    return read_spec_from_settings(stream, Settings.load(etcd_endpoints=endpoints or None))
+    """Read ``stream``'s spec from the etcd at ``endpoints`` (the Spark sink's default reader;
+    empty ``endpoints``: the usual settings)."""
+    return read_spec_from_settings(stream, _at(endpoints))

@@ -206,30 +206,33 @@ class SinkOptions:
         checked against a stream never resized (a resized one may have grown or shrunk
         under a running query: ``RowLayout.from_schema`` checks the count the query
         grouped its rows by)."""
-        if self.spec is None:
-            spec = self._read()
-        else:  # the pinned spec, or a newer one this process read before
-            spec = self._pinned()
-            seen = _newest.get(spec.name)
-            spec = seen if seen is not None and seen.epoch > spec.epoch else spec
-            where = (self.etcd_endpoints, self.spec_reader)
-            if time.monotonic() >= _unanswered.get(where, 0.0):
-                try:
-                    newest = self._read()
-                except PartqError as e:
-                    _unanswered[where] = time.monotonic() + _ASK_AGAIN
-                    log.warning(
-                        "stream %s: publishing under the pinned layout; etcd is asked again in "
-                        "%.0fs (%s)",
-                        self.stream,
-                        _ASK_AGAIN,
-                        e,
-                    )
-                else:
-                    spec = newest if newest.epoch > spec.epoch else spec
-                    _newest[spec.name] = spec
+        spec = self._read() if self.spec is None else self._pinned_or_newer()
         if spec.epoch == 0:
             self._check_partitions(spec)
+        return spec
+
+    def _pinned_or_newer(self) -> StreamSpec:
+        """The pinned spec, or a newer one read now or before by this process; etcd is not
+        asked for ``_ASK_AGAIN`` s after it did not answer."""
+        spec = self._pinned()
+        seen = _newest.get(spec.name)
+        spec = seen if seen is not None and seen.epoch > spec.epoch else spec
+        where = (self.etcd_endpoints, self.spec_reader)
+        if time.monotonic() < _unanswered.get(where, 0.0):
+            return spec
+        try:
+            newest = self._read()
+        except PartqError as e:
+            _unanswered[where] = time.monotonic() + _ASK_AGAIN
+            log.warning(
+                "stream %s: publishing under the pinned layout; etcd is asked again in %.0fs (%s)",
+                self.stream,
+                _ASK_AGAIN,
+                e,
+            )
+            return spec
+        if newest.epoch > spec.epoch:
+            spec = _newest[spec.name] = newest
         return spec
 
     def _read(self) -> StreamSpec:
