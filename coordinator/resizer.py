@@ -23,6 +23,7 @@ Delete     a retired queue deleted only at 0 messages and 0 consumers
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -35,11 +36,12 @@ import pika
 from etcd3.utils import prefix_range_end
 
 from coordinator import resize
+from coordinator.codec import partition_name
 from coordinator.dlq import sender
 from coordinator.resize import Action, Event, Phase, State
 from kernel import keys
 from kernel.amqp import AmqpURL, blocking_connection
-from kernel.errors import EtcdUnavailable, PartqError, UsageError
+from kernel.errors import EtcdUnavailable, MalformedValue, PartqError, UsageError
 from kernel.etcd import etcd_errors
 from producer import topology
 from producer.contract import MAX_PARTITIONS, StreamSpec, queue_name
@@ -273,8 +275,8 @@ class Resizer:
         events: list[Event] = []
         for _value, meta in found:
             name = meta.key.decode("utf-8", errors="replace")[len(prefix) :]
-            if len(name) == 5 and name.isdigit():
-                events.append(resize.Drained(epoch, int(name)))
+            with contextlib.suppress(MalformedValue):  # not a drained key: not ours to read
+                events.append(resize.Drained(epoch, partition_name(name)))
         return events
 
     def _stuck(self, until: Phase, timeout: float) -> str:

@@ -60,6 +60,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ask.add_argument("--ttl", type=int, default=5, help="Lease TTL of consumers, coordinators.")
     ask.add_argument("--standby", action="store_true", help="Coordinators run with --standby.")
     ask.add_argument("--balance", choices=["count", "load"], default="count")
+    ask.add_argument("--handoff", choices=["drain", "auto"], default="drain", help="Every "
+                     "consumer's PARTQ_HANDOFF (auto: by consumer priority on RabbitMQ 4 quorum "
+                     "queues, the drain elsewhere).")  # fmt: skip
     ask.add_argument(
         "--faults", default=",".join(KINDS), help=f"Comma-separated subset of {','.join(KINDS)}."
     )
@@ -135,6 +138,7 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         spec = StreamSpec(stream, args.partitions, args.queue_type)
         admin.create_stream(registry, urls, spec)
         fleet = Fleet(stream, root, etcd.endpoints, urls, root / "records.jsonl")
+        fleet.env["PARTQ_HANDOFF"] = args.handoff
         stack.callback(fleet.close)  # every process it started, by PID
         extra = (*(["--standby"] if args.standby else []), "--balance", args.balance)
         for name in ("k1", "k2"):
@@ -202,6 +206,7 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "rate": args.rate,
             "standby": args.standby,
             "balance": args.balance,
+            "handoff": args.handoff,
             "publish_failures": len(load.failed),
             "publish_failure_examples": load.failed[:1000],
             "fault_log": [asdict(f) for f in nemesis.faults],

@@ -24,7 +24,7 @@ def table(results: dict[str, Any]) -> str:
         f"partq chaos soak: seed {results['seed']}, {results['duration_s']:.0f} s of faults, "
         f"{stream['partitions']} {stream['queue_type']} partitions, {results['keys']} keys at "
         f"{results['rate']:.0f} msg/s, standby {'on' if results['standby'] else 'off'}, "
-        f"balance {results['balance']}",
+        f"balance {results['balance']}, handoff {results.get('handoff', 'drain')}",
         f"RabbitMQ {results['rabbitmq']}; started {results['started']}; load average "
         f"{results['load_before']} before, {results['load_after']} after",
         f"command: {results['command']}",
