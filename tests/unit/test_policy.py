@@ -30,6 +30,7 @@ class View:
     assignment: dict[int, str] = field(default_factory=dict)
     claims: dict[int, Claim] = field(default_factory=dict)
     requests: dict[str, Request] = field(default_factory=dict)
+    standbys: dict[int, str] = field(default_factory=dict)
 
 
 def view(

@@ -85,6 +85,25 @@ def test_standbys_are_the_next_live_member_after_the_owner_and_suspects_get_noth
     assert "a" not in set(policy.plan(SPEC, view, None).values())
 
 
+def test_a_suspects_partition_is_planned_to_the_standby_waiting_behind_it() -> None:
+    # Given a's connection died: b took p1 over already; p0 is still a's, c its standby,
+    # and b has the fewest partitions (a plan by count alone would give p0 to b)
+    took = {0: Claim("a", 1), 1: Claim("b", 2, takeover=True, taken_from="a")}
+    view = state(
+        assignment={0: "a", 1: "b", 2: "c", 3: "c"}, claims=took, standbys={0: "c", 1: "c"}
+    )
+    assert assign(SPEC.partitions, {"b": 1, "c": 1}, {1: "b", 2: "c", 3: "c"})[0] == "b"
+    # When the leader plans, Then p0 goes to c: RabbitMQ activates c's subscription as it
+    # notices a's death, and c may take over (given to anyone else, c would give back
+    # what it was sent, out of order if a delivery is in flight)
+    target = policy.plan(SPEC, view, None)
+    assert target[0] == "c"
+    assert may_take_over(dataclasses.replace(view, assignment=target), 0, "c", "a") == 7
+    # and a standby that is not live, or a live owner's partition, is planned as before
+    assert policy.standing_heirs(state(claims=took, standbys={0: "x"}), {"b", "c"}) == {}
+    assert policy.standing_heirs(state(standbys={0: "c"}), {"b", "c"}) == {}
+
+
 def test_the_assignment_follows_a_takeover_once_then_the_plan_stands() -> None:
     # Given b's takeover claim on p0 from a (dead): the assignment follows it
     took = {0: Claim("b", 2, takeover=True, taken_from="a")}
