@@ -96,7 +96,7 @@ log = logging.getLogger("partq.cli")
     help="How a planned handoff moves a partition. auto: by consumer priority where "
     "RabbitMQ switches to the higher-priority waiting consumer once the owner settled "
     "everything (4.0+, quorum queues), else the drain; drain: always the drain. Default "
-    "drain [PARTQ_HANDOFF].",
+    "auto [PARTQ_HANDOFF].",
 )
 @http_options(default_port=9401)
 @pass_context

@@ -24,7 +24,7 @@ from typing import Any
 
 from coordinator import admin
 from coordinator.group import Group
-from kernel.settings import Settings
+from kernel.settings import DEFAULT_HANDOFF, Settings
 from producer import StreamSpec
 from producer.registry import Registry
 from tests.cluster import EtcdCluster, RabbitCluster
@@ -60,9 +60,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ask.add_argument("--ttl", type=int, default=5, help="Lease TTL of consumers, coordinators.")
     ask.add_argument("--standby", action="store_true", help="Coordinators run with --standby.")
     ask.add_argument("--balance", choices=["count", "load"], default="count")
-    ask.add_argument("--handoff", choices=["drain", "auto"], default="drain", help="Every "
+    ask.add_argument("--handoff", choices=["drain", "auto"], default=DEFAULT_HANDOFF, help="Every "
                      "consumer's PARTQ_HANDOFF (auto: by consumer priority on RabbitMQ 4 quorum "
-                     "queues, the drain elsewhere).")  # fmt: skip
+                     "queues, the drain elsewhere). Default: the product's.")  # fmt: skip
     ask.add_argument(
         "--faults", default=",".join(KINDS), help=f"Comma-separated subset of {','.join(KINDS)}."
     )

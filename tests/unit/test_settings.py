@@ -176,10 +176,10 @@ def test_validation_error_never_shows_the_amqp_password() -> None:
     assert "user:***@h:5672" in str(caught.value)
 
 
-def test_the_handoff_comes_from_the_environment_or_the_file_and_drains_by_default(
+def test_the_handoff_comes_from_the_environment_or_the_file_and_is_auto_by_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert Settings.load().handoff == "drain"
-    assert Settings.load(write_toml(tmp_path, 'handoff = "auto"')).handoff == "auto"
-    monkeypatch.setenv("PARTQ_HANDOFF", "auto")
     assert Settings.load().handoff == "auto"
+    assert Settings.load(write_toml(tmp_path, 'handoff = "drain"')).handoff == "drain"
+    monkeypatch.setenv("PARTQ_HANDOFF", "drain")
+    assert Settings.load().handoff == "drain"
