@@ -340,7 +340,16 @@ class Partitions:
             # by priority only: a drain's cancel activates the standby, which gives back and
             # stands by again behind the new owner (consumers.standby)
             moved = self.priority and claim is not None and slot.behind not in ("", claim.member)
-            if not want or heir or moved:
+            # given the partition of a dead owner we stand behind (a suspect): RabbitMQ
+            # activates us as it notices the death, and we take over; an heir subscription
+            # instead would first stand us down, giving back what we may have been sent
+            kept = (
+                want
+                and claim is not None
+                and claim.member == slot.behind
+                and claim.member in policy.suspects(self.mirror.claims)
+            )
+            if not want or (heir and not kept) or moved:
                 self._process(_Step(partition, Event.STANDBY_UNWANTED))
         if want and slot.state.standby is Standby.NONE:
             self._process(_Step(partition, Event.STANDBY_WANTED))

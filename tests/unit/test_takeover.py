@@ -165,3 +165,38 @@ def test_a_fenced_standby_stands_by_again_on_the_next_sync(env: Env) -> None:
     # Then the next sync, the leader still naming us, subscribes as the standby again
     env.partitions.sync(0)
     assert (env.partitions.slots[0].state.standby, env.calls("stand_by")) == (Standby.STANDING, 2)
+
+
+def test_a_standby_given_its_dead_owners_partition_stays_standing_rather_than_turn_heir(
+    env: Env,
+) -> None:
+    # Given members that hand over by priority (RabbitMQ 4 quorum queues), our standby
+    # standing behind a on p0, and a turned suspect: c took p1 over from it (a's connection
+    # died), while a's member key and its claim on p0 last a lease TTL more
+    c = Session(env.fake, "fake", ttl=5)
+    env.group.join(c, "c", priority=True)
+    for session, member in ((env.a, "a"), (env.b, "b")):  # joined as members that do
+        key = keys.member(SPEC.name, member)
+        member_key = codec.Member(member, lease=session.id, priority=True)
+        env.fake.put(key, codec.encode_member(member_key), lease=session.id)
+    env.assign(1, "a")
+    assert env.group.claim(1, "a", env.a) > 0
+    seen = env.group.snapshot().claim_revisions[1]
+    assert env.group.take_over(1, "c", c, seen, "a") > 0
+    env.partitions.priority = True
+    env.partitions.follow(env.group.snapshot())
+    slot = env.partitions.slots[0]
+    assert (slot.state.standby, env.calls("stand_by")) == (Standby.STANDING, 1)
+    # When the leader gives p0 to us, its standby (coordinator.policy.standing_heirs)
+    env.assign(0, "b")
+    env.partitions.follow(env.group.snapshot())
+    # Then the standby stays: RabbitMQ activates it as it notices a's death and it takes
+    # over; standing it down for an heir subscription would give back anything it had
+    # been sent already, behind newer messages
+    assert (slot.state.standby, slot.behind) == (Standby.STANDING, "a")
+    assert (env.calls("stand_down"), env.calls("stand_by")) == (0, 1)
+    assert env.partitions.activated(0) is True
+    env.partitions.check_takeovers()
+    assert env.group.snapshot().claims[0].member == "b"
+    assert env.calls("give_back") == 0
+    c.close(revoke=True)
