@@ -116,12 +116,17 @@ class Broker(threading.Thread):
         if not self._call(fn):
             self._sink(ChannelLost(partition))
 
-    def subscribe(self, partition: int, generation: int, priority: int | None = None) -> bool:
+    def subscribe(
+        self, partition: int, generation: int, priority: int | None = None, *, adopt: bool = False
+    ) -> bool:
         """Start consuming ``partition``; False while disconnected (call again on reconnect).
         ``priority``: the consumer's ``x-priority`` (``consumers.priority``: an heir above
-        the owner takes over once the owner has settled everything, on RabbitMQ 4 quorum)."""
+        the owner takes over once the owner has settled everything, on RabbitMQ 4 quorum).
+        ``adopt``: by making our standby subscription of it the partition's (``Channels``)."""
         arguments = consume_arguments(priority)  # a bad value fails here, in the caller
-        return self._call(lambda: self._channels.subscribe(partition, generation, arguments))
+        return self._call(
+            lambda: self._channels.subscribe(partition, generation, arguments, adopt=adopt)
+        )
 
     def warm(self, partition: int) -> None:
         """Open ``partition``'s channel and set its prefetch now, without consuming, so that

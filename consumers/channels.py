@@ -40,7 +40,7 @@ from consumers.port import (
     StandbyLost,
     Subscribed,
 )
-from consumers.priority import Arguments
+from consumers.priority import Arguments, rank
 from kernel.amqp import AmqpURL, access_refused
 from kernel.backoff import Backoff, Delays
 from producer.contract import StreamSpec
@@ -174,8 +174,12 @@ class Channels:
 
     # -- subscribing ---------------------------------------------------------------------
 
-    def subscribe(self, partition: int, generation: int, arguments: Arguments = None) -> None:
+    def subscribe(
+        self, partition: int, generation: int, arguments: Arguments = None, *, adopt: bool = False
+    ) -> None:
         slot = self._slot(partition)
+        if adopt and self._adopt(partition, generation, arguments):
+            return
         slot.arguments = arguments
         retry_at = slot.missing[0] if slot.missing is not None else 0.0
         wait = retry_at - time.monotonic()
@@ -542,6 +546,38 @@ class Channels:
             channel.close()
         else:
             channel.basic_cancel(standby.tag, callback=lambda _f: channel.close())
+
+    def _adopt(self, partition: int, generation: int, arguments: Arguments) -> bool:
+        """Make the partition's standby subscription its subscription (the claim is ours
+        now): it keeps its place in the queue's line, behind the last owner's consumer until
+        that one goes, and what it was sent so far goes to the worker; nothing is given back.
+        False if there is none that can be (still opening, not consuming yet, given back,
+        closed, or an heir's of another priority): that one is given back, and the caller
+        subscribes anew.
+
+        Decided here, on the I/O thread, because only here is it known whether the broker
+        has activated it: a give-back of an activated standby races the deliveries still in
+        flight to it, and a new consumer subscribed beside it is served newer messages
+        before they are returned (seen: a planned move to a partition's own standby,
+        RabbitMQ 3.10)."""
+        slot = self._slot(partition)
+        standby = slot.standby
+        if standby is None:
+            return False
+        channel = standby.channel
+        if (
+            channel is None
+            or not channel.is_open
+            or standby.tag is None
+            or standby.returning
+            or rank(standby.arguments) != rank(arguments)
+        ):
+            self.give_back(partition)
+            return False
+        slot.arguments = arguments
+        self.promote(partition, generation)
+        self._subscribed(partition)  # its basic.consume-ok came when it stood by
+        return True
 
     def promote(self, partition: int, generation: int) -> None:
         slot = self._slot(partition)

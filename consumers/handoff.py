@@ -43,11 +43,18 @@ only from IDLE) ──activated──▶ ACTIVATED (RabbitMQ made it the active 
 owner's connection died, or it cancelled) ──taken-over──▶ NONE, and the partition is
 ACTIVE on our takeover claim (``promote``: the standby's deliveries go to a new worker);
 or ──takeover-refused──▶ NONE (``give-back``: a planned move, returned in order). A
-standby never lives beside our own consumption of the partition: one still standing is
-stood down when we start consuming, and one activated then is given back (the takeover
-check could only say so: the claim is ours). An activation of a standby no longer
-standing (stood down or lost before RabbitMQ's activation reached us) is given back at
-once. ``dropped`` (a fence aborted the connection) starts the partition over from IDLE,
+standby never lives beside our own consumption of the partition: when we start consuming
+(the claim is ours) one still standing, activated or held is *adopted* (``adopt``): its
+subscription becomes the partition's, keeping its place in the queue's line, and what it
+was sent goes to the new worker; a planned move to a partition's own standby thus never
+gives back (a give-back races the deliveries still in flight to it, and a new consumer of
+ours subscribed beside it would be served newer messages before them: seen on RabbitMQ
+3.10). A standby activated by a planned move of a partition given to us, before its claim
+is ours (``takeover-deferred``: the old owner cancelled, and may still be finishing what
+it held), is HELD: its deliveries wait, unhandled, until the claim is ours (adopted) or
+the partition goes elsewhere or is paused (given back). An activation of a standby no
+longer standing (stood down or lost before RabbitMQ's activation reached us) is given back
+at once. ``dropped`` (a fence aborted the connection) starts the partition over from IDLE,
 without a drain, and with no standby: the fence aborted that subscription too, silently,
 so the next sync stands by again where the leader still names us.
 
@@ -89,6 +96,7 @@ class Standby(Enum):
     NONE = "none"
     STANDING = "standing"  # subscribed behind the owner's consumer, waiting
     ACTIVATED = "activated"  # RabbitMQ made it the active consumer: take over or give back
+    HELD = "held"  # activated by a planned move to us: kept unhandled until the claim is ours
 
 
 class Event(Enum):
@@ -114,6 +122,8 @@ class Event(Enum):
     ACTIVATED = "activated"  # RabbitMQ activated our standby subscription
     TAKEN_OVER = "taken-over"  # our takeover of the dead owner's claim was written
     TAKEOVER_REFUSED = "takeover-refused"  # the activation came from a planned move
+    # ... of a partition given to us, its claim not ours yet: hold it if we wait for the claim
+    TAKEOVER_DEFERRED = "takeover-deferred"
     DROPPED = "dropped"  # the connection was aborted (a fence): every subscription gone
 
 
@@ -128,6 +138,7 @@ class Command(Enum):
     STAND_DOWN = "stand-down"  # cancel a standby subscription not activated
     GIVE_BACK = "give-back"  # return an activated standby's deliveries in order, cancel it
     PROMOTE = "promote"  # the activated standby becomes the subscription, with a new worker
+    ADOPT = "adopt"  # SUBSCRIBE by making the standby subscription ours (``adopt``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +196,7 @@ _STANDBY_EVENTS = frozenset(
         Event.ACTIVATED,
         Event.TAKEN_OVER,
         Event.TAKEOVER_REFUSED,
+        Event.TAKEOVER_DEFERRED,
     }
 )
 
@@ -200,11 +212,24 @@ def step(state: State, event: Event) -> tuple[State, list[Command]]:
         after, commands = _step(state, event)
     if _keeps(after) and not _keeps(state) and Command.RESUME not in commands:
         commands = [*commands, Command.RESUME]
+    if after.standby is Standby.NONE:
+        return after, commands
+    if Command.SUBSCRIBE in commands:  # the claim is ours: the standby becomes the subscription
+        adopt: list[Command] = [Command.ADOPT if c is Command.SUBSCRIBE else c for c in commands]
+        return replace(after, standby=Standby.NONE), adopt
     if after.consuming and after.standby is Standby.STANDING:
         after, commands = replace(after, standby=Standby.NONE), [Command.STAND_DOWN, *commands]
-    elif after.consuming and after.standby is Standby.ACTIVATED:
+    elif (after.consuming and after.standby is Standby.ACTIVATED) or (
+        after.standby is Standby.HELD and not _holds(after)
+    ):
         after, commands = replace(after, standby=Standby.NONE), [Command.GIVE_BACK, *commands]
     return after, commands
+
+
+def _holds(state: State) -> bool:
+    """Whether a standby activated by a planned move is kept (HELD) rather than given
+    back: the partition is given to us, we wait for its claim, and it is not paused."""
+    return state.assigned and state.phase in (Phase.WAITING, Phase.CLAIMING) and not state.paused
 
 
 def _standby_step(state: State, event: Event) -> tuple[State, list[Command]]:
@@ -223,11 +248,15 @@ def _standby_step(state: State, event: Event) -> tuple[State, list[Command]]:
     if event is Event.ACTIVATED:
         if standby is Standby.NONE:  # stood down already: nothing to take over
             return state, [Command.GIVE_BACK]
+        if standby is not Standby.STANDING:  # activated once already: a stale report
+            return state, []
         return replace(state, standby=Standby.ACTIVATED), []
     if standby is not Standby.ACTIVATED:  # a decision on a standby that is gone: stale
         return state, []
     if event is Event.TAKEN_OVER:  # ours on our takeover claim, consumed at once
         return State(Phase.ACTIVE, assigned=True, holder=Holder.ME), [Command.PROMOTE]
+    if event is Event.TAKEOVER_DEFERRED and _holds(state):
+        return replace(state, standby=Standby.HELD), []
     return replace(state, standby=Standby.NONE), [Command.GIVE_BACK]  # TAKEOVER_REFUSED
 
 

@@ -241,7 +241,7 @@ class Partitions:
         paused = policy.paused(self.mirror.requests, partition)
         if paused != slot.state.paused:
             self._process(_Step(partition, Event.PAUSED if paused else Event.RESUMED))
-        self._sync_standby(partition)  # stood down before a freed claim is taken the usual way
+        self._sync_standby(partition)  # before the holder's change: stand by, or down
         holder = self._holder(partition)
         if holder is not slot.state.holder:
             if holder is Holder.NOBODY:
@@ -397,7 +397,9 @@ class Partitions:
         if state is not None and behind:
             seen = standby.may_take_over(state, partition, self.member, behind)
         owner = state.claims[partition].member if state is not None and seen is not None else ""
-        revision = self._claim_over(partition, session, seen if owner else None, owner)
+        revision = self._claim_over(
+            partition, session, seen if owner else None, owner, defer=session is not None
+        )
         if revision <= 0 or session is None:
             return
         log.warning(
@@ -439,9 +441,13 @@ class Partitions:
         seen: int | None,
         owner: str = "",
         rank: int = 0,
+        *,
+        defer: bool = False,
     ) -> int:
         """Take the claim seen at revision ``seen`` over (None: we may not); its new
-        revision, or 0 after giving the activated subscription back (TAKEOVER_REFUSED)."""
+        revision, or 0 after giving the activated subscription back (TAKEOVER_REFUSED) or,
+        ``defer``, holding it if the partition is ours to come (TAKEOVER_DEFERRED: a plain
+        standby's, not an heir's, whose priority our claim would not have)."""
         revision = 0
         if seen is not None and session is not None:
             try:
@@ -451,7 +457,8 @@ class Partitions:
             except EtcdUnavailable as e:
                 log.warning("partition %d: cannot take it over: %s", partition, e)
         if revision <= 0:
-            self._process(_Step(partition, Event.TAKEOVER_REFUSED))
+            refused = Event.TAKEOVER_DEFERRED if defer else Event.TAKEOVER_REFUSED
+            self._process(_Step(partition, refused))
         return revision
 
     def settle_takeover(self, partition: int) -> None:
@@ -534,13 +541,15 @@ class Partitions:
             if slot.state.phase is Phase.SUBSCRIBING and slot.worker is not None:
                 self._subscribe(partition, slot.worker.generation)
 
-    def _subscribe(self, partition: int, generation: int) -> bool:
+    def _subscribe(self, partition: int, generation: int, *, adopt: bool = False) -> bool:
         """Subscribe with our claim's x-priority when handing over by priority (an heir
-        then subscribes one above it), with none otherwise."""
+        then subscribes one above it), with none otherwise; ``adopt``: by making our
+        standby subscription the partition's, where its priority is that one."""
         claim = self.mirror.claims.get(partition)
         if not self.priority:
-            return self.broker.subscribe(partition, generation)
-        return self.broker.subscribe(partition, generation, claim.priority if claim else 0)
+            return self.broker.subscribe(partition, generation, adopt=adopt)
+        rank = claim.priority if claim else 0
+        return self.broker.subscribe(partition, generation, rank, adopt=adopt)
 
     def stop_workers(self) -> None:
         for worker in self._current_workers():
@@ -585,6 +594,12 @@ class Partitions:
             )
         if after.phase is Phase.WAITING and before.phase is not Phase.WAITING:
             self.broker.warm(partition)  # ours once the claim goes: a channel ready for it
+        if after.standby is Standby.HELD and before.standby is not Standby.HELD:
+            log.info(
+                "partition %d: standby activated before the claim is ours: holding what it "
+                "was sent until it is",
+                partition,
+            )
         if event is Event.KEPT and after.phase is Phase.ACTIVE:
             log.info("partition %d: ours again before the cancel: consuming on", partition)
         elif event is Event.TAKEN_OVER:
@@ -612,17 +627,19 @@ class Partitions:
             return self._do_standby(partition, command)
         if self.slots[partition].abandoned and command in (
             Command.SUBSCRIBE,
+            Command.ADOPT,
             Command.CANCEL,
             Command.CUT,
             Command.RESUME,
         ):
             return []
         match command:
-            case Command.SUBSCRIBE:
+            case Command.SUBSCRIBE | Command.ADOPT:
                 # The worker's inbox takes deliveries before its thread runs: subscribe
                 # first, start the thread after (a start waits for the thread to run).
                 worker = self._start_worker(partition, start=False)
-                if not self._subscribe(partition, worker.generation):
+                adopt = command is Command.ADOPT
+                if not self._subscribe(partition, worker.generation, adopt=adopt):
                     log.info("partition %d: subscribing once RabbitMQ is back", partition)
                 worker.start()
             case Command.CANCEL:

@@ -200,10 +200,15 @@ class BrokerPort(Protocol):
 
     def join(self, timeout: float | None = None) -> None: ...
 
-    def subscribe(self, partition: int, generation: int, priority: int | None = None) -> bool:
+    def subscribe(
+        self, partition: int, generation: int, priority: int | None = None, *, adopt: bool = False
+    ) -> bool:
         """Consume ``partition`` for its worker of ``generation``; False while disconnected
         (call again on reconnect). ``Subscribed`` follows. ``priority``: the consumer's
-        ``x-priority`` (``consumers.priority``; None: none)."""
+        ``x-priority`` (``consumers.priority``; None: none). ``adopt``: make the partition's
+        standby subscription this one, where it is subscribed at that priority (it keeps its
+        place in the queue's line; what it was sent goes to the worker), instead of giving it
+        back and subscribing anew."""
         ...
 
     def warm(self, partition: int) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "consume_arguments",
     "heir_priority",
     "inherits_claim",
+    "rank",
     "switches",
 ]
 
@@ -75,6 +76,11 @@ def consume_arguments(priority: int | None) -> Arguments:
             "partition's priority counter"
         )
     return {PRIORITY_ARGUMENT: priority}
+
+
+def rank(arguments: Arguments) -> int:
+    """The priority a consumer subscribed with ``arguments`` has (RabbitMQ's default: 0)."""
+    return (arguments or {}).get(PRIORITY_ARGUMENT, 0)
 
 
 def heir_priority(owner: int | None) -> int:

@@ -114,9 +114,11 @@ class StubBroker:
         with self._lock:
             self.calls.append(("give_back", partition))
 
-    def subscribe(self, partition: int, generation: int, priority: int | None = None) -> bool:
+    def subscribe(
+        self, partition: int, generation: int, priority: int | None = None, *, adopt: bool = False
+    ) -> bool:
         consume_arguments(priority)  # a bad priority fails as on the real broker
-        self._record("subscribe", partition)
+        self._record("adopt" if adopt else "subscribe", partition)
         with self._lock:
             self.priorities[partition] = priority
         if not self.connected.is_set():

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pika
 import pytest
 
 from consumers import audit as checker
@@ -26,8 +25,13 @@ from kernel.settings import Settings
 from producer.contract import StreamSpec
 from producer.publisher import Producer
 from producer.registry import Registry
-from producer.topology import declare_stream, delete_stream
-from tests.integration.groups.harness import PREFETCH, Fleet, Proc, SequenceProducer
+from tests.integration.groups.harness import (
+    PREFETCH,
+    Fleet,
+    Proc,
+    SequenceProducer,
+    one_quorum_partition,
+)
 from tests.integration.groups.test_invariants import (
     SETTLE,
     P,
@@ -44,12 +48,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture
 def spec(rabbitmq_40: str, stream_name: str) -> Iterator[StreamSpec]:
-    spec = StreamSpec(stream_name, 1, "quorum")
-    with pika.BlockingConnection(pika.URLParameters(rabbitmq_40)) as connection:
-        declare_stream(connection, spec)
-    yield spec
-    with pika.BlockingConnection(pika.URLParameters(rabbitmq_40)) as connection:
-        delete_stream(connection, spec)
+    with one_quorum_partition(rabbitmq_40, stream_name) as spec:
+        yield spec
 
 
 class _Owner:

@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import pika
 import pytest
 
 from consumers.audit import lost, order_violations
@@ -20,8 +19,9 @@ from consumers.broker import Broker
 from consumers.port import BrokerEvent, Delivery, Drained, End
 from producer.contract import StreamSpec
 from producer.publisher import Producer
-from producer.topology import declare_stream, delete_stream
 from tests.polling import wait_until
+
+from .groups.harness import one_quorum_partition, record_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,12 +30,8 @@ KEYS = [f"k{i}" for i in range(5)]
 
 @pytest.fixture
 def spec(rabbitmq: str, stream_name: str) -> Iterator[StreamSpec]:
-    spec = StreamSpec(stream_name, 1, "quorum")
-    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
-        declare_stream(connection, spec)
-    yield spec
-    with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
-        delete_stream(connection, spec)
+    with one_quorum_partition(rabbitmq, stream_name) as spec:
+        yield spec
 
 
 def test_quiet_handoffs_of_a_trickle_keep_per_key_order(spec: StreamSpec, rabbitmq: str) -> None:
@@ -65,11 +61,7 @@ def test_quiet_handoffs_of_a_trickle_keep_per_key_order(spec: StreamSpec, rabbit
                 case End(partition, channel):
                     brokers[name].finish(partition, channel)
                 case Delivery():
-                    key, seq = event.body.decode().split(":")
-                    records.append(
-                        {"key": key, "seq": int(seq), "start": time.time(), "member": name,
-                         "redelivered": event.redelivered}
-                    )  # fmt: skip
+                    records.append(record_of(event, name))
                     brokers[name].ack(event.partition, event.channel, event.delivery_tag)
                 case Drained(partition):
                     drained[name].set()

@@ -69,7 +69,7 @@ def test_no_subscribe_without_our_claim_and_no_release_without_drain(events: lis
         before = state
         state, commands = step(state, event)
         # Then we subscribe only while we hold the claim
-        if Command.SUBSCRIBE in commands:
+        if {Command.SUBSCRIBE, Command.ADOPT} & set(commands):
             assert state.holder is Holder.ME
         # and never release a partition that was being consumed without draining it,
         # unless the broker already dropped the channel (it requeued what was unacked)
@@ -88,7 +88,7 @@ def test_no_subscribe_without_our_claim_and_no_release_without_drain(events: lis
             assert (before.phase, event) == (Phase.DRAINING, Event.EMPTIED)
         # and never consume again while the cancel of a released partition is under way
         if before.phase is Phase.HANDING:
-            assert Command.SUBSCRIBE not in commands and Command.CLAIM not in commands
+            assert not {Command.SUBSCRIBE, Command.ADOPT, Command.CLAIM} & set(commands)
             assert state.phase is Phase.HANDING or event in (
                 Event.DRAINED,
                 Event.CHANNEL_LOST,
@@ -106,7 +106,7 @@ def test_no_subscribe_without_our_claim_and_no_release_without_drain(events: lis
         if state.phase is Phase.ACTIVE and before.phase is Phase.DRAINING:
             assert event is Event.KEPT and state.assigned and state.holder is Holder.ME
         # and never subscribe while paused
-        if Command.SUBSCRIBE in commands:
+        if {Command.SUBSCRIBE, Command.ADOPT} & set(commands):
             assert not state.paused
 
 
@@ -306,14 +306,39 @@ def test_a_standby_is_only_for_a_partition_we_do_not_consume() -> None:
     # Given a standby that is still standing when the partition becomes ours to consume
     standing, _ = run([Event.STANDBY_WANTED, Event.CLAIM_OTHER, Event.ASSIGNED])
     assert (standing.phase, standing.standby) == (Phase.WAITING, Standby.STANDING)
-    # When its claim is handed to us / Then it stands down before subscribing
+    # When its claim is handed to us / Then the standby subscription becomes ours: adopted
+    # (it keeps its place in the queue's line), not stood down for a subscription beside it
     state, commands = step(standing, Event.GRANTED)
     assert (state.phase, state.standby) == (Phase.SUBSCRIBING, Standby.NONE)
-    assert commands == [Command.STAND_DOWN, Command.SUBSCRIBE]
-    # and one activated meanwhile is given back instead
+    assert commands == [Command.ADOPT]
+    # and one activated meanwhile is adopted too, what it was sent going to the new worker
     activated, _ = step(standing, Event.ACTIVATED)
     state, commands = step(activated, Event.GRANTED)
-    assert commands == [Command.GIVE_BACK, Command.SUBSCRIBE]
+    assert (state.standby, commands) == (Standby.NONE, [Command.ADOPT])
+
+
+def test_a_standby_activated_by_a_planned_move_to_us_is_held_until_the_claim_is_ours() -> None:
+    # Given a standby activated while we wait for the claim of the partition given to us
+    # (the old owner cancelled, and may still be finishing what it held)
+    activated, _ = run([Event.STANDBY_WANTED, Event.CLAIM_OTHER, Event.ASSIGNED, Event.ACTIVATED])
+    assert (activated.phase, activated.standby) == (Phase.WAITING, Standby.ACTIVATED)
+    # When the takeover check defers / Then what it was sent is held, nothing given back
+    held, commands = step(activated, Event.TAKEOVER_DEFERRED)
+    assert (held.phase, held.standby, commands) == (Phase.WAITING, Standby.HELD, [])
+    # When the old owner releases and our claim is written / Then it is adopted
+    state, issued = run([Event.CLAIM_FREE, Event.CLAIMED], held)
+    assert (state.phase, state.standby, issued) == (
+        Phase.SUBSCRIBING,
+        Standby.NONE,
+        [Command.CLAIM, Command.ADOPT],
+    )
+    # But moved elsewhere, or paused, before the claim is ours / Then it is given back
+    for event in (Event.UNASSIGNED, Event.PAUSED):
+        state, commands = step(held, event)
+        assert (state.standby, commands) == (Standby.NONE, [Command.GIVE_BACK]), event
+    # and a deferral where the partition is not ours to come is a refusal
+    idle, _ = run([Event.STANDBY_WANTED, Event.ACTIVATED])
+    assert step(idle, Event.TAKEOVER_DEFERRED) == step(idle, Event.TAKEOVER_REFUSED)
 
 
 def test_a_lost_standby_and_a_stale_takeover_decision_change_nothing_more() -> None:
@@ -355,15 +380,23 @@ def test_a_standby_never_runs_beside_our_consumption_and_is_promoted_only_once_a
         if Command.PROMOTE in commands:
             assert (before.standby, event) == (Standby.ACTIVATED, Event.TAKEN_OVER)
             assert state == State(Phase.ACTIVE, assigned=True, holder=Holder.ME)
-        if before.standby is Standby.ACTIVATED and state.standby is Standby.NONE:
-            # and an activated standby ends promoted, given back, or lost with its channel
-            # (or its connection: a fence)
-            ends = {Command.PROMOTE, Command.GIVE_BACK} & set(commands)
+        # and adopted only as we subscribe on our claim, in place of the subscribe
+        if Command.ADOPT in commands:
+            assert before.standby is not Standby.NONE and Command.SUBSCRIBE not in commands
+            assert state.phase is Phase.SUBSCRIBING and state.holder is Holder.ME
+        if before.standby in (Standby.ACTIVATED, Standby.HELD) and state.standby is Standby.NONE:
+            # and an activated standby ends promoted, adopted, given back, or lost with its
+            # channel (or its connection: a fence)
+            ends = {Command.PROMOTE, Command.ADOPT, Command.GIVE_BACK} & set(commands)
             lost = (Event.STANDBY_LOST, Event.DROPPED)
             assert ends or event in lost, (before, event, state, commands)
+        # and held only while the partition is given to us, its claim awaited, not paused
+        if state.standby is Standby.HELD:
+            assert state.assigned and not state.paused
+            assert state.phase in (Phase.WAITING, Phase.CLAIMING)
         # and only what was activated (or stood down meanwhile) is given back
         if Command.GIVE_BACK in commands:
-            assert before.standby is Standby.ACTIVATED or (
+            assert before.standby in (Standby.ACTIVATED, Standby.HELD) or (
                 event is Event.ACTIVATED and before.standby is Standby.NONE
             )
         # and a standby command never comes with a claim or a release
@@ -412,8 +445,9 @@ def test_an_heir_stands_by_from_waiting_and_is_promoted_on_its_takeover() -> Non
     heir, _ = step(heir, Event.ACTIVATED)
     state, commands = step(heir, Event.TAKEN_OVER)
     assert (state.phase, state.holder, commands) == (Phase.ACTIVE, Holder.ME, [Command.PROMOTE])
-    # A refused one gives back and waits; a claim freed meanwhile gives back, then claims
+    # A refused one gives back and waits; a claim freed meanwhile claims, then adopts (the
+    # broker gives an heir of another priority back and subscribes anew: consumers.channels)
     assert step(heir, Event.TAKEOVER_REFUSED) == (waiting, [Command.GIVE_BACK])
     state, issued = run([Event.CLAIM_FREE, Event.CLAIMED], heir)
     assert state.phase is Phase.SUBSCRIBING
-    assert issued == [Command.CLAIM, Command.GIVE_BACK, Command.SUBSCRIBE]
+    assert issued == [Command.CLAIM, Command.ADOPT]

@@ -32,8 +32,8 @@ class RecordingBroker:
         self.calls: list[tuple[Any, ...]] = []
 
     def __getattr__(self, name: str) -> Any:
-        def record(*args: object) -> bool:
-            self.calls.append((name, *args))
+        def record(*args: object, **flags: bool) -> bool:
+            self.calls.append((name, *args, *(flag for flag, on in flags.items() if on)))
             return True
 
         return record

@@ -14,17 +14,30 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import pika
+
 from consumers import audit as checker
+from consumers.port import Delivery
 from coordinator.group import Group, GroupState
 from producer import Producer, StreamSpec
+from producer.topology import declare_stream, delete_stream
 from tests.polling import wait_until
 
-__all__ = ["PREFETCH", "Fleet", "Proc", "SequenceProducer", "balanced", "wait_until"]
+__all__ = [
+    "PREFETCH",
+    "Fleet",
+    "Proc",
+    "SequenceProducer",
+    "balanced",
+    "one_quorum_partition",
+    "record_of",
+    "wait_until",
+]
 
 ROOT = Path(__file__).resolve().parents[3]
 PARTQ = ROOT / ".venv" / "bin" / "partq"
@@ -224,3 +237,29 @@ def balanced(group: Group, partitions: int, members: set[str]) -> GroupState | N
     if checker.balance_problems(partitions, members, state.assignment, claims):
         return None
     return state
+
+
+@contextlib.contextmanager
+def one_quorum_partition(amqp_url: str, name: str) -> Iterator[StreamSpec]:
+    """A stream ``name`` of one quorum partition, declared on ``amqp_url`` (no registry, no
+    etcd: for tests that drive ``consumers.broker.Broker`` directly), deleted after."""
+    spec = StreamSpec(name, 1, "quorum")
+    with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
+        declare_stream(connection, spec)
+    try:
+        yield spec
+    finally:
+        with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
+            delete_stream(connection, spec)
+
+
+def record_of(delivery: Delivery, member: str) -> dict[str, Any]:
+    """The audit record (``consumers.audit``) of a ``key:seq`` delivery handled now."""
+    key, seq = delivery.body.decode().split(":")
+    return {
+        "key": key,
+        "seq": int(seq),
+        "start": time.time(),
+        "member": member,
+        "redelivered": delivery.redelivered,
+    }
