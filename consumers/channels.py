@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,14 +91,16 @@ class _Sub:
 class _Standby:
     """A hot standby subscription: the queue's waiting consumer until the owner's goes.
     Deliveries (the broker activated it) are kept unhandled until the controller decides:
-    ``promote`` (the owner died: they go to the worker) or ``give_back`` (a planned move:
-    each is returned, in order, then cancel)."""
+    ``promote`` (the owner died: they go to the worker), adopt it as the partition's
+    subscription (the claim is ours: ``subscribe(adopt=True)``), or ``give_back`` (a
+    planned move elsewhere: each is returned, in order, then cancel)."""
 
     channel: Channel | None = None  # None: opening
     tag: str | None = None
     buffer: list[Delivery] = field(default_factory=list)
     activated: bool = False
-    returning: bool = False
+    returning: bool = False  # given back: cancelled, what it was sent returned once cancel-ok
+    then: Callable[[], None] | None = None  # a subscribe of the partition waiting for its close
     arguments: Arguments = None  # an heir's x-priority (consumers.priority)
 
 
@@ -109,11 +112,12 @@ class _Slot:
     deferred: object | None = None  # the token of a subscribe waiting for its queue
     missing: tuple[float, Delays] | None = None  # its queue was NOT_FOUND: retry not before
     standby: _Standby | None = None
+    returning: _Standby | None = None  # a standby being given back, until its channel closes
     arguments: Arguments = None  # basic.consume's
 
     def reset(self) -> None:
         """The connection is gone: only the missing queue's backoff outlives it."""
-        self.line = self.deferred = self.standby = None
+        self.line = self.deferred = self.standby = self.returning = None
 
     @property
     def sub(self) -> _Sub | None:
@@ -180,20 +184,15 @@ class Channels:
         slot = self._slot(partition)
         if adopt and self._adopt(partition, generation, arguments):
             return
+        returning = slot.returning
+        if returning is not None and returning.channel is not None and returning.channel.is_open:
+            returning.then = self._later(partition, generation, arguments)  # once it is closed
+            return
         slot.arguments = arguments
         retry_at = slot.missing[0] if slot.missing is not None else 0.0
         wait = retry_at - time.monotonic()
         if wait > 0:  # its queue was missing a moment ago: do not spin on NOT_FOUND
-            token = slot.deferred = object()
-
-            def later() -> None:
-                # not revoked meanwhile, and the connection not closing (reset() reports it)
-                slot = self._slot(partition)
-                if slot.deferred is token and self.connection.is_open:
-                    slot.deferred = None
-                    self.subscribe(partition, generation, arguments)
-
-            self.connection.ioloop.call_later(wait, later)
+            self.connection.ioloop.call_later(wait, self._later(partition, generation, arguments))
             return
         line = slot.line
         if isinstance(line, _Warm):  # its channel is opening: consume once it is warm
@@ -209,6 +208,20 @@ class Channels:
             self.connection.channel(
                 on_open_callback=lambda ch: self._opened(partition, ch, opening)
             )
+
+    def _later(self, partition: int, generation: int, arguments: Arguments) -> Callable[[], None]:
+        """A subscribe to make later (its queue missing a moment ago, or a standby of it
+        being given back), unless revoked meanwhile or the connection is closing (``reset``
+        then reports the partition lost)."""
+        token = self._slot(partition).deferred = object()
+
+        def later() -> None:
+            slot = self._slot(partition)
+            if slot.deferred is token and self.connection.is_open:
+                slot.deferred = None
+                self.subscribe(partition, generation, arguments)
+
+        return later
 
     def _opened(self, partition: int, channel: Channel, opening: _Opening) -> None:
         if self._slot(partition).line is not opening:  # reset or replaced meanwhile
@@ -487,12 +500,9 @@ class Channels:
 
         def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
             method = method_frame.method
-            if standby.returning:  # given back: this one too, in order
-                channel.basic_nack(method.delivery_tag, requeue=True)
-                return
             delivery = Delivery.of(partition, channel, method, header_frame, body, 0)
-            standby.buffer.append(delivery)
-            if not standby.activated:
+            standby.buffer.append(delivery)  # given back: returned with the rest at cancel-ok
+            if not standby.activated and not standby.returning:
                 standby.activated = True
                 self.sink(Activated(partition))
 
@@ -519,6 +529,10 @@ class Channels:
         if slot.standby is standby:
             slot.standby = None
             self.sink(StandbyLost(partition))
+        if slot.returning is standby:  # given back: all it was sent is back in the queue
+            slot.returning = None
+            if standby.then is not None:
+                standby.then()
 
     def stand_down(self, partition: int) -> None:
         slot = self._slot(partition)
@@ -531,6 +545,14 @@ class Channels:
             self.give_back(partition)
 
     def give_back(self, partition: int) -> None:
+        """Cancel the standby, then, at cancel-ok (nothing more can come), return what it was
+        sent, one nack each in delivery order, and close its channel; a subscribe of the
+        partition meanwhile waits for that close (:meth:`subscribe`).
+
+        Not the nacks first: the standby, active until its cancel is applied, would be sent
+        each returned message again, behind the deliveries still in flight to it, and return
+        them in that order. Nor a subscribe beside it before the close: the new consumer
+        would be served newer messages before the returns are applied."""
         slot = self._slot(partition)
         standby, slot.standby = slot.standby, None
         if standby is None or standby.channel is None:
@@ -539,13 +561,20 @@ class Channels:
         standby.returning = True
         if not channel.is_open:
             return
-        for delivery in standby.buffer:  # one return each, in delivery order
-            channel.basic_nack(delivery.delivery_tag, requeue=True)
-        standby.buffer.clear()
-        if standby.tag is None:
+        slot.returning = standby
+        if standby.tag is None:  # never consumed: nothing was sent
             channel.close()
-        else:
-            channel.basic_cancel(standby.tag, callback=lambda _f: channel.close())
+            return
+
+        def returned(_frame: Any) -> None:
+            if not channel.is_open:
+                return  # closed meanwhile: the broker requeued what was unacked
+            for delivery in standby.buffer:  # one return each, in delivery order
+                channel.basic_nack(delivery.delivery_tag, requeue=True)
+            standby.buffer.clear()
+            channel.close()
+
+        channel.basic_cancel(standby.tag, callback=returned)
 
     def _adopt(self, partition: int, generation: int, arguments: Arguments) -> bool:
         """Make the partition's standby subscription its subscription (the claim is ours

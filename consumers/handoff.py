@@ -44,19 +44,18 @@ owner's connection died, or it cancelled) ──taken-over──▶ NONE, and th
 ACTIVE on our takeover claim (``promote``: the standby's deliveries go to a new worker);
 or ──takeover-refused──▶ NONE (``give-back``: a planned move, returned in order). A
 standby never lives beside our own consumption of the partition: when we start consuming
-(the claim is ours) one still standing, activated or held is *adopted* (``adopt``): its
+(the claim is ours) one still standing or activated is *adopted* (``adopt``): its
 subscription becomes the partition's, keeping its place in the queue's line, and what it
-was sent goes to the new worker; a planned move to a partition's own standby thus never
-gives back (a give-back races the deliveries still in flight to it, and a new consumer of
-ours subscribed beside it would be served newer messages before them: seen on RabbitMQ
-3.10). A standby activated by a planned move of a partition given to us, before its claim
-is ours (``takeover-deferred``: the old owner cancelled, and may still be finishing what
-it held), is HELD: its deliveries wait, unhandled, until the claim is ours (adopted) or
-the partition goes elsewhere or is paused (given back). An activation of a standby no
-longer standing (stood down or lost before RabbitMQ's activation reached us) is given back
-at once. ``dropped`` (a fence aborted the connection) starts the partition over from IDLE,
-without a drain, and with no standby: the fence aborted that subscription too, silently,
-so the next sync stands by again where the leader still names us.
+was sent goes to the new worker, rather than given back for a subscription beside it (the
+shell gives back an heir of another priority than our claim's, and subscribes anew). An
+activation of a standby no longer standing (stood down or lost before RabbitMQ's
+activation reached us) is given back at once. A standby is not kept for a planned move to
+us: the old owner's quiet drain cancels first and may have deliveries returned after it,
+which a standby activated by that cancel would be served behind newer ones (seen on
+RabbitMQ 3.10, holding it instead of giving it back). ``dropped`` (a fence aborted the
+connection) starts the partition over from IDLE, without a drain, and with no standby: the
+fence aborted that subscription too, silently, so the next sync stands by again where the
+leader still names us.
 
 The shell (``consumers.partitions``) turns etcd watch events and the broker's events
 into events and carries out the commands; nothing here does I/O.
@@ -96,7 +95,6 @@ class Standby(Enum):
     NONE = "none"
     STANDING = "standing"  # subscribed behind the owner's consumer, waiting
     ACTIVATED = "activated"  # RabbitMQ made it the active consumer: take over or give back
-    HELD = "held"  # activated by a planned move to us: kept unhandled until the claim is ours
 
 
 class Event(Enum):
@@ -122,8 +120,6 @@ class Event(Enum):
     ACTIVATED = "activated"  # RabbitMQ activated our standby subscription
     TAKEN_OVER = "taken-over"  # our takeover of the dead owner's claim was written
     TAKEOVER_REFUSED = "takeover-refused"  # the activation came from a planned move
-    # ... of a partition given to us, its claim not ours yet: hold it if we wait for the claim
-    TAKEOVER_DEFERRED = "takeover-deferred"
     DROPPED = "dropped"  # the connection was aborted (a fence): every subscription gone
 
 
@@ -196,7 +192,6 @@ _STANDBY_EVENTS = frozenset(
         Event.ACTIVATED,
         Event.TAKEN_OVER,
         Event.TAKEOVER_REFUSED,
-        Event.TAKEOVER_DEFERRED,
     }
 )
 
@@ -219,17 +214,9 @@ def step(state: State, event: Event) -> tuple[State, list[Command]]:
         return replace(after, standby=Standby.NONE), adopt
     if after.consuming and after.standby is Standby.STANDING:
         after, commands = replace(after, standby=Standby.NONE), [Command.STAND_DOWN, *commands]
-    elif (after.consuming and after.standby is Standby.ACTIVATED) or (
-        after.standby is Standby.HELD and not _holds(after)
-    ):
+    elif after.consuming and after.standby is Standby.ACTIVATED:
         after, commands = replace(after, standby=Standby.NONE), [Command.GIVE_BACK, *commands]
     return after, commands
-
-
-def _holds(state: State) -> bool:
-    """Whether a standby activated by a planned move is kept (HELD) rather than given
-    back: the partition is given to us, we wait for its claim, and it is not paused."""
-    return state.assigned and state.phase in (Phase.WAITING, Phase.CLAIMING) and not state.paused
 
 
 def _standby_step(state: State, event: Event) -> tuple[State, list[Command]]:
@@ -248,15 +235,11 @@ def _standby_step(state: State, event: Event) -> tuple[State, list[Command]]:
     if event is Event.ACTIVATED:
         if standby is Standby.NONE:  # stood down already: nothing to take over
             return state, [Command.GIVE_BACK]
-        if standby is not Standby.STANDING:  # activated once already: a stale report
-            return state, []
         return replace(state, standby=Standby.ACTIVATED), []
     if standby is not Standby.ACTIVATED:  # a decision on a standby that is gone: stale
         return state, []
     if event is Event.TAKEN_OVER:  # ours on our takeover claim, consumed at once
         return State(Phase.ACTIVE, assigned=True, holder=Holder.ME), [Command.PROMOTE]
-    if event is Event.TAKEOVER_DEFERRED and _holds(state):
-        return replace(state, standby=Standby.HELD), []
     return replace(state, standby=Standby.NONE), [Command.GIVE_BACK]  # TAKEOVER_REFUSED
 
 

@@ -241,7 +241,7 @@ class Partitions:
         paused = policy.paused(self.mirror.requests, partition)
         if paused != slot.state.paused:
             self._process(_Step(partition, Event.PAUSED if paused else Event.RESUMED))
-        self._sync_standby(partition)  # before the holder's change: stand by, or down
+        self._sync_standby(partition)  # stood down before a freed claim is taken the usual way
         holder = self._holder(partition)
         if holder is not slot.state.holder:
             if holder is Holder.NOBODY:
@@ -397,9 +397,7 @@ class Partitions:
         if state is not None and behind:
             seen = standby.may_take_over(state, partition, self.member, behind)
         owner = state.claims[partition].member if state is not None and seen is not None else ""
-        revision = self._claim_over(
-            partition, session, seen if owner else None, owner, defer=session is not None
-        )
+        revision = self._claim_over(partition, session, seen if owner else None, owner)
         if revision <= 0 or session is None:
             return
         log.warning(
@@ -441,13 +439,9 @@ class Partitions:
         seen: int | None,
         owner: str = "",
         rank: int = 0,
-        *,
-        defer: bool = False,
     ) -> int:
         """Take the claim seen at revision ``seen`` over (None: we may not); its new
-        revision, or 0 after giving the activated subscription back (TAKEOVER_REFUSED) or,
-        ``defer``, holding it if the partition is ours to come (TAKEOVER_DEFERRED: a plain
-        standby's, not an heir's, whose priority our claim would not have)."""
+        revision, or 0 after giving the activated subscription back (TAKEOVER_REFUSED)."""
         revision = 0
         if seen is not None and session is not None:
             try:
@@ -457,8 +451,7 @@ class Partitions:
             except EtcdUnavailable as e:
                 log.warning("partition %d: cannot take it over: %s", partition, e)
         if revision <= 0:
-            refused = Event.TAKEOVER_DEFERRED if defer else Event.TAKEOVER_REFUSED
-            self._process(_Step(partition, refused))
+            self._process(_Step(partition, Event.TAKEOVER_REFUSED))
         return revision
 
     def settle_takeover(self, partition: int) -> None:
@@ -594,12 +587,6 @@ class Partitions:
             )
         if after.phase is Phase.WAITING and before.phase is not Phase.WAITING:
             self.broker.warm(partition)  # ours once the claim goes: a channel ready for it
-        if after.standby is Standby.HELD and before.standby is not Standby.HELD:
-            log.info(
-                "partition %d: standby activated before the claim is ours: holding what it "
-                "was sent until it is",
-                partition,
-            )
         if event is Event.KEPT and after.phase is Phase.ACTIVE:
             log.info("partition %d: ours again before the cancel: consuming on", partition)
         elif event is Event.TAKEN_OVER:

@@ -25,16 +25,11 @@ away and, a lease TTL later, back (seen: 14-15 partitions moved on a leave inste
 
 Whether to stand by at all (:func:`wanted`): while the leader names us and the owner
 holds the claim, from IDLE; and, once standing, on through the leader giving the partition
-to us. Its owner's connection died (a suspect: it lost another partition to a takeover):
-RabbitMQ activates us when it notices the same death, and we take it over instead of
-waiting out the dead owner's lease. (Seen: the assignment reached us before the activation
-did, we stood down, and the partition waited 10 s for the lease.) Or a planned move: once
-the claim is ours, the standby subscription becomes the partition's (``adopt``), so its
-last owner's cancel activates the very consumer we consume on; activated before that, it
-is held, not given back (``consumers.handoff``). (Seen on RabbitMQ 3.10: standing down as
-the move reached us raced the old owner's cancel; the activated standby gave back, and
-our new consumer beside it was served newer messages first.) The phases themselves are
-``consumers.handoff``'s.
+to us from an owner whose connection died (a suspect: it lost another partition to a
+takeover) while that owner's claim lasts: RabbitMQ activates us when it notices the same
+death, and we take it over instead of waiting out the dead owner's lease. (Seen: the
+assignment reached us before the activation did, we stood down, and the partition waited
+10 s for the lease.) The phases themselves are ``consumers.handoff``'s.
 
 Threads. None of its own, and no state: both functions run on the daemon's controller
 thread (``consumers.partitions``), :func:`may_take_over` on a group snapshot that thread
@@ -55,15 +50,20 @@ def wanted(view: GroupMirror, partition: int, me: str, state: State) -> bool:
     """Whether member ``me`` should stand by for ``partition`` (the module docstring),
     given its handoff ``state`` there; the caller adds whether it can (not leaving, joined)."""
     owner = view.assignment.get(partition)
-    if state.standby is Standby.STANDING and owner == me:
-        return True  # given to us: taken over, or adopted once the claim is ours
     claim = view.claims.get(partition)
-    return (
-        claim is not None
-        and state.phase is Phase.IDLE
+    if claim is None:
+        return False
+    named = (
+        state.phase is Phase.IDLE
         and view.standbys.get(partition) == me
         and owner not in (None, me)
         and claim.member == owner
+    )
+    return named or (
+        state.standby is Standby.STANDING
+        and owner == me
+        and claim.member != me
+        and claim.member in suspects(view.claims)
     )
 
 

@@ -317,30 +317,6 @@ def test_a_standby_is_only_for_a_partition_we_do_not_consume() -> None:
     assert (state.standby, commands) == (Standby.NONE, [Command.ADOPT])
 
 
-def test_a_standby_activated_by_a_planned_move_to_us_is_held_until_the_claim_is_ours() -> None:
-    # Given a standby activated while we wait for the claim of the partition given to us
-    # (the old owner cancelled, and may still be finishing what it held)
-    activated, _ = run([Event.STANDBY_WANTED, Event.CLAIM_OTHER, Event.ASSIGNED, Event.ACTIVATED])
-    assert (activated.phase, activated.standby) == (Phase.WAITING, Standby.ACTIVATED)
-    # When the takeover check defers / Then what it was sent is held, nothing given back
-    held, commands = step(activated, Event.TAKEOVER_DEFERRED)
-    assert (held.phase, held.standby, commands) == (Phase.WAITING, Standby.HELD, [])
-    # When the old owner releases and our claim is written / Then it is adopted
-    state, issued = run([Event.CLAIM_FREE, Event.CLAIMED], held)
-    assert (state.phase, state.standby, issued) == (
-        Phase.SUBSCRIBING,
-        Standby.NONE,
-        [Command.CLAIM, Command.ADOPT],
-    )
-    # But moved elsewhere, or paused, before the claim is ours / Then it is given back
-    for event in (Event.UNASSIGNED, Event.PAUSED):
-        state, commands = step(held, event)
-        assert (state.standby, commands) == (Standby.NONE, [Command.GIVE_BACK]), event
-    # and a deferral where the partition is not ours to come is a refusal
-    idle, _ = run([Event.STANDBY_WANTED, Event.ACTIVATED])
-    assert step(idle, Event.TAKEOVER_DEFERRED) == step(idle, Event.TAKEOVER_REFUSED)
-
-
 def test_a_lost_standby_and_a_stale_takeover_decision_change_nothing_more() -> None:
     standing, _ = run([Event.STANDBY_WANTED])
     lost, commands = step(standing, Event.STANDBY_LOST)
@@ -384,19 +360,15 @@ def test_a_standby_never_runs_beside_our_consumption_and_is_promoted_only_once_a
         if Command.ADOPT in commands:
             assert before.standby is not Standby.NONE and Command.SUBSCRIBE not in commands
             assert state.phase is Phase.SUBSCRIBING and state.holder is Holder.ME
-        if before.standby in (Standby.ACTIVATED, Standby.HELD) and state.standby is Standby.NONE:
+        if before.standby is Standby.ACTIVATED and state.standby is Standby.NONE:
             # and an activated standby ends promoted, adopted, given back, or lost with its
             # channel (or its connection: a fence)
             ends = {Command.PROMOTE, Command.ADOPT, Command.GIVE_BACK} & set(commands)
             lost = (Event.STANDBY_LOST, Event.DROPPED)
             assert ends or event in lost, (before, event, state, commands)
-        # and held only while the partition is given to us, its claim awaited, not paused
-        if state.standby is Standby.HELD:
-            assert state.assigned and not state.paused
-            assert state.phase in (Phase.WAITING, Phase.CLAIMING)
         # and only what was activated (or stood down meanwhile) is given back
         if Command.GIVE_BACK in commands:
-            assert before.standby in (Standby.ACTIVATED, Standby.HELD) or (
+            assert before.standby is Standby.ACTIVATED or (
                 event is Event.ACTIVATED and before.standby is Standby.NONE
             )
         # and a standby command never comes with a claim or a release
