@@ -405,7 +405,7 @@ class Partitions:
         )
         metrics.TAKEOVERS.labels(*self._labels).inc()
         self.slots[partition].taken_from = owner
-        claim = Claim(self.member, session.id, takeover=True, taken_from=owner)
+        claim = Claim(self.member, session.id, takeover=True, taken_from=owner, live=True)
         self.mirror.wrote_claim(partition, claim, revision)
         self._settle_takeover(partition)
         self._process(_Step(partition, Event.TAKEN_OVER))  # PROMOTE: a worker, then promote
@@ -427,7 +427,7 @@ class Partitions:
             slot.behind,
         )
         self.mirror.wrote_claim(
-            partition, Claim(self.member, session.id, priority=slot.rank), revision
+            partition, Claim(self.member, session.id, priority=slot.rank, live=True), revision
         )
         self._process(_Step(partition, Event.TAKEN_OVER))
         self.sync(partition)  # taken over while the partition moved on: yield or drain it
@@ -471,7 +471,7 @@ class Partitions:
             self._settle_takeover(partition)
             return
         if revision > 0:
-            self.mirror.wrote_claim(partition, Claim(self.member, session.id), revision)
+            self.mirror.wrote_claim(partition, Claim(self.member, session.id, live=True), revision)
 
     def later(self, event: SettleTakeover | StopYielding) -> None:
         """A timer this asked the daemon for (``settle_takeover``, ``stop_yielding``)."""
@@ -601,6 +601,7 @@ class Partitions:
         elif after.phase is Phase.ACTIVE and before.phase is not Phase.ACTIVE:
             metrics.HANDOFFS.labels(*self._labels, "acquired").inc()
             log.info("partition %d: consuming", partition)
+            self._mark_live(partition)
         if before.phase is Phase.DRAINING and after.phase is not Phase.DRAINING:
             metrics.HANDOFFS.labels(*self._labels, "released").inc()
             if after.phase is Phase.HANDING:
@@ -643,6 +644,22 @@ class Partitions:
             case Command.RELEASE:
                 return self._release(partition)
         return []
+
+    def _mark_live(self, partition: int) -> None:
+        """Our consumer of ``partition`` is subscribed: say so in our claim, so its hot
+        standby stands behind it (``Group.mark_live``). Not marked (etcd unreachable), the
+        partition has no standby until it is next acquired."""
+        claim = self.mirror.claims.get(partition)
+        session = self.session
+        if claim is None or claim.live or session is None or claim.lease != session.id:
+            return
+        try:
+            revision = self.group.mark_live(partition, session, claim)
+        except EtcdUnavailable as e:
+            log.warning("partition %d: cannot mark the claim live: %s", partition, e)
+            return
+        if revision > 0:
+            self.mirror.wrote_claim(partition, replace(claim, live=True), revision)
 
     def _seal(self, partition: int) -> bool:
         """Before a cancel, when handing over by priority: seal our claim, so that an heir

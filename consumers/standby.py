@@ -24,11 +24,15 @@ took a partition from a live member and made it a suspect, so every partition of
 away and, a lease TTL later, back (seen: 14-15 partitions moved on a leave instead of 4).
 
 Whether to stand by at all (:func:`wanted`): while the leader names us and the owner
-holds the claim, from IDLE; and, once standing, on through the leader giving the partition
-to us from an owner whose connection died (a suspect: it lost another partition to a
-takeover) while that owner's claim lasts: RabbitMQ activates us when it notices the same
-death, and we take it over instead of waiting out the dead owner's lease. (Seen: the
-assignment reached us before the activation did, we stood down, and the partition waited
+holds the claim, marked live (its consumer is subscribed: ``Group.mark_live``), from IDLE.
+(Seen on RabbitMQ 3.10 before the mark: a standby named for a partition just handed to a
+new owner subscribed behind the last owner's consumer, whose cancel then activated it,
+and it took the partition from the live new owner.) And, once standing, on through the
+leader giving the partition to us from an owner whose connection died (a suspect: it
+lost another partition to a takeover) while that owner's claim lasts: RabbitMQ activates
+us when it notices the same death, and we take it over instead of waiting out the dead
+owner's lease. (Seen: the assignment reached us before the activation did, we stood
+down, and the partition waited
 10 s for the lease.) The phases themselves are ``consumers.handoff``'s.
 
 Threads. None of its own, and no state: both functions run on the daemon's controller
@@ -58,6 +62,7 @@ def wanted(view: GroupMirror, partition: int, me: str, state: State) -> bool:
         and view.standbys.get(partition) == me
         and owner not in (None, me)
         and claim.member == owner
+        and claim.live
     )
     return named or (
         state.standby is Standby.STANDING
@@ -71,7 +76,7 @@ def may_take_over(state: GroupState, partition: int, me: str, behind: str) -> in
     """The claim revision to take ``partition`` over from, or None (give it back).
     ``behind``: the owner whose consumer our standby subscription waited behind."""
     claim = state.claims.get(partition)
-    if claim is None or claim.member == me or claim.member != behind:
+    if claim is None or claim.member == me or claim.member != behind or not claim.live:
         return None
     owner = state.members.get(claim.member)
     if owner is None or owner.leaving or claim.lease != owner.lease:

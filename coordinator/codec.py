@@ -21,7 +21,8 @@ key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)          
 ``claims/<partition:05d>``            ``{"v": 1, "member": <member id>, "at"}``,       Claim
                                       on the claimer's lease (+ ``"takeover": true,
                                       "from": <member id>`` when a standby took it
-                                      from a dead owner)
+                                      from a dead owner; ``"priority"``,
+                                      ``"sealed": true``, ``"live": true``: see Claim)
 ``standby/<partition:05d>``           ``{"v": 1, "member": <member id>}``              Standby
 ``leader/<lease id:016x>``            empty, on the candidate's lease                  Candidate
 ``requests/rebalance``                ``{"v": 1, "at"}``                               Rebalance
@@ -179,6 +180,8 @@ class Claim:
     taken_from: str = ""  # ... that owner (suspect until the claim is made ordinary)
     priority: int = 0  # the x-priority its holder consumes with (consumers.priority)
     sealed: bool = False  # its holder may cancel: no heir may take it over by priority
+    # its holder's consumer is subscribed (consume-ok): a hot standby may stand behind it
+    live: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,10 +421,17 @@ def encode_candidate() -> str:
 
 
 def encode_claim(
-    member: str, at: float, *, taken_from: str = "", priority: int = 0, sealed: bool = False
+    member: str,
+    at: float,
+    *,
+    taken_from: str = "",
+    priority: int = 0,
+    sealed: bool = False,
+    live: bool = False,
 ) -> str:
     """A claim; ``taken_from``: the dead owner a hot standby took the partition from;
-    ``priority``: the holder's x-priority (0: none written); ``sealed``: see :class:`Claim`."""
+    ``priority``: the holder's x-priority (0: none written); ``sealed``, ``live``: see
+    :class:`Claim`."""
     extra: dict[str, Any] = (
         {"takeover": True, "from": validate_member_id(taken_from)} if taken_from else {}
     )
@@ -429,6 +439,8 @@ def encode_claim(
         extra["priority"] = _count(priority, "priority", 0)  # below 2**31 (consumers.priority)
     if sealed:
         extra["sealed"] = True
+    if live:
+        extra["live"] = True
     return _dumps(member=validate_member_id(member), at=_time(at, "at"), **extra)
 
 
@@ -719,6 +731,7 @@ def decode_claim(_stream: str, _name: str, raw: bytes | str, lease: int) -> Clai
         source,
         _int(doc, "priority", 0) if "priority" in doc else 0,
         _flag(doc, "sealed"),
+        _flag(doc, "live"),
     )
 
 

@@ -380,7 +380,10 @@ class Group:
         our own takeover claim made ordinary, or an heir's claim (``priority``: the x-priority
         it consumes with, ``consumers.priority``). The claim's new revision, or 0."""
         key = keys.claim(self.stream, partition)
-        value = codec.encode_claim(member_id, time.time(), taken_from=owner, priority=priority)
+        # live: the taker consumes already (an activated standby or heir, or its own claim)
+        value = codec.encode_claim(
+            member_id, time.time(), taken_from=owner, priority=priority, live=True
+        )
         t = self.client.transactions
         with etcd_errors(self.where):
             ok, responses = self.client.transaction(
@@ -395,13 +398,24 @@ class Group:
         before its consumer is cancelled: an heir subscribed above us by priority, which the
         cancel may activate, then cannot take it over while we still handle what we hold
         (``consumers.priority``). The claim's new revision, or 0."""
+        return self._rewrite(partition, session, dataclasses.replace(claim, sealed=True))
+
+    def mark_live(self, partition: int, session: Session, claim: Claim) -> int:
+        """Rewrite our ``claim`` on ``partition`` live (only if it is still on our lease),
+        once its consumer is subscribed: a hot standby stands by only behind a live claim,
+        so it subscribes behind our consumer, not behind the last owner's that a cancel is
+        about to end (``consumers.standby``). The claim's new revision, or 0."""
+        return self._rewrite(partition, session, dataclasses.replace(claim, live=True))
+
+    def _rewrite(self, partition: int, session: Session, claim: Claim) -> int:
         key = keys.claim(self.stream, partition)
         value = codec.encode_claim(
             claim.member,
             time.time(),
             taken_from=claim.taken_from,
             priority=claim.priority,
-            sealed=True,
+            sealed=claim.sealed,
+            live=claim.live,
         )
         put = self.client.transactions.put(key, value, lease=session.lease)
         ok, responses = self._if_ours(key, session, put)

@@ -10,11 +10,11 @@ from consumers.deadletters import DeadLetters
 from consumers.message import Message
 from consumers.partitions import Partitions
 from consumers.port import BrokerPort
-from coordinator.group import Group
+from coordinator.group import Claim, Group
 from coordinator.session import Session
 from producer.contract import StreamSpec
 
-__all__ = ["bare_partitions", "claim_assigned"]
+__all__ = ["bare_partitions", "claim_assigned", "claim_live"]
 
 
 def _ignore(_message: Message) -> None:
@@ -56,3 +56,11 @@ def claim_assigned(group: Group, sessions: Mapping[str, Session]) -> None:
             group.release(partition, sessions[claim.member])
         if owner in sessions:
             group.claim(partition, owner, sessions[owner])
+
+
+def claim_live(group: Group, partition: int, member: str, session: Session) -> int:
+    """``member`` claims ``partition`` and marks the claim live, as a consumer does once its
+    subscription is confirmed (a hot standby stands behind live claims only); the revision."""
+    revision = group.claim(partition, member, session)
+    assert revision > 0, f"{member} could not claim partition {partition}"
+    return group.mark_live(partition, session, Claim(member, session.id))

@@ -34,6 +34,7 @@ from kernel import keys
 from producer.contract import OnFailure, StreamSpec
 from producer.layout import Layout
 from producer.registry import Registry
+from tests.members import claim_live
 from tests.polling import eventually
 
 P = 4
@@ -593,7 +594,7 @@ def test_a_standby_given_the_partition_from_a_suspect_owner_keeps_standing_by(
     try:
         env.group.join(c1, "c1")
         env.assign(1, "c1")
-        assert env.group.claim(1, "c1", c1)
+        assert claim_live(env.group, 1, "c1", c1)
         env.fake.put(keys.standby(env.stream, 1), codec.encode_standby("c2"))
         c2 = env.consumer("c2")
         eventually("standing by", lambda: c2.broker.count("stand_by", 1) == 1)

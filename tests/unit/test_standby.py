@@ -7,11 +7,13 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.standby import may_take_over
+from consumers.handoff import State
+from consumers.standby import may_take_over, wanted
 from coordinator import codec, kinds, policy
 from coordinator.assignor import assign
 from coordinator.codec import Claim, Member, Pause, Standby
 from coordinator.group import Group, GroupState
+from coordinator.mirror import GroupMirror
 from coordinator.session import Session
 from coordinator.testing import FakeEtcd
 from producer.contract import StreamSpec
@@ -26,7 +28,7 @@ def state(**changes: object) -> GroupState:
         revision=10,
         members={"a": A, "b": B, "c": C},
         assignment={0: "a", 1: "b"},
-        claims={0: Claim("a", 1), 1: Claim("b", 2)},
+        claims={0: Claim("a", 1, live=True), 1: Claim("b", 2, live=True)},
         standbys={0: "b", 1: "c"},
         claim_revisions={0: 7, 1: 8},
     )
@@ -49,13 +51,26 @@ def test_a_planned_move_or_stop_is_given_back() -> None:
     paused = state(requests={"pause": Pause()})
     assert may_take_over(paused, 0, "b", "a") is None  # an operator paused it
     assert may_take_over(state(), 0, "c", "a") is None  # not our standby
-    stale = state(claims={0: Claim("a", 99), 1: Claim("b", 2)})
+    stale = state(claims={0: Claim("a", 99, live=True), 1: Claim("b", 2)})
     assert may_take_over(stale, 0, "b", "a") is None  # not on the owner's lease
+
+
+def test_a_standby_stands_behind_a_live_claim_only() -> None:
+    # Given p0 just handed to a, whose consumer is not subscribed yet (its claim not live):
+    # the last owner's consumer may still be there, to be cancelled
+    fresh = state(claims={0: Claim("a", 1), 1: Claim("b", 2)})
+    idle = State()
+    # Then b does not stand by yet, and an activation (that last owner's cancel) is no
+    # reason to take a's partition over
+    assert not wanted(GroupMirror.of(fresh), 0, "b", idle)
+    assert may_take_over(fresh, 0, "b", "a") is None
+    # Once a says its consumer is subscribed (live), b stands behind it
+    assert wanted(GroupMirror.of(state()), 0, "b", idle)
 
 
 def test_a_partition_the_leader_gave_us_from_a_suspect_owner_may_be_taken_over() -> None:
     # a lost partition 1 to c already (a takeover claim names it), and p0 is now ours
-    claims = {0: Claim("a", 1), 1: Claim("c", 3, takeover=True, taken_from="a")}
+    claims = {0: Claim("a", 1, live=True), 1: Claim("c", 3, takeover=True, taken_from="a")}
     reassigned = state(assignment={0: "b", 1: "c"}, claims=claims)
     assert may_take_over(reassigned, 0, "b", "a") == 7
     not_suspect = state(assignment={0: "b", 1: "b"})
@@ -88,7 +103,7 @@ def test_standbys_are_the_next_live_member_after_the_owner_and_suspects_get_noth
 def test_a_suspects_partition_is_planned_to_the_standby_waiting_behind_it() -> None:
     # Given a's connection died: b took p1 over already; p0 is still a's, c its standby,
     # and b has the fewest partitions (a plan by count alone would give p0 to b)
-    took = {0: Claim("a", 1), 1: Claim("b", 2, takeover=True, taken_from="a")}
+    took = {0: Claim("a", 1, live=True), 1: Claim("b", 2, takeover=True, taken_from="a")}
     view = state(
         assignment={0: "a", 1: "b", 2: "c", 3: "c"}, claims=took, standbys={0: "c", 1: "c"}
     )

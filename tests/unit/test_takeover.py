@@ -21,7 +21,7 @@ from coordinator.session import Session
 from coordinator.testing import FakeEtcd
 from kernel import keys
 from producer.contract import StreamSpec
-from tests.members import bare_partitions
+from tests.members import bare_partitions, claim_live
 
 SPEC = StreamSpec("s", 2)
 
@@ -51,7 +51,7 @@ class Env:
         self.group.join(self.a, "a")
         self.group.join(self.b, "b")
         self.assign(0, "a")
-        assert self.group.claim(0, "a", self.a) > 0
+        assert claim_live(self.group, 0, "a", self.a) > 0
         self.fake.put(keys.standby(SPEC.name, 0), codec.encode_standby("b"))
         self.broker = RecordingBroker()
         self.settled: list[int] = []
