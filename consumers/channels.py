@@ -533,6 +533,8 @@ class Channels:
             slot.returning = None
             if standby.then is not None:
                 standby.then()
+            elif slot.standby is None:  # so that the partition stands by again if wanted
+                self.sink(StandbyLost(partition))
 
     def stand_down(self, partition: int) -> None:
         slot = self._slot(partition)

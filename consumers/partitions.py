@@ -80,6 +80,9 @@ class _Do:
 _STANDBY_COMMANDS = frozenset(
     {Command.STAND_BY, Command.STAND_DOWN, Command.GIVE_BACK, Command.PROMOTE}
 )
+# How many of the owner's rewrites that seal nothing an heir's takeover follows (a live mark,
+# a takeover made ordinary: at most two in a claim's life) before it gives back.
+_REWRITES = 3
 
 
 class Partitions:
@@ -417,7 +420,9 @@ class Partitions:
         held came back first), assigned to us or not; else give back. The transaction on
         the revision we subscribed behind is the check (``priority.inherits_claim`` says why)."""
         slot = self.slots[partition]
-        revision = self._claim_over(partition, session, slot.seen, rank=slot.rank)
+        revision = self._inherited(partition, session)
+        if revision <= 0:
+            self._process(_Step(partition, Event.TAKEOVER_REFUSED))
         if revision <= 0 or session is None:
             return
         log.info(
@@ -432,6 +437,32 @@ class Partitions:
         self._process(_Step(partition, Event.TAKEN_OVER))
         self.sync(partition)  # taken over while the partition moved on: yield or drain it
 
+    def _inherited(self, partition: int, session: Session | None) -> int:
+        """Our heir's claim on ``partition`` over the one it subscribed behind; its revision,
+        or 0. That claim's holder may have rewritten it since without sealing it (marked it
+        live once subscribed, made its takeover claim ordinary): it cancelled nothing, so it
+        is still the very claim (``priority.inherits_claim``), taken at its new revision. A
+        refusal over such a rewrite would leave the heir given back and the owner yielding
+        to it for as long as traffic flows (seen: RabbitMQ 4.0.5, a member back from a
+        freeze past its lease)."""
+        slot = self.slots[partition]
+        seen = slot.seen
+        for _ in range(_REWRITES):
+            revision = self._take(partition, session, seen, rank=slot.rank)
+            if revision > 0 or session is None:
+                return revision
+            try:
+                claim, current = self.group.read_claim(partition)
+            except EtcdUnavailable as e:
+                log.warning("partition %d: cannot read the claim to take it over: %s", partition, e)
+                return 0
+            if claim is None or claim.lease != slot.behind_lease or claim.sealed:
+                return 0
+            if current == seen:
+                return 0
+            seen = current
+        return 0
+
     def _claim_over(
         self,
         partition: int,
@@ -442,17 +473,23 @@ class Partitions:
     ) -> int:
         """Take the claim seen at revision ``seen`` over (None: we may not); its new
         revision, or 0 after giving the activated subscription back (TAKEOVER_REFUSED)."""
-        revision = 0
-        if seen is not None and session is not None:
-            try:
-                revision = self.group.take_over(
-                    partition, self.member, session, seen, owner, priority=rank
-                )
-            except EtcdUnavailable as e:
-                log.warning("partition %d: cannot take it over: %s", partition, e)
+        revision = self._take(partition, session, seen, owner, rank)
         if revision <= 0:
             self._process(_Step(partition, Event.TAKEOVER_REFUSED))
         return revision
+
+    def _take(
+        self, partition: int, session: Session | None, seen: int | None, owner: str = "",
+        rank: int = 0,
+    ) -> int:  # fmt: skip
+        """``Group.take_over`` of the claim seen at revision ``seen``; 0 if refused."""
+        if seen is None or session is None:
+            return 0
+        try:
+            return self.group.take_over(partition, self.member, session, seen, owner, priority=rank)
+        except EtcdUnavailable as e:
+            log.warning("partition %d: cannot take it over: %s", partition, e)
+            return 0
 
     def settle_takeover(self, partition: int) -> None:
         """A lease TTL after a takeover: make our takeover claim ordinary, so the member we
@@ -697,9 +734,9 @@ class Partitions:
                 if not self.broker.stand_by(partition, rank):
                     return [_Step(partition, Event.STANDBY_LOST)]  # no connection: not standing
                 slot.behind = claim.member if claim is not None else ""
-                if heir and rank is not None:
+                if heir and rank is not None and claim is not None:
                     slot.seen = self.mirror.claim_revisions.get(partition, 0)
-                    slot.rank = rank
+                    slot.rank, slot.behind_lease = rank, claim.lease
                     log.info(
                         "partition %d: subscribed above %s (priority %d): its heir",
                         partition,

@@ -43,6 +43,7 @@ class PartitionSlot:
     # x-priority; 0: a hot standby's subscription, or none
     seen: int = 0
     rank: int = 0
+    behind_lease: int = 0  # the lease of the claim the heir subscribed behind
     yielded_at: float = 0.0  # when it last began YIELDING (monotonic), for its timer
     taken_from: str | None = None  # taken over from this (dead) owner, until reassigned
 
@@ -51,7 +52,7 @@ class PartitionSlot:
         before = self.state
         self.state, commands = step(before, event)
         if self.state.standby is Standby.NONE:
-            self.behind, self.seen, self.rank = "", 0, 0
+            self.behind, self.seen, self.rank, self.behind_lease = "", 0, 0, 0
         return before, commands
 
     def ours(self, owner: str | None, member: str, *, leaving: bool) -> bool:

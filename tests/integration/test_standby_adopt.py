@@ -23,7 +23,15 @@ import pytest
 
 from consumers.audit import lost, order_violations
 from consumers.broker import Broker
-from consumers.port import Activated, BrokerEvent, Delivery, Drained, End, Subscribed
+from consumers.port import (
+    Activated,
+    BrokerEvent,
+    Delivery,
+    Drained,
+    End,
+    StandbyLost,
+    Subscribed,
+)
 from producer.contract import StreamSpec
 from producer.publisher import Producer
 from tests.conftest import Ctl
@@ -49,13 +57,15 @@ def consumers_of(rabbitmqctl: Ctl, queue: str) -> int:
     return [line.split("\t", 1)[0] for line in out.splitlines()].count(queue)
 
 
-@pytest.mark.parametrize("how", ["activated", "standing", "given-back"])
+@pytest.mark.parametrize("how", ["activated", "standing", "given-back", "given-back-alone"])
 def test_a_move_to_the_partitions_standby_hands_on_in_order(
     spec: StreamSpec, rabbitmq: str, rabbitmqctl: Ctl, how: str
 ) -> None:
     records: list[dict[str, Any]] = []
     published: list[tuple[str, int]] = []
-    events = {name: threading.Event() for name in ("activated", "subscribed", "drained")}
+    events = {
+        name: threading.Event() for name in ("activated", "subscribed", "drained", "returned")
+    }
     brokers: dict[str, Broker] = {}
 
     def sink_of(name: str) -> Any:
@@ -70,6 +80,8 @@ def test_a_move_to_the_partitions_standby_hands_on_in_order(
                     events["drained"].set()
                 case Activated():
                     events["activated"].set()
+                case StandbyLost() if name == "B":
+                    events["returned"].set()
                 case Subscribed() if name == "B":
                     events["subscribed"].set()
 
@@ -102,7 +114,9 @@ def test_a_move_to_the_partitions_standby_hands_on_in_order(
         # When A hands the partition over (cancel, everything it was sent handled) and B
         # subscribes by adopting its standby: after the broker activated it (what it was
         # sent so far held), or while it still stands behind A; or B gives the activated
-        # standby back and subscribes anew at once (a stand-down that raced A's cancel)
+        # standby back and subscribes anew at once (a stand-down that raced A's cancel), or
+        # only once the give-back reports it is done (a refused takeover: StandbyLost, so
+        # that the partition stands by again if still wanted)
         if how == "standing":
             assert brokers["B"].subscribe(0, 2, adopt=True)
             wait_until(events["subscribed"].is_set, 10, 0.005, "B subscribed")
@@ -110,14 +124,17 @@ def test_a_move_to_the_partitions_standby_hands_on_in_order(
         else:
             brokers["A"].cancel(0)
             wait_until(events["activated"].is_set, 10, 0.005, "B's standby activated")
-            if how == "given-back":
+            if how.startswith("given-back"):
                 brokers["B"].give_back(0)
+            if how == "given-back-alone":
+                wait_until(events["returned"].is_set, 10, 0.005, "the give-back's close")
             assert brokers["B"].subscribe(0, 2, adopt=how == "activated")
         wait_until(events["drained"].is_set, 15, 0.01, "A's drain")
         feeder.join(60)
         wait_until(lambda: not lost(published, records), 30, 0.05, "every message handled")
         # Then B consumes on the standby's subscription: one consumer, no second one
         assert consumers_of(rabbitmqctl, queue) == 1
+        returned = events["returned"].is_set()  # (before the stop, which reports losses)
     finally:
         for broker in brokers.values():
             broker.stop()
@@ -125,9 +142,11 @@ def test_a_move_to_the_partitions_standby_hands_on_in_order(
             broker.join(10)
     # and every message was handled once, in order per key; adopted, none was given back
     assert events["subscribed"].is_set()
+    # (a give-back with a subscribe waiting for it reports no loss: the subscribe follows)
+    assert returned == (how == "given-back-alone")
     handled_by_b = [r for r in records if r["member"] == "B"]
     assert len(handled_by_b) > 100
-    if how != "given-back":
+    if not how.startswith("given-back"):
         assert [r for r in records if r["redelivered"]] == []
     assert len(records) == len(published) == MESSAGES
     assert order_violations(records) == []

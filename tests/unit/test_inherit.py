@@ -248,3 +248,17 @@ def test_an_owner_whose_heir_took_over_as_it_was_assigned_back_subscribes_above_
     # Then a waits for b's claim as its heir, one above b's priority
     assert (a.slots[0].state.phase, a.slots[0].state.standby) == (Phase.WAITING, Standby.STANDING)
     assert broker.named("stand_by") == [("stand_by", 0, 2)]
+
+
+def test_an_heir_takes_over_a_claim_its_owner_rewrote_without_sealing(env: Env) -> None:
+    b, broker = env.heir()
+    # When a marks its claim live after b subscribed behind it (b has not seen the rewrite)
+    claim, seen = env.group.read_claim(0)
+    assert claim is not None and not claim.live
+    assert env.group.mark_live(0, env.sessions["a"], claim) > seen
+    # and RabbitMQ switches to b / Then b takes that claim over: a cancelled nothing
+    b.activated(0)
+    b.check_takeovers()
+    after, _ = env.group.read_claim(0)
+    assert after is not None and (after.member, after.priority) == ("b", 1)
+    assert (b.slots[0].state.phase, broker.named("give_back")) == (Phase.ACTIVE, [])
