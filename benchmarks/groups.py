@@ -298,7 +298,7 @@ def failover(
 ) -> dict[str, Any]:
     """``kill -9`` (or, ``freeze``, SIGSTOP) of one of two consumers: when its partitions are
     handled again, and the steps. A frozen member is killed once that is measured."""
-    extra = ("--standby",) if standby else ()
+    extra = ("--standby",) if standby else ("--no-standby",)  # the baseline: lease expiry
     run = Run(b, f"failover{ttl}", queue_type, ["c1", "c2"], rate, coordinator_args=extra, ttl=ttl)
     time.sleep(dwell)
     orphans = sorted(p for p, m in b.snapshot(run.spec).assignment.items() if m == "c2")

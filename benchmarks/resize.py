@@ -249,7 +249,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=200, help="SDK producer's keys")
     parser.add_argument("--steady", type=float, default=10.0)
     parser.add_argument("--producer", choices=["sdk", "spark"], default="sdk")
-    parser.add_argument("--standby", action="store_true", help="coordinator --standby")
+    parser.add_argument(
+        "--standby", action="store_true", help="coordinator --standby (else --no-standby)"
+    )
     parser.add_argument("--logs", type=Path, help="copy the processes' logs here at the end")
     args = parser.parse_args()
     name = f"bench-resize-{uuid.uuid4().hex[:8]}"
@@ -265,7 +267,7 @@ def main() -> None:
         job: SparkLoad | None = None
         producer: Producer | None = None
         try:
-            fleet.coordinator(extra=("--standby",) if args.standby else ())
+            fleet.coordinator(extra=("--standby",) if args.standby else ("--no-standby",))
             fleet.consumer("c1", handler=handler)
             fleet.consumer("c2", handler=handler, extra=("--concurrency", "8"))
             fleet.consumer("c3", handler=handler)

@@ -39,10 +39,13 @@ log = logging.getLogger("partq.cli")
 @click.option("--manual", is_flag=True, help="Move nothing until `partq rebalance`.")
 @click.option("--ttl", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option(
-    "--standby",
-    is_flag=True,
+    "--standby/--no-standby",
+    default=None,
     help="Name a hot standby member per partition: it subscribes as the queue's waiting "
-    "consumer and takes over within milliseconds when the owner's connection dies.",
+    "consumer and takes over within milliseconds when the owner's connection dies. "
+    "Default (neither): only among members that hand over by consumer priority "
+    "(RabbitMQ 4 quorum queues, --handoff auto), where standbys were shown to keep order "
+    "through every fault; --standby names them on RabbitMQ 3.x too.",
 )
 @click.option(
     "--balance",
@@ -84,7 +87,7 @@ def coordinator(
     max_moves: int | None,
     manual: bool,
     ttl: int,
-    standby: bool,
+    standby: bool | None,
     balance: str,
     load_interval: float,
     load_moves: int,
@@ -104,7 +107,7 @@ def coordinator(
         max_moves=max_moves,
         manual=manual,
         ttl=ttl,
-        standby=standby,
+        standby="auto" if standby is None else "on" if standby else "off",
         balance="load" if balance == "load" else "count",
         load_interval=load_interval,
         load_moves=load_moves,

@@ -45,6 +45,7 @@ from producer.contract import StreamSpec, partition_for
 
 __all__ = [
     "Reason",
+    "Standbys",
     "Step",
     "View",
     "automatic",
@@ -60,6 +61,10 @@ __all__ = [
     "settled",
     "standing_heirs",
 ]
+
+# Which members a leader names as hot standbys (``partq coordinator --standby/--no-standby``;
+# neither: "auto"), :func:`standbys`
+Standbys = Literal["auto", "on", "off"]
 
 # The ``reason`` label of partq_coordinator_rebalances_total
 Reason = Literal[
@@ -169,12 +174,24 @@ def suspects(claims: Mapping[int, Claim]) -> set[str]:
     return {c.taken_from for c in claims.values() if c.takeover and c.taken_from}
 
 
-def standbys(spec: StreamSpec, view: View) -> dict[int, str]:
+def standbys(spec: StreamSpec, view: View, which: Standbys = "on") -> dict[int, str]:
     """The hot standby of each settled partition (its live owner holds its claim): the next
     live member after the owner in sorted order, skipping leaving and draining ones; none
-    with fewer than two such members. Deterministic, and spread like the owners."""
+    with fewer than two such members. Deterministic, and spread like the owners.
+
+    ``which``: ``"on"`` for every member, ``"off"`` for none, ``"auto"`` among members
+    that hand over by consumer priority only (their member key says so: RabbitMQ 4 quorum
+    queues, ``consumers.priority``), owners and standbys alike. That is where hot standbys
+    were shown safe through every fault kind; on RabbitMQ 3.x a standby activated after a
+    crash, then given back, can still return messages behind newer ones (README, Limits)."""
+    if which == "off":
+        return {}
     out = draining(view.requests) | leaving(view.members) | suspects(view.claims)
-    live = sorted(m for m in view.members if m not in out)
+    live = sorted(
+        m
+        for m, member in view.members.items()
+        if m not in out and (which == "on" or member.priority)
+    )
     if len(live) < 2:
         return {}
     chosen = {}

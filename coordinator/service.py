@@ -88,7 +88,9 @@ class CoordinatorConfig:
     max_moves: int | None = None
     manual: bool = False
     ttl: int = 5
-    standby: bool = False  # name a hot standby per partition (consumers subscribe as such)
+    # Name a hot standby per partition (consumers subscribe as such): "on", "off", or
+    # "auto", among the members that hand over by consumer priority (policy.standbys)
+    standby: policy.Standbys = "auto"
     balance: Literal["count", "load"] = "count"  # what plans even out (the module docstring)
     load_interval: float = 10.0  # seconds between load measurements (balance = "load")
     load_moves: int = 2  # partitions moved from a live owner per load tick, at most
@@ -97,6 +99,8 @@ class CoordinatorConfig:
     horizon: float = 60.0  # a backlog counts as load spread over this many seconds
 
     def __post_init__(self) -> None:
+        if self.standby not in ("auto", "on", "off"):
+            raise ValueError(f"standby must be auto, on or off, not {self.standby!r}")
         if self.balance not in ("count", "load"):
             raise ValueError(f"balance must be count or load, not {self.balance!r}")
         if not self.load_interval > 0:
@@ -478,7 +482,7 @@ class StreamCoordinator(threading.Thread):
             self._measure_loads(spec)
         if not config.manual and policy.settled(self._settle_at, time.monotonic()):
             self._plan(event)
-        self._write_standbys(policy.standbys(spec, self.mirror) if config.standby else {})
+        self._write_standbys(policy.standbys(spec, self.mirror, config.standby))
         # last: two historic reads per record, which nothing above depends on
         self._remove_forged_parked()
 

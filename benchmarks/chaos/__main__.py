@@ -58,7 +58,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ask.add_argument("--rate", type=float, default=1000.0, help="Messages per second.")
     ask.add_argument("--consumers", type=int, default=5, help="At the start (4..6).")
     ask.add_argument("--ttl", type=int, default=5, help="Lease TTL of consumers, coordinators.")
-    ask.add_argument("--standby", action="store_true", help="Coordinators run with --standby.")
+    ask.add_argument("--standby", action=argparse.BooleanOptionalAction, help="Coordinators "
+                     "run with --standby (or --no-standby). Default: the product's (standbys "
+                     "among members that hand over by consumer priority: on 4.0.5 with "
+                     "--handoff auto, none on 3.x).")  # fmt: skip
     ask.add_argument("--balance", choices=["count", "load"], default="count")
     ask.add_argument("--handoff", choices=["drain", "auto"], default=DEFAULT_HANDOFF, help="Every "
                      "consumer's PARTQ_HANDOFF (auto: by consumer priority on RabbitMQ 4 quorum "
@@ -140,7 +143,8 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         fleet = Fleet(stream, root, etcd.endpoints, urls, root / "records.jsonl")
         fleet.env["PARTQ_HANDOFF"] = args.handoff
         stack.callback(fleet.close)  # every process it started, by PID
-        extra = (*(["--standby"] if args.standby else []), "--balance", args.balance)
+        standby = {True: ["--standby"], False: ["--no-standby"], None: []}[args.standby]
+        extra = (*standby, "--balance", args.balance)
         for name in ("k1", "k2"):
             fleet.coordinator(name, ttl=args.ttl, settle=1.0, extra=extra)
         nemesis = Nemesis(
@@ -204,7 +208,7 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "stream": asdict(spec),
             "keys": args.keys,
             "rate": args.rate,
-            "standby": args.standby,
+            "standby": {True: "on", False: "off", None: "auto"}[args.standby],
             "balance": args.balance,
             "handoff": args.handoff,
             "publish_failures": len(load.failed),

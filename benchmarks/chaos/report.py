@@ -23,7 +23,7 @@ def table(results: dict[str, Any]) -> str:
     lines = [
         f"partq chaos soak: seed {results['seed']}, {results['duration_s']:.0f} s of faults, "
         f"{stream['partitions']} {stream['queue_type']} partitions, {results['keys']} keys at "
-        f"{results['rate']:.0f} msg/s, standby {'on' if results['standby'] else 'off'}, "
+        f"{results['rate']:.0f} msg/s, standby {_standby(results['standby'])}, "
         f"balance {results['balance']}, handoff {results.get('handoff', 'drain')}",
         f"RabbitMQ {results['rabbitmq']}; started {results['started']}; load average "
         f"{results['load_before']} before, {results['load_after']} after",
@@ -70,3 +70,10 @@ def table(results: dict[str, Any]) -> str:
         lines += [f"{title}: {example}" for example in v[key]]
     lines.append(f"verdict: {'PASS' if v['passed'] else 'FAIL'}")
     return "\n".join(lines)
+
+
+def _standby(recorded: bool | str) -> str:
+    """on, off or auto (older results recorded a flag)."""
+    if isinstance(recorded, bool):
+        return "on" if recorded else "off"
+    return recorded

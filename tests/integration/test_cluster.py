@@ -28,7 +28,6 @@ import pytest
 from consumers import audit
 from coordinator import admin
 from coordinator.group import Group
-from kernel.errors import EtcdUnavailable
 from kernel.local import LocalEtcd
 from kernel.settings import Settings
 from producer import Producer, StreamSpec
@@ -37,7 +36,14 @@ from tests.cluster import EtcdCluster, RabbitCluster
 from tests.rabbit import Install
 from tests.spark.sequences import SparkSequences, handled_twice, order_apart_from_replays
 
-from .groups.harness import PREFETCH, Fleet, SequenceProducer, balanced, wait_until
+from .groups.harness import (
+    PREFETCH,
+    Fleet,
+    SequenceProducer,
+    balanced,
+    balanced_yet,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
 
@@ -309,10 +315,7 @@ def test_the_group_goes_on_when_an_etcd_member_dies(
             live = ",".join(m.endpoint for m in etcd.members if m.process is not None)
             observer = Registry.connect(Settings.load(etcd_endpoints=live, etcd_timeout=2.0))
             try:
-                view = Group(observer.client, observer.where, stream_name)
-                return bool(balanced(view, 4, members))
-            except EtcdUnavailable:
-                return False
+                return balanced_yet(Group(observer.client, observer.where, stream_name), 4, members)
             finally:
                 observer.close()
 
@@ -403,13 +406,7 @@ def test_the_group_waits_out_a_lost_etcd_quorum_and_loses_nothing(
 
                 # Then the group is whole again: same members, balanced, claims held (our
                 # reads time out while the resumed members elect a leader: not yet)
-                def whole() -> bool:
-                    try:
-                        return bool(balanced(group, 6, MEMBERS))
-                    except EtcdUnavailable:
-                        return False
-
-                wait_until(whole, 60, 0.2, "balanced after")
+                wait_until(lambda: balanced_yet(group, 6, MEMBERS), 60, 0.2, "balanced after")
                 recovered = time.monotonic() - resumed_at
                 if job:  # and the Spark job went on committing batches
                     batches = job.committed() + 1

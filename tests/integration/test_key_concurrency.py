@@ -85,7 +85,7 @@ def test_keys_stay_in_order_through_join_leave_and_kill_with_concurrency_64(
     fleet.env["PARTQ_RECORD_SLEEP"] = "0.1"
     # A standby takes over long before a 10 s lease runs out; without one, 2 s
     ttl = 10 if standby else 2
-    fleet.coordinator(extra=("--standby",) if standby else ())
+    fleet.coordinator(extra=("--standby",) if standby else ("--no-standby",))
     members = {m: fleet.consumer(m, ttl=ttl, **OPTIONS) for m in ("c1", "c2")}  # type: ignore[arg-type]
     _settle(group, fleet, {"c1", "c2"})
     if standby:

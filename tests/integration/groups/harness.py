@@ -24,6 +24,7 @@ import pika
 from consumers import audit as checker
 from consumers.port import Delivery
 from coordinator.group import Group, GroupState
+from kernel.errors import EtcdUnavailable
 from producer import Producer, StreamSpec
 from producer.topology import declare_stream, delete_stream
 from tests.polling import wait_until
@@ -237,6 +238,15 @@ def balanced(group: Group, partitions: int, members: set[str]) -> GroupState | N
     if checker.balance_problems(partitions, members, state.assignment, claims):
         return None
     return state
+
+
+def balanced_yet(group: Group, partitions: int, members: set[str]) -> bool:
+    """:func:`balanced` for a wait through an etcd fault: False, not an error, while etcd
+    cannot answer (a member down, a leader being elected)."""
+    try:
+        return balanced(group, partitions, members) is not None
+    except EtcdUnavailable:
+        return False
 
 
 @contextlib.contextmanager
