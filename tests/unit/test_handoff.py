@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from consumers.handoff import Command, Event, Holder, Phase, Standby, State, step
@@ -62,6 +62,9 @@ def test_channel_lost_resubscribes_when_still_ours() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(list(Event)), max_size=40))
+# a yielded partition left with no heir is drained (found by this test in CI, 2026-11-29:
+# the rule below did not count YIELDING, which consumes on, as consuming)
+@example([Event.ASSIGNED, Event.GRANTED, Event.SUBSCRIBED, Event.YIELD, Event.UNASSIGNED])
 def test_no_subscribe_without_our_claim_and_no_release_without_drain(events: list[Event]) -> None:
     # Given any sequence of events the shell could deliver
     state = State()
@@ -73,7 +76,7 @@ def test_no_subscribe_without_our_claim_and_no_release_without_drain(events: lis
             assert state.holder is Holder.ME
         # and never release a partition that was being consumed without draining it,
         # unless the broker already dropped the channel (it requeued what was unacked)
-        if Command.RELEASE in commands and before.phase is Phase.ACTIVE:
+        if Command.RELEASE in commands and before.phase in (Phase.ACTIVE, Phase.YIELDING):
             assert event is Event.CHANNEL_LOST, f"released an active partition on {event}"
         if Command.RELEASE in commands and before.phase is Phase.DRAINING:
             assert event in (Event.DRAINED, Event.CHANNEL_LOST, Event.EMPTIED)
@@ -94,9 +97,10 @@ def test_no_subscribe_without_our_claim_and_no_release_without_drain(events: lis
                 Event.CHANNEL_LOST,
                 Event.DROPPED,  # a fence: the broker requeued everything, nothing to finish
             )
-        # and cancel only what we consume (a called-off drain: consumed again)
+        # and cancel only what we consume (YIELDING consumes on; a called-off drain: consumed
+        # again)
         if Command.CANCEL in commands:
-            assert before.phase in (Phase.ACTIVE, Phase.SUBSCRIBING) or (
+            assert before.phase in (Phase.ACTIVE, Phase.YIELDING, Phase.SUBSCRIBING) or (
                 before.phase is Phase.DRAINING and event is Event.KEPT
             )
         # and call off only a drain of a partition that is ours, and consume on only then
