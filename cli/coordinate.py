@@ -13,6 +13,7 @@ import click
 from cli.context import Context, Seconds, pass_context
 from cli.web import base_url, http_options, serve_http, server_context
 from consumers.signals import on_stop_signals
+from coordinator.policy import standby_mode
 from coordinator.probes import DepthExporter, EtcdHealth, QueueDepths
 from coordinator.service import CoordinatorConfig, StreamCoordinator
 from coordinator.status import render_html, snapshot_status
@@ -107,7 +108,7 @@ def coordinator(
         max_moves=max_moves,
         manual=manual,
         ttl=ttl,
-        standby="auto" if standby is None else "on" if standby else "off",
+        standby=standby_mode(standby),
         balance="load" if balance == "load" else "count",
         load_interval=load_interval,
         load_moves=load_moves,

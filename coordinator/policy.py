@@ -59,12 +59,19 @@ __all__ = [
     "plan",
     "requested",
     "settled",
+    "standby_mode",
     "standing_heirs",
 ]
 
 # Which members a leader names as hot standbys (``partq coordinator --standby/--no-standby``;
 # neither: "auto"), :func:`standbys`
 Standbys = Literal["auto", "on", "off"]
+
+
+def standby_mode(flag: bool | None) -> Standbys:
+    """The mode of ``--standby`` (True), ``--no-standby`` (False) or neither (None)."""
+    return "auto" if flag is None else "on" if flag else "off"
+
 
 # The ``reason`` label of partq_coordinator_rebalances_total
 Reason = Literal[

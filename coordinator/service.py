@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from coordinator import forged, loads, metrics, policy, resize
 from coordinator.codec import Member
@@ -99,7 +99,7 @@ class CoordinatorConfig:
     horizon: float = 60.0  # a backlog counts as load spread over this many seconds
 
     def __post_init__(self) -> None:
-        if self.standby not in ("auto", "on", "off"):
+        if self.standby not in get_args(policy.Standbys):
             raise ValueError(f"standby must be auto, on or off, not {self.standby!r}")
         if self.balance not in ("count", "load"):
             raise ValueError(f"balance must be count or load, not {self.balance!r}")

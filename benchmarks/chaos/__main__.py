@@ -24,6 +24,7 @@ from typing import Any
 
 from coordinator import admin
 from coordinator.group import Group
+from coordinator.policy import standby_mode
 from kernel.settings import DEFAULT_HANDOFF, Settings
 from producer import StreamSpec
 from producer.registry import Registry
@@ -208,7 +209,7 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "stream": asdict(spec),
             "keys": args.keys,
             "rate": args.rate,
-            "standby": {True: "on", False: "off", None: "auto"}[args.standby],
+            "standby": standby_mode(args.standby),
             "balance": args.balance,
             "handoff": args.handoff,
             "publish_failures": len(load.failed),

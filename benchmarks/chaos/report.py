@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from coordinator.policy import standby_mode
+
 from .broker_memory import table as broker_table
 
 __all__ = ["table"]
@@ -73,7 +75,5 @@ def table(results: dict[str, Any]) -> str:
 
 
 def _standby(recorded: bool | str) -> str:
-    """on, off or auto (older results recorded a flag)."""
-    if isinstance(recorded, bool):
-        return "on" if recorded else "off"
-    return recorded
+    """on, off or auto (older results recorded the flag)."""
+    return standby_mode(recorded) if isinstance(recorded, bool) else recorded
