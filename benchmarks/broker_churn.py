@@ -10,7 +10,7 @@ stream of ``--partitions`` quorum partitions declared as partq declares them
 life, as fast as it can: a connection (to node ``i % 3``), a channel with prefetch
 ``--window``, a consumer on partition ``i % partitions``; once it holds ``--window``
 unacked deliveries it goes away, alternately by ``connection.close`` (a graceful leave)
-and by aborting its socket (``consumers.broker.abort_connection``: partq's fence, and what
+and by aborting its socket (``kernel.amqp.abort_connection``: partq's fence, and what
 a kill -9 does), so the broker requeues the window. Every node's ``rabbit_vm:memory()``
 (what ``rabbitmq-diagnostics memory_breakdown`` prints) is read before, every ``--every``
 cycles, and after ``--settle`` seconds of quiet. It prints, per node and category, the
@@ -32,7 +32,7 @@ from pathlib import Path
 import pika
 
 from benchmarks.chaos.broker_memory import BrokerSampler, wal_bytes
-from consumers.broker import abort_connection
+from kernel.amqp import abort_connection
 from producer.contract import StreamSpec
 from producer.topology import declare_stream
 from tests.cluster import RabbitCluster

@@ -13,7 +13,7 @@ and per way of going away, on a fresh one-partition stream:
    and acks none of them;
 3. consumer B (its own connection, same prefetch) subscribes and waits behind A;
 4. A goes away by one of: ``channel.close``; ``connection.close``; ``basic.cancel`` then
-   ``channel.close``; or aborting its TCP socket (``consumers.broker.abort_connection``:
+   ``channel.close``; or aborting its TCP socket (``kernel.amqp.abort_connection``:
    ``shutdown(SHUT_RDWR)`` on pika's socket, no AMQP close; what a kill -9 does to the
    broker, and what partq's fence does);
 5. B acks everything it gets until it has had every message; its delivery order is
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import pika
 import pika.exceptions
 
-from consumers.broker import abort_connection
+from kernel.amqp import abort_connection
 from producer.contract import StreamSpec
 from producer.topology import declare_stream, delete_stream
 

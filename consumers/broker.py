@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -49,25 +48,15 @@ from consumers.acks import AckQueue
 from consumers.channels import Channels
 from consumers.port import ChannelLost, Connection, ReadyCounts, Sink
 from consumers.priority import consume_arguments
-from kernel.amqp import AmqpURL, Nodes, unavailable
+from kernel.amqp import AmqpURL, Nodes, abort_connection, unavailable
 from kernel.backoff import Backoff
 from producer.contract import StreamSpec
 
-__all__ = ["Broker", "abort_connection"]
+__all__ = ["Broker"]
 
 log = logging.getLogger("partq.consumer.broker")
 _STOP_GRACE = 1.0  # seconds between the last drain's acks and closing the connection
 _BACKOFF = Backoff()  # reconnects: 0.2 s doubling to 5 s
-
-
-def abort_connection(connection: Any) -> None:
-    """Drop ``connection``'s TCP stream (a pika connection, asynchronous or a blocking one's
-    ``_impl``) without an AMQP close, as a kill -9 would: ``shutdown`` sends the broker a FIN
-    at once, and pika, reading EOF, reports the connection lost and closes the socket."""
-    sock = getattr(getattr(connection, "_transport", None), "_sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
 
 
 class Broker(threading.Thread):
@@ -172,8 +161,8 @@ class Broker(threading.Thread):
         return self._call(lambda: self._channels.stand_by(partition, arguments))
 
     def stand_down(self, partition: int) -> None:
-        """No longer the standby (not activated: cancelled; activated: the controller's
-        promote or give_back decides)."""
+        """No longer the standby (not activated: its connection aborted; activated: the
+        controller's promote or give_back decides)."""
         self._call(lambda: self._channels.stand_down(partition))
 
     def promote(self, partition: int, generation: int) -> None:
@@ -181,7 +170,8 @@ class Broker(threading.Thread):
         self._call_or_lost(partition, lambda: self._channels.promote(partition, generation))
 
     def give_back(self, partition: int) -> None:
-        """Return the activated standby's deliveries in order, then cancel it."""
+        """End the standby by aborting its own connection: the queue returns what it was
+        sent, in order, ahead of anything newer (``Channels.give_back``)."""
         self._call(lambda: self._channels.give_back(partition))
 
     def widen(self, spec: StreamSpec) -> None:

@@ -12,6 +12,15 @@ hot standby (:class:`_Standby`). The window decides the drain (``consumers.windo
 why each step is safe); this module only carries out its actions on pika. A drained channel
 is *parked*, not closed (a close right after the last acks could return messages whose
 settles the quorum queue has not applied yet), reused if the partition comes back.
+
+A hot standby subscribes on a connection of its own, and ends by aborting that connection's
+socket, never by ``basic.cancel``: RabbitMQ may have activated it (the owner's connection
+died) and sent it deliveries, and one still on its way when a cancel is applied is returned
+by the broker's channel at once, ahead of the older ones its client returns after
+cancel-ok (seen on RabbitMQ 3.10: the newest delivery served first to the next consumer).
+A dropped connection instead has the queue return everything its consumer held, in order,
+before it serves any other consumer (docs/benchmarks.md, "Fencing"). A standby taken over
+or adopted keeps its connection: it is the partition's subscription from then on.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pika import SelectConnection
 from pika.channel import Channel
 
 from consumers import window as w
@@ -42,7 +52,7 @@ from consumers.port import (
     Subscribed,
 )
 from consumers.priority import Arguments, rank
-from kernel.amqp import AmqpURL, access_refused
+from kernel.amqp import AmqpURL, abort_connection, access_refused
 from kernel.backoff import Backoff, Delays
 from producer.contract import StreamSpec
 
@@ -50,8 +60,37 @@ __all__ = ["Channels"]
 
 log = logging.getLogger("partq.consumer.broker")
 _STANDBY_RECHECK = 0.2  # seconds between looks for the owner's consumer before standing by
+_STANDBY_RETRY = 1.0  # seconds before a standby whose connection failed is reported lost
 _BACKOFF = Backoff()  # subscribes to a missing queue: 0.2 s doubling to 5 s
 _DELIVERED = w.Delivered()
+
+# Opens a connection of a standby's own beside ``main``, on its I/O loop: (main, on_open,
+# on_open_error, on_close) -> the connection, opening.
+Connect = Callable[
+    [
+        Any,
+        Callable[[Any], None],
+        Callable[[Any, BaseException], None],
+        Callable[[Any, BaseException], None],
+    ],
+    Any,
+]
+
+
+def select_connection(
+    main: Any,
+    on_open: Callable[[Any], None],
+    on_failed: Callable[[Any, BaseException], None],
+    on_closed: Callable[[Any, BaseException], None],
+) -> Any:
+    """A pika ``SelectConnection`` to ``main``'s node, with its parameters, on its loop."""
+    return SelectConnection(
+        main.params,
+        on_open_callback=on_open,
+        on_open_error_callback=on_failed,
+        on_close_callback=on_closed,
+        custom_ioloop=main.ioloop,
+    )
 
 
 @dataclass
@@ -89,17 +128,19 @@ class _Sub:
 
 @dataclass
 class _Standby:
-    """A hot standby subscription: the queue's waiting consumer until the owner's goes.
-    Deliveries (the broker activated it) are kept unhandled until the controller decides:
-    ``promote`` (the owner died: they go to the worker), adopt it as the partition's
-    subscription (the claim is ours: ``subscribe(adopt=True)``), or ``give_back`` (a
-    planned move elsewhere: each is returned, in order, then cancel)."""
+    """A hot standby subscription, on its own connection: the queue's waiting consumer
+    until the owner's goes. Deliveries (the broker activated it) are kept unhandled until
+    the controller decides: ``promote`` (the owner died: they go to the worker), adopt it
+    as the partition's subscription (the claim is ours: ``subscribe(adopt=True)``), or
+    ``give_back`` (a planned move elsewhere: its connection is aborted, so that the queue
+    returns them all, in order)."""
 
+    connection: Any = None  # its own SelectConnection, on the broker's I/O loop
     channel: Channel | None = None  # None: opening
     tag: str | None = None
     buffer: list[Delivery] = field(default_factory=list)
     activated: bool = False
-    returning: bool = False  # given back: cancelled, what it was sent returned once cancel-ok
+    returning: bool = False  # given back: its connection aborted, or to be once open
     then: Callable[[], None] | None = None  # a subscribe of the partition waiting for its close
     arguments: Arguments = None  # an heir's x-priority (consumers.priority)
 
@@ -128,9 +169,17 @@ class Channels:
     """The partitions' channels on the current connection (the module docstring)."""
 
     def __init__(
-        self, url: AmqpURL, spec: StreamSpec, *, prefetch: int, early: bool, sink: Sink
+        self,
+        url: AmqpURL,
+        spec: StreamSpec,
+        *,
+        prefetch: int,
+        early: bool,
+        sink: Sink,
+        connect: Connect = select_connection,
     ) -> None:
         self.url = url
+        self.connect = connect
         self.spec = spec
         self.prefetch = prefetch
         self.early = early
@@ -139,6 +188,7 @@ class Channels:
         self.last_drain = 0.0  # monotonic time of the last drain's acks
         self._slots: dict[int, _Slot] = {}
         self._fenced = False  # the connection is being aborted: open nothing more on it
+        self._own: set[Any] = set()  # the standbys' connections (and those taken over)
 
     def _slot(self, partition: int) -> _Slot:
         if (slot := self._slots.get(partition)) is None:
@@ -150,8 +200,25 @@ class Channels:
         self.connection = connection
         self._fenced = False
 
+    def _abort_own(self, *, loop_closed: bool = False) -> None:
+        """Abort every standby's connection (and every one taken over): what they held goes
+        back in order. ``loop_closed``: their I/O loop is gone, so their sockets are closed
+        here too."""
+        own, self._own = self._own, set()
+        for connection in own:
+            abort_connection(connection, close=loop_closed)
+
+    def _end_own(self, connection: Any) -> None:
+        """Abort one connection of ours, if it is one (the subscription on it ended)."""
+        if connection in self._own:
+            self._own.discard(connection)
+            abort_connection(connection)
+
     def reset(self) -> None:
-        """The connection died: report what was (being) subscribed lost, then standbys."""
+        """The connection died: report what was (being) subscribed lost, then standbys. The
+        standbys' connections go too: the partitions on them are reported lost with the
+        rest."""
+        self._abort_own(loop_closed=True)
         lost, standbys = [], []
         for partition, slot in sorted(self._slots.items()):
             line = slot.line
@@ -173,6 +240,7 @@ class Channels:
     def fence(self) -> None:
         """Forget every partition, silently (``Broker.fence``)."""
         self._fenced = True
+        self._abort_own()
         for slot in self._slots.values():
             slot.reset()
 
@@ -340,6 +408,7 @@ class Channels:
         if code == 404:  # NOT_FOUND: the queue does not exist
             delays = slot.missing[1] if slot.missing is not None else _BACKOFF.delays()
             slot.missing = (time.monotonic() + delays.next(), delays)
+        self._end_own(channel.connection)  # a standby's, taken over: nothing else is on it
         sub = slot.sub
         if sub is None or sub.channel is not channel:
             return
@@ -487,13 +556,32 @@ class Channels:
         if slot.sub is not None and slot.sub.window.live:
             return
         standby = slot.standby = _Standby(arguments=arguments)
-        self.connection.channel(
-            on_open_callback=lambda ch: self._standby_open(partition, ch, standby)
-        )
+        main = self.connection
+
+        def opened(connection: Any) -> None:
+            if self._slot(partition).standby is not standby:  # stood down while it opened
+                self._end_own(connection)
+                return
+            connection.channel(
+                on_open_callback=lambda ch: self._standby_open(partition, ch, standby)
+            )
+
+        def failed(connection: Any, error: BaseException) -> None:
+            self._own.discard(connection)
+            log.warning("partition %d: cannot connect its standby: %r", partition, error)
+            main.ioloop.call_later(_STANDBY_RETRY, lambda: self._standby_closed(partition, standby))
+
+        def closed(connection: Any, _reason: BaseException) -> None:
+            self._own.discard(connection)
+            if standby.channel is None:  # else its channel's close callback said it
+                self._standby_closed(partition, standby)
+
+        standby.connection = self.connect(main, opened, failed, closed)
+        self._own.add(standby.connection)
 
     def _standby_open(self, partition: int, channel: Channel, standby: _Standby) -> None:
         if self._slot(partition).standby is not standby:  # stood down while it opened
-            channel.close()
+            self._end_own(channel.connection)
             return
         standby.channel = channel
         channel.add_on_close_callback(lambda _ch, _reason: self._standby_closed(partition, standby))
@@ -501,7 +589,7 @@ class Channels:
         def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
             method = method_frame.method
             delivery = Delivery.of(partition, channel, method, header_frame, body, 0)
-            standby.buffer.append(delivery)  # given back: returned with the rest at cancel-ok
+            standby.buffer.append(delivery)  # given back: returned by the connection's abort
             if not standby.activated and not standby.returning:
                 standby.activated = True
                 self.sink(Activated(partition))
@@ -525,6 +613,8 @@ class Channels:
         channel.basic_qos(prefetch_count=self.prefetch, callback=lambda _f: check())
 
     def _standby_closed(self, partition: int, standby: _Standby) -> None:
+        """The standby's channel or connection closed (or could not open)."""
+        self._end_own(standby.connection)  # (a channel closed by the broker: the rest too)
         slot = self._slot(partition)
         if slot.standby is standby:
             slot.standby = None
@@ -541,42 +631,30 @@ class Channels:
         standby = slot.standby
         if standby is None:
             return
-        if standby.channel is None:  # still opening: _standby_open closes it
+        if standby.channel is None:  # still opening: its open aborts it
             slot.standby = None
+            self._end_own(standby.connection)
         elif not standby.activated:
             self.give_back(partition)
 
     def give_back(self, partition: int) -> None:
-        """Cancel the standby, then, at cancel-ok (nothing more can come), return what it was
-        sent, one nack each in delivery order, and close its channel; a subscribe of the
-        partition meanwhile waits for that close (:meth:`subscribe`).
-
-        Not the nacks first: the standby, active until its cancel is applied, would be sent
-        each returned message again, behind the deliveries still in flight to it, and return
-        them in that order. Nor a subscribe beside it before the close: the new consumer
-        would be served newer messages before the returns are applied."""
+        """End the standby by aborting its connection's socket: the queue returns what it
+        was sent, in order, before it serves any other consumer (the module docstring says
+        why not ``basic.cancel``). A subscribe of the partition meanwhile waits for that
+        connection's close (:meth:`subscribe`): a new consumer beside the standby would be
+        activated by nothing sooner, but would see the returns only once RabbitMQ notices
+        the standby's end."""
         slot = self._slot(partition)
         standby, slot.standby = slot.standby, None
-        if standby is None or standby.channel is None:
+        if standby is None:
             return
-        channel = standby.channel
         standby.returning = True
-        if not channel.is_open:
+        channel = standby.channel
+        if channel is None or not channel.is_open:  # opening (its open aborts it), or closed
+            self._end_own(standby.connection)
             return
         slot.returning = standby
-        if standby.tag is None:  # never consumed: nothing was sent
-            channel.close()
-            return
-
-        def returned(_frame: Any) -> None:
-            if not channel.is_open:
-                return  # closed meanwhile: the broker requeued what was unacked
-            for delivery in standby.buffer:  # one return each, in delivery order
-                channel.basic_nack(delivery.delivery_tag, requeue=True)
-            standby.buffer.clear()
-            channel.close()
-
-        channel.basic_cancel(standby.tag, callback=returned)
+        self._end_own(standby.connection)  # -> _standby_closed: then, or StandbyLost
 
     def _adopt(self, partition: int, generation: int, arguments: Arguments) -> bool:
         """Make the partition's standby subscription its subscription (the claim is ours

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 import pika
@@ -43,6 +45,7 @@ __all__ = [
     "AmqpTarget",
     "AmqpURL",
     "Nodes",
+    "abort_connection",
     "access_refused",
     "blocking_connection",
     "connect_blocking",
@@ -526,3 +529,16 @@ def blocking_connection(
         if connection.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError):
                 connection.close()
+
+
+def abort_connection(connection: Any, *, close: bool = False) -> None:
+    """Drop ``connection``'s TCP stream (a pika connection, asynchronous or a blocking one's
+    ``_impl``) without an AMQP close, as a kill -9 would: ``shutdown`` sends the broker a FIN
+    at once, and pika, reading EOF, reports the connection lost and closes the socket.
+    ``close``: close the socket too (its I/O loop is gone, so pika never will)."""
+    sock = getattr(getattr(connection, "_transport", None), "_sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        if close:
+            sock.close()

@@ -5,8 +5,8 @@ for a subscription beside it.
 Adopted, nothing is returned: every message reaches the new owner once, in order, none
 redelivered, whether the broker activated the standby before the new owner had the claim
 (its deliveries were held) or after. A give-back (a stand-down that raced the old owner's
-cancel) cancels first, returns what it was sent at cancel-ok, in order, and the
-partition's new subscription waits for its channel's close. Done the old way (each
+cancel) aborts the standby's own connection, so RabbitMQ returns what it was sent, in
+order, and the partition's new subscription waits for that close. Done the old way (each
 delivery returned while the standby was still active, then the cancel, with the new
 subscription made at once), an 18-minute soak on RabbitMQ 3.10 saw 8 order violations at
 such a move.
@@ -142,8 +142,12 @@ def test_a_move_to_the_partitions_standby_hands_on_in_order(
             broker.join(10)
     # and every message was handled once, in order per key; adopted, none was given back
     assert events["subscribed"].is_set()
-    # (a give-back with a subscribe waiting for it reports no loss: the subscribe follows)
-    assert returned == (how == "given-back-alone")
+    # (adopted, no loss is reported; a give-back reports one unless a subscribe was waiting
+    # for it: given back then subscribed at once, either may come first)
+    if how == "given-back-alone":
+        assert returned
+    elif how != "given-back":
+        assert not returned
     handled_by_b = [r for r in records if r["member"] == "B"]
     assert len(handled_by_b) > 100
     if not how.startswith("given-back"):

@@ -32,8 +32,9 @@ class Channel:
     """A pika channel whose round trips answer on the loop's next turn (``Loop.settle``),
     unless ``manual``: then the test runs the queued ``basic_qos`` callbacks itself."""
 
-    def __init__(self, loop: Loop, *, manual: bool = False) -> None:
+    def __init__(self, loop: Loop, *, manual: bool = False, connection: Any = None) -> None:
         self.loop = loop
+        self.connection = connection
         self.is_open = True
         self.manual = manual
         self.acks: list[tuple[int, bool]] = []
@@ -127,10 +128,16 @@ class Connection:
         self.opening.append(on_open_callback)
 
     def open_next(self, *, manual: bool = False) -> Channel:
-        channel = Channel(self.ioloop, manual=manual)
+        channel = Channel(self.ioloop, manual=manual, connection=self)
         self.opening.pop(0)(channel)
         self.ioloop.settle()
         return channel
+
+
+def connect_beside(main: Connection, on_open: Any, _failed: Any, _closed: Any) -> Connection:
+    """A standby's own connection: here the same fake one, open on the loop's next turn."""
+    main.ioloop.soon(lambda _frame: on_open(main), None)
+    return main
 
 
 class Edge:
@@ -144,6 +151,7 @@ class Edge:
             prefetch=PREFETCH,
             early=early,
             sink=self.events.append,
+            connect=connect_beside,
         )
         self.connection = Connection()
         self.channels.attach(self.connection)
@@ -264,6 +272,7 @@ def test_a_channel_warming_while_a_standby_is_promoted_does_not_take_its_acks() 
     edge.channels.warm(1)
     warm = edge.connection.open_next(manual=True)
     edge.channels.stand_by(1)
+    edge.settle()  # its own connection opens
     standby = edge.connection.open_next()
     tag = standby.deliver()
     assert edge.events == [Activated(1)]
