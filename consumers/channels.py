@@ -571,7 +571,9 @@ class Channels:
             log.warning("partition %d: cannot connect its standby: %r", partition, error)
             main.ioloop.call_later(_STANDBY_RETRY, lambda: self._standby_closed(partition, standby))
 
-        def closed(connection: Any, _reason: BaseException) -> None:
+        def closed(connection: Any, reason: BaseException) -> None:
+            if connection in self._own and not standby.returning:  # not aborted by us
+                log.warning("partition %d: its standby's connection closed: %r", partition, reason)
             self._own.discard(connection)
             if standby.channel is None:  # else its channel's close callback said it
                 self._standby_closed(partition, standby)

@@ -29,10 +29,22 @@ from typing import IO, Final
 from kernel.amqp import redact_url
 from kernel.errors import UsageError
 
-__all__ = ["CONTEXT_FIELDS", "QUIET_LIBRARIES", "bind", "bound", "configure", "configure_if_unset"]
+__all__ = [
+    "CONTEXT_FIELDS",
+    "PIKA_TRANSPORT",
+    "QUIET_LIBRARIES",
+    "bind",
+    "bound",
+    "configure",
+    "configure_if_unset",
+]
 
 CONTEXT_FIELDS: Final = ("stream", "partition", "member")
 QUIET_LIBRARIES: Final = ("pika", "grpc", "etcd3", "py4j")
+# pika's transport logs every TCP stream that ends at ERROR, partq's own aborts included (a
+# fence; a hot standby given back, on its own connection): partq logs the losses it did
+# not cause itself (``consumers.broker``, ``consumers.channels``), with pika's reason.
+PIKA_TRANSPORT: Final = ("pika.adapters.utils.io_services_utils", "pika.adapters.base_connection")
 
 _HANDLER_NAME: Final = "partq"
 _EMPTY: Final[Mapping[str, str | int]] = MappingProxyType({})
@@ -63,7 +75,8 @@ def configure(level: str, *, json: bool | None = None, stream: IO[str] | None = 
     """Send logs at ``level`` and above to ``stream`` (stderr), replacing an earlier call.
 
     ``json=None`` writes JSON lines unless ``stream`` is a terminal; pika, grpc,
-    etcd3 and py4j log only warnings and errors whatever ``level`` says.
+    etcd3 and py4j log only warnings and errors whatever ``level`` says, and pika's
+    transport nothing below CRITICAL (``PIKA_TRANSPORT``).
     """
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -86,6 +99,8 @@ def configure(level: str, *, json: bool | None = None, stream: IO[str] | None = 
     root.setLevel(numeric)
     for library in QUIET_LIBRARIES:
         logging.getLogger(library).setLevel(max(numeric, logging.WARNING))
+    for transport in PIKA_TRANSPORT:
+        logging.getLogger(transport).setLevel(logging.CRITICAL)
 
 
 def configure_if_unset(level: str = "INFO") -> bool:

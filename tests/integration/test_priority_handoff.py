@@ -7,6 +7,7 @@ either side mid-switch, with nothing lost, no overlap, every key in order."""
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from kernel.settings import Settings
 from producer.contract import StreamSpec
 from producer.publisher import Producer
 from producer.registry import Registry
+from tests.conftest import Ctl
 from tests.integration.groups.harness import (
     PREFETCH,
     Fleet,
@@ -42,6 +44,7 @@ from tests.integration.groups.test_invariants import (
     summary,
 )
 from tests.polling import wait_until
+from tests.rabbit import PrivateRabbit
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -249,28 +252,49 @@ def _handoff_lines(fleet: Fleet, member: str) -> str:
 
 @contextmanager
 def _mid_switch(
-    fleet_40: tuple[Fleet, Group, StreamSpec], url: str, ttl: int
+    fleet_40: tuple[Fleet, Group, StreamSpec], url: str, ctl: Ctl, ttl: int
 ) -> Iterator[tuple[Proc, Proc, SequenceProducer]]:
-    """c1 consuming every partition with a slow handler (10 ms: a full window takes a
-    second to settle) at 600 msg/s; c2 joins and the body runs once c1 yields a partition
-    and c2 subscribed above it as heir: (c1, c2, the producer), stopped after the body."""
+    """c1 consuming every partition with a slow handler (50 ms: below the 50 msg/s each
+    partition gets, so c1 always holds a full window, which takes 5 s to settle) at
+    600 msg/s; c2 joins (10 ms) and the body runs once c1 yields its partitions and
+    RabbitMQ lists c2's heir consumers above them: (c1, c2, the producer), stopped after
+    the body."""
     fleet, group, spec = fleet_40
-    fleet.env["PARTQ_RECORD_SLEEP"] = "0.01"
+    fleet.env["PARTQ_RECORD_SLEEP"] = "0.05"
     fleet.coordinator()
     c1 = fleet.consumer("c1", handler="record_async", ttl=ttl)
+    fleet.env["PARTQ_RECORD_SLEEP"] = "0.01"
     settle(group, fleet, {"c1"})
     with _under_load(spec, url, rate=600.0) as producer:
         time.sleep(2.0)
         c2 = fleet.consumer("c2", ttl=ttl)
         _wait_for_heirs(fleet, "c1", "c2", every=True)
+        _wait_for_consumers(fleet, ctl, spec, "c1")
         yield c1, c2, producer
 
 
+def _wait_for_consumers(fleet: Fleet, ctl: Ctl, spec: StreamSpec, owner: str) -> None:
+    """Until RabbitMQ lists two consumers (the owner's, the heir's) on each partition
+    ``owner`` yields: an heir's log line comes before its subscription reaches the broker
+    (its own connection opens first)."""
+    pattern = re.compile(r"partition (\d+): moved to \w+: consuming until it takes over")
+    log = "".join(p.log.read_text(errors="replace") for p in fleet.procs if p.name == owner)
+    yielded = sorted({int(n) for n in pattern.findall(log)})
+    assert yielded, f"{owner} yields nothing"
+
+    def both() -> bool:
+        listed = ctl("list_consumers", "-q", "--no-table-headers").splitlines()
+        queues = [line.split("\t", 1)[0] for line in listed]
+        return all(queues.count(spec.queue(p)) >= 2 for p in yielded)
+
+    wait_until(both, SETTLE, interval=0.1, what=f"two consumers on {yielded}")
+
+
 def test_an_owner_killed_mid_switch_hands_over_in_order_before_its_lease_ends(
-    fleet_40, rabbitmq_40: str
+    fleet_40, rabbitmq_40: str, rabbit_40_node: PrivateRabbit
 ) -> None:
     fleet, group, _ = fleet_40
-    with _mid_switch(fleet_40, rabbitmq_40, ttl=5) as (c1, _, producer):
+    with _mid_switch(fleet_40, rabbitmq_40, rabbit_40_node.ctl, ttl=5) as (c1, _, producer):
         # When c1 is killed -9 while c2 waits above it: the broker had not switched yet
         killed_at, c1_pid = time.time(), c1.pid
         yielding = _count(fleet, "consuming until it takes over", "c1")
@@ -295,14 +319,15 @@ def test_an_owner_killed_mid_switch_hands_over_in_order_before_its_lease_ends(
 
 
 def test_an_heir_killed_while_waiting_leaves_the_owner_consuming_in_order(
-    fleet_40, rabbitmq_40: str
+    fleet_40, rabbitmq_40: str, rabbit_40_node: PrivateRabbit
 ) -> None:
-    with _mid_switch(fleet_40, rabbitmq_40, ttl=2) as (_, c2, producer):
+    with _mid_switch(fleet_40, rabbitmq_40, rabbit_40_node.ctl, ttl=2) as (_, c2, producer):
         # When c2 is killed -9 while it waits above c1 / Then c1 keeps every partition
         crash = Crash(time.time(), PREFETCH, c2.pid)
         c2.kill()
         settle(fleet_40[1], fleet_40[0], {"c1"}, timeout=20)
-    records = handled_all(fleet_40[0], producer)
+    # (c1's 50 ms handler is behind the load: its backlog takes a while)
+    records = handled_all(fleet_40[0], producer, timeout=90)
     assert_invariants(records, producer.published(), crashes=[crash])
 
 

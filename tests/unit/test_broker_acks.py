@@ -21,6 +21,7 @@ from consumers.port import (
     Emptied,
     End,
     Kept,
+    StandbyLost,
     Subscribed,
 )
 from producer.contract import StreamSpec
@@ -123,21 +124,41 @@ class Connection:
         self.is_open = True
         self.ioloop = Loop()
         self.opening: list[Any] = []
+        self.own: list[Connection] = []  # the standbys' connections opened beside it
+        self._transport: Any = None  # (a standby's: its socket, for abort_connection)
 
     def channel(self, on_open_callback: Any) -> None:
-        self.opening.append(on_open_callback)
+        self.opening.append((self, on_open_callback))
 
     def open_next(self, *, manual: bool = False) -> Channel:
-        channel = Channel(self.ioloop, manual=manual, connection=self)
-        self.opening.pop(0)(channel)
+        """Open the next channel asked for, on this connection or one opened beside it."""
+        connection, on_open = self.opening.pop(0)
+        channel = Channel(self.ioloop, manual=manual, connection=connection)
+        on_open(channel)
         self.ioloop.settle()
         return channel
 
 
+class Socket:
+    """A connection's socket: records its shutdown (``abort_connection``)."""
+
+    def __init__(self) -> None:
+        self.shut: list[int] = []
+
+    def shutdown(self, how: int) -> None:
+        self.shut.append(how)
+
+
 def connect_beside(main: Connection, on_open: Any, _failed: Any, _closed: Any) -> Connection:
-    """A standby's own connection: here the same fake one, open on the loop's next turn."""
-    main.ioloop.soon(lambda _frame: on_open(main), None)
-    return main
+    """A standby's own connection, open on the loop's next turn; its channels open from
+    ``main``'s queue (``open_next``)."""
+    own = Connection()
+    own.ioloop = main.ioloop
+    own.opening = main.opening
+    own._transport = SimpleNamespace(_sock=Socket())
+    main.ioloop.soon(lambda _frame: on_open(own), None)
+    main.own.append(own)
+    return own
 
 
 class Edge:
@@ -343,3 +364,25 @@ def test_subscribed_is_reported_and_a_subscribe_while_opening_takes_the_newer_ge
     channel.deliver()
     assert edge.events[0] == Subscribed(0)
     assert [e.generation for e in edge.events if isinstance(e, Delivery)] == [2]
+
+
+def test_a_standby_is_given_back_by_aborting_its_own_connection_never_by_a_cancel() -> None:
+    # Given a standby of partition 2, on a connection of its own, activated by RabbitMQ
+    # with two deliveries
+    edge = Edge()
+    edge.channels.stand_by(2)
+    edge.settle()
+    standby = edge.connection.open_next()
+    standby.deliver()
+    standby.deliver()
+    (own,) = edge.connection.own
+    assert standby.connection is own and edge.events == [Activated(2)]
+    # When it is given back
+    edge.channels.give_back(2)
+    # Then its connection's socket is shut (RabbitMQ returns all it held, in order), and
+    # nothing is cancelled or returned one by one (a delivery in flight at a cancel would
+    # come back ahead of those)
+    assert own._transport._sock.shut and standby.cancelled == [] and standby.nacked == []
+    # and once its channel closes, a subscribe of the partition may follow
+    standby.close()
+    assert edge.events[-1] == StandbyLost(2)

@@ -28,7 +28,8 @@ def _restore_logging() -> Iterator[None]:
     """Each test configures the root logger; put it back as pytest had it."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    libraries = {name: logging.getLogger(name).level for name in logs.QUIET_LIBRARIES}
+    named = (*logs.QUIET_LIBRARIES, *logs.PIKA_TRANSPORT)
+    libraries = {name: logging.getLogger(name).level for name in named}
     yield
     for handler in [h for h in root.handlers if h not in handlers]:
         root.removeHandler(handler)
@@ -195,6 +196,19 @@ def test_libraries_log_only_warnings_even_at_debug() -> None:
     # Then only the libraries' warnings and partq's debug line are written
     messages = [record["message"] for record in records(out)]
     assert messages == [f"{library} trouble" for library in logs.QUIET_LIBRARIES] + ["partq detail"]
+
+
+def test_pikas_transport_errors_are_left_to_partq() -> None:
+    # Given logging at INFO
+    out = io.StringIO()
+    logs.configure("INFO", stream=out)
+    # When pika's transport logs a stream's end at ERROR (as for each connection partq
+    # aborts itself), and pika elsewhere logs an error
+    for transport in logs.PIKA_TRANSPORT:
+        logging.getLogger(transport).error("Socket EOF")
+    logging.getLogger("pika.channel").error("channel trouble")
+    # Then only the latter is written
+    assert [record["message"] for record in records(out)] == ["channel trouble"]
 
 
 def test_a_stricter_level_also_applies_to_the_libraries() -> None:
