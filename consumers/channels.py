@@ -560,7 +560,8 @@ class Channels:
 
         def opened(connection: Any) -> None:
             if self._slot(partition).standby is not standby:  # stood down while it opened
-                self._end_own(connection)
+                self._own.discard(connection)  # (forgotten already if still connecting then)
+                abort_connection(connection)
                 return
             connection.channel(
                 on_open_callback=lambda ch: self._standby_open(partition, ch, standby)
@@ -629,14 +630,8 @@ class Channels:
                 self.sink(StandbyLost(partition))
 
     def stand_down(self, partition: int) -> None:
-        slot = self._slot(partition)
-        standby = slot.standby
-        if standby is None:
-            return
-        if standby.channel is None:  # still opening: its open aborts it
-            slot.standby = None
-            self._end_own(standby.connection)
-        elif not standby.activated:
+        standby = self._slot(partition).standby
+        if standby is not None and not standby.activated:
             self.give_back(partition)
 
     def give_back(self, partition: int) -> None:
@@ -651,12 +646,9 @@ class Channels:
         if standby is None:
             return
         standby.returning = True
-        channel = standby.channel
-        if channel is None or not channel.is_open:  # opening (its open aborts it), or closed
-            self._end_own(standby.connection)
-            return
-        slot.returning = standby
-        self._end_own(standby.connection)  # -> _standby_closed: then, or StandbyLost
+        if standby.channel is not None and standby.channel.is_open:
+            slot.returning = standby  # until _standby_closed: then, or StandbyLost
+        self._end_own(standby.connection)  # still opening: its open aborts it
 
     def _adopt(self, partition: int, generation: int, arguments: Arguments) -> bool:
         """Make the partition's standby subscription its subscription (the claim is ours

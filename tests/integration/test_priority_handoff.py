@@ -32,6 +32,7 @@ from tests.integration.groups.harness import (
     Fleet,
     Proc,
     SequenceProducer,
+    consumers_by_queue,
     one_quorum_partition,
 )
 from tests.integration.groups.test_invariants import (
@@ -283,9 +284,8 @@ def _wait_for_consumers(fleet: Fleet, ctl: Ctl, spec: StreamSpec, owner: str) ->
     assert yielded, f"{owner} yields nothing"
 
     def both() -> bool:
-        listed = ctl("list_consumers", "-q", "--no-table-headers").splitlines()
-        queues = [line.split("\t", 1)[0] for line in listed]
-        return all(queues.count(spec.queue(p)) >= 2 for p in yielded)
+        counts = consumers_by_queue(ctl)
+        return all(counts[spec.queue(p)] >= 2 for p in yielded)
 
     wait_until(both, SETTLE, interval=0.1, what=f"two consumers on {yielded}")
 

@@ -37,7 +37,7 @@ from producer.publisher import Producer
 from tests.conftest import Ctl
 from tests.polling import wait_until
 
-from .groups.harness import one_quorum_partition, record_of
+from .groups.harness import consumers_by_queue, one_quorum_partition, record_of
 
 pytestmark = [pytest.mark.integration]
 
@@ -49,12 +49,6 @@ MESSAGES = 4000  # at about 1,000 msg/s: the move happens with hundreds still to
 def spec(rabbitmq: str, stream_name: str) -> Iterator[StreamSpec]:
     with one_quorum_partition(rabbitmq, stream_name) as spec:
         yield spec
-
-
-def consumers_of(rabbitmqctl: Ctl, queue: str) -> int:
-    """Consumers of ``queue``, the waiting ones of a single-active-consumer queue included."""
-    out = rabbitmqctl("list_consumers", "-q", "--no-table-headers")
-    return [line.split("\t", 1)[0] for line in out.splitlines()].count(queue)
 
 
 @pytest.mark.parametrize("how", ["activated", "standing", "given-back", "given-back-alone"])
@@ -108,7 +102,7 @@ def test_a_move_to_the_partitions_standby_hands_on_in_order(
         # Given A consuming the partition under a keyed load, and B standing by behind it
         assert brokers["A"].subscribe(0, 1)
         assert brokers["B"].stand_by(0)
-        wait_until(lambda: consumers_of(rabbitmqctl, queue) == 2, 20, 0.1, "B behind A")
+        wait_until(lambda: consumers_by_queue(rabbitmqctl)[queue] == 2, 20, 0.1, "B behind A")
         feeder.start()
         wait_until(lambda: len(records) > 300, 20, 0.02, "the load flowing to A")
         # When A hands the partition over (cancel, everything it was sent handled) and B
@@ -133,7 +127,7 @@ def test_a_move_to_the_partitions_standby_hands_on_in_order(
         feeder.join(60)
         wait_until(lambda: not lost(published, records), 30, 0.05, "every message handled")
         # Then B consumes on the standby's subscription: one consumer, no second one
-        assert consumers_of(rabbitmqctl, queue) == 1
+        assert consumers_by_queue(rabbitmqctl)[queue] == 1
         returned = events["returned"].is_set()  # (before the stop, which reports losses)
     finally:
         for broker in brokers.values():

@@ -32,7 +32,7 @@ from tests.conftest import Ctl
 from tests.polling import wait_until
 from tests.rabbit import PrivateRabbit
 
-from .groups.harness import one_quorum_partition, record_of
+from .groups.harness import consumers_by_queue, one_quorum_partition, record_of
 
 pytestmark = [pytest.mark.integration]
 
@@ -54,11 +54,6 @@ def broker(request: pytest.FixtureRequest) -> tuple[str, Ctl]:
 def spec(broker: tuple[str, Ctl], stream_name: str) -> Iterator[StreamSpec]:
     with one_quorum_partition(broker[0], stream_name) as spec:
         yield spec
-
-
-def consumers_of(rabbitmqctl: Ctl, queue: str) -> int:
-    out = rabbitmqctl("list_consumers", "-q", "--no-table-headers")
-    return [line.split("\t", 1)[0] for line in out.splitlines()].count(queue)
 
 
 class Member:
@@ -135,7 +130,7 @@ def test_an_activated_standby_gives_back_ahead_of_anything_newer(
             standby = Member(f"standby-{n}", rabbitmq, spec, records)
             members.append(standby)
             assert standby.broker.stand_by(0)
-            wait_until(lambda: consumers_of(rabbitmqctl, queue) == 2, 20, 0.05, "standing")
+            wait_until(lambda: consumers_by_queue(rabbitmqctl)[queue] == 2, 20, 0.05, "standing")
             wait_until(owner.holds_its_window, 10, 0.01, "the owner holding")
             # When the owner's connection dies, the broker activates the standby, and the
             # standby gives back everything at once

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,6 +262,13 @@ def one_quorum_partition(amqp_url: str, name: str) -> Iterator[StreamSpec]:
     finally:
         with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
             delete_stream(connection, spec)
+
+
+def consumers_by_queue(rabbitmqctl: Callable[..., str]) -> Counter[str]:
+    """How many consumers each queue has (``rabbitmqctl list_consumers``, one call), the
+    waiting ones of a single-active-consumer queue included."""
+    out = rabbitmqctl("list_consumers", "-q", "--no-table-headers")
+    return Counter(line.split("\t", 1)[0] for line in out.splitlines())
 
 
 def record_of(delivery: Delivery, member: str) -> dict[str, Any]:
