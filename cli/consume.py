@@ -52,6 +52,13 @@ log = logging.getLogger("partq.cli")
     help="Handler attempts before a message parks its key or is dead-lettered (the stream's "
     "on-failure setting).",
 )
+@click.option(
+    "--heartbeat",
+    type=click.IntRange(min=1),
+    default=None,
+    help="AMQP heartbeat in seconds: RabbitMQ notices a frozen or cut-off consumer after a "
+    "few of them and serves its partitions to their next owner. Default: the lease TTL.",
+)
 @click.option("--drain-timeout", type=Seconds(), default=20.0, show_default=True)
 @click.option(
     "--handler-timeout",
@@ -109,6 +116,7 @@ def consume(
     prefetch: int,
     ttl: int,
     max_attempts: int,
+    heartbeat: int | None,
     drain_timeout: float,
     handler_timeout: float,
     partitions: int | None,
@@ -139,6 +147,8 @@ def consume(
     given: dict[str, object] = {} if concurrency is None else {"concurrency": concurrency}
     if handoff is not None:
         given["handoff"] = handoff
+    if heartbeat is not None:
+        given["heartbeat"] = heartbeat
     config = ConsumerConfig.of(
         stream,
         ctx.settings,

@@ -222,6 +222,7 @@ class Consumer:
             parking=self.parking,
             concurrency=config.concurrency,
             resize=self.resize,
+            fence_wait=config.ttl,
         )
         self.reports = Reports(
             config, self._labels, self.group, self.partitions, self.broker, self.parking

@@ -108,10 +108,12 @@ class Partitions:
         parking: Parking | None = None,
         concurrency: int = 1,
         resize: ResizeGate | None = None,
+        fence_wait: float = 0.0,
     ) -> None:
         """``concurrency``: 1, one message at a time per partition (:class:`Worker`); above
         1, messages of different keys at once, at most that many in the member
-        (:class:`KeyedWorker` on one :class:`HandlerPool`)."""
+        (:class:`KeyedWorker` on one :class:`HandlerPool`). ``fence_wait``: seconds
+        :meth:`drop` waits for the handler calls under way before it fences."""
         self.spec = spec
         self.member = member
         self.group = group
@@ -123,6 +125,7 @@ class Partitions:
         self.max_attempts = max_attempts
         self.retry_backoff = retry_backoff
         self.handler_timeout = handler_timeout
+        self.fence_wait = fence_wait  # seconds drop() waits for handler calls under way
         self._on_worker_failure = on_worker_failure
         self._retry_release = retry_release
         self._resync = resync
@@ -557,13 +560,41 @@ class Partitions:
 
     def drop(self) -> None:
         """Stop every partition now, without a drain: the broker requeues what was unacked,
-        ahead of anything newer (``Broker.fence`` aborts the connection)."""
+        ahead of anything newer (``Broker.fence`` aborts the connection).
+
+        The handler calls already under way are waited for first, up to ``fence_wait``
+        seconds (none begins meanwhile, and what they finish is acked): while our
+        connection lives the broker serves nobody else our partitions, so the next owner
+        cannot start beside them. This is what a process frozen mid-handler (SIGSTOP, a
+        long GC or VM pause) and resumed past its lease needs: its handler call finishes
+        first, then the fence. A call still running after ``fence_wait`` is left running,
+        and logged: the next owner may then handle beside it."""
+        slots = self.slots.values()
+        self._await_handlers([w for s in slots for w in (s.worker, s.retired) if w is not None])
         self.broker.fence()
         for slot in self.slots.values():
             slot.retire()
             slot.step(Event.DROPPED)
         metrics.PARTITIONS_OWNED.labels(*self._labels).set(0)
         metrics.PARTITIONS_PAUSED.labels(*self._labels).set(0)
+
+    def _await_handlers(self, workers: list[Worker]) -> None:
+        """Stop ``workers`` for a fence and wait for their handler calls under way."""
+        for worker in workers:
+            worker.stop(fence=True)
+        deadline = time.monotonic() + self.fence_wait
+        running = [
+            w.partition
+            for w in workers
+            if not w.wait_handlers(max(0.0, deadline - time.monotonic()))
+        ]
+        if running:
+            log.warning(
+                "partitions %s: a handler call is still under way %gs after the fence began: "
+                "fencing anyway; the next owner may handle beside it",
+                running,
+                self.fence_wait,
+            )
 
     def resubscribe(self) -> None:
         """The broker is back: subscribe what was waiting for it."""

@@ -44,12 +44,14 @@ Threads. The worker thread (``partition-<p>``) takes items from ``inbox`` (a
 ``SimpleQueue``: deliveries and END from the pika I/O thread, STOP from the controller)
 and runs the handler; with a handler timeout, its watchdog thread (``watchdog-<p>``)
 watches ``_running`` and may dead-letter and ack the running message itself. ``_lock``
-guards ``_running``, ``_timed_out``, ``handled`` and ``_first`` between them (and the pool
-threads of ``consumers.keyed``). An awaitable goes to the member's ``EventLoop`` thread;
-the caller blocks on its result. Acks, channel closes and ``finish`` go through the
-broker's thread-safe methods; a failure reaches the controller through ``on_failure`` (a
-queued event). Read without the lock, one value each: ``waiting_since`` and ``handled``
-by the controller, ``busy`` by the HTTP scrape, pika's ``Channel.is_open`` by this thread.
+guards ``_running``, ``_timed_out``, ``handled`` and ``_first`` between them (and the
+pool threads of ``consumers.keyed``); ``_idle``, a condition on it, wakes the controller
+waiting in :meth:`Worker.wait_handlers` for the calls under way before a fence. An
+awaitable goes to the member's ``EventLoop`` thread; the caller blocks on its result.
+Acks, channel closes and ``finish`` go through the broker's thread-safe methods; a
+failure reaches the controller through ``on_failure`` (a queued event). Read without the
+lock, one value each: ``waiting_since`` and ``handled`` by the controller, ``busy`` by
+the HTTP scrape, pika's ``Channel.is_open`` by this thread.
 :class:`~consumers.deadletters.DeadLetters` is shared by the member's workers; its lock
 serialises publishes. Parking a key and obeying a redrive (the base class
 :class:`~consumers.keyparking.KeyParking`) run on the thread that handles the message.
@@ -99,6 +101,10 @@ _DEAD_LETTER_PATIENCE = 30.0  # seconds a timed-out message's dead-lettering is 
 
 class HandlerTimeout(PartqError):
     """The handler did not return within the handler timeout (the dead letter's error type)."""
+
+
+class _Fencing(Exception):
+    """The worker was stopped for a fence before the handler call began: it never begins."""
 
 
 class _TimedOut(Exception):
@@ -181,9 +187,11 @@ class Worker(KeyParking, threading.Thread):
         self._m_handler_seconds = metrics.HANDLER_SECONDS.labels(*self._labels)
         # guards _running, _timed_out, handled and _first (handling threads, watchdog)
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when _running empties
         # the handler calls under way, by calling thread (one, unless ``consumers.keyed``)
         self._running: dict[int, _Running] = {}
         self._timed_out = False
+        self._fencing = False  # stopped for a fence: no handler call begins, nothing is given back
         self._first = True  # no delivery handled yet: the next one measures the handoff gap
         self._finished = threading.Event()
         self.handled = 0  # messages handled (acked after the handler returned), for load reports
@@ -197,10 +205,22 @@ class Worker(KeyParking, threading.Thread):
         """A handler call of this worker is under way."""
         return bool(self._running)
 
-    def stop(self) -> None:
-        """Stop without handling what is queued (the broker requeues it)."""
+    def stop(self, *, fence: bool = False) -> None:
+        """Stop without handling what is queued (the broker requeues it). ``fence``: the
+        connection is about to be aborted (``Broker.fence``): from now on no handler call
+        begins and nothing is given back by a channel close, which would serve the next
+        owner newer messages first; the abort returns it all, in order."""
+        if fence:
+            with self._lock:
+                self._fencing = True
         self.stopped.set()
         self.inbox.put(STOP)
+
+    def wait_handlers(self, timeout: float) -> bool:
+        """Wait until no handler call of this worker is under way; False if one still is
+        after ``timeout`` seconds. After ``stop(fence=True)`` none begins."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._running, timeout)
 
     def run(self) -> None:
         with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
@@ -282,7 +302,7 @@ class Worker(KeyParking, threading.Thread):
         served newer messages first (docs/benchmarks.md, "Fencing"); that is why a lost
         lease is never handled here but by the daemon's fence (``Broker.fence``), which
         aborts the connection so that the next owner gets these deliveries first."""
-        if self.session.lost.is_set():
+        if self.session.lost.is_set() or self._fencing:
             return  # the fence aborts the connection (and refuses this close once begun)
         channel = delivery.channel
         if channel.is_open and id(channel) not in self._given_back:
@@ -443,6 +463,8 @@ class Worker(KeyParking, threading.Thread):
                 failure = self._call(delivery, message, replay=replay)
             except _TimedOut:
                 return Outcome.TIMED_OUT, None, attempt
+            except _Fencing:
+                return Outcome.KEEP, None, attempt
             self._m_handler_seconds.observe(time.monotonic() - started)
             if failure is None:
                 self._m_handled_ok.inc()  # and ``handled`` counted it (in _call)
@@ -465,9 +487,12 @@ class Worker(KeyParking, threading.Thread):
     def _call(
         self, delivery: Delivery, message: Message, *, replay: bool = False
     ) -> BaseException | None:
-        """What the handler raised, or None; :class:`_TimedOut` if the watchdog gave up on it."""
+        """What the handler raised, or None; :class:`_TimedOut` if the watchdog gave up on it,
+        :class:`_Fencing` if the worker was stopped for a fence (the call never began)."""
         caller = threading.get_ident()
         with self._lock:
+            if self._fencing:
+                raise _Fencing
             self._running[caller] = _Running(delivery, message, time.monotonic(), replay)
         try:
             result = self.handler(message)
@@ -478,6 +503,8 @@ class Worker(KeyParking, threading.Thread):
             failure = error
         with self._lock:
             del self._running[caller]
+            if not self._running:
+                self._idle.notify_all()
             if self._timed_out:
                 raise _TimedOut
             if failure is None:

@@ -362,6 +362,77 @@ def test_a_lost_lease_fences_every_partition_then_the_member_rejoins(env: Env) -
     assert c1.broker.count("subscribe", 0) == 2
 
 
+class Holding:
+    """A handler that holds message ``m0`` until released, noting how many fences the
+    broker had seen when it returned."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.fences_at_return: int | None = None
+        self.handled: list[bytes] = []
+        self.running: Running | None = None
+
+    def __call__(self, message: Message) -> None:
+        self.handled.append(message.body)
+        if message.body == b"m0":
+            self.started.set()
+            self.release.wait(10)
+            assert self.running is not None
+            self.fences_at_return = self.running.broker.count("fence")
+
+
+def inside_a_call(env: Env, ttl: int, messages: int) -> tuple[Running, Holding, list[int]]:
+    """c1 consuming partition 0 with a :class:`Holding` handler, sent ``messages`` (m0 …)
+    and inside its call for m0; the delivery tags."""
+    holding = Holding()
+    c1 = env.consumer("c1", ttl=ttl)
+    c1.consumer.partitions.handler = holding
+    holding.running = c1
+    env.assign(0, "c1")
+    eventually("consuming", lambda: c1.consumer.owned() == [0])
+    tags = [c1.broker.publish(0, f"m{i}".encode()) for i in range(messages)]
+    eventually("m0 under way", holding.started.is_set)
+    return c1, holding, tags
+
+
+def test_a_handler_call_under_way_at_a_lost_lease_finishes_before_the_fence(
+    env: Env,
+) -> None:
+    # Given c1 inside its handler for m0 (m1 waiting behind it), as a process frozen
+    # mid-call and resumed past its lease would be
+    c1, holding, tags = inside_a_call(env, ttl=2, messages=2)
+    worker = c1.consumer.partitions.slots[0].worker
+    assert worker is not None
+    # When its lease is lost and the daemon begins the fence (the worker stopped for it)
+    env.fake.expire(c1.lease)
+    eventually("the fence begun", lambda: worker._fencing)
+    assert c1.broker.count("fence") == 0
+    holding.release.set()
+    # Then the call finishes and m0 is acked before the connection is aborted; m1 is never
+    # begun nor given back by a channel close: the abort returns it, in order
+    eventually("the fence", lambda: c1.broker.count("fence") == 1)
+    assert holding.fences_at_return == 0
+    assert c1.broker.acked(0) == tags[:1]
+    assert holding.handled == [b"m0"]
+    assert c1.broker.count("close_channel", 0) == 0
+
+
+def test_a_handler_call_still_under_way_a_lease_ttl_on_is_fenced_anyway(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given c1 (lease TTL 1 s) inside its handler for m0
+    c1, holding, _tags = inside_a_call(env, ttl=1, messages=1)
+    # When its lease is lost and the call does not return
+    env.fake.expire(c1.lease)
+    # Then the fence waits a lease TTL for it, no longer, and says so
+    eventually("the fence", lambda: c1.broker.count("fence") == 1)
+    holding.release.set()
+    eventually("m0 returned", lambda: holding.fences_at_return is not None)
+    assert holding.fences_at_return == 1
+    assert "a handler call is still under way 1s after the fence began" in caplog.text
+
+
 def test_a_stop_leaves_the_group_drains_releases_and_revokes(env: Env) -> None:
     # Given c1 consuming two partitions, with a broker that notes who is a member at cancel
     c1 = consuming(env, "c1", 0, 2)

@@ -7,8 +7,11 @@ to ``$PARTQ_RECORD``), ``record_async`` the same as an ``async def`` (it awaits
 ``$PARTQ_POISON_SEQ`` on while the file ``$PARTQ_POISON_FLAG`` exists (delete it to
 "fix the handler"), and takes ``$PARTQ_POISON_SLOW`` seconds per message of that key;
 ``slow_while`` takes ``$PARTQ_SLOW_SLEEP`` seconds per message while the file
-``$PARTQ_SLOW_FLAG`` exists (a backlog made on purpose), then records; ``record_rate``
-records ``partq spark-job --rate``'s rows with their ``value`` as the seq.
+``$PARTQ_SLOW_FLAG`` exists (a backlog made on purpose), then records; ``record_stepwise``
+works ``$PARTQ_RECORD_SLEEP`` seconds in 5 ms steps, then records (a process frozen inside
+it still has its remaining steps to do on resuming, as real work would, where one sleep
+would end at once); ``record_rate`` records ``partq spark-job --rate``'s rows with their
+``value`` as the seq.
 """
 
 from __future__ import annotations
@@ -23,12 +26,29 @@ from consumers.examples import record_handler as record
 from consumers.examples import write_record
 from consumers.message import Message
 
-__all__ = ["poison", "poison_key", "record", "record_async", "record_rate", "slow_while"]
+__all__ = [
+    "poison",
+    "poison_key",
+    "record",
+    "record_async",
+    "record_rate",
+    "record_stepwise",
+    "slow_while",
+]
+
+STEP = 0.005  # record_stepwise's step
 
 
 async def record_async(message: Message) -> None:
     start = time.time()
     await asyncio.sleep(float(os.environ.get("PARTQ_RECORD_SLEEP", "0.002")))
+    write_record(message, start, time.time())
+
+
+def record_stepwise(message: Message) -> None:
+    start = time.time()
+    for _ in range(max(1, round(float(os.environ.get("PARTQ_RECORD_SLEEP", "0.002")) / STEP))):
+        time.sleep(STEP)
     write_record(message, start, time.time())
 
 

@@ -236,14 +236,21 @@ def test_kill_9_consumer_partitions_move_after_ttl(env, rabbitmq: str) -> None:
     assert_invariants(records, producer.published(), crashes=[Crash(killed_at, PREFETCH, c2_pid)])
 
 
-@pytest.mark.fault
-def test_sigstop_longer_than_ttl_no_overlap(env, rabbitmq: str) -> None:
+def freeze_c2(env, rabbitmq: str, heartbeat: int) -> tuple[list[dict], int, tuple[float, float]]:
+    """Two consumers whose handler works 100 ms in 5 ms steps, busy about 80% of the time
+    (so c2 is frozen inside handler calls, with steps left to do), and AMQP heartbeat
+    ``heartbeat``; c2 SIGSTOPped 6 s under load (lease TTL 2 s), then resumed and the group
+    balanced again. The records, c2's pid and its frozen window."""
     fleet, group, spec = env
+    fleet.env["PARTQ_RECORD_SLEEP"] = "0.1"
+    # a window of 10: a planned handoff back to c2 waits for c1's window, 1 s of work
+    extra = ("--heartbeat", str(heartbeat), "--prefetch", "10")
+    options = {"handler": "record_stepwise", "extra": extra}
     fleet.coordinator()
-    fleet.consumer("c1")
-    c2 = fleet.consumer("c2")
+    fleet.consumer("c1", **options)
+    c2 = fleet.consumer("c2", **options)
     settle(group, fleet, {"c1", "c2"})
-    producer = SequenceProducer(spec, rabbitmq)
+    producer = SequenceProducer(spec, rabbitmq, keys=24, rate=96.0)
     producer.start()
     try:
         time.sleep(1.5)
@@ -258,8 +265,44 @@ def test_sigstop_longer_than_ttl_no_overlap(env, rabbitmq: str) -> None:
     finally:
         producer.stop()
     records = handled_all(fleet, producer)
-    print(f"\nSIGSTOP 6 s (TTL 2 s): converged {converged:.2f}s after SIGCONT")
-    assert_invariants(records, producer.published(), {c2.pid: [(stopped_at, resumed_at)]})
+    print(f"\nSIGSTOP 6 s (TTL 2 s, heartbeat {heartbeat} s): converged {converged:.2f}s after")
+    assert checker.lost(producer.published(), records) == []
+    assert checker.order_violations(records) == []
+    return records, c2.pid, (stopped_at, resumed_at)
+
+
+def under_way(records: list[dict], pid: int, window: tuple[float, float]) -> list[dict]:
+    """``pid``'s handler calls that began before ``window`` and ended after it: those its
+    process was frozen inside."""
+    return [r for r in records if r["pid"] == pid and r["start"] < window[0] < window[1] < r["end"]]
+
+
+@pytest.mark.fault
+def test_sigstop_longer_than_ttl_no_overlap(env, rabbitmq: str) -> None:
+    """An owner frozen inside handler calls past its lease, before RabbitMQ notices (AMQP
+    heartbeat 30 s): resumed, it finishes those calls before its fence hands the partitions
+    on, so the next owner never handles beside it."""
+    records, pid, window = freeze_c2(env, rabbitmq, heartbeat=30)
+    frozen_inside = under_way(records, pid, window)
+    print(f"handler calls c2 was frozen inside: {len(frozen_inside)}")
+    assert frozen_inside, "c2 was not frozen inside a handler call: the test proves nothing"
+    assert checker.overlaps(records, {pid: [window]}) == []
+
+
+@pytest.mark.fault
+@pytest.mark.usefixtures("machine_version_in_ci")  # the broker's heartbeat: version-blind
+def test_sigstop_past_the_heartbeat_only_the_calls_under_way_overlap(env, rabbitmq: str) -> None:
+    """The limit: when RabbitMQ notices the frozen owner first (heartbeat 1 s), the next
+    owner starts during the freeze, and a handler call the owner was frozen inside finishes
+    beside it on resuming (a thread cannot be stopped). Nothing else overlaps: the resumed
+    owner begins no call before it fences."""
+    records, pid, window = freeze_c2(env, rabbitmq, heartbeat=1)
+    frozen_inside = under_way(records, pid, window)
+    overlaps = checker.overlaps(records, {pid: [window]})
+    print(f"handler calls c2 was frozen inside: {len(frozen_inside)}; overlaps: {overlaps}")
+    assert len(frozen_inside) <= P // 2, "at most one call under way per partition it owned"
+    others = [r for r in records if r not in frozen_inside]
+    assert checker.overlaps(others, {pid: [window]}) == []
 
 
 @pytest.mark.fault

@@ -194,12 +194,21 @@ class Faulty:
     def strike(self) -> None:
         """The leading coordinator, the other producer and consumer c3 killed -9, then etcd
         stopped."""
-        (leader,) = [c for c in self.coordinators if "leading (candidate" in c.tail(200)]
-        leader.kill()
+        self.leader().kill()
         self.other.kill()
         self.crashes.append(Crash(time.time(), PREFETCH, self.consumers["c3"].pid))
         self.consumers.pop("c3").kill()
         self.etcd.stop()
+
+    def leader(self) -> Proc:
+        """The coordinator leading now: the one whose log says it leads under the candidate
+        etcd ranks first. A coordinator's tail may hold an earlier leadership too, so the
+        candidate's name decides."""
+        leaders = wait_until(lambda: self.group.snapshot().leaders, 10, 0.05, "a leader")
+        line = f"{keys.leader_prefix(self.fleet.stream)}{leaders[0][1]})"
+        wait_until(lambda: any(line in c.tail(400) for c in self.coordinators), 10, 0.05, line)
+        (leader,) = [c for c in self.coordinators if line in c.tail(400)]
+        return leader
 
     def restore(self) -> None:
         """etcd started again once it has been away ``OUTAGE`` seconds."""
