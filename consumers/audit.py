@@ -23,6 +23,8 @@ __all__ = [
     "Crash",
     "balance_problems",
     "concurrent_keys",
+    "finished_beside",
+    "frozen_inside",
     "handoff_gaps",
     "key_overlaps",
     "load",
@@ -93,6 +95,41 @@ def overlaps(
                     )
             ends[pid] = max(ends.get(pid, b), b)
     return problems
+
+
+def frozen_inside(
+    records: Iterable[Record], frozen: Mapping[int, Sequence[Window]]
+) -> list[tuple[Record, Window]]:
+    """The handler calls a process was frozen inside (begun before one of its windows,
+    ended after it), each with that window."""
+    return [
+        (r, w)
+        for r in records
+        for w in frozen.get(r["pid"], ())
+        if r["start"] < w[0] and w[1] < r["end"]
+    ]
+
+
+def finished_beside(
+    records: Sequence[Record], frozen: Mapping[int, Sequence[Window]]
+) -> list[Record]:
+    """The handler calls a process was frozen inside whose partition another process began
+    handling during that freeze: RabbitMQ noticed the freeze first (missed heartbeats) and
+    served the partition on, and the call finished beside the next owner on resuming. A
+    running thread cannot be stopped: a limit (docs/guarantees.md), not a fence that failed,
+    for a fenced owner's partition goes to nobody else until its connection is gone."""
+    starts: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for r in records:
+        starts[r["partition"]].append((r["start"], r["pid"]))
+    for found in starts.values():
+        found.sort()
+    beside = []
+    for r, (w0, w1) in frozen_inside(records, frozen):
+        found = starts[r["partition"]]
+        during = found[bisect.bisect_left(found, (w0, -1)) : bisect.bisect_left(found, (w1, -1))]
+        if any(pid != r["pid"] for _at, pid in during):
+            beside.append(r)
+    return beside
 
 
 def _starts_during(

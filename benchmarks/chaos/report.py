@@ -45,7 +45,9 @@ def table(results: dict[str, Any]) -> str:
         f"| order violations, raw | {v['order_raw']} |",
         f"| **order violations not explained by a crash's window** | "
         f"**{v['order_unexplained']}** |",
-        f"| **overlaps** (two processes on one partition at once) | **{v['overlaps']}** |",
+        f"| overlaps (two processes on one partition at once), raw | {v['overlaps_raw']} |",
+        f"| **overlaps not explained by a handler call a process was frozen inside** (RabbitMQ "
+        f"noticed the freeze first: docs/guarantees.md, Limits) | **{v['overlaps']}** |",
         "",
         "| pause after a fault (longest gap per partition, s) | n | p50 | p99 | max |",
         "|---|---|---|---|---|",

@@ -66,7 +66,8 @@ class Verdict:
     order_raw: int
     order_unexplained: int
     order_examples: list[str]
-    overlaps: int
+    overlaps_raw: int
+    overlaps: int  # not explained by a call a process was frozen inside (audit.finished_beside)
     overlap_examples: list[str]
     pauses: dict[str, dict[str, float]]  # fault kind -> n, p50, p99, max (seconds)
     memory: dict[str, dict[str, float]]  # process label -> first, max, last (MiB)
@@ -185,7 +186,10 @@ def judge(
     missing = audit.lost(confirmed, records)
     raw = audit.order_violations(records)
     unexplained = audit.order_violations(records, crashes(faults))
-    overlapping = audit.overlaps(records, frozen_windows(faults))
+    frozen = frozen_windows(faults)
+    overlapping_raw = audit.overlaps(records, frozen)
+    beside = {id(r) for r in audit.finished_beside(records, frozen)} if overlapping_raw else set()
+    overlapping = audit.overlaps([r for r in records if id(r) not in beside], frozen)
     return Verdict(
         confirmed=len(confirmed),
         handled=len(records),
@@ -196,6 +200,7 @@ def judge(
         order_raw=len(raw),
         order_unexplained=len(unexplained),
         order_examples=unexplained[:10],
+        overlaps_raw=len(overlapping_raw),
         overlaps=len(overlapping),
         overlap_examples=overlapping[:10],
         pauses=pauses(records, faults),

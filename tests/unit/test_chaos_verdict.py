@@ -69,9 +69,24 @@ def test_a_frozen_process_does_not_overlap_while_it_is_stopped() -> None:
     # Then without the freeze on record that is an overlap, with it none
     assert judge(records, confirmed, []).overlaps == 1
     assert judge(records, confirmed, [frozen]).overlaps == 0
-    # And pid 2 handling after the SIGCONT, while pid 1 still runs, is one
+    # And pid 2 handling after the SIGCONT while pid 1 finishes the call it was frozen
+    # inside is an overlap, explained: pid 2 began during the freeze, so RabbitMQ had
+    # noticed it and served the partition on (a running thread cannot be stopped)
     records.append(rec(2, 0, "a", 2, 5.1))
-    assert judge(records, confirmed, [frozen]).overlaps == 1
+    verdict = judge(records, confirmed, [frozen])
+    assert (verdict.overlaps_raw, verdict.overlaps) == (1, 0)
+
+
+def test_a_next_owner_that_starts_only_after_the_resume_beside_the_call_is_unexplained() -> None:
+    # Given pid 1 frozen from t=1 to t=5 inside a call it finishes at 5.2, and pid 2 that
+    # began on the partition only at 5.1: the fence let it in before the call finished
+    records = [rec(1, 0, "a", 0, 0.9), rec(2, 0, "a", 1, 5.1)]
+    records[0]["end"] = 5.2
+    frozen = Fault(1.0, "consumer-stop", "c1", pid=1, until=5.0)
+    verdict = judge(records, {("a", 0), ("a", 1)}, [frozen])
+    # Then that overlap is not explained
+    assert (verdict.overlaps_raw, verdict.overlaps) == (1, 1)
+    assert not verdict.passed
 
 
 def test_duplicates_are_charged_to_the_latest_fault_before_them_and_split_by_how() -> None:

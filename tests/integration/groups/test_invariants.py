@@ -271,22 +271,17 @@ def freeze_c2(env, rabbitmq: str, heartbeat: int) -> tuple[list[dict], int, tupl
     return records, c2.pid, (stopped_at, resumed_at)
 
 
-def under_way(records: list[dict], pid: int, window: tuple[float, float]) -> list[dict]:
-    """``pid``'s handler calls that began before ``window`` and ended after it: those its
-    process was frozen inside."""
-    return [r for r in records if r["pid"] == pid and r["start"] < window[0] < window[1] < r["end"]]
-
-
 @pytest.mark.fault
 def test_sigstop_longer_than_ttl_no_overlap(env, rabbitmq: str) -> None:
     """An owner frozen inside handler calls past its lease, before RabbitMQ notices (AMQP
     heartbeat 30 s): resumed, it finishes those calls before its fence hands the partitions
     on, so the next owner never handles beside it."""
     records, pid, window = freeze_c2(env, rabbitmq, heartbeat=30)
-    frozen_inside = under_way(records, pid, window)
-    print(f"handler calls c2 was frozen inside: {len(frozen_inside)}")
-    assert frozen_inside, "c2 was not frozen inside a handler call: the test proves nothing"
-    assert checker.overlaps(records, {pid: [window]}) == []
+    frozen = {pid: [window]}
+    inside = checker.frozen_inside(records, frozen)
+    print(f"handler calls c2 was frozen inside: {len(inside)}")
+    assert inside, "c2 was not frozen inside a handler call: the test proves nothing"
+    assert checker.overlaps(records, frozen) == []
 
 
 @pytest.mark.fault
@@ -297,12 +292,13 @@ def test_sigstop_past_the_heartbeat_only_the_calls_under_way_overlap(env, rabbit
     beside it on resuming (a thread cannot be stopped). Nothing else overlaps: the resumed
     owner begins no call before it fences."""
     records, pid, window = freeze_c2(env, rabbitmq, heartbeat=1)
-    frozen_inside = under_way(records, pid, window)
-    overlaps = checker.overlaps(records, {pid: [window]})
-    print(f"handler calls c2 was frozen inside: {len(frozen_inside)}; overlaps: {overlaps}")
-    assert len(frozen_inside) <= P // 2, "at most one call under way per partition it owned"
-    others = [r for r in records if r not in frozen_inside]
-    assert checker.overlaps(others, {pid: [window]}) == []
+    frozen = {pid: [window]}
+    beside = checker.finished_beside(records, frozen)
+    overlaps = checker.overlaps(records, frozen)
+    print(f"calls c2 was frozen inside that finished beside c1: {len(beside)}; {overlaps}")
+    assert len(beside) <= P // 2, "at most one call under way per partition it owned"
+    others = [r for r in records if r not in beside]
+    assert checker.overlaps(others, frozen) == []
 
 
 @pytest.mark.fault
