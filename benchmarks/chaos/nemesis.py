@@ -46,7 +46,7 @@ CLI = [sys.executable, "-m", "cli"]
 class _Repair:
     due: float
     what: str = field(compare=False)
-    run: Callable[[], None] = field(compare=False)
+    run: Callable[[], object] = field(compare=False)  # its result is ignored
 
 
 @dataclass
@@ -157,7 +157,7 @@ class Nemesis:
             return len([p for p in self.consumers.values() if p.alive()]) > MIN_CONSUMERS
         return kind == "rebalance"
 
-    def _later(self, low: float, high: float, what: str, run: Callable[[], None]) -> None:
+    def _later(self, low: float, high: float, what: str, run: Callable[[], object]) -> None:
         self._repairs.append(_Repair(time.monotonic() + self.rng.uniform(low, high), what, run))
 
     # -- the faults ---------------------------------------------------------------------
