@@ -33,6 +33,7 @@ __all__ = [
     "moves",
     "order_violations",
     "overlaps",
+    "overlaps_unexplained",
     "percentile",
     "redelivered_out_of_order",
 ]
@@ -130,6 +131,14 @@ def finished_beside(
         if any(pid != r["pid"] for _at, pid in during):
             beside.append(r)
     return beside
+
+
+def overlaps_unexplained(
+    records: Sequence[Record], frozen: Mapping[int, Sequence[Window]]
+) -> list[str]:
+    """:func:`overlaps` but for the calls that :func:`finished_beside` explains."""
+    beside = {id(r) for r in finished_beside(records, frozen)}
+    return overlaps([r for r in records if id(r) not in beside], frozen)
 
 
 def _starts_during(

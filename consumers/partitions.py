@@ -572,7 +572,7 @@ class Partitions:
         slots = self.slots.values()
         self._await_handlers([w for s in slots for w in (s.worker, s.retired) if w is not None])
         self.broker.fence()
-        for slot in self.slots.values():
+        for slot in slots:
             slot.retire()
             slot.step(Event.DROPPED)
         metrics.PARTITIONS_OWNED.labels(*self._labels).set(0)

@@ -188,8 +188,7 @@ def judge(
     unexplained = audit.order_violations(records, crashes(faults))
     frozen = frozen_windows(faults)
     overlapping_raw = audit.overlaps(records, frozen)
-    beside = {id(r) for r in audit.finished_beside(records, frozen)} if overlapping_raw else set()
-    overlapping = audit.overlaps([r for r in records if id(r) not in beside], frozen)
+    overlapping = audit.overlaps_unexplained(records, frozen) if overlapping_raw else []
     return Verdict(
         confirmed=len(confirmed),
         handled=len(records),

@@ -297,8 +297,7 @@ def test_sigstop_past_the_heartbeat_only_the_calls_under_way_overlap(env, rabbit
     overlaps = checker.overlaps(records, frozen)
     print(f"calls c2 was frozen inside that finished beside c1: {len(beside)}; {overlaps}")
     assert len(beside) <= P // 2, "at most one call under way per partition it owned"
-    others = [r for r in records if r not in beside]
-    assert checker.overlaps(others, frozen) == []
+    assert checker.overlaps_unexplained(records, frozen) == []
 
 
 @pytest.mark.fault
