@@ -202,12 +202,20 @@ class Faulty:
 
     def leader(self) -> Proc:
         """The coordinator leading now: the one whose log says it leads under the candidate
-        etcd ranks first. A coordinator's tail may hold an earlier leadership too, so the
-        candidate's name decides."""
-        leaders = wait_until(lambda: self.group.snapshot().leaders, 10, 0.05, "a leader")
-        line = f"{keys.leader_prefix(self.fleet.stream)}{leaders[0][1]})"
-        wait_until(lambda: any(line in c.tail(400) for c in self.coordinators), 10, 0.05, line)
-        (leader,) = [c for c in self.coordinators if line in c.tail(400)]
+        etcd ranks first. A coordinator's log may hold an earlier leadership too, so the
+        candidate's name decides; etcd is read again on every poll, as leadership may pass
+        (a spec's change makes every coordinator campaign again)."""
+
+        def leading() -> Proc | None:
+            leaders = self.group.snapshot().leaders
+            if not leaders:
+                return None
+            line = f"{keys.leader_prefix(self.fleet.stream)}{leaders[0][1]})"
+            found = [c for c in self.coordinators if line in c.log.read_text(errors="replace")]
+            return found[0] if len(found) == 1 else None
+
+        what = "the leading coordinator:\n" + "\n".join(c.tail(5) for c in self.coordinators)
+        leader: Proc = wait_until(leading, 30, 0.05, what)
         return leader
 
     def restore(self) -> None:
