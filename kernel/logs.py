@@ -31,6 +31,7 @@ from kernel.errors import UsageError
 
 __all__ = [
     "CONTEXT_FIELDS",
+    "HANDLER_NAME",
     "PIKA_TRANSPORT",
     "QUIET_LIBRARIES",
     "bind",
@@ -46,7 +47,7 @@ QUIET_LIBRARIES: Final = ("pika", "grpc", "etcd3", "py4j")
 # not cause itself (``consumers.broker``, ``consumers.channels``), with pika's reason.
 PIKA_TRANSPORT: Final = ("pika.adapters.utils.io_services_utils", "pika.adapters.base_connection")
 
-_HANDLER_NAME: Final = "partq"
+HANDLER_NAME: Final = "partq"
 _EMPTY: Final[Mapping[str, str | int]] = MappingProxyType({})
 _context: ContextVar[Mapping[str, str | int]] = ContextVar("partq_log_context", default=_EMPTY)
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+", re.IGNORECASE)
@@ -87,12 +88,12 @@ def configure(level: str, *, json: bool | None = None, stream: IO[str] | None = 
     as_json = not _is_terminal(out) if json is None else json
 
     handler = logging.StreamHandler(out)
-    handler.set_name(_HANDLER_NAME)
+    handler.set_name(HANDLER_NAME)
     handler.addFilter(_add_context)
     handler.setFormatter(JsonFormatter() if as_json else TextFormatter())
 
     root = logging.getLogger()
-    for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
+    for old in [h for h in root.handlers if h.get_name() == HANDLER_NAME]:
         root.removeHandler(old)
         old.close()
     root.addHandler(handler)

@@ -7,6 +7,7 @@ in CI (``CI`` set), so a green CI run always means the integration tiers ran.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -20,6 +21,7 @@ from typing import Any
 import pika
 import pytest
 
+from kernel import logs
 from kernel.local import LocalEtcd
 from kernel.settings import Settings
 from producer.registry import Registry
@@ -81,6 +83,19 @@ class _ContainerEtcd:
 
     def stop(self) -> None:
         self.container.stop()
+
+
+@pytest.fixture(autouse=True)
+def _partq_log_handler_removed() -> Iterator[None]:
+    """partq's log handler, if a test installed it (a CLI run in-process: ``kernel.logs.
+    configure``), removed once the test ends: its stream is the one pytest captured for
+    that test, closed then, and a later test's log line would print a "Logging error"."""
+    before = set(logging.getLogger().handlers)
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if h not in before]:
+        if handler.get_name() == logs.HANDLER_NAME:
+            root.removeHandler(handler)
 
 
 @pytest.fixture(scope="session")
