@@ -141,6 +141,30 @@ def overlaps_unexplained(
     return overlaps([r for r in records if id(r) not in beside], frozen)
 
 
+def fencing_regressions(records: Iterable[Record]) -> list[str]:
+    """Handlings whose ``fencing_token`` (``Message.fencing_token``) does not fence: per
+    partition, in the order the handlings began, a token must never fall below the greatest
+    seen so far, and a process other than that token's must bring a greater one. A store
+    keeping the greatest token then refuses exactly the late writes of deposed owners.
+    Records without a token (0, or none: a handler that does not record it) are skipped."""
+    by_partition: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
+    for r in records:
+        if token := r.get("fencing_token", 0):
+            by_partition[r["partition"]].append((r["start"], token, r["pid"]))
+    problems = []
+    for partition, handlings in sorted(by_partition.items()):
+        best, holder = 0, None
+        for start, token, pid in sorted(handlings):
+            if token < best or (token == best and pid != holder):
+                problems.append(
+                    f"partition {partition}: pid {pid} began at {start:.6f} with token "
+                    f"{token}, after pid {holder}'s {best}"
+                )
+            elif token > best:
+                best, holder = token, pid
+    return problems
+
+
 def _starts_during(
     intervals: list[tuple[float, float, str]],
 ) -> Iterator[tuple[str, str]]:

@@ -58,6 +58,7 @@ def write_record(message: Message, start: float, end: float) -> None:
             "attempt": message.attempt,
             "pid": os.getpid(),
             "published_ms": message.published_ms,
+            "fencing_token": message.fencing_token,
             "start": start,
             "end": end,
         },

@@ -61,6 +61,14 @@ class Message:
     own delivery limit (far above partq's retries) dead-letters a message that
     keeps crashing its consumers.
 
+    ``fencing_token`` is the etcd revision of this consumer's claim on the partition when
+    it began handling it: every later owner of the partition gets a greater one. A store
+    written by the handler can keep the greatest token it has seen (per partition, or
+    per key) and refuse a write that brings a smaller one: that refuses the late write
+    of a deposed owner, e.g. a handler call its process was frozen inside past its lease
+    while RabbitMQ had already served the partition to the next owner (README, Limits).
+    0 where there is no claim (a message built outside the daemon).
+
     ``key`` and ``published_ms`` are None for a message without partq headers (a
     foreign publisher's); such messages are handled like any other. Spark-published
     messages carry ``partq-query-id``/``partq-batch-id``/``partq-seq`` headers and a
@@ -80,6 +88,7 @@ class Message:
     # The partition its publisher computed (``partq-partition``); differs from
     # ``partition`` only for a message published into the wrong queue.
     published_partition: int | None = None
+    fencing_token: int = 0
 
     @property
     def replay(self) -> ReplayId | None:
@@ -107,6 +116,7 @@ def message_from(
     headers: Mapping[str, Any] | None,
     redelivered: bool,
     attempt: int,
+    fencing_token: int = 0,
 ) -> Message:
     """The handler's view of one delivery; raises :class:`MalformedHeaders`.
 
@@ -131,6 +141,7 @@ def message_from(
         published_ms=_integer(headers, HEADER_PUBLISHED_MS),
         delivery_count=_delivery_count(headers),
         published_partition=_integer(headers, HEADER_PARTITION),
+        fencing_token=fencing_token,
     )
 
 

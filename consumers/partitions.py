@@ -813,6 +813,8 @@ class Partitions:
             loop=self.loop,
             generation=next(self._generations),
             resize=self.resize,
+            # our claim's revision now: any later owner's is greater (Message.fencing_token)
+            fencing_token=self.mirror.claim_revisions.get(partition, 0),
         )
         slot.worker = worker
         if start:

@@ -152,6 +152,7 @@ class Worker(KeyParking, threading.Thread):
         loop: EventLoop | None = None,
         generation: int = 0,
         resize: ResizeGate | None = None,
+        fencing_token: int = 0,
     ) -> None:
         """``handler_timeout``: seconds (None or 0: none). ``on_failure(partition, reason)``:
         the worker stopped for good, ``reason`` :data:`CRASH` or :data:`HANDLER_TIMEOUT`.
@@ -159,7 +160,9 @@ class Worker(KeyParking, threading.Thread):
         dead-lettering single messages. ``loop``: where awaitables a handler returns are
         awaited (the daemon's; by default one of the worker's own, started on first use).
         ``generation``: of the subscription whose deliveries it takes (``consumers.port``).
-        ``resize``: the member's gate (None: fences are acked unrecorded, nothing is gated)."""
+        ``resize``: the member's gate (None: fences are acked unrecorded, nothing is gated).
+        ``fencing_token``: every message's (``Message.fencing_token``): the etcd revision of
+        our claim on the partition when this worker started."""
         super().__init__(name=f"partition-{partition}", daemon=True)
         self.spec = spec
         self.partition = partition
@@ -173,6 +176,7 @@ class Worker(KeyParking, threading.Thread):
         self.retries = Backoff(initial=retry_backoff)  # between handler attempts
         self.previous = previous
         self.freed_at = freed_at
+        self.fencing_token = fencing_token
         self.handler_timeout = handler_timeout or None
         self.on_failure = on_failure
         self.loop = loop or EventLoop(name=f"handler-loop-{partition}")
@@ -401,6 +405,7 @@ class Worker(KeyParking, threading.Thread):
             props.headers,
             delivery.redelivered,
             1,
+            self.fencing_token,
         )
 
     def _handle(self, delivery: Delivery) -> Outcome:

@@ -48,6 +48,8 @@ def table(results: dict[str, Any]) -> str:
         f"| overlaps (two processes on one partition at once), raw | {v['overlaps_raw']} |",
         f"| **overlaps not explained by a handler call a process was frozen inside** (RabbitMQ "
         f"noticed the freeze first: docs/guarantees.md, Limits) | **{v['overlaps']}** |",
+        f"| **fencing tokens that did not fence** (a later owner's not greater) | "
+        f"**{v.get('fencing', 0)}** |",
         "",
         "| pause after a fault (longest gap per partition, s) | n | p50 | p99 | max |",
         "|---|---|---|---|---|",

@@ -11,7 +11,7 @@ import bisect
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from consumers import audit
@@ -72,10 +72,16 @@ class Verdict:
     pauses: dict[str, dict[str, float]]  # fault kind -> n, p50, p99, max (seconds)
     memory: dict[str, dict[str, float]]  # process label -> first, max, last (MiB)
     faults: dict[str, int]  # kind -> how many
+    # handlings whose fencing token did not fence (audit.fencing_regressions), and examples
+    fencing: int = 0
+    fencing_examples: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return self.lost == 0 and self.order_unexplained == 0 and self.overlaps == 0
+        return (
+            self.lost == 0 and self.order_unexplained == 0 and self.overlaps == 0
+            and self.fencing == 0
+        )  # fmt: skip
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "passed": self.passed}
@@ -189,6 +195,7 @@ def judge(
     frozen = frozen_windows(faults)
     overlapping_raw = audit.overlaps(records, frozen)
     overlapping = audit.overlaps_unexplained(records, frozen) if overlapping_raw else []
+    unfenced = audit.fencing_regressions(records)
     return Verdict(
         confirmed=len(confirmed),
         handled=len(records),
@@ -205,4 +212,6 @@ def judge(
         pauses=pauses(records, faults),
         memory=memory(samples),
         faults=dict(sorted(Counter(f.kind for f in faults if f.ok).items())),
+        fencing=len(unfenced),
+        fencing_examples=unfenced[:10],
     )

@@ -119,6 +119,9 @@ def test_keys_stay_in_order_through_join_leave_and_kill_with_concurrency_64(
     assert audit.lost(sent, records) == []
     assert audit.overlaps(records) == []
     assert audit.key_overlaps(records) == []
+    # every handling carries its owner's fencing token, greater at each change of owner
+    assert all(r["fencing_token"] > 0 for r in records)
+    assert audit.fencing_regressions(records) == []
     assert audit.order_violations(records, [killed], repeats=True) == []
     after = [r for r in records if r["start"] > killed.at]
     redelivered = sum(1 for r in after if r.get("redelivered"))

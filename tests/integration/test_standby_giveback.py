@@ -16,6 +16,7 @@ order violations in a 3-minute fault soak.)
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -39,12 +40,17 @@ pytestmark = [pytest.mark.integration]
 KEYS = [f"k{i}" for i in range(8)]
 ROUNDS = 12
 HELD = 20  # deliveries each owner holds unacked when its connection dies
+EVERY_FAULT = "PARTQ_TEST_EVERY_FAULT"
 
 
 @pytest.fixture(params=["machine", "4.0.5"])
 def broker(request: pytest.FixtureRequest) -> tuple[str, Ctl]:
-    """The machine's RabbitMQ (3.10 here), or a private 4.0.5 node: its URL and rabbitmqctl."""
+    """The machine's RabbitMQ (3.10 here), or a private 4.0.5 node: its URL and rabbitmqctl.
+    On 4.0.5 on demand (``PARTQ_TEST_EVERY_FAULT=1``): under CI's load it took 108-155 s
+    (17 s alone), and CI's 3-minute fault soak on 4.0.5 gives back activated standbys too."""
     if request.param == "4.0.5":
+        if not os.environ.get(EVERY_FAULT):
+            pytest.skip(f"on 4.0.5 on demand: {EVERY_FAULT}=1 (CI's time budget)")
         node: PrivateRabbit = request.getfixturevalue("rabbit_40_node")
         return node.url, node.ctl
     return request.getfixturevalue("rabbitmq"), request.getfixturevalue("rabbitmqctl")

@@ -168,3 +168,20 @@ def test_a_record_still_being_written_is_left_for_the_next_read(tmp_path: Path) 
     with record.open("a") as out:
         out.write('q": 1}\n')
     assert checker.load(record) == [{"key": "a", "seq": 0}, {"key": "a", "seq": 1}]
+
+
+def fenced(pid: int, partition: int, start: float, token: int) -> dict[str, Any]:
+    return {**rec(pid, partition, "a", 0, start, start + 0.5), "fencing_token": token}
+
+
+def test_fencing_tokens_must_grow_at_each_change_of_process() -> None:
+    # a zombie's call begun before the next owner's, with a smaller token: fenced
+    zombie = [fenced(2, 0, 0.0, 5), fenced(1, 0, 1.0, 9), fenced(1, 0, 2.0, 9), fenced(2, 0, 3, 12)]
+    assert checker.fencing_regressions(zombie) == []
+    # the same token in two processes, or a token below one seen before: not fenced
+    shared = [fenced(2, 0, 0.0, 5), fenced(1, 0, 1.0, 5)]
+    assert len(checker.fencing_regressions(shared)) == 1
+    stale = [fenced(1, 0, 0.0, 9), fenced(2, 0, 1.0, 5)]
+    assert len(checker.fencing_regressions(stale)) == 1
+    # partitions are fenced apart
+    assert checker.fencing_regressions([fenced(1, 0, 0.0, 9), fenced(2, 1, 1.0, 5)]) == []

@@ -145,6 +145,22 @@ def test_messages_are_handled_in_order_and_acked() -> None:
     assert not run.failures
 
 
+def test_every_message_carries_the_workers_fencing_token_on_every_attempt() -> None:
+    # Given a worker started under a claim of etcd revision 41, whose handler fails once
+    tokens: list[tuple[int, int]] = []
+
+    def flaky(message: Message) -> None:
+        tokens.append((message.attempt, message.fencing_token))
+        if message.attempt == 1:
+            raise RuntimeError("once")
+
+    run = Run(flaky, fencing_token=41)
+    run.deliver("m0")
+    run.end()
+    # Then both attempts saw the token
+    assert tokens == [(1, 41), (2, 41)]
+
+
 @pytest.mark.parametrize(
     "headers",
     [{"partq-key": "k", "partq-published-ms": "yesterday"}, {"partq-key-b64": "not*base64!"}],

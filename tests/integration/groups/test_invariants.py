@@ -104,6 +104,8 @@ def assert_invariants(
     assert checker.lost(published, records) == []
     assert checker.overlaps(records, frozen) == []
     assert checker.order_violations(records, crashes) == []
+    assert all(r["fencing_token"] > 0 for r in records)
+    assert checker.fencing_regressions(records) == []
     if crashes:
         print(
             f"redelivered after newer messages of their key: "
@@ -298,6 +300,16 @@ def test_sigstop_past_the_heartbeat_only_the_calls_under_way_overlap(env, rabbit
     print(f"calls c2 was frozen inside that finished beside c1: {len(beside)}; {overlaps}")
     assert len(beside) <= P // 2, "at most one call under way per partition it owned"
     assert checker.overlaps_unexplained(records, frozen) == []
+    # and a store that keeps the greatest fencing token would refuse each such late call:
+    # the next owner's calls, begun during the freeze, carry greater tokens
+    for call in beside:
+        newer = [
+            r["fencing_token"]
+            for r in records
+            if r["partition"] == call["partition"] and r["pid"] != pid and window[0] < r["start"]
+        ]
+        assert newer and min(newer) > call["fencing_token"], call
+    assert checker.fencing_regressions(records) == []
 
 
 @pytest.mark.fault
