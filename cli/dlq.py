@@ -261,10 +261,7 @@ def _act(
         hint = f"; {dead} dead letters: add --dead-letters to act on them" if dead else ""
         click.echo(f"stream {stream}: no parked keys (on failure {spec.on_failure}){hint}")
         return
-    requests = {
-        name: dlq.request(ctx.settings.amqp, spec, record, action)
-        for name, record in records.items()
-    }
+    requests = dlq.requests(ctx.settings.amqp, spec, records, action)
     click.echo(
         f"{stream}: {action} of {len(records)} parked keys requested; waiting for the owners"
     )

@@ -321,8 +321,12 @@ class Consumer:
                 if not self.stopping:
                     log.warning("etcd watch failed: %s; consuming on, resyncing", error)
                     self._schedule(Resync())
-            case LeaseLost():
-                self._fence()
+            case LeaseLost(lease=lease):
+                session = self.membership.session
+                if lease and (session is None or session.id != lease):
+                    log.debug("lease %x was lost, but it is not ours any more", lease)
+                else:
+                    self._fence()
             case WorkerFailed(partition=partition, reason=reason):
                 self._worker_failed(partition, reason)
             case ParkStall():

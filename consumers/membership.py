@@ -63,13 +63,19 @@ class Membership:
         delays = _BACKOFF.delays()
         while True:
             try:
+                lease: list[int] = []  # this try's session's, once made (a later try's own)
+
+                def lost(lease: list[int] = lease) -> None:
+                    self.put(LeaseLost(lease[0] if lease else 0))
+
                 session = Session(
                     self.registry.client,
                     self.registry.where,
                     self.config.ttl,
-                    on_lost=lambda: self.put(LeaseLost()),
+                    on_lost=lost,
                     on_renewal_failure=metrics.LEASE_RENEWAL_FAILURES.labels(*self._labels).inc,
                 )
+                lease.append(session.id)
                 self.session = session
                 self.group.join(
                     session,

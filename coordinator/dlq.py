@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import pika
 import pika.exceptions
+from pika.adapters.blocking_connection import BlockingChannel
 
 from coordinator.group import Group, Parked
 from kernel.amqp import AmqpURL, blocking_connection
@@ -36,7 +38,7 @@ __all__ = [
     "ParkedKey",
     "dead_letter_depth",
     "parked_keys",
-    "request",
+    "requests",
     "sender",
     "wait_unparked",
 ]
@@ -99,13 +101,30 @@ def _depth(connection: pika.BlockingConnection, queue: str) -> int | None:
     return int(frame.method.message_count)
 
 
-def request(amqp_url: AmqpURL, spec: StreamSpec, record: Parked, action: Action) -> str:
-    """Publish the control message for ``record``'s key into the key's partition under the
-    current layout (confirmed); its message id, which the owner names in the key's record if
-    the replay fails. The current layout's, not the record's: after a resize moved the key,
-    its new messages reach that partition, whose owner parks them behind the parked ones;
-    the replay must run on that same worker, in line with them, or a message parked during
-    the replay on another worker would go with the deleted parking queue."""
+def requests(
+    amqp_url: AmqpURL, spec: StreamSpec, records: Mapping[str, Parked], action: Action
+) -> dict[str, str]:
+    """Publish the control message for each record's key into the key's partition under the
+    current layout (confirmed), over one connection; each record's name -> the message id,
+    which the owner names in the key's record if the replay fails. The current layout's,
+    not the record's: after a resize moved the key, its new messages reach that partition,
+    whose owner parks them behind the parked ones; the replay must run on that same worker,
+    in line with them, or a message parked during the replay on another worker would go
+    with the deleted parking queue."""
+    if not records:
+        return {}
+    with blocking_connection(amqp_url) as connection:
+        user = sender(connection, spec.exchange)
+        channel = connection.channel()
+        channel.confirm_delivery()
+        return {
+            name: _request(channel, spec, record, action, user) for name, record in records.items()
+        }
+
+
+def _request(
+    channel: BlockingChannel, spec: StreamSpec, record: Parked, action: Action, user: str
+) -> str:
     key: str | bytes = record.key
     with contextlib.suppress(UnicodeDecodeError):
         key = record.key.decode("utf-8")
@@ -115,18 +134,15 @@ def request(amqp_url: AmqpURL, spec: StreamSpec, record: Parked, action: Action)
         HEADER_PARTITION: partition,
         HEADER_CONTROL: action,
     }
-    with blocking_connection(amqp_url) as connection:
-        properties = pika.BasicProperties(
-            delivery_mode=2,
-            message_id=f"partq-{action}-{record.key_id}-{time.time_ns()}",
-            headers=headers,
-            app_id="partq",
-            user_id=sender(connection, spec.exchange),
-        )
-        channel = connection.channel()
-        channel.confirm_delivery()
-        routing_key = spec.layout.routing_key(partition)  # the current epoch's
-        channel.basic_publish(spec.exchange, routing_key, b"", properties, mandatory=True)
+    properties = pika.BasicProperties(
+        delivery_mode=2,
+        message_id=f"partq-{action}-{record.key_id}-{time.time_ns()}",
+        headers=headers,
+        app_id="partq",
+        user_id=user,
+    )
+    routing_key = spec.layout.routing_key(partition)  # the current epoch's
+    channel.basic_publish(spec.exchange, routing_key, b"", properties, mandatory=True)
     return str(properties.message_id)
 
 

@@ -15,7 +15,11 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class LeaseLost:
-    """etcd says our session's lease is gone (expired or revoked): others may take over."""
+    """etcd says our session's lease is gone (expired or revoked): others may take over.
+    ``lease``: which one (0: unknown), so that a session's loss reported after it was
+    replaced fences nothing of the next one."""
+
+    lease: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ workers and real sessions (TTL 1 s, so a lost lease is noticed within a third of
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -27,6 +28,7 @@ from consumers.handoff import Phase
 from consumers.message import Message
 from consumers.testing import StubBroker
 from coordinator import codec, resize
+from coordinator.events import LeaseLost
 from coordinator.group import Group
 from coordinator.session import Session
 from coordinator.testing import FakeEtcd
@@ -360,6 +362,25 @@ def test_a_lost_lease_fences_every_partition_then_the_member_rejoins(env: Env) -
     eventually("consuming again", lambda: c1.consumer.owned() == [0, 1])
     assert env.claim_of(0) == ("c1", c1.lease) and env.claim_of(1) == ("c1", c1.lease)
     assert c1.broker.count("subscribe", 0) == 2
+
+
+def test_a_lost_lease_reported_again_after_the_rejoin_fences_nothing_more(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given c1 fenced once for its lost lease and consuming again on a new one
+    c1 = consuming(env, "c1", 0, 1)
+    first = c1.lease
+    env.fake.expire(first)
+    eventually("the fence", lambda: c1.broker.count("fence") == 1)
+    eventually("consuming again", lambda: c1.lease != first and c1.consumer.owned() == [0, 1])
+    second = c1.lease
+    # When the first lease's loss is reported once more (a late report of the old session)
+    caplog.set_level(logging.DEBUG, logger="partq.consumer")
+    c1.consumer.events.put(LeaseLost(first))
+    # Then it is passed over: the new session's partitions are not fenced for it
+    eventually("the late report", lambda: f"lease {first:x} was lost, but" in caplog.text)
+    assert c1.broker.count("fence") == 1
+    assert c1.lease == second and c1.consumer.owned() == [0, 1]
 
 
 class Holding:
