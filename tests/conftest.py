@@ -28,6 +28,8 @@ from producer.registry import Registry
 from tests.rabbit import MACHINE, TREE_40, Install, PrivateRabbit, tree_rabbit
 
 DATA = Path(__file__).resolve().parent / "data"
+# set (to anything), the tests kept out of CI's 30 minutes run too
+EVERY_FAULT = "PARTQ_TEST_EVERY_FAULT"
 AMQP_URL = os.environ.get("PARTQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
 

@@ -72,8 +72,9 @@ def table(results: dict[str, Any]) -> str:
         ("lost", "lost_examples"),
         ("order", "order_examples"),
         ("overlap", "overlap_examples"),
+        ("fencing", "fencing_examples"),
     ):
-        lines += [f"{title}: {example}" for example in v[key]]
+        lines += [f"{title}: {example}" for example in v.get(key, [])]
     lines.append(f"verdict: {'PASS' if v['passed'] else 'FAIL'}")
     return "\n".join(lines)
 

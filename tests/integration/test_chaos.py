@@ -29,10 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _unavailable
+from tests.conftest import EVERY_FAULT, _unavailable
 from tests.rabbit import TREE_40
 
-EVERY_FAULT = "PARTQ_TEST_EVERY_FAULT"
 pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -33,6 +33,7 @@ from kernel.settings import Settings
 from producer import Producer, StreamSpec
 from producer.registry import Registry
 from tests.cluster import EtcdCluster, RabbitCluster
+from tests.conftest import EVERY_FAULT
 from tests.rabbit import Install
 from tests.spark.sequences import SparkSequences, handled_twice, order_apart_from_replays
 
@@ -144,7 +145,6 @@ def assert_nothing_lost(
 # The Spark job as a second publisher costs a JVM and a minute on a busy 2-core machine:
 # every fault here runs with the SDK alone in CI and with Spark too on demand (Spark's own
 # faults, a worker's and the driver's death, run in CI: tests/spark).
-EVERY_FAULT = "PARTQ_TEST_EVERY_FAULT"
 WITH_SPARK = pytest.param(
     True,
     id="sdk+spark",

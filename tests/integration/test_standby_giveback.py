@@ -29,7 +29,7 @@ from consumers.broker import Broker
 from consumers.port import Activated, BrokerEvent, Delivery, StandbyLost
 from producer.contract import StreamSpec
 from producer.publisher import Producer
-from tests.conftest import Ctl
+from tests.conftest import EVERY_FAULT, Ctl
 from tests.polling import wait_until
 from tests.rabbit import PrivateRabbit
 
@@ -40,7 +40,6 @@ pytestmark = [pytest.mark.integration]
 KEYS = [f"k{i}" for i in range(8)]
 ROUNDS = 12
 HELD = 20  # deliveries each owner holds unacked when its connection dies
-EVERY_FAULT = "PARTQ_TEST_EVERY_FAULT"
 
 
 @pytest.fixture(params=["machine", "4.0.5"])

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.conftest import AMQP_URL
+from tests.conftest import AMQP_URL, EVERY_FAULT
 
 
 @pytest.fixture(scope="session", params=["machine", "4.0.5"])
@@ -17,9 +17,6 @@ def rabbitmq(request: pytest.FixtureRequest) -> str:
     if os.environ.get("PARTQ_TEST_RABBITMQ") == "4.0.5":
         pytest.skip("the whole run is on 4.0.5 (PARTQ_TEST_RABBITMQ)")
     return AMQP_URL
-
-
-EVERY_FAULT = "PARTQ_TEST_EVERY_FAULT"
 
 
 @pytest.fixture

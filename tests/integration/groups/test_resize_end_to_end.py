@@ -37,8 +37,8 @@ from kernel.settings import Settings
 from producer import Producer, StreamSpec
 from producer.registry import Registry
 from producer.topology import declare_partition_queues, scan_partition_queues
+from tests.conftest import EVERY_FAULT
 
-from .conftest import EVERY_FAULT
 from .harness import PARTQ, PREFETCH, Fleet, Proc, wait_until
 from .journaled_load import PREFIX, confirmed
 from .test_resize_clients import (
