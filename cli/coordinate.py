@@ -44,9 +44,9 @@ log = logging.getLogger("partq.cli")
     default=None,
     help="Name a hot standby member per partition: it subscribes as the queue's waiting "
     "consumer and takes over within milliseconds when the owner's connection dies. "
-    "Default (neither): only among members that hand over by consumer priority "
-    "(RabbitMQ 4 quorum queues, --handoff auto), where standbys were shown to keep order "
-    "through every fault; --standby names them on RabbitMQ 3.x too.",
+    "Default (neither): on quorum queues (RabbitMQ 3.10 and 4), where standbys were shown "
+    "to keep order through every fault, and not on classic queues; --standby names them "
+    "on classic queues too.",
 )
 @click.option(
     "--balance",

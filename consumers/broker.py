@@ -91,6 +91,12 @@ class Broker(threading.Thread):
 
     # -- thread-safe API -----------------------------------------------------------------
 
+    @property
+    def fills(self) -> tuple[int, int]:
+        """(drains that filled their window, fillers published) so far: ``consumers.fillers``."""
+        fillers = self._channels.fillers
+        return fillers.filled, fillers.sent
+
     def _call(self, fn: Callable[[], None]) -> bool:
         connection = self._connection
         if connection is None or not connection.is_open or connection is self._fenced:
@@ -123,9 +129,11 @@ class Broker(threading.Thread):
         Nothing is delivered on it before then."""
         self._call(lambda: self._channels.warm(partition))
 
-    def cancel(self, partition: int) -> None:
-        """Begin draining ``partition``: the worker gets END after its last delivery."""
-        self._call_or_lost(partition, lambda: self._channels.revoke(partition))
+    def cancel(self, partition: int, *, waiting: bool = False) -> None:
+        """Begin draining ``partition``: the worker gets END after its last delivery.
+        ``waiting``: another member holds the claim, so RabbitMQ serves its consumer, not
+        ours: cancelled at once (``consumers.window.Revoke``)."""
+        self._call_or_lost(partition, lambda: self._channels.revoke(partition, waiting=waiting))
 
     def resume(self, partition: int) -> None:
         """Call off ``partition``'s drain if its cancel is not sent yet: send the held acks

@@ -38,6 +38,7 @@ from pika.channel import Channel
 
 from consumers import window as w
 from consumers.acks import send
+from consumers.fillers import Fillers
 from consumers.port import (
     Activated,
     ChannelLost,
@@ -189,6 +190,14 @@ class Channels:
         self._slots: dict[int, _Slot] = {}
         self._fenced = False  # the connection is being aborted: open nothing more on it
         self._own: set[Any] = set()  # the standbys' connections (and those taken over)
+        self.fillers = Fillers(spec, self._unfilled)
+
+    def _window(
+        self, partition: int, phase: w.Phase = w.Phase.CONSUMING, received: int = 0
+    ) -> w.Window:
+        """A new subscription's window (filled in a drain while its queue takes fillers)."""
+        fill = self.fillers.usable_for(partition)
+        return w.Window(self.prefetch, self.early, phase, received, fill=fill)
 
     def _slot(self, partition: int) -> _Slot:
         if (slot := self._slots.get(partition)) is None:
@@ -199,6 +208,7 @@ class Channels:
         """A new connection: every slot starts empty on it."""
         self.connection = connection
         self._fenced = False
+        self.fillers.reset()
 
     def _abort_own(self, *, loop_closed: bool = False) -> None:
         """Abort every standby's connection (and every one taken over): what they held goes
@@ -249,6 +259,8 @@ class Channels:
     def subscribe(
         self, partition: int, generation: int, arguments: Arguments = None, *, adopt: bool = False
     ) -> None:
+        if not self.connection.is_open:  # closed since it was asked (a node died meanwhile):
+            return  # the partition waits as subscribing, and the reconnect subscribes it
         slot = self._slot(partition)
         if adopt and self._adopt(partition, generation, arguments):
             return
@@ -302,7 +314,7 @@ class Channels:
         self, partition: int, channel: Channel, generation: int, *, new: bool = True
     ) -> None:
         """Consume on ``channel``; a parked or warm one (not ``new``) has its prefetch."""
-        sub = _Sub(channel, w.Window(self.prefetch, self.early), generation)
+        sub = _Sub(channel, self._window(partition), generation)
         self._slot(partition).line = sub
         if new:
             self._watch(partition, channel)
@@ -323,7 +335,7 @@ class Channels:
 
     def warm(self, partition: int) -> None:
         slot = self._slot(partition)
-        if slot.line is not None:
+        if slot.line is not None or not self.connection.is_open:
             return
         warm = slot.line = _Warm()
 
@@ -339,7 +351,7 @@ class Channels:
             if warm.subscribe is not None:
                 self._consume(partition, channel, warm.subscribe, new=False)
             else:  # parked, warm
-                slot.line = _Sub(channel, w.Window(self.prefetch, self.early, w.Phase.PARKED))
+                slot.line = _Sub(channel, self._window(partition, w.Phase.PARKED))
 
         def closed(_channel: Channel, _reason: BaseException) -> None:
             slot = self._slot(partition)
@@ -367,12 +379,13 @@ class Channels:
         channel.add_on_cancel_callback(lambda _frame: self._cancelled(partition, channel))
 
     def _route(self, partition: int, sub: _Sub) -> None:
-        """Every delivery on the channel goes through the window, then to the worker. pika
+        """Every delivery on the channel goes through the window, then to the worker (a
+        drain's filler is acked here instead: ``consumers.fillers``). pika
         looks ``_on_deliver`` up on the instance for each delivery (pika 1.3 and 1.4), and
         its own would reject (requeue) those between basic.cancel and CancelOk;
         tests/integration/test_broker_drain.py pins the effect."""
         channel = sub.channel
-        sink = self.sink
+        sink, filler = self.sink, self.fillers.exchange  # named once, not per delivery
         monotonic = time.monotonic
 
         def on_delivery(method_frame: Any, header_frame: Any, body: bytes) -> None:
@@ -389,6 +402,9 @@ class Channels:
                 if not isinstance(action, w.HandOn):  # a full window's cancel, before it
                     self._do(partition, sub, action)
             sub.unacked.append(method.delivery_tag)
+            if method.exchange == filler:  # a drain's filler: acked here, never handed on
+                self._feed(partition, sub, w.Acked((method.delivery_tag,)))
+                return
             sink(Delivery.of(partition, channel, method, header_frame, body, sub.generation))
 
         channel._on_deliver = on_delivery
@@ -433,15 +449,15 @@ class Channels:
             return None
         return sub if channel is None or sub.channel is channel else None
 
-    def revoke(self, partition: int) -> None:
-        """Begin draining ``partition`` (``Broker.cancel``)."""
+    def revoke(self, partition: int, *, waiting: bool = False) -> None:
+        """Begin draining ``partition`` (``Broker.cancel``; ``waiting``: ``window.Revoke``)."""
         slot = self._slot(partition)
         slot.deferred = None
         sub = self._current(partition)
         if sub is None:
             self.sink(ChannelLost(partition))
         else:
-            self._feed(partition, sub, w.Revoke(time.monotonic()))
+            self._feed(partition, sub, w.Revoke(time.monotonic(), waiting, sub.pace))
 
     def resume(self, partition: int) -> None:
         sub = self._current(partition)
@@ -488,12 +504,15 @@ class Channels:
             case w.Cancel(overdue):
                 if overdue is not None:
                     log.warning(
-                        "partition %d: cancelling after %.1fs while deliveries still arrive; "
-                        "one in flight is returned to the head of the queue",
+                        "partition %d: cancelling after %.1fs with credit left (deliveries "
+                        "still arrive, or the fillers did not fill the window); one in "
+                        "flight is returned to the queue and may come back out of order",
                         partition,
                         overdue,
                     )
                 self._cancel(partition, sub)
+            case w.Fill(drain, count):
+                self.fillers.publish(self.connection, partition, drain, count)
             case w.Barrier():
                 channel.basic_qos(
                     prefetch_count=self.prefetch,
@@ -543,6 +562,14 @@ class Channels:
                 sub.tag, callback=lambda _f: self._feed(partition, sub, w.CancelOk())
             )
 
+    def _unfilled(self, partition: int, drain: int) -> None:
+        """Drain ``drain``'s fillers cannot reach ``partition``'s queue (``Fillers``)."""
+        sub = self._current(partition)
+        if sub is not None:
+            self.connection.ioloop.call_later(
+                0, lambda: self._feed(partition, sub, w.Unfilled(drain))
+            )
+
     def _drained(self, partition: int) -> None:
         self.last_drain = time.monotonic()
         self.sink(Drained(partition))
@@ -552,6 +579,9 @@ class Channels:
     def stand_by(self, partition: int, arguments: Arguments = None) -> None:
         slot = self._slot(partition)
         if slot.standby is not None or isinstance(slot.line, _Opening):
+            return
+        if not self.connection.is_open:  # closed since it was asked: no standby on it
+            self.sink(StandbyLost(partition))
             return
         if slot.sub is not None and slot.sub.window.live:
             return
@@ -569,6 +599,9 @@ class Channels:
 
         def failed(connection: Any, error: BaseException) -> None:
             self._own.discard(connection)
+            if standby.returning:  # given back while it opened: no standby is wanted
+                self._standby_closed(partition, standby)
+                return
             log.warning("partition %d: cannot connect its standby: %r", partition, error)
             main.ioloop.call_later(_STANDBY_RETRY, lambda: self._standby_closed(partition, standby))
 
@@ -648,7 +681,12 @@ class Channels:
         standby.returning = True
         if standby.channel is not None and standby.channel.is_open:
             slot.returning = standby  # until _standby_closed: then, or StandbyLost
-        self._end_own(standby.connection)  # still opening: its open aborts it
+        connection = standby.connection
+        if connection is not None and not (connection.is_open or connection.is_closed):
+            # Still opening: nothing was sent to it, and its open ends it (``opened``). An
+            # abort in the AMQP handshake would make pika log three errors for it.
+            return
+        self._end_own(connection)
 
     def _adopt(self, partition: int, generation: int, arguments: Arguments) -> bool:
         """Make the partition's standby subscription its subscription (the claim is ours
@@ -696,12 +734,15 @@ class Channels:
         if warm is not None and warm.tag is None and warm.channel.is_open:
             warm.channel.close()  # warm, never consumed on: nothing to return
         channel = standby.channel
-        window = w.Window(self.prefetch, self.early, received=len(standby.buffer))
+        window = self._window(partition, received=len(standby.buffer))
         sub = _Sub(channel, window, generation, tag=standby.tag)
         slot.line = sub
         self._watch(partition, channel)
         self._route(partition, sub)
         for delivery in standby.buffer:
             sub.unacked.append(delivery.delivery_tag)
-            self.sink(dataclasses.replace(delivery, generation=generation))
+            if delivery.exchange == self.fillers.exchange:  # a filler: as on the route
+                self._feed(partition, sub, w.Acked((delivery.delivery_tag,)))
+            else:
+                self.sink(dataclasses.replace(delivery, generation=generation))
         standby.buffer.clear()

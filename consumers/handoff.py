@@ -16,6 +16,12 @@ goes *before* the cancel, so the next owner claims while we cancel and send the 
 (``consumers.broker``, "emptied"). A drain that cannot prove it (a quiet or trickling
 partition) cancels first and releases after ``drained``, as before.
 
+A drain under way whose claim becomes another member's is cancelled again: that member
+took it over only once RabbitMQ served its consumer, so ours only waits, and the shell
+cancels a waiting consumer at once (``Broker.cancel(waiting=True)``, as for any drain
+begun while another holds the claim) rather than leave it subscribed, to be activated
+should that member's consumer go.
+
 A drain of a partition that becomes ours again before its cancel is sent (assigned back:
 a leader's assignment can flap right after a takeover) is called off (``resume``): the
 held acks go and the partition stays ACTIVE once the broker says ``kept``. Cancelling it
@@ -284,6 +290,8 @@ def _step(state: State, event: Event) -> tuple[State, list[Command]]:  # noqa: C
         # once the broker had switched to it (we hold nothing, and are sent nothing): stop
         if phase in (Phase.ACTIVE, Phase.YIELDING):
             return replace(state, phase=Phase.DRAINING), [Command.CANCEL]
+        if phase is Phase.DRAINING:  # the same, learnt mid-drain: ours waits, cancel it now
+            return state, [Command.CANCEL]
         if phase is Phase.PAUSED:  # kept while paused, but the claim is no longer ours
             return _want(state)
         return state, []

@@ -701,7 +701,10 @@ class Partitions:
             case Command.CANCEL:
                 if not self._seal(partition):
                     return []  # fenced instead: everything starts over, in order
-                self.broker.cancel(partition)
+                # another's claim (as the mirror has it now): its consumer is RabbitMQ's
+                # active one (a standby took over, or the heir once the broker switched to
+                # it), ours waits behind it
+                self.broker.cancel(partition, waiting=self._holder(partition) is Holder.OTHER)
             case Command.CUT:
                 self.broker.cut(partition)
             case Command.RESUME:

@@ -65,6 +65,7 @@ class Delivery:
     generation: int = 0  # of the subscription it came from
     # as published: its layout's epoch (``producer.layout.parse_routing_key``), or a fence's
     routing_key: str = ""
+    exchange: str = ""  # as published: the dead-letter exchange's is a filler (consumers.fillers)
 
     @classmethod
     def of(
@@ -86,6 +87,7 @@ class Delivery:
             body,
             generation,
             method.routing_key,
+            method.exchange,
         )
 
 
@@ -215,8 +217,9 @@ class BrokerPort(Protocol):
         """Open the partition's channel now, so that ``subscribe`` costs one round trip."""
         ...
 
-    def cancel(self, partition: int) -> None:
-        """Begin draining: ``End`` after the last delivery (or ``Emptied``)."""
+    def cancel(self, partition: int, *, waiting: bool = False) -> None:
+        """Begin draining: ``End`` after the last delivery (or ``Emptied``); ``waiting``:
+        another's consumer is the active one, so cancel at once."""
         ...
 
     def resume(self, partition: int) -> None:

@@ -131,7 +131,7 @@ class StubBroker:
             self.confirm(partition)
         return True
 
-    def cancel(self, partition: int) -> None:
+    def cancel(self, partition: int, *, waiting: bool = False) -> None:
         self._record("cancel", partition)
         with self._lock:
             subscribed = partition in self.channels

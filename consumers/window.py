@@ -21,11 +21,24 @@ seconds and no message is ready in the queue (``Quiet``, then ``Ready``: the she
 and passive declare), or after :data:`MAX_HOLD` seconds of a trickle (``Cancel.overdue``).
 Such a cancel is the only one that can meet a delivery in flight, and a quorum queue's
 channel returns such a delivery itself (the client never sees it), late under load: behind
-newer messages the next owner was already given. So a partition whose recent pace
-(:class:`Pace`, from the shell) would fill the window within :data:`IDLE` seconds is not
-taken for quiet before it has been idle that long: a producer that merely stalled resumes
-into the window, which fills and is cancelled with no credit left (docs/history.md, "The
-quiet cancel's returns"). A trickle that could not fill it anyway is cancelled as before.
+newer messages the next owner was already given. So where the queue takes fillers
+(``fill``: ``consumers.fillers``), a drain whose window is not full is *filled*: ``Fill``
+publishes as many fillers as there is credit left, their deliveries (with whatever else was
+ready) fill the window, and the full window's cancel follows, with nothing in flight. It
+fills as it begins, unless the partition's own traffic fills the credit left within
+:data:`IDLE` seconds at its pace (:func:`_fills_soon`): that drain waits for its traffic,
+and fills what is left once a :data:`QUIET` spell passes without a delivery, the pace
+slows, or it has held :data:`IDLE` seconds. Filling a busy partition at once made the next
+owner's subscribe wait behind the fillers' Raft commands in the quorum queue: planned gap
+p50 103 ms against 44 (docs/benchmarks.md). The fillers an owner did not need go to the
+next owner, which acks them as it acks any. Only fillers that never
+fill the window (a queue without a leader, a subscription RabbitMQ never activated) end in
+a cancel with credit left, after :data:`FILL_WAIT` seconds, warned about. A queue that
+takes no fillers (``Unfilled``: a stream declared by partq 0.2.0, a shrink's retired
+queue) is cancelled as before: a partition whose recent pace (:class:`Pace`, from the
+shell) would fill the window within :data:`IDLE` seconds is not taken for quiet before it
+has been idle that long, a trickle not before :data:`MAX_HOLD` seconds (docs/history.md,
+"The quiet cancel's returns").
 (3) After CancelOk, a round trip (``Barrier``) lets any delivery sent before it arrive; END
 follows them to the worker, which handles and acks everything, then ``Finish``: the held
 acks go (``AckEach``) and, after one more round trip, the partition is drained.
@@ -51,6 +64,7 @@ from enum import Enum
 from typing import NamedTuple
 
 __all__ = [
+    "FILL_WAIT",
     "HAND",
     "IDLE",
     "MAX_HOLD",
@@ -65,6 +79,7 @@ __all__ = [
     "CancelOk",
     "Cut",
     "Delivered",
+    "Fill",
     "Finish",
     "HandOn",
     "Pace",
@@ -79,6 +94,7 @@ __all__ = [
     "Resume",
     "Revoke",
     "SendEnd",
+    "Unfilled",
     "WaitQuiet",
     "Window",
     "step",
@@ -95,6 +111,8 @@ IDLE = 1.0
 # (docs/history.md, "A shorter `_MAX_HOLD`"), so a trickling partition's handoff waits up
 # to 5 s.
 MAX_HOLD = 5.0
+# With fillers: a window they have not filled this long after they went is cancelled anyway.
+FILL_WAIT = 5.0
 
 
 class Phase(Enum):
@@ -126,6 +144,8 @@ class Window(NamedTuple):
     held: tuple[int, ...] = ()  # delivery tags acked by the worker while holding, in order
     held_since: float = 0.0
     drains: int = 0  # drains begun: a called-off one's timers see a newer count and stop
+    fill: bool = False  # the queue takes fillers (bound to the dead-letter exchange)
+    filled_at: float | None = None  # when this drain published its fillers
 
     @property
     def consuming(self) -> bool:
@@ -142,9 +162,14 @@ class Window(NamedTuple):
         return self.phase is not Phase.PARKED
 
     @property
+    def credit(self) -> int:
+        """What the broker may still send this consumer: the prefetch less its unacked."""
+        return self.prefetch - (self.received - self.acks_sent)
+
+    @property
     def full(self) -> bool:
         """True when the broker provably has no credit left for this consumer."""
-        return self.received - self.acks_sent >= self.prefetch
+        return self.credit <= 0
 
 
 # -- events --------------------------------------------------------------------------------
@@ -162,13 +187,6 @@ class Acked:
     tags: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Revoke:
-    """Begin a drain (``Broker.cancel``) at ``now``."""
-
-    now: float
-
-
 class Pace(NamedTuple):
     """The channel's deliveries as the shell saw them: when the last arrived (monotonic
     seconds) and the mean gap between recent ones (seconds). The default: none seen."""
@@ -181,6 +199,18 @@ class Pace(NamedTuple):
 
 
 _UNKNOWN = Pace()
+
+
+@dataclass(frozen=True, slots=True)
+class Revoke:
+    """Begin a drain (``Broker.cancel``) at ``now``. ``waiting``: RabbitMQ serves another
+    consumer of the queue, not this one (another member holds the claim, given only once
+    the broker had activated it): nothing can be in flight to us, so cancel at once,
+    without fillers (they would go to that consumer, and ours would linger, waiting)."""
+
+    now: float
+    waiting: bool = False
+    pace: Pace = _UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +234,14 @@ class Ready:
     ready: int
     now: float
     pace: Pace = _UNKNOWN
+
+
+@dataclass(frozen=True, slots=True)
+class Unfilled:
+    """The fillers of drain ``drain`` cannot reach the queue (returned unroutable, or the
+    stream has no dead-letter exchange)."""
+
+    drain: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +270,17 @@ class Finish:
 
 
 WindowEvent = (
-    Delivered | Acked | Revoke | Quiet | Ready | Resume | Cut | CancelOk | BarrierOk | Finish
+    Delivered
+    | Acked
+    | Revoke
+    | Quiet
+    | Ready
+    | Unfilled
+    | Resume
+    | Cut
+    | CancelOk
+    | BarrierOk
+    | Finish
 )
 
 
@@ -268,6 +316,14 @@ class Cancel:
     """Send ``basic.cancel``; ``overdue``: held that long while deliveries still arrived."""
 
     overdue: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fill:
+    """Publish ``count`` fillers into the queue for drain ``drain`` (``consumers.fillers``)."""
+
+    drain: int
+    count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +378,7 @@ Action = (
     | Ack
     | AckEach
     | Cancel
+    | Fill
     | Barrier
     | SendEnd
     | WaitQuiet
@@ -349,14 +406,16 @@ def step(window: Window, event: WindowEvent) -> tuple[Window, Actions]:
             return _delivered(window)
         case Acked(tags):
             return _acked(window, tags)
-        case Revoke(now):
-            return _revoke(window, now)
+        case Revoke(now, waiting, pace):
+            return _revoke(window, now, pace, waiting=waiting)
         case Quiet(drain, seen, now, pace, late):
             # late: stalled, and what the broker sent meanwhile may not be read yet
             seen = seen if late <= QUIET else -1
             return _quiet(window, drain, seen, 0, (now, pace), asked=False)
         case Ready(drain, seen, ready, now, pace):
             return _quiet(window, drain, seen, ready, (now, pace), asked=True)
+        case Unfilled(drain):
+            return _unfilled(window, drain)
         case Resume():
             return _resume(window)
         case Cut():
@@ -364,9 +423,7 @@ def step(window: Window, event: WindowEvent) -> tuple[Window, Actions]:
         case CancelOk():
             return _cancel_ok(window)
         case BarrierOk():
-            if window.phase is Phase.CANCELLING:
-                return window._replace(phase=Phase.ENDING), (SendEnd(),)
-            return window, _NONE
+            return _barrier_ok(window)
         case Finish():
             return _finish(window)
     raise ValueError(f"unknown event {event!r}")
@@ -374,8 +431,10 @@ def step(window: Window, event: WindowEvent) -> tuple[Window, Actions]:
 
 def _delivered(window: Window) -> tuple[Window, Actions]:
     """The per-message path: one count, and a full window's cancel before handing it on."""
-    prefetch, early, phase, received, acks_sent, held, held_since, drains = window
-    window = Window(prefetch, early, phase, received + 1, acks_sent, held, held_since, drains)
+    prefetch, early, phase, received, acks_sent, held, held_since, drains, fill, filled = window
+    window = Window(
+        prefetch, early, phase, received + 1, acks_sent, held, held_since, drains, fill, filled
+    )
     if phase in (Phase.CONSUMING, Phase.CANCELLING):
         return window, HAND
     if phase is Phase.HOLDING:
@@ -387,12 +446,13 @@ def _delivered(window: Window) -> tuple[Window, Actions]:
 
 
 def _acked(window: Window, tags: tuple[int, ...]) -> tuple[Window, Actions]:
-    prefetch, early, phase, received, acks_sent, held, held_since, drains = window
+    prefetch, early, phase, received, acks_sent, held, held_since, drains, fill, filled = window
     if phase not in _HOLDING:  # the per-ack-burst path: made positionally, as a delivery's
         acks_sent += len(tags)
-        return Window(prefetch, early, phase, received, acks_sent, held, held_since, drains), (
-            Ack(tags),
+        window = Window(
+            prefetch, early, phase, received, acks_sent, held, held_since, drains, fill, filled
         )
+        return window, (Ack(tags),)
     return _check_emptied(window._replace(held=window.held + tags))
 
 
@@ -409,20 +469,40 @@ def _check_emptied(window: Window) -> tuple[Window, Actions]:
     return window, _NONE
 
 
-def _revoke(window: Window, now: float) -> tuple[Window, Actions]:
-    """Hold the acks; cancel (or wait for emptied) at once if the window is full, else
-    look for quiet. Again on a drain under way: its timers restart."""
+def _revoke(
+    window: Window, now: float, pace: Pace, *, waiting: bool = False
+) -> tuple[Window, Actions]:
+    """Hold the acks; cancel (or wait for emptied) at once if the window is full, or if
+    ``waiting``, else fill it (once a drain: a drain begun again waits for the fillers out)
+    or look for quiet. Again on a drain under way: its timers restart."""
     if not window.consuming:
         return window, (ReportLost(),)
     phase = Phase.HOLDING if window.phase is Phase.CONSUMING else window.phase
     window = window._replace(phase=phase, held_since=now, drains=window.drains + 1)
+    if waiting and phase is Phase.HOLDING:
+        return _cancel(window)
     if window.full:
         if window.early:
             return _check_emptied(window)
         return _cancel(window)
-    if phase is Phase.HOLDING:
-        return window, (WaitQuiet(window.drains, window.received),)
-    return window, _NONE
+    if phase is not Phase.HOLDING:
+        return window, _NONE
+    if window.fill and window.filled_at is None and not _fills_soon(window, now, pace):
+        return _fill(window, now)
+    return window, (WaitQuiet(window.drains, window.received),)
+
+
+def _fills_soon(window: Window, now: float, pace: Pace, recent: float = QUIET) -> bool:
+    """The partition's pace fills the credit left within :data:`IDLE` seconds, and its
+    last delivery is under ``recent`` seconds old: a drain waits for its own traffic to
+    fill the window rather than add fillers (they are Raft commands of a busy quorum
+    queue, and the next owner's subscribe queues up behind them)."""
+    return window.credit * pace.gap < IDLE and pace.idle(now) < recent
+
+
+def _fill(window: Window, now: float) -> tuple[Window, Actions]:
+    wait = (WaitQuiet(window.drains, window.received),)
+    return window._replace(filled_at=now), (Fill(window.drains, window.credit), *wait)
 
 
 def _quiet(
@@ -447,15 +527,31 @@ def _quiet(
     if window.early and window.full:
         return window, _NONE  # emptied is reported once the worker has handled it all
     now, pace = at
-    credit = window.prefetch - (window.received - window.acks_sent)
-    paused = credit * pace.gap < IDLE and pace.idle(now) < IDLE  # it would fill: wait for it
-    busy = window.received != seen or ready > 0 or paused
     waited = now - window.held_since
+    if window.filled_at is not None:  # filled: only a full window cancels, or the wait ends
+        if now - window.filled_at < FILL_WAIT:
+            return window, (WaitQuiet(drain, window.received),)
+        return _cancel(window, overdue=waited)
+    if window.fill:  # its traffic was filling it: fill the rest once that slows or stops
+        if window.received != seen and waited < IDLE and _fills_soon(window, now, pace):
+            return window, (WaitQuiet(drain, window.received),)
+        return _fill(window, now)
+    paused = _fills_soon(window, now, pace, recent=IDLE)  # it would fill: wait for it
+    busy = window.received != seen or ready > 0 or paused
     if busy and waited < MAX_HOLD:
         return window, (WaitQuiet(drain, window.received),)
     if not asked:
         return window, (AskReady(drain, seen),)
     return _cancel(window, overdue=waited if busy else None)
+
+
+def _unfilled(window: Window, drain: int) -> tuple[Window, Actions]:
+    """No fillers reach the queue: this window, and the drains after it, go without."""
+    filled = window.filled_at is not None
+    window = window._replace(fill=False, filled_at=None)
+    if not filled or window.drains != drain or window.phase is not Phase.HOLDING or window.full:
+        return window, _NONE  # called off, or cancelled, or filled meanwhile
+    return _cancel(window)
 
 
 def _cancel(window: Window, overdue: float | None = None) -> tuple[Window, Actions]:
@@ -469,7 +565,9 @@ def _resume(window: Window) -> tuple[Window, Actions]:
     if window.phase not in (Phase.HOLDING, Phase.EMPTIED):
         return window, _NONE  # not draining, or too late: drained follows
     held = window.held
-    window = window._replace(phase=Phase.CONSUMING, held=(), acks_sent=window.acks_sent + len(held))
+    window = window._replace(
+        phase=Phase.CONSUMING, held=(), acks_sent=window.acks_sent + len(held), filled_at=None
+    )
     return window, ((Ack(held), ReportKept()) if held else (ReportKept(),))
 
 
@@ -489,6 +587,12 @@ def _cancel_ok(window: Window) -> tuple[Window, Actions]:
     return window, _NONE
 
 
+def _barrier_ok(window: Window) -> tuple[Window, Actions]:
+    if window.phase is Phase.CANCELLING:
+        return window._replace(phase=Phase.ENDING), (SendEnd(),)
+    return window, _NONE
+
+
 def _finish(window: Window) -> tuple[Window, Actions]:
     """Send the held acks, then report drained after a round trip. The phase: PARKED
     after END (ENDING); a finish while still consuming only flushes the hold."""
@@ -498,5 +602,7 @@ def _finish(window: Window) -> tuple[Window, Actions]:
         Phase.HOLDING: Phase.CONSUMING,
         Phase.EMPTIED: Phase.CONSUMING,
     }.get(window.phase, window.phase)
-    window = window._replace(phase=phase, held=(), acks_sent=window.acks_sent + len(held))
+    window = window._replace(
+        phase=phase, held=(), acks_sent=window.acks_sent + len(held), filled_at=None
+    )
     return window, (AckEach(held), ReportDrained())

@@ -186,19 +186,16 @@ def standbys(spec: StreamSpec, view: View, which: Standbys = "on") -> dict[int, 
     live member after the owner in sorted order, skipping leaving and draining ones; none
     with fewer than two such members. Deterministic, and spread like the owners.
 
-    ``which``: ``"on"`` for every member, ``"off"`` for none, ``"auto"`` among members
-    that hand over by consumer priority only (their member key says so: RabbitMQ 4 quorum
-    queues, ``consumers.priority``), owners and standbys alike. That is where hot standbys
-    were shown safe through every fault kind; on RabbitMQ 3.x a standby activated after a
-    crash, then given back, can still return messages behind newer ones (README, Limits)."""
-    if which == "off":
+    ``which``: ``"on"`` for every member, ``"off"`` for none, ``"auto"`` (the default) for
+    every member on quorum queues and none on classic ones. Quorum queues are where hot
+    standbys were shown to keep order through every fault kind, on RabbitMQ 4 (handoffs by
+    consumer priority) and, since drains fill their windows (``consumers.fillers``), on 3.10
+    (docs/benchmarks.md, "Randomized fault soak"); on classic queues they were never
+    soaked."""
+    if which == "off" or (which == "auto" and spec.queue_type != "quorum"):
         return {}
     out = draining(view.requests) | leaving(view.members) | suspects(view.claims)
-    live = sorted(
-        m
-        for m, member in view.members.items()
-        if m not in out and (which == "on" or member.priority)
-    )
+    live = sorted(m for m in view.members if m not in out)
     if len(live) < 2:
         return {}
     chosen = {}

@@ -217,7 +217,9 @@ class Resizer:
                 topology.declare_partition_queues(connection, spec, partitions)
                 return resize.Declared()
             case resize.Unbind(layout):
+                assert self.state is not None
                 topology.unbind_layout(connection, spec, layout)
+                topology.unbind_fillers(connection, spec, self.state.resize.retired)
                 return resize.Cut()
             case resize.Fence(epoch, partition):
                 topology.publish_fence(connection, spec, epoch, partition, user)

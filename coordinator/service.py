@@ -89,7 +89,7 @@ class CoordinatorConfig:
     manual: bool = False
     ttl: int = 5
     # Name a hot standby per partition (consumers subscribe as such): "on", "off", or
-    # "auto", among the members that hand over by consumer priority (policy.standbys)
+    # "auto", on quorum queues and not on classic ones (policy.standbys)
     standby: policy.Standbys = "auto"
     balance: Literal["count", "load"] = "count"  # what plans even out (the module docstring)
     load_interval: float = 10.0  # seconds between load measurements (balance = "load")

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONTROL_FENCE",
+    "CONTROL_FILL",
     "DEAD_LETTER_HEADERS",
     "HEADER_ATTEMPTS",
     "HEADER_CONTROL",
@@ -90,6 +91,11 @@ HEADER_CONTROL = "x-partq-control"
 # The last old-layout message of its queue: its consumer records it handled in etcd
 # (kernel.keys.drained) and never hands it to the handler.
 CONTROL_FENCE = "fence"
+# A drain's filler (consumers/fillers.py): an empty message a draining consumer publishes
+# into its own queue through the dead-letter exchange, so that its prefetch window fills.
+# What marks one is that exchange (a consumer acks every delivery that came through it,
+# unhandled); this header only names it to a person looking at a queue.
+CONTROL_FILL = "fill"
 HEADER_EPOCH = "x-partq-epoch"
 # Written on a dead letter by the consumer that gave up on it (consumers/worker.py): why,
 # after how many handler attempts, from which partition, by which member, when (ms).

@@ -61,6 +61,7 @@ __all__ = [
     "queue_arguments",
     "queue_stats",
     "scan_partition_queues",
+    "unbind_fillers",
     "unbind_layout",
     "upgrade_policy_command",
 ]
@@ -169,7 +170,8 @@ def _lacks_delivery_limit(error: pika.exceptions.ChannelClosedByBroker) -> bool:
 
 def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> None:
     """Declare the exchange, the P single-active-consumer queues and the dead-letter queue,
-    each partition bound under the spec's epoch (``producer.layout``).
+    each partition bound under the spec's epoch (``producer.layout``), and to the
+    dead-letter exchange under its name (for drains' fillers).
 
     Idempotent. A queue that exists with other arguments is reported, not replaced.
     """
@@ -181,6 +183,7 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
         spec.dead_letter_queue, spec.dead_letter_exchange, routing_key=spec.dead_letter_queue
     )
     channel, legacy = _declare_partitions(connection, channel, spec, range(spec.partitions))
+    _bind_fillers(channel, spec, range(spec.partitions))
     for partition in range(spec.partitions):
         # the current epoch's routing key: "q" as created, "E.q" once resized (an older
         # epoch's binding is never made again: its late publishes must stay unroutable)
@@ -232,7 +235,35 @@ def declare_partition_queues(
     """Declare these partition queues of ``spec``'s stream with its arguments and no
     binding (a resize's added queues: nothing reaches them before the new epoch is bound).
     Idempotent; ``partitions`` may lie beyond ``spec.partitions``."""
+    partitions = list(partitions)
     channel, _legacy = _declare_partitions(connection, connection.channel(), spec, partitions)
+    _bind_fillers(channel, spec, partitions)
+    channel.close()
+
+
+def _bind_fillers(
+    channel: BlockingChannel, spec: StreamSpec, partitions: Iterable[int], *, bind: bool = True
+) -> None:
+    """Bind (or with ``bind=False`` unbind) each partition queue to the stream's dead-letter
+    exchange under its own name: the way a draining consumer's fillers reach it
+    (``consumers.fillers``). Dead letters go under the dead-letter queue's name, so none
+    reaches a partition this way. Idempotent both ways."""
+    for partition in partitions:
+        queue = queue_name(spec.name, partition)
+        if bind:
+            channel.queue_bind(queue, spec.dead_letter_exchange, routing_key=queue)
+        else:
+            channel.queue_unbind(queue, spec.dead_letter_exchange, routing_key=queue)
+
+
+def unbind_fillers(
+    connection: pika.BlockingConnection, spec: StreamSpec, partitions: Iterable[int]
+) -> None:
+    """Unbind these partition queues from the dead-letter exchange (a shrink's retired
+    queues, at its cut: then nothing can land in them but the fence, and an empty one
+    stays empty for :func:`delete_if_empty`)."""
+    channel = connection.channel()
+    _bind_fillers(channel, spec, partitions, bind=False)
     channel.close()
 
 

@@ -9,13 +9,14 @@ keys at about 1,000 msg/s: ``SequenceProducer``), and lets a seeded nemesis
 kill of an etcd member or its leader, kill of a RabbitMQ node, ``partq move``,
 ``rebalance``, ``drain`` (then ``--cancel``), scaling up and down. Then the checker
 (:mod:`.verdict`): lost, duplicates by cause, order violations raw and not explained by a
-crash (``consumers.audit.order_violations``), overlaps, the pause each kind of fault
-causes, and the memory of every process over time (``/proc``), with every RabbitMQ node's
-own breakdown and Ra WAL size (:mod:`.broker_memory`). Its nodes run with
+crash (``consumers.audit.order_violations``), overlaps, stalls (a partition idle past
+``--idle-limit`` while a message waited in it), the pause each kind of fault causes, and
+the memory of every process over time (``/proc``), with every RabbitMQ node's own
+breakdown and Ra WAL size (:mod:`.broker_memory`). Its nodes run with
 ``raft.wal_max_size_bytes`` = 64 MiB (``--wal-max-bytes``) so that their memory cycles
-within minutes and anything else that grows shows. It prints a table, writes
-the results as JSON (``--out``) and exits 1 if anything was lost, out of order without a
-crash to explain it, or handled by two processes at once.
+within minutes and anything else that grows shows. It prints a table, writes the results
+as JSON (``--out``) and exits 1 if anything was lost, out of order without a crash to
+explain it, handled by two processes at once, or left waiting in a stalled partition.
 
 Every process it starts is stopped by PID at the end, on Ctrl-C and SIGTERM too. Not a
 test by itself: ``tests/integration/test_chaos.py`` runs it for 3 minutes with seed 1.

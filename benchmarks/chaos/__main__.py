@@ -37,7 +37,7 @@ from .nemesis import KINDS, Nemesis
 from .records import RecordReader
 from .report import table
 from .sampler import Sampler
-from .verdict import judge
+from .verdict import IDLE_LIMIT, judge
 
 # Ra's WAL size for the soak's nodes (docs/operations.md, "RabbitMQ memory"): at the
 # soak's 1,000 msg/s the broker's default (512 MiB) takes about 15 minutes to fill, and
@@ -60,9 +60,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ask.add_argument("--consumers", type=int, default=5, help="At the start (4..6).")
     ask.add_argument("--ttl", type=int, default=5, help="Lease TTL of consumers, coordinators.")
     ask.add_argument("--standby", action=argparse.BooleanOptionalAction, help="Coordinators "
-                     "run with --standby (or --no-standby). Default: the product's (standbys "
-                     "among members that hand over by consumer priority: on 4.0.5 with "
-                     "--handoff auto, none on 3.x).")  # fmt: skip
+                     "run with --standby (or --no-standby). Default: the product's (a standby "
+                     "per partition on quorum queues, none on classic ones).")  # fmt: skip
     ask.add_argument("--balance", choices=["count", "load"], default="count")
     ask.add_argument("--handoff", choices=["drain", "auto"], default=DEFAULT_HANDOFF, help="Every "
                      "consumer's PARTQ_HANDOFF (auto: by consumer priority on RabbitMQ 4 quorum "
@@ -82,6 +81,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                      "samples of every RabbitMQ node's own memory breakdown.")  # fmt: skip
     ask.add_argument("--drain-wait", type=float, default=240.0, help="Seconds to wait at the "
                      "end for every confirmed message to be handled.")  # fmt: skip
+    ask.add_argument("--idle-limit", type=float, default=IDLE_LIMIT, help="Seconds a partition "
+                     "may handle nothing while a message waits in it before the run fails "
+                     f"(default {IDLE_LIMIT:.0f}: the worst stall faults explain).")  # fmt: skip
     ask.add_argument("--out", type=Path, help="Write the results as JSON here.")
     ask.add_argument("--workdir", type=Path, help="Keep logs and records here (kept).")
     args = ask.parse_args(argv)
@@ -94,6 +96,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [line for line in args.rabbit_conf if "=" not in line or "\n" in line]
     if bad:
         ask.error(f"--rabbit-conf takes KEY=VALUE, one line: {bad}")
+    if not args.idle_limit > 0:
+        ask.error("--idle-limit must be above 0 s")
     if args.wal_max_bytes < 0:
         ask.error("--wal-max-bytes must be 0 (the broker's default) or a size in bytes")
     if args.wal_max_bytes:
@@ -197,7 +201,7 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             wait_until(lambda: reader.covers(confirmed), args.drain_wait, 2.0, "all handled")
         sampler.stop()
         broker.stop()
-        verdict = judge(reader.records, confirmed, nemesis.faults, sampler.samples)
+        verdict = judge(reader.records, confirmed, nemesis.faults, sampler.samples, args.idle_limit)
         return {
             "seed": args.seed,
             "duration_s": args.duration,
@@ -212,6 +216,7 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "standby": standby_mode(args.standby),
             "balance": args.balance,
             "handoff": args.handoff,
+            "idle_limit": args.idle_limit,
             "publish_failures": len(load.failed),
             "publish_failure_examples": load.failed[:1000],
             "fault_log": [asdict(f) for f in nemesis.faults],

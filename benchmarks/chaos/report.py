@@ -8,6 +8,7 @@ from typing import Any
 from coordinator.policy import standby_mode
 
 from .broker_memory import table as broker_table
+from .verdict import IDLE_LIMIT
 
 __all__ = ["table"]
 
@@ -50,6 +51,9 @@ def table(results: dict[str, Any]) -> str:
         f"noticed the freeze first: docs/guarantees.md, Limits) | **{v['overlaps']}** |",
         f"| **fencing tokens that did not fence** (a later owner's not greater) | "
         f"**{v.get('fencing', 0)}** |",
+        f"| **stalls: a partition idle over {results.get('idle_limit', IDLE_LIMIT):.0f} s while a "
+        f"message waited in it** (longest of the run) | **{v.get('stalls', 0)}** "
+        f"({v.get('longest_stall', 0.0):.1f} s) |",
         "",
         "| pause after a fault (longest gap per partition, s) | n | p50 | p99 | max |",
         "|---|---|---|---|---|",
@@ -73,6 +77,7 @@ def table(results: dict[str, Any]) -> str:
         ("order", "order_examples"),
         ("overlap", "overlap_examples"),
         ("fencing", "fencing_examples"),
+        ("stall", "stall_examples"),
     ):
         lines += [f"{title}: {example}" for example in v.get(key, [])]
     lines.append(f"verdict: {'PASS' if v['passed'] else 'FAIL'}")

@@ -16,7 +16,7 @@ from typing import Any
 
 from consumers import audit
 
-__all__ = ["Fault", "Sample", "Verdict", "judge"]
+__all__ = ["IDLE_LIMIT", "Fault", "Sample", "Stall", "Verdict", "judge", "stalls"]
 
 Record = Mapping[str, Any]
 
@@ -25,6 +25,13 @@ Record = Mapping[str, Any]
 WINDOW = 100
 # How long after a fault a partition's handling gap is charged to it (cut at the next fault).
 PAUSE_HORIZON = 30.0
+# The longest a partition may hand nothing to its handlers while a message waits in it. The
+# worst stall the faults explain: a freeze of up to 12 s of an owner that RabbitMQ still
+# counts as live (heartbeat = TTL 5 s), the next owner's takeover (a lease TTL, the
+# coordinator's settle, a subscribe), and a node kill stacked on it (reconnect and the
+# queue's leader election, about 5 s). The 55 s stall of a dead I/O thread (fixed in
+# b977b88) was over it; every other stall seen in 18-minute soaks was under 26 s.
+IDLE_LIMIT = 30.0
 # Fault kinds that drop a consumer's connection without acking what it held.
 CONSUMER_CRASH = "consumer-kill"
 BROKER_CRASH = "rabbit-kill"
@@ -75,12 +82,17 @@ class Verdict:
     # handlings whose fencing token did not fence (audit.fencing_regressions), and examples
     fencing: int = 0
     fencing_examples: list[str] = field(default_factory=list)
+    # stalls over IDLE_LIMIT (a partition idle while a message waited in it), the longest
+    # stall of the run (s), and examples
+    stalls: int = 0
+    longest_stall: float = 0.0
+    stall_examples: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return (
             self.lost == 0 and self.order_unexplained == 0 and self.overlaps == 0
-            and self.fencing == 0
+            and self.fencing == 0 and self.stalls == 0
         )  # fmt: skip
 
     def as_json(self) -> dict[str, Any]:
@@ -138,22 +150,30 @@ def _quantiles(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+def _handlings(records: Iterable[Record]) -> dict[int, list[Record]]:
+    """Each partition's handlings in order of start (then end)."""
+    by_partition: dict[int, list[Record]] = defaultdict(list)
+    for r in records:
+        by_partition[r["partition"]].append(r)
+    return {p: sorted(rs, key=lambda r: (r["start"], r["end"])) for p, rs in by_partition.items()}
+
+
+def _gaps(handled: Sequence[Record]) -> list[tuple[float, float, int]]:
+    """The gaps between ``handled`` (one partition's, in order): (the latest end so far, the
+    next start, that handling's index), wherever nothing was being handled."""
+    found, reach = [], handled[0]["end"]
+    for i in range(1, len(handled)):
+        if handled[i]["start"] > reach:
+            found.append((reach, handled[i]["start"], i))
+        reach = max(reach, handled[i]["end"])
+    return found
+
+
 def pauses(records: Sequence[Record], faults: Sequence[Fault]) -> dict[str, dict[str, float]]:
     """Per fault kind, over (fault, partition): the longest gap between consecutive
     handlings of the partition (one's end to the next one's start) that reaches into the
     span from the fault to the next fault (at most ``PAUSE_HORIZON`` s)."""
-    by_partition: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for r in records:
-        by_partition[r["partition"]].append((r["start"], r["end"]))
-    gaps: dict[int, list[tuple[float, float]]] = {}  # partition -> (gap start, gap end)
-    for p, spans in by_partition.items():
-        spans.sort()
-        found, reach = [], spans[0][1]
-        for start, end in spans[1:]:
-            if start > reach:
-                found.append((reach, start))
-            reach = max(reach, end)
-        gaps[p] = found
+    gaps = {p: [(a, b) for a, b, _ in _gaps(handled)] for p, handled in _handlings(records).items()}
     ordered = sorted((f for f in faults if f.ok), key=lambda f: f.at)
     charged: dict[str, list[float]] = defaultdict(list)
     for n, fault in enumerate(ordered):
@@ -164,6 +184,41 @@ def pauses(records: Sequence[Record], faults: Sequence[Fault]) -> dict[str, dict
             longest = max((b - a for a, b in found if b > fault.at and a < horizon), default=0.0)
             charged[fault.kind].append(longest)
     return {kind: _quantiles(values) for kind, values in sorted(charged.items())}
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Partition ``partition`` handled nothing from ``since`` to ``until`` (wall clock)
+    while a message it handled at ``until`` or later had been published by ``since``."""
+
+    partition: int
+    since: float
+    until: float
+
+    @property
+    def seconds(self) -> float:
+        return self.until - self.since
+
+    def __str__(self) -> str:
+        return f"p{self.partition}: {self.seconds:.1f} s idle from {self.since:.3f}"
+
+
+def stalls(records: Sequence[Record]) -> list[Stall]:
+    """Per partition, every gap between handlings (one's end to the next one's start) that
+    a waiting message reaches into: counted from the later of the gap's start and the
+    earliest publish among the messages handled after it. Records without a publish time
+    (not partq's producer) tell nothing of waiting and are left out. Longest first."""
+    found = []
+    for p, handled in _handlings(records).items():
+        published = [math.inf] * (len(handled) + 1)  # the earliest publish from i on
+        for i in range(len(handled) - 1, -1, -1):
+            ms = handled[i].get("published_ms")
+            published[i] = min(published[i + 1], math.inf if ms is None else ms / 1000)
+        for reach, start, i in _gaps(handled):
+            since = max(reach, published[i])
+            if start > since:
+                found.append(Stall(p, since, start))
+    return sorted(found, key=lambda s: (-s.seconds, s.partition, s.since))
 
 
 def memory(samples: Iterable[Sample]) -> dict[str, dict[str, float]]:
@@ -187,6 +242,7 @@ def judge(
     confirmed: Iterable[tuple[str, int]],
     faults: Sequence[Fault],
     samples: Iterable[Sample] = (),
+    idle_limit: float = IDLE_LIMIT,
 ) -> Verdict:
     confirmed = set(confirmed)
     missing = audit.lost(confirmed, records)
@@ -196,6 +252,8 @@ def judge(
     overlapping_raw = audit.overlaps(records, frozen)
     overlapping = audit.overlaps_unexplained(records, frozen) if overlapping_raw else []
     unfenced = audit.fencing_regressions(records)
+    idle = stalls(records)
+    over = [s for s in idle if s.seconds > idle_limit]
     return Verdict(
         confirmed=len(confirmed),
         handled=len(records),
@@ -214,4 +272,7 @@ def judge(
         faults=dict(sorted(Counter(f.kind for f in faults if f.ok).items())),
         fencing=len(unfenced),
         fencing_examples=unfenced[:10],
+        stalls=len(over),
+        longest_stall=idle[0].seconds if idle else 0.0,
+        stall_examples=[str(s) for s in over[:10]],
     )

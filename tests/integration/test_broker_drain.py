@@ -96,6 +96,9 @@ def next_owner_reads(
         for method, _props, body in channel.consume(spec.queue(0), inactivity_timeout=2):
             if method is None:
                 break
+            if method.exchange == spec.dead_letter_exchange:  # a drain's leftover filler:
+                channel.basic_ack(method.delivery_tag)  # acked unread, as consumers do
+                continue
             rest.append((int(body), bool(method.redelivered)))
             channel.basic_ack(method.delivery_tag)
             if len(rest) == enough:

@@ -2,12 +2,13 @@
 
 Given the soak's own 3-node RabbitMQ cluster and 3-member etcd, 2 coordinators, 4-6
 consumers and 300 keyed sequences at about 1,000 msg/s, all with the product's defaults
-(on RabbitMQ 4.0.5 that is planned handoffs by consumer priority and a hot standby per
-partition; on 3.x the drain and no standbys), when its seeded nemesis fires a fault every
+(a hot standby per partition; planned handoffs by consumer priority on RabbitMQ 4.0.5, by
+the drain on 3.x), when its seeded nemesis fires a fault every
 5-15 s for 180 s (consumers killed -9, stopped with SIGTERM, frozen with SIGSTOP; etcd
 members and the etcd leader killed; RabbitMQ nodes killed; moves, rebalances, drains,
-scaling), then nothing confirmed is lost, no two processes handle a partition at once, and
-every order violation is a redelivery that a crash's prefetch window explains. The soak
+scaling), then nothing confirmed is lost, no two processes handle a partition at once,
+every order violation is a redelivery that a crash's prefetch window explains, and no
+partition stays idle past the soak's idle limit (30 s) while a message waits in it. The soak
 runs as its own process, stopped with SIGTERM (it then stops everything it started by
 PID) if it overruns. Its table is printed (``-s``).
 
@@ -76,6 +77,8 @@ def test_three_minutes_of_seeded_faults_lose_nothing(tmp_path: Path, version: st
     assert verdict["lost"] == 0, verdict["lost_examples"]
     assert verdict["overlaps"] == 0, verdict["overlap_examples"]
     assert verdict["order_unexplained"] == 0, verdict["order_examples"]
+    # And no partition stalled with messages waiting
+    assert verdict["stalls"] == 0, verdict["stall_examples"]
     assert code == 0, report[-4000:]
     # And the nemesis did fire (every 5-15 s, slower while a CLI call or a node's restart
     # takes its time on a busy machine)

@@ -51,6 +51,35 @@ def consumers_per_queue(rabbitmqctl: Ctl, spec: StreamSpec) -> list[int]:
     return [queues.count(spec.queue(p)) for p in range(spec.partitions)]
 
 
+def wait_for_two_consumers_each(
+    rabbitmqctl: Ctl, spec: StreamSpec, members: dict[str, Proc], timeout: float = 30
+) -> None:
+    """Every partition queue has its owner's consumer and its standby's. Else fail naming
+    the queues that do not, with what each member logged about them."""
+    wanted = [2] * spec.partitions
+    counts: list[int] = []
+
+    def two_each() -> bool:
+        counts[:] = consumers_per_queue(rabbitmqctl, spec)
+        return counts == wanted
+
+    try:
+        wait_until(two_each, timeout, 0.2, "2 consumers each")
+    except AssertionError:
+        wrong = [p for p, n in enumerate(counts) if n != 2]
+        said = {
+            name: [
+                line
+                for line in m.tail(20000).splitlines()
+                if any(f"partition {p}:" in line for p in wrong)
+            ]
+            for name, m in members.items()
+        }
+        raise AssertionError(
+            f"consumers per queue {counts}; not 2 on {wrong}; logged: {said}"
+        ) from None
+
+
 def test_a_standby_takes_over_a_killed_owner_before_its_lease_expires(
     quorum_fleet: Callable[[int], Fleet], registry: Registry, rabbitmq: str, rabbitmqctl: Ctl
 ) -> None:
@@ -63,9 +92,7 @@ def test_a_standby_takes_over_a_killed_owner_before_its_lease_expires(
     wait_until(lambda: balanced(group, P, set(members)), 30, 0.1, "balanced")
     # Given every partition has its owner and a standby subscribed behind it
     wait_until(lambda: len(group.snapshot().standbys) == P, 20, 0.1, "a standby per partition")
-    wait_until(
-        lambda: consumers_per_queue(rabbitmqctl, spec) == [2] * P, 20, 0.2, "2 consumers each"
-    )
+    wait_for_two_consumers_each(rabbitmqctl, spec, members)
     load = SequenceProducer(spec, rabbitmq, keys=16, rate=300.0)
     load.start()
     try:
@@ -111,12 +138,7 @@ def test_a_takeover_under_load_keeps_the_partition_flowing(
     members = {m: fleet.consumer(m, ttl=10) for m in names}
     wait_until(lambda: balanced(group, partitions, set(names)), 40, 0.1, "balanced")
     wait_until(lambda: len(group.snapshot().standbys) == partitions, 20, 0.1, "a standby each")
-    wait_until(
-        lambda: consumers_per_queue(rabbitmqctl, spec) == [2] * partitions,
-        20,
-        0.2,
-        "2 consumers each",
-    )
+    wait_for_two_consumers_each(rabbitmqctl, spec, members)
     load = SequenceProducer(spec, rabbitmq, keys=100, rate=1000.0)
     load.start()
     try:

@@ -336,8 +336,8 @@ def test_hot_standbys_and_heirs_at_once_move_by_priority_then_take_over_a_killed
 ) -> None:
     """The heir outranks the standby (x-priority 0): a move switches to the heir and never
     activates the standby, which then stands behind the new owner (it stood behind the old
-    one) and takes over when that one is killed. No ``--standby``: where every member hands
-    over by priority, the leader names standbys by default."""
+    one) and takes over when that one is killed. No ``--standby``: on quorum queues the leader
+    names standbys by default."""
     fleet, group, spec = fleet_40
     fleet.coordinator()
     members = {m: fleet.consumer(m, ttl=10) for m in ("c1", "c2")}

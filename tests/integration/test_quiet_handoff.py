@@ -1,8 +1,10 @@
-"""Planned handoffs of a trickling quorum partition: every drain takes the quiet path (its
-prefetch window never fills) and cancels with credit left; per-key order holds
-(consumers.audit.order_violations). On one healthy node a delivery in flight at the cancel
-is returned to the head before the next owner subscribes; what this cannot show is the
-cluster case (docs/history.md, "Consumer priority and the quiet drain")."""
+"""Planned handoffs of a trickling quorum partition: no drain's window fills by itself, so
+each fills it with fillers (consumers.fillers) and cancels only once it is full; per-key
+order holds (consumers.audit.order_violations), and the fillers never reach a handler.
+Without fillers such a drain cancels with credit left, and on a 3.10 cluster a delivery in
+flight at that cancel can come back late (docs/history.md, "Consumer priority and the
+quiet drain"); one healthy node returns it in time, so order alone cannot tell the two
+apart here: the fills counted can."""
 
 from __future__ import annotations
 
@@ -99,3 +101,8 @@ def test_quiet_handoffs_of_a_trickle_keep_per_key_order(spec: StreamSpec, rabbit
     assert handoffs >= 6
     assert lost(published, records) == []
     assert order_violations(records) == []
+    # and the drains filled their windows (a trickle's never fills by itself), the fillers
+    # never reaching the handler: every record is a published message
+    filled = sum(broker.fills[0] for broker in brokers.values())
+    assert filled >= handoffs // 2, (filled, handoffs)
+    assert len(records) == len(published) + sum(r["redelivered"] for r in records)

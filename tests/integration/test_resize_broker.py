@@ -9,7 +9,9 @@ RabbitMQ that behaves otherwise fails here first:
   of what it published, and none of them is in the queue behind a fence published after
   the cut (on one node);
 - the actions are idempotent: unbinding twice, deleting a queue that is gone; and
-  ``if-empty`` refuses to delete a queue with a message in it.
+  ``if-empty`` refuses to delete a queue with a message in it;
+- a drain's fillers reach every declared queue through the dead-letter exchange, and a
+  retired queue the cut unbound returns them.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import pika.exceptions
 import pytest
 
 from producer.contract import StreamSpec
-from producer.layout import Layout
-from producer.topology import declare_stream, delete_stream
+from producer.layout import Layout, Resize
+from producer.topology import declare_stream, delete_stream, unbind_fillers
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration]
@@ -123,6 +125,27 @@ def test_the_actions_can_be_done_twice_and_a_queue_with_a_message_is_kept(
     assert again.queue_declare(spec.queue(1), passive=True).method.message_count == 0
     assert again.queue_delete(spec.queue(1)).method.message_count == 0
     assert again.queue_delete(spec.queue(1)).method.message_count == 0
+
+
+def test_every_queue_takes_fillers_until_a_shrink_unbinds_it(
+    spec: StreamSpec, connection: pika.BlockingConnection
+) -> None:
+    # Given a stream as declared (consumers.fillers: a drain fills its window this way)
+    producer = connection.channel()
+    producer.confirm_delivery()
+    # When a filler is published to each queue through the dead-letter exchange
+    for p in range(2):
+        queue = spec.queue(p)
+        producer.basic_publish(spec.dead_letter_exchange, queue, b"", mandatory=True)
+    # Then each queue holds it
+    assert [drain(connection.channel(), spec.queue(p)) for p in range(2)] == [[b""], [b""]]
+    # and once a shrink to 1 partition cut its retired queue's binding (twice: idempotent),
+    # a filler for it is returned, so nothing can refill it before its delete
+    unbind_fillers(connection, spec, Resize(Layout(2), Layout(1, 1)).retired)
+    unbind_fillers(connection, spec, range(1, 2))
+    with pytest.raises(pika.exceptions.UnroutableError):
+        producer.basic_publish(spec.dead_letter_exchange, spec.queue(1), b"", mandatory=True)
+    producer.basic_publish(spec.dead_letter_exchange, spec.queue(0), b"", mandatory=True)
 
 
 class Publisher(threading.Thread):

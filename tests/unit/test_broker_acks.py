@@ -24,9 +24,11 @@ from consumers.port import (
     StandbyLost,
     Subscribed,
 )
-from producer.contract import StreamSpec
+from producer.contract import StreamSpec, queue_name
 
 PREFETCH = 4
+SPEC = StreamSpec("orders", 4)
+FILLER = (SPEC.dead_letter_exchange, SPEC.queue(0))  # a filler of partition 0: its route
 
 
 class Channel:
@@ -43,6 +45,8 @@ class Channel:
         self.cancelled: list[str] = []
         self.nacked: list[int] = []
         self.consumers = 1  # consumers on its queue (a standby consumes behind one)
+        self.published: list[tuple[str, str]] = []  # (exchange, routing key)
+        self._returners: list[Any] = []
         self._closers: list[Any] = []
         self._tags = itertools.count(1)
 
@@ -51,6 +55,22 @@ class Channel:
 
     def add_on_cancel_callback(self, _callback: Any) -> None:
         return None
+
+    def add_on_return_callback(self, callback: Any) -> None:
+        self._returners.append(callback)
+
+    def basic_publish(
+        self, exchange: str, routing_key: str, _body: bytes, _properties: Any, mandatory: bool
+    ) -> None:
+        assert mandatory
+        self.published.append((exchange, routing_key))
+
+    def return_all(self) -> None:
+        """RabbitMQ returns every message published on this channel: unroutable."""
+        for exchange, routing_key in self.published:
+            method = SimpleNamespace(exchange=exchange, routing_key=routing_key)
+            for returner in self._returners:
+                returner(self, method, None, b"")
 
     def basic_qos(self, prefetch_count: int, callback: Any) -> None:
         if self.manual:
@@ -84,11 +104,13 @@ class Channel:
         for closer in self._closers:
             closer(self, RuntimeError("closed"))
 
-    def deliver(self) -> int:
+    def deliver(self, exchange: str = "partq.orders", routing_key: str = "0") -> int:
         """RabbitMQ delivers the next message on this channel; its tag."""
         tag = next(self._tags)
         method = SimpleNamespace(
-            method=SimpleNamespace(delivery_tag=tag, redelivered=False, routing_key="0")
+            method=SimpleNamespace(
+                delivery_tag=tag, redelivered=False, routing_key=routing_key, exchange=exchange
+            )
         )
         self._on_deliver(method, SimpleNamespace(properties=None), b"")  # type: ignore[attr-defined]
         return tag
@@ -153,10 +175,16 @@ def connect_beside(main: Connection, on_open: Any, _failed: Any, _closed: Any) -
     """A standby's own connection, open on the loop's next turn; its channels open from
     ``main``'s queue (``open_next``)."""
     own = Connection()
+    own.is_open, own.is_closed = False, False
     own.ioloop = main.ioloop
     own.opening = main.opening
     own._transport = SimpleNamespace(_sock=Socket())
-    main.ioloop.soon(lambda _frame: on_open(own), None)
+
+    def opened(_frame: Any) -> None:
+        own.is_open = True
+        on_open(own)
+
+    main.ioloop.soon(opened, None)
     main.own.append(own)
     return own
 
@@ -168,7 +196,7 @@ class Edge:
         self.events: list[BrokerEvent] = []
         self.channels = Channels(
             "amqp://guest:guest@127.0.0.1:1/%2F",
-            StreamSpec("orders", 4),
+            SPEC,
             prefetch=PREFETCH,
             early=early,
             sink=self.events.append,
@@ -309,6 +337,35 @@ def test_a_channel_warming_while_a_standby_is_promoted_does_not_take_its_acks() 
     assert not warm.is_open
 
 
+def test_a_promoted_standbys_fillers_are_acked_and_never_reach_the_worker() -> None:
+    # Given a standby of partition 0 activated with a message, a filler (the old owner's
+    # drain left it in the queue) and a message
+    edge = Edge()
+    edge.channels.stand_by(0)
+    edge.settle()
+    standby = edge.connection.open_next()
+    first, filler, last = standby.deliver(), standby.deliver(*FILLER), standby.deliver()
+    # When it is promoted (a takeover)
+    edge.channels.promote(0, generation=2)
+    # Then the worker gets the two messages; the filler is acked without it
+    handed = [e.delivery_tag for e in edge.events if isinstance(e, Delivery)]
+    assert handed == [first, last] and standby.acks == [(filler, False)]
+
+
+def test_calls_that_reach_the_loop_after_the_connection_closed_open_nothing() -> None:
+    # Given a subscribe, a warm and a standby asked while the connection was open, carried
+    # out by the I/O loop after it closed (a RabbitMQ node died meanwhile: seen in a fault
+    # soak, where pika's "Channel allocation requires an open connection" killed the loop)
+    edge = Edge()
+    edge.connection.is_open = False
+    edge.channels.subscribe(0, 1)
+    edge.channels.warm(1)
+    edge.channels.stand_by(2)
+    # Then nothing is opened, and only the standby is reported lost (the subscribing
+    # partition is subscribed again by the reconnect)
+    assert edge.connection.opening == [] and edge.events == [StandbyLost(2)]
+
+
 def test_a_drain_called_off_before_its_cancel_sends_its_held_acks_and_consumes_on() -> None:
     # Given partition 0 draining (acks held) with 3 deliveries handled, its window not full
     edge = Edge()
@@ -331,17 +388,67 @@ def test_a_drain_called_off_before_its_cancel_sends_its_held_acks_and_consumes_o
     assert channel.cancelled == []
 
 
-def test_a_quiet_drain_is_cancelled_after_its_quiet_spell_and_an_empty_queue() -> None:
+def test_a_drain_fills_its_window_with_fillers_as_it_begins_and_cancels_once_full() -> None:
+    # Given a drain of partition 0 with one delivery of PREFETCH
+    edge = Edge()
+    channel = edge.subscribed(0)
+    channel.deliver()
+    # When it begins to drain
+    edge.channels.revoke(0)
+    fillers = edge.connection.open_next()  # the fillers' own channel
+    # Then its credit goes as fillers into its own queue, through the dead-letter exchange,
+    # on a channel of their own; nothing is cancelled yet
+    assert fillers.published == [FILLER] * (PREFETCH - 1)
+    assert channel.published == [] and channel.cancelled == []
+    # and the fillers' deliveries fill the window: the full window's cancel
+    for _ in range(PREFETCH - 1):
+        channel.deliver(*FILLER)
+    edge.settle()
+    assert channel.cancelled == ["ctag"]
+    assert isinstance(edge.events[-1], End)
+    # which the worker never sees: it handled the one message, and its finish sends the
+    # held acks, the fillers' with its own
+    assert [e.delivery_tag for e in edge.events if isinstance(e, Delivery)] == [1]
+    edge.channels.ack(0, channel, [1])  # type: ignore[arg-type]
+    edge.channels.finish(0, channel)  # type: ignore[arg-type]
+    edge.settle()
+    assert sorted(tag for tag, _multiple in channel.acks) == [1, 2, 3, 4]
+    assert Drained(0) in edge.events
+
+
+def test_fillers_reach_a_partition_a_resize_added_beyond_the_first_spec() -> None:
+    # Given channels made for 4 partitions, widened by a grow (seen in CI: the fillers of
+    # partition 10 of a stream begun with 6 raised in pika's callback, which dropped the
+    # whole connection, twice, and left a retired queue with an unacked fence)
+    edge = Edge()
+    edge.channels.spec = StreamSpec("orders", 12)
+    # When partition 10's drain fills / Then its fillers go to its queue
+    edge.channels.fillers.publish(edge.connection, 10, 1, 2)
+    fillers = edge.connection.open_next()
+    assert fillers.published == [(SPEC.dead_letter_exchange, queue_name("orders", 10))] * 2
+
+
+def test_a_queue_that_returns_its_fillers_is_drained_by_the_quiet_cancel_from_then_on() -> None:
+    # Given a stream whose queues are not bound to the dead-letter exchange (partq 0.2.0)
     edge = Edge()
     channel = edge.subscribed(0)
     channel.deliver()
     edge.channels.revoke(0)
-    timers = edge.connection.ioloop.later
-    assert len(timers) == 1 and channel.cancelled == []
-    timers.pop()()  # quiet for QUIET seconds; the passive declare finds 0 ready
+    fillers = edge.connection.open_next()
+    # When RabbitMQ returns the fillers / Then the drain cancels as it did before fillers
+    fillers.return_all()
+    edge.connection.ioloop.later.pop()()  # the Unfilled, fed on the loop's next turn
     edge.settle()
     assert channel.cancelled == ["ctag"]
-    assert isinstance(edge.events[-1], End)
+    # and the partition's next subscription's drain does not fill: it asks the queue
+    edge.channels.finish(0, channel)
+    edge.settle()
+    edge.channels.subscribe(0, 2)
+    edge.settle()
+    edge.channels.revoke(0)
+    edge.connection.ioloop.later.pop()()
+    edge.settle()
+    assert channel.cancelled == ["ctag", "ctag"] and fillers.published == [FILLER] * (PREFETCH - 1)
 
 
 def test_a_drain_whose_cancel_was_sent_is_not_called_off() -> None:
@@ -364,6 +471,22 @@ def test_subscribed_is_reported_and_a_subscribe_while_opening_takes_the_newer_ge
     channel.deliver()
     assert edge.events[0] == Subscribed(0)
     assert [e.generation for e in edge.events if isinstance(e, Delivery)] == [2]
+
+
+def test_a_standby_given_back_while_its_connection_opens_is_ended_once_open() -> None:
+    # Given a standby of partition 2 whose own connection is still opening (AMQP handshake)
+    edge = Edge()
+    edge.channels.stand_by(2)
+    (own,) = edge.connection.own
+    assert not own.is_open
+    # When it is given back, its socket is left alone (an abort in the handshake makes pika
+    # log errors for a connection partq itself ended)
+    edge.channels.give_back(2)
+    assert own._transport._sock.shut == []
+    # Then once open it is aborted, with no channel opened on it and nothing reported lost
+    edge.settle()
+    assert own._transport._sock.shut and edge.connection.opening == []
+    assert edge.events == []
 
 
 def test_a_standby_is_given_back_by_aborting_its_own_connection_never_by_a_cancel() -> None:

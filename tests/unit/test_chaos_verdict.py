@@ -5,11 +5,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from benchmarks.chaos.verdict import Fault, Sample, judge
+from benchmarks.chaos.verdict import Fault, Sample, judge, stalls
 
 
 def rec(
-    pid: int, partition: int, key: str, seq: int, start: float, *, redelivered: bool = False
+    pid: int,
+    partition: int,
+    key: str,
+    seq: int,
+    start: float,
+    *,
+    redelivered: bool = False,
+    published: float | None = None,
 ) -> dict[str, Any]:
     return {
         "pid": pid,
@@ -19,7 +26,7 @@ def rec(
         "start": start,
         "end": start + 0.01,
         "redelivered": redelivered,
-        "published_ms": None,
+        "published_ms": None if published is None else round(published * 1000),
     }
 
 
@@ -118,6 +125,42 @@ def test_the_pause_after_a_fault_is_the_longest_gap_in_each_partition_up_to_the_
     assert pause["n"] == 2
     assert math.isclose(pause["max"], 2.0 - 0.01)
     assert pause["p50"] < 0.1
+
+
+def test_a_partition_idle_past_the_limit_while_a_message_waits_fails_the_run() -> None:
+    # Given partition 0 handled every second, then nothing from 9.01 to 50 although seq 10
+    # was published at 9.5, and partition 1 idle from 10 to 50 with nothing published until
+    # 49.9 (an idle producer, not a stall)
+    p0 = [rec(1, 0, "a", n, float(n), published=n - 0.5) for n in range(10)]
+    p0 += [rec(2, 0, "a", 10, 50.0, published=9.5)]
+    p1 = [rec(1, 1, "b", n, float(n), published=n - 0.1) for n in range(11)]
+    p1 += [rec(1, 1, "b", 11, 50.0, published=49.9)]
+    confirmed = {("a", n) for n in range(11)} | {("b", n) for n in range(12)}
+    verdict = judge(p0 + p1, confirmed, [])
+    # Then p0's stall, from seq 10's publish to its handling, fails it, and p1's wait counts
+    # only from its publish: 0.1 s
+    assert not verdict.passed
+    assert verdict.stalls == 1
+    assert math.isclose(verdict.longest_stall, 50.0 - 9.5)
+    assert verdict.stall_examples == ["p0: 40.5 s idle from 9.500"]
+    p1_stalls = [s for s in stalls(p1) if s.seconds > 1.0]
+    assert p1_stalls == []
+    # And a wait within the limit passes
+    assert judge(p0 + p1, confirmed, [], idle_limit=45.0).passed
+
+
+def test_a_stall_counts_from_the_earliest_waiting_message_handled_after_it() -> None:
+    # Given a gap from 1.01 to 20 on p0, and the first handling after it a message published
+    # at 15 but a later one (a redelivery) published at 0.5: that one waited the whole gap
+    records = [
+        rec(1, 0, "a", 0, 1.0, published=0.4),
+        rec(2, 0, "a", 2, 20.0, published=15.0),
+        rec(2, 0, "a", 1, 20.5, redelivered=True, published=0.5),
+    ]
+    longest, *_ = stalls(records)
+    assert (longest.partition, longest.since, longest.until) == (0, 1.01, 20.0)
+    # And records with no publish time tell nothing of waiting
+    assert stalls([rec(1, 0, "a", 0, 1.0), rec(1, 0, "a", 1, 50.0)]) == []
 
 
 def test_memory_is_summed_up_per_process() -> None:

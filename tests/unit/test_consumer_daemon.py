@@ -463,9 +463,9 @@ def test_a_stop_leaves_the_group_drains_releases_and_revokes(env: Env) -> None:
     members_at_cancel: list[set[str]] = []
     cancel = c1.broker.cancel
 
-    def noting(partition: int) -> None:
+    def noting(partition: int, *, waiting: bool = False) -> None:
         members_at_cancel.append(set(env.group.snapshot().members))
-        cancel(partition)
+        cancel(partition, waiting=waiting)
 
     c1.broker.cancel = noting  # type: ignore[method-assign]
     # When it is stopped

@@ -118,11 +118,29 @@ def test_the_owner_consumes_on_until_its_heir_takes_the_claim_then_cancels(env: 
     assert claim is not None and not claim.sealed
     assert env.group.take_over(0, "b", env.sessions["b"], seen, priority=1) > 0
     a.follow(env.group.snapshot())
-    # Then a cancels (nothing is checked out to it), without sealing b's claim
+    # Then a cancels at once, as a consumer waiting behind b's (nothing is checked out to
+    # it: no fillers, no quiet spell), without sealing b's claim (its heir no longer able to
+    # take it, then the claim b's: each says so)
     assert a.slots[0].state.phase is Phase.DRAINING
-    assert broker.named("cancel") == [("cancel", 0)]
+    assert broker.named("cancel") == [("cancel", 0, "waiting")] * 2
     after, _ = env.group.read_claim(0)
     assert after is not None and (after.member, after.priority, after.sealed) == ("b", 1, False)
+
+
+def test_an_owner_draining_when_its_heir_takes_the_claim_cancels_at_once(env: Env) -> None:
+    # Given p0 yielded to b, then unassigned (a drain begun) just as the broker switched
+    a, broker = env.yielded()
+    env.assign("c")
+    a.follow(env.group.snapshot())
+    assert broker.named("cancel") == [("cancel", 0)]
+    # When b takes the claim over (the broker had switched to it)
+    claim, seen = env.group.read_claim(0)
+    assert claim is not None
+    assert env.group.take_over(0, "b", env.sessions["b"], seen, priority=1) > 0
+    a.follow(env.group.snapshot())
+    # Then a's drain is told its consumer waits behind b's: cancelled at once
+    assert a.slots[0].state.phase is Phase.DRAINING
+    assert broker.named("cancel") == [("cancel", 0), ("cancel", 0, "waiting")]
 
 
 def test_an_owner_moved_to_a_member_that_drains_seals_its_claim_before_the_cancel(env: Env) -> None:

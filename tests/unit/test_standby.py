@@ -83,22 +83,26 @@ def test_a_claim_that_moved_on_from_the_owner_we_stood_behind_is_given_back() ->
     assert may_take_over(state(), 0, "b", "c") is None
 
 
-def test_by_default_standbys_are_named_among_members_that_hand_over_by_priority() -> None:
+def test_by_default_standbys_are_named_for_every_member_on_quorum_queues_only() -> None:
     # Given a, b and d handing over by consumer priority (RabbitMQ 4 quorum queues) and c
-    # not (a member still on 3.x, or with --handoff drain)
+    # not (a member on 3.x, or with --handoff drain)
     by_priority = {m: Member(m, lease=i + 1, priority=m != "c") for i, m in enumerate("abcd")}
     view = state(
         members=by_priority,
         assignment={0: "a", 1: "b", 2: "c", 3: "d"},
         claims={p: Claim(m, i + 1) for p, (i, m) in enumerate(enumerate("abcd"))},
     )
-    # Then "auto" names standbys among a, b and d only: c neither stands by nor gets one
-    assert policy.standbys(SPEC, view, "auto") == {0: "b", 1: "d", 3: "a"}
-    # and "on" names them for every member, "off" for none
-    assert policy.standbys(SPEC, view, "on") == {0: "b", 1: "c", 2: "d", 3: "a"}
+    # Then "auto" names them for every member, as "on" does, however each hands over
+    everyone = {0: "b", 1: "c", 2: "d", 3: "a"}
+    assert policy.standbys(SPEC, view, "auto") == everyone
+    assert policy.standbys(SPEC, view, "on") == everyone
     assert policy.standbys(SPEC, view, "off") == {}
-    # and a group where nobody hands over by priority (RabbitMQ 3.x) gets none by default
-    assert policy.standbys(SPEC, state(), "auto") == {}
+    # and a group on RabbitMQ 3.x (nobody by priority) gets them by default too
+    assert policy.standbys(SPEC, state(), "auto") == {0: "b", 1: "c"}
+    # but on classic queues (never soaked with standbys) only "on" names any
+    classic = StreamSpec("s", 4, "classic")
+    assert policy.standbys(classic, view, "auto") == {}
+    assert policy.standbys(classic, view, "on") == everyone
 
 
 def test_standbys_are_the_next_live_member_after_the_owner_and_suspects_get_nothing() -> None:

@@ -92,6 +92,99 @@ def test_a_busy_partition_pausing_is_not_quiet_before_idle_its_window_fills_inst
     assert actions == [w.AskReady(1, 1), w.Cancel()]
 
 
+def test_a_window_that_takes_fillers_is_filled_as_its_drain_begins_and_cancelled_full() -> None:
+    # Given a subscription whose queue takes fillers, one delivery unacked
+    window, _ = run(Window(PREFETCH, fill=True), DELIVERED)
+    # When its drain begins / Then it fills its credit (2) at once, and cancels nothing yet
+    window, actions = step(window, w.Revoke(now=10.0))
+    assert actions == (w.Fill(1, 2), w.WaitQuiet(1, 1)) and window.phase is Phase.HOLDING
+    # and its timers neither fill again nor cancel while the fillers are on their way
+    window, actions = step(window, w.Quiet(1, 1, now=10.25))
+    assert actions == (w.WaitQuiet(1, 1),)
+    # nor does the drain begun again (a leader's flapping assignment)
+    window, actions = step(window, w.Revoke(now=10.3))
+    assert actions == (w.WaitQuiet(2, 1),)
+    # The fillers' deliveries fill the window: the cancel is the full window's, exact
+    window, actions = run(window, DELIVERED, DELIVERED)
+    assert actions == [w.HandOn(), w.Cancel(), w.HandOn()] and window.full
+    # and a drain after this one fills again
+    window, _ = run(window, w.Acked((1, 2, 3)), w.CancelOk(), w.BarrierOk(), w.Finish())
+    assert window.phase is Phase.PARKED and window.filled_at is None
+    # whereas a full window is cancelled at once, with no filler
+    window, _ = run(Window(PREFETCH, fill=True), DELIVERED, DELIVERED, DELIVERED)
+    assert step(window, w.Revoke(now=0.0))[1] == (w.Cancel(),)
+
+
+def test_a_drain_behind_anothers_active_consumer_is_cancelled_at_once_without_fillers() -> None:
+    # Given a window with credit left whose queue takes fillers, and another member's
+    # consumer active (it holds the claim): nothing can be in flight to us
+    window, _ = run(Window(PREFETCH, fill=True), DELIVERED)
+    # When its drain begins / Then it is cancelled at once; fillers would go to that
+    # consumer and leave ours waiting, to be activated should that one go
+    window, actions = step(window, w.Revoke(now=0.0, waiting=True))
+    assert actions == (w.Cancel(),) and window.phase is Phase.CANCELLING
+
+
+def test_fillers_that_never_fill_the_window_end_in_an_overdue_cancel() -> None:
+    window, actions = run(Window(PREFETCH, fill=True), w.Revoke(now=0.0))
+    assert actions == [w.Fill(1, 3), w.WaitQuiet(1, 0)]
+    window, actions = step(window, w.Quiet(1, 0, now=w.FILL_WAIT - 0.01))
+    assert actions == (w.WaitQuiet(1, 0),)
+    window, actions = step(window, w.Quiet(1, 0, now=w.FILL_WAIT))
+    assert actions == (w.Cancel(overdue=w.FILL_WAIT),)
+
+
+def test_a_busy_partitions_drain_is_filled_by_its_own_traffic_not_by_fillers() -> None:
+    # Given a subscription whose deliveries come every 0.01 s, the last one just now
+    busy = w.Pace(last=0.0, gap=0.01)
+    window, actions = run(Window(PREFETCH, fill=True), DELIVERED, w.Revoke(0.0, pace=busy))
+    # Then its drain publishes no fillers: the credit left fills in 0.02 s
+    assert actions == [w.HandOn(), w.WaitQuiet(1, 1)]
+    # and the traffic fills it: the cancel is exact
+    window, actions = run(window, DELIVERED, DELIVERED)
+    assert w.Cancel() in actions and window.filled_at is None
+
+
+def test_a_busy_drain_whose_traffic_stops_or_trickles_is_filled() -> None:
+    busy = w.Pace(last=0.0, gap=0.01)
+    held, _ = run(Window(PREFETCH, fill=True), DELIVERED, w.Revoke(0.0, pace=busy))
+    # When a quiet timer finds no delivery since it was set: fill what is left
+    _, actions = step(held, w.Quiet(1, 1, now=w.QUIET, pace=busy))
+    assert actions == (w.Fill(1, 2), w.WaitQuiet(1, 1))
+    # When deliveries came, but slower than would fill it within IDLE: fill
+    window, _ = step(held, DELIVERED)
+    slow = w.Pace(last=w.QUIET - 0.01, gap=w.IDLE)
+    _, actions = step(window, w.Quiet(1, 1, now=w.QUIET, pace=slow))
+    assert actions == (w.Fill(1, 1), w.WaitQuiet(1, 2))
+    # When they keep coming at pace but the hold reached IDLE: fill anyway
+    steady = w.Pace(last=w.IDLE - 0.01, gap=0.01)
+    _, actions = step(window, w.Quiet(1, 1, now=w.IDLE, pace=steady))
+    assert actions == (w.Fill(1, 1), w.WaitQuiet(1, 2))
+    # and while they come at pace within IDLE, it waits
+    _, actions = step(window, w.Quiet(1, 1, now=w.QUIET, pace=w.Pace(w.QUIET - 0.01, 0.01)))
+    assert actions == (w.WaitQuiet(1, 2),)
+    # and a partition idle at the revoke is filled at once
+    idle = w.Pace(last=-1.0, gap=0.01)
+    _, actions = run(Window(PREFETCH, fill=True), DELIVERED, w.Revoke(0.0, pace=idle))
+    assert actions == [w.HandOn(), w.Fill(1, 2), w.WaitQuiet(1, 1)]
+
+
+def test_a_queue_that_returns_its_fillers_is_cancelled_as_before_and_not_filled_again() -> None:
+    window, _ = run(Window(PREFETCH, fill=True), DELIVERED, w.Revoke(now=0.0))
+    # When the fillers come back unroutable / Then the quiet cancel follows, as without
+    window, actions = step(window, w.Unfilled(1))
+    assert actions == (w.Cancel(),) and not window.fill
+    # and an Unfilled of an older drain, or of one that filled meanwhile, cancels nothing
+    window, _ = run(Window(PREFETCH, fill=True), DELIVERED, w.Revoke(0.0), w.Resume())
+    window, _ = step(window, w.Revoke(1.0))
+    assert step(window, w.Unfilled(1))[1] == ()
+    full, _ = run(window, DELIVERED, DELIVERED)
+    assert step(full, w.Unfilled(2))[1] == ()
+    # and without fillers out, an Unfilled changes nothing but the flag
+    window, _ = run(Window(PREFETCH), DELIVERED, w.Revoke(0.0))
+    assert step(window, w.Unfilled(1))[1] == ()
+
+
 def test_a_quiet_timer_that_fired_late_looks_again() -> None:
     # Given a drain of an idle partition whose process was stalled (load 15: a consumer ran
     # nothing for 2.3 s; what the broker sent meanwhile was still unread)
@@ -158,6 +251,7 @@ KINDS = (
     "revoke",
     "quiet",
     "ready",
+    "unfilled",
     "resume",
     "cut",
     "cancel-ok",
@@ -175,9 +269,10 @@ def _event(window: Window, worker: Worker, kind: str, n: int, amount: float) -> 
     events: dict[str, w.WindowEvent] = {
         "delivered": DELIVERED,
         "acked": w.Acked(tuple(unacked[: 1 + n])) if unacked else DELIVERED,
-        "revoke": w.Revoke(worker.now),
+        "revoke": w.Revoke(worker.now, waiting=n == 4),
         "quiet": w.Quiet(drain, seen, worker.now, w.Pace(worker.last, worker.gap), n / 8),
         "ready": w.Ready(drain, seen, n % 2, worker.now, w.Pace(worker.last, worker.gap)),
+        "unfilled": w.Unfilled(drain),
         "resume": w.Resume(),
         "cut": w.Cut(),
         "cancel-ok": w.CancelOk(),
@@ -189,15 +284,16 @@ def _event(window: Window, worker: Worker, kind: str, n: int, amount: float) -> 
 
 @settings(max_examples=300, deadline=None)  # a shared, loaded machine: no per-example deadline
 # a busy partition (a delivery every 25 ms) revoked in a pause and found with nothing ready
-@example(False, [("delivered", 0, 0.1), ("revoke", 0, 0.1), ("ready", 2, 0.3)])
+@example(False, False, [("delivered", 0, 0.1), ("revoke", 0, 0.1), ("ready", 2, 0.3)])
 @given(
+    st.booleans(),
     st.booleans(),
     st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 4), st.floats(0, 2.0)), max_size=60),
 )
 def test_acks_are_never_lost_or_sent_twice_and_one_cancel_at_most(
-    early: bool, script: list[tuple[str, int, float]]
+    early: bool, fill: bool, script: list[tuple[str, int, float]]
 ) -> None:
-    window, worker = Window(PREFETCH, early=early), Worker()
+    window, worker = Window(PREFETCH, early=early, fill=fill), Worker()
     for kind, n, amount in script:
         event = _event(window, worker, kind, n, amount)
         before = window
@@ -223,7 +319,14 @@ def test_acks_are_never_lost_or_sent_twice_and_one_cancel_at_most(
                     credit = before.prefetch - (before.received - before.acks_sent)
                     filling = credit * worker.gap < w.IDLE and worker.now - worker.last < w.IDLE
                     quiet = isinstance(event, w.Ready) and event.ready == 0 and not filling
-                    assert window.full or quiet or overdue or isinstance(event, w.Cut)
+                    if before.fill:  # filled instead: with credit left only once they failed
+                        quiet = isinstance(event, w.Unfilled)
+                    waiting = isinstance(event, w.Revoke) and event.waiting
+                    assert window.full or quiet or overdue or waiting or isinstance(event, w.Cut)
+                case w.Fill(drain, count):
+                    # once per drain, its whole credit, and never instead of a full window
+                    assert before.fill and before.filled_at is None and drain == window.drains
+                    assert count == before.prefetch - (before.received - before.acks_sent) > 0
                 case w.SendEnd():
                     worker.ended = True
                 case w.ReportEmptied():
