@@ -578,12 +578,13 @@ class Channels:
 
     def stand_by(self, partition: int, arguments: Arguments = None) -> None:
         slot = self._slot(partition)
-        if slot.standby is not None or isinstance(slot.line, _Opening):
+        if slot.standby is not None:  # standing already
             return
         if not self.connection.is_open:  # closed since it was asked: no standby on it
             self.sink(StandbyLost(partition))
             return
-        if slot.sub is not None and slot.sub.window.live:
+        if isinstance(slot.line, _Opening) or (slot.sub is not None and slot.sub.window.live):
+            self._not_beside_own(partition)
             return
         standby = slot.standby = _Standby(arguments=arguments)
         main = self.connection
@@ -614,6 +615,18 @@ class Channels:
 
         standby.connection = self.connect(main, opened, failed, closed)
         self._own.add(standby.connection)
+
+    def _not_beside_own(self, partition: int) -> None:
+        """A standby asked for while the partition's own subscription is still there: say it
+        is lost a little later, so that the controller asks again if it still wants one
+        (skipped in silence, it would think us standing with nothing at the broker)."""
+        log.info("partition %d: not standing by beside its own subscription yet", partition)
+
+        def again() -> None:
+            if self._slot(partition).standby is None:
+                self.sink(StandbyLost(partition))
+
+        self.connection.ioloop.call_later(_STANDBY_RETRY, again)
 
     def _standby_open(self, partition: int, channel: Channel, standby: _Standby) -> None:
         if self._slot(partition).standby is not standby:  # stood down while it opened

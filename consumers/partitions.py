@@ -362,6 +362,8 @@ class Partitions:
 
     def standby_lost(self, partition: int) -> None:
         """The standby's channel or connection went: stand by again if still wanted."""
+        if self.slots[partition].state.standby is not Standby.NONE:
+            log.info("partition %d: our standby subscription ended", partition)
         self._process(_Step(partition, Event.STANDBY_LOST))
         self._sync_standby(partition)
 
@@ -370,6 +372,7 @@ class Partitions:
         :meth:`check_takeovers` if it still stood by (else given back at once); True if it
         is pending and no check was pending yet (queue one)."""
         first = not self._pending_takeovers()
+        log.info("partition %d: RabbitMQ activated our standby subscription", partition)
         self._process(_Step(partition, Event.ACTIVATED))
         return first and self.slots[partition].state.standby is Standby.ACTIVATED
 
@@ -542,11 +545,16 @@ class Partitions:
 
     def handoff(self, partition: int, event: Event) -> None:
         """An event of one partition from the broker (subscribed, drained, channel lost);
-        then whatever the mirror says that its steps did not see (a drain that ends in
-        WAITING, behind a claim another member took over meanwhile, subscribes as heir)."""
+        then whatever the mirror says that its steps did not see: a drain that ends in
+        WAITING, behind a claim another member took over meanwhile, subscribes as heir; one
+        that ends in IDLE stands by behind the new owner if the leader names us (that
+        name, and the new owner's live claim, may have come while it still drained, and
+        nothing in etcd changes after them: seen in CI, a queue left with no standby)."""
         self._process(_Step(partition, event))
         if self.priority:
             self.sync(partition)
+        else:
+            self._sync_standby(partition)
 
     def release(self, partition: int) -> None:
         """Try releasing the claim again (it failed while etcd was away), unless the

@@ -352,6 +352,20 @@ def test_a_promoted_standbys_fillers_are_acked_and_never_reach_the_worker() -> N
     assert handed == [first, last] and standby.acks == [(filler, False)]
 
 
+def test_a_standby_asked_beside_the_partitions_own_subscription_is_reported_lost() -> None:
+    # Given partition 0's own subscription still opening (a subscribe not yet confirmed)
+    edge = Edge()
+    edge.channels.subscribe(0, 1)
+    # When a standby of it is asked for (the controller thinks it idle)
+    edge.channels.stand_by(0)
+    # Then none is opened beside it, and a moment later it is reported lost, so that the
+    # controller asks again rather than think it standing with nothing at the broker
+    assert edge.connection.own == [] and StandbyLost(0) not in edge.events
+    for later in edge.connection.ioloop.later:
+        later()
+    assert edge.events.count(StandbyLost(0)) == 1
+
+
 def test_calls_that_reach_the_loop_after_the_connection_closed_open_nothing() -> None:
     # Given a subscribe, a warm and a standby asked while the connection was open, carried
     # out by the I/O loop after it closed (a RabbitMQ node died meanwhile: seen in a fault

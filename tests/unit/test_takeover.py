@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from consumers.handoff import Holder, Phase, Standby
+from consumers.handoff import Event, Holder, Phase, Standby
 from coordinator import codec
 from coordinator.group import Group
 from coordinator.session import Session
@@ -33,7 +33,7 @@ class RecordingBroker:
         self.calls: list[tuple[str, int]] = []
 
     def __getattr__(self, name: str) -> Any:
-        def record(partition: int = -1, *_args: object) -> bool:
+        def record(partition: int = -1, *_args: object, **_kwargs: object) -> bool:
             self.calls.append((name, partition))
             return True
 
@@ -200,3 +200,36 @@ def test_a_standby_given_its_dead_owners_partition_stays_standing_rather_than_tu
     assert env.group.snapshot().claims[0].member == "b"
     assert env.calls("give_back") == 0
     c.close(revoke=True)
+
+
+def test_an_owner_that_drained_stands_by_behind_the_new_owner_once_idle(env: Env) -> None:
+    """On a broker without consumer priorities (RabbitMQ 3.x): the leader names the old
+    owner the standby of the partition it just drained, and the new owner marks its claim
+    live, both while the drain still waits for its cancel-ok. Nothing in etcd changes after
+    that, so the drain's end must itself stand the old owner by (seen in CI: one queue of
+    four with its owner's consumer only, and no standby behind it, for 30 s)."""
+    # Given b (us) consuming p1 on its live claim, a the standby's owner of p0 as before
+    env.assign(1, "b")
+    env.partitions.follow(env.group.snapshot())
+    env.partitions.handoff(1, Event.SUBSCRIBED)
+    slot = env.partitions.slots[1]
+    assert slot.state.phase is Phase.ACTIVE and env.group.snapshot().claims[1].live
+    # When the leader moves p1 to a: b drains, every delivery handled, the claim handed to a
+    env.assign(1, "a")
+    env.partitions.follow(env.group.snapshot())
+    env.partitions.handoff(1, Event.EMPTIED)
+    assert slot.state.phase is Phase.HANDING
+    assert env.group.snapshot().claims[1].member == "a"
+    # and, before b's cancel-ok, a subscribes and marks the claim live, and the leader
+    # names b p1's standby
+    claim = env.group.snapshot().claims[1]
+    assert env.group.mark_live(1, env.a, claim) > 0
+    env.fake.put(keys.standby(SPEC.name, 1), codec.encode_standby("b"))
+    env.partitions.follow(env.group.snapshot())
+    assert env.broker.calls.count(("stand_by", 1)) == 0  # still handing over: not yet
+    # When the drain ends
+    env.partitions.handoff(1, Event.DRAINED)
+    # Then b stands by behind a at once
+    assert slot.state.phase is Phase.IDLE
+    assert (slot.state.standby, slot.behind) == (Standby.STANDING, "a")
+    assert env.broker.calls.count(("stand_by", 1)) == 1
