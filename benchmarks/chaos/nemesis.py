@@ -196,8 +196,7 @@ class Nemesis:
     def _consumer_stop(self) -> Fault:
         member = self.rng.choice(self._targets())
         proc = self.consumers[member]
-        at = time.time()
-        proc.signal(signal.SIGSTOP)
+        at = proc.freeze()
         self.frozen.add(member)
         index = len(self.faults)  # where this fault lands in self.faults
 

@@ -79,8 +79,7 @@ def test_an_owner_frozen_past_its_lease_gives_back_in_order(
         wait_until(lambda: len(fleet.records()) > 400, 20, 0.1, "the load flowing")
         # When c2 is frozen until c1 has subscribed to each of its partitions, behind it
         offset = c1.log.stat().st_size
-        stopped_at = time.time()
-        c2.signal(signal.SIGSTOP)
+        stopped_at = c2.freeze()
         wait_until(
             lambda: consuming_since(c1.log, offset) >= set(frozen_owned),
             2 * TTL - 1,  # resumed before the broker could notice the freeze itself

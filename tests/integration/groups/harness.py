@@ -47,6 +47,19 @@ HANDLERS = "tests.integration.groups.recorder"
 PREFETCH = 100  # every consumer's: a crash leaves at most this many unacked per partition
 
 
+def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (state T in /proc; gone counts as not)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = [
+            Path(f"/proc/{pid}/task/{t}/stat").read_text().rpartition(")")[2].split()[0]
+            for t in tasks
+        ]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
 @dataclass
 class Proc:
     name: str
@@ -63,6 +76,20 @@ class Proc:
     def signal(self, sig: int) -> None:
         if self.alive():
             os.kill(self.pid, sig)
+
+    def freeze(self, timeout: float = 5.0) -> float:
+        """SIGSTOP, and the time it took hold: once every thread shows stopped. A time read
+        before the signal is early by as long as this process was descheduled before
+        sending it (seen in CI under load: calls the frozen process began in that gap
+        counted as begun inside its freeze, overlapping the next owner's). A process gone
+        already is not frozen: the time is now."""
+        self.signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while self.alive() and not _stopped(self.pid):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} not stopped {timeout}s after SIGSTOP")
+            time.sleep(0.001)
+        return time.time()
 
     def terminate(self, timeout: float = 20.0) -> int | None:
         """SIGTERM, wait; SIGKILL if it does not exit in time."""

@@ -256,8 +256,7 @@ def freeze_c2(env, rabbitmq: str, heartbeat: int) -> tuple[list[dict], int, tupl
     producer.start()
     try:
         time.sleep(1.5)
-        stopped_at = time.time()
-        c2.signal(signal.SIGSTOP)
+        stopped_at = c2.freeze()
         time.sleep(6.0)
         resumed_at = time.time()
         c2.signal(signal.SIGCONT)
