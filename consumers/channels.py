@@ -121,6 +121,10 @@ class _Sub:
     # monotonic time and the mean gap between them (an exponential average, 1/8 per delivery)
     last: float = field(default_factory=time.monotonic)
     gap: float = w.IDLE
+    # a drain's end is reported after a round trip (``ReportDrained``): until then its
+    # window is PARKED but the channel's loss is still the partition's, or that drain
+    # never ends (seen in a soak: a node kill in that round trip, a partition idle 458 s)
+    reporting: bool = False
 
     @property
     def pace(self) -> w.Pace:
@@ -233,7 +237,7 @@ class Channels:
         for partition, slot in sorted(self._slots.items()):
             line = slot.line
             if (
-                (isinstance(line, _Sub) and line.window.live)
+                (isinstance(line, _Sub) and (line.window.live or line.reporting))
                 or isinstance(line, _Opening)
                 or (isinstance(line, _Warm) and line.subscribe is not None)
                 or slot.deferred is not None
@@ -436,7 +440,7 @@ class Channels:
             # basic.qos needs no permission: the consume does
             self.sink(Refused(partition, access_refused(self.url, text, "read")))
             return
-        if sub.window.live:
+        if sub.window.live or sub.reporting:
             log.warning("partition %d: channel closed: %r", partition, reason)
             self.sink(ChannelLost(partition))
 
@@ -545,8 +549,9 @@ class Channels:
             case w.ReportKept():
                 self.sink(Kept(partition))
             case w.ReportDrained():
+                sub.reporting = True
                 channel.basic_qos(  # a round trip: the acks went first
-                    prefetch_count=self.prefetch, callback=lambda _f: self._drained(partition)
+                    prefetch_count=self.prefetch, callback=lambda _f: self._drained(partition, sub)
                 )
             case w.ReportLost():
                 self.sink(ChannelLost(partition))
@@ -570,7 +575,8 @@ class Channels:
                 0, lambda: self._feed(partition, sub, w.Unfilled(drain))
             )
 
-    def _drained(self, partition: int) -> None:
+    def _drained(self, partition: int, sub: _Sub) -> None:
+        sub.reporting = False
         self.last_drain = time.monotonic()
         self.sink(Drained(partition))
 

@@ -16,6 +16,7 @@ from consumers.channels import Channels
 from consumers.port import (
     Activated,
     BrokerEvent,
+    ChannelLost,
     Delivery,
     Drained,
     Emptied,
@@ -350,6 +351,29 @@ def test_a_promoted_standbys_fillers_are_acked_and_never_reach_the_worker() -> N
     # Then the worker gets the two messages; the filler is acked without it
     handed = [e.delivery_tag for e in edge.events if isinstance(e, Delivery)]
     assert handed == [first, last] and standby.acks == [(filler, False)]
+
+
+def test_a_drain_whose_connection_dies_before_its_drained_report_is_reported_lost() -> None:
+    # Given an early drain emptied and cut: CancelOk came and the held acks went, and the
+    # drained report waits for its round trip (basic.qos)
+    edge = Edge(early=True)
+    edge.channels.subscribe(0, 1)
+    channel = edge.connection.open_next(manual=True)
+    channel.qos.pop()(None)  # its prefetch set: it consumes
+    edge.settle()
+    for _ in range(PREFETCH):
+        channel.deliver()
+    edge.channels.revoke(0)
+    edge.channels.ack(0, channel, list(range(1, PREFETCH + 1)))  # type: ignore[arg-type]
+    assert edge.events[-1] == Emptied(0)
+    edge.channels.cut(0)
+    edge.settle()
+    assert len(channel.acks) == PREFETCH and Drained(0) not in edge.events and channel.qos
+    # When the connection dies before the round trip's reply (a RabbitMQ node killed)
+    edge.connection.is_open = False
+    edge.channels.reset()
+    # Then the partition is reported lost: its drain ends (else it waited for ever)
+    assert edge.events[-1] == ChannelLost(0)
 
 
 def test_a_standby_asked_beside_the_partitions_own_subscription_is_reported_lost() -> None:
