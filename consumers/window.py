@@ -206,7 +206,12 @@ class Revoke:
     """Begin a drain (``Broker.cancel``) at ``now``. ``waiting``: RabbitMQ serves another
     consumer of the queue, not this one (another member holds the claim, given only once
     the broker had activated it): nothing can be in flight to us, so cancel at once,
-    without fillers (they would go to that consumer, and ours would linger, waiting)."""
+    without fillers (they would go to that consumer, and ours would linger, waiting).
+    Only while nothing it was sent is unsettled: a consumer with deliveries in hand was
+    the active one, and may still be (the holder's consumer can be gone too, its
+    connection cut by the same node's death). Cancelled then, the broker serves the
+    holder newer messages while ours still handles its own (seen in a soak: two owners at
+    once for 90 ms). Such a drain goes the usual way (held, full, emptied, cut)."""
 
     now: float
     waiting: bool = False
@@ -479,8 +484,8 @@ def _revoke(
         return window, (ReportLost(),)
     phase = Phase.HOLDING if window.phase is Phase.CONSUMING else window.phase
     window = window._replace(phase=phase, held_since=now, drains=window.drains + 1)
-    if waiting and phase is Phase.HOLDING:
-        return _cancel(window)
+    if waiting and phase is Phase.HOLDING and window.received == window.acks_sent:
+        return _cancel(window)  # else it was served, so it may be the active one after all
     if window.full:
         if window.early:
             return _check_emptied(window)

@@ -118,11 +118,24 @@ def test_a_window_that_takes_fillers_is_filled_as_its_drain_begins_and_cancelled
 def test_a_drain_behind_anothers_active_consumer_is_cancelled_at_once_without_fillers() -> None:
     # Given a window with credit left whose queue takes fillers, and another member's
     # consumer active (it holds the claim): nothing can be in flight to us
-    window, _ = run(Window(PREFETCH, fill=True), DELIVERED)
+    # (what it was sent before, settled)
+    window, _ = run(Window(PREFETCH, fill=True), DELIVERED, w.Acked((1,)))
     # When its drain begins / Then it is cancelled at once; fillers would go to that
     # consumer and leave ours waiting, to be activated should that one go
     window, actions = step(window, w.Revoke(now=0.0, waiting=True))
     assert actions == (w.Cancel(),) and window.phase is Phase.CANCELLING
+
+
+def test_a_drain_behind_anothers_claim_with_a_delivery_in_hand_is_not_cancelled_at_once() -> None:
+    # Given a consumer handling a delivery when another member's claim reaches it: it was
+    # RabbitMQ's active consumer, and may still be (the holder's consumer gone with its
+    # connection, a node's death cutting both)
+    window, _ = run(Window(PREFETCH, fill=True), DELIVERED)
+    # When its drain begins as one behind another's consumer
+    window, actions = step(window, w.Revoke(now=0.0, waiting=True))
+    # Then it is not cancelled under the worker's feet (the broker would serve the holder
+    # newer messages beside it): it holds its acks and drains the usual way
+    assert w.Cancel() not in actions and window.phase is Phase.HOLDING
 
 
 def test_fillers_that_never_fill_the_window_end_in_an_overdue_cancel() -> None:
