@@ -132,7 +132,8 @@ class Broker(threading.Thread):
     def cancel(self, partition: int, *, waiting: bool = False) -> None:
         """Begin draining ``partition``: the worker gets END after its last delivery.
         ``waiting``: another member holds the claim, so RabbitMQ serves its consumer, not
-        ours: cancelled at once (``consumers.window.Revoke``)."""
+        ours: cancelled at once if nothing it was sent is unsettled
+        (``consumers.window.Revoke``)."""
         self._call_or_lost(partition, lambda: self._channels.revoke(partition, waiting=waiting))
 
     def resume(self, partition: int) -> None:

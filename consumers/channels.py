@@ -127,6 +127,11 @@ class _Sub:
     reporting: bool = False
 
     @property
+    def live(self) -> bool:
+        """Its channel's loss is the partition's: a live window, or a drain not yet reported."""
+        return self.window.live or self.reporting
+
+    @property
     def pace(self) -> w.Pace:
         return w.Pace(self.last, self.gap)
 
@@ -237,7 +242,7 @@ class Channels:
         for partition, slot in sorted(self._slots.items()):
             line = slot.line
             if (
-                (isinstance(line, _Sub) and (line.window.live or line.reporting))
+                (isinstance(line, _Sub) and line.live)
                 or isinstance(line, _Opening)
                 or (isinstance(line, _Warm) and line.subscribe is not None)
                 or slot.deferred is not None
@@ -440,7 +445,7 @@ class Channels:
             # basic.qos needs no permission: the consume does
             self.sink(Refused(partition, access_refused(self.url, text, "read")))
             return
-        if sub.window.live or sub.reporting:
+        if sub.live:
             log.warning("partition %d: channel closed: %r", partition, reason)
             self.sink(ChannelLost(partition))
 

@@ -20,7 +20,8 @@ A drain under way whose claim becomes another member's is cancelled again: that 
 took it over only once RabbitMQ served its consumer, so ours only waits, and the shell
 cancels a waiting consumer at once (``Broker.cancel(waiting=True)``, as for any drain
 begun while another holds the claim) rather than leave it subscribed, to be activated
-should that member's consumer go.
+should that member's consumer go; at once only if nothing it was sent is unsettled, else
+the usual way (``consumers.window.Revoke``).
 
 A drain of a partition that becomes ours again before its cancel is sent (assigned back:
 a leader's assignment can flap right after a takeover) is called off (``resume``): the

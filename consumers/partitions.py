@@ -711,7 +711,7 @@ class Partitions:
                     return []  # fenced instead: everything starts over, in order
                 # another's claim (as the mirror has it now): its consumer is RabbitMQ's
                 # active one (a standby took over, or the heir once the broker switched to
-                # it), ours waits behind it
+                # it), ours waits behind it, unless it still holds deliveries (window.Revoke)
                 self.broker.cancel(partition, waiting=self._holder(partition) is Holder.OTHER)
             case Command.CUT:
                 self.broker.cut(partition)

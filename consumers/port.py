@@ -219,7 +219,8 @@ class BrokerPort(Protocol):
 
     def cancel(self, partition: int, *, waiting: bool = False) -> None:
         """Begin draining: ``End`` after the last delivery (or ``Emptied``); ``waiting``:
-        another's consumer is the active one, so cancel at once."""
+        another's consumer is the active one, so cancel at once if nothing it was sent is
+        unsettled."""
         ...
 
     def resume(self, partition: int) -> None:
