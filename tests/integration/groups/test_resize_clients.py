@@ -29,10 +29,9 @@ from coordinator import resize
 from coordinator.group import Group
 from kernel import keys
 from kernel.errors import EtcdUnavailable
-from producer import Producer, StreamSpec
+from producer import Producer, StreamSpec, topology
 from producer.contract import CONTROL_FENCE, HEADER_CONTROL, HEADER_EPOCH, fence_routing_key
 from producer.registry import Registry
-from producer.topology import queue_arguments
 
 from .harness import Fleet, SequenceProducer, balanced, wait_until
 
@@ -105,12 +104,13 @@ def resize_by_hand(
         epoch=change.new.epoch,
     )
     with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+        # declared, not bound to the stream's exchange (bound for fillers, as the resizer's)
+        topology.declare_partition_queues(connection, spec, change.added)
         channel = connection.channel()
         channel.confirm_delivery()
-        for p in change.added:  # declared, not bound
-            channel.queue_declare(new_spec.queue(p), durable=True, arguments=queue_arguments(spec))
         for p in range(change.old.partitions):  # the cut
             channel.queue_unbind(spec.queue(p), spec.exchange, change.old.routing_key(p))
+        topology.unbind_fillers(connection, spec, change.retired)  # as the resizer's cut
         for p in range(change.old.partitions):  # a fence at the tail of each old queue
             fence = fence_routing_key(change.old.epoch, p)
             channel.queue_bind(spec.queue(p), spec.exchange, fence)
