@@ -34,7 +34,7 @@ from typing import Any, Self
 from kernel.errors import PartqError
 from kernel.local import LocalEtcd, free_port
 from producer.contract import StreamSpec
-from tests.rabbit import MACHINE, RABBIT_BIN, Install, node_env
+from tests.rabbit import MACHINE, RABBIT_BIN, Install, node_env, write_cookie
 
 __all__ = [
     "RABBIT_BIN",
@@ -114,9 +114,7 @@ class RabbitCluster(_Managed):
     def _configure(self, node: _Node) -> None:
         d = node.directory
         d.mkdir(parents=True, exist_ok=True)
-        cookie = d / ".erlang.cookie"
-        cookie.write_text(self.cookie)
-        cookie.chmod(0o400)
+        write_cookie(d, self.cookie)
         (d / "rabbitmq-env.conf").write_text("")
         (d / "enabled_plugins").write_text("[].\n")
         peers = "".join(

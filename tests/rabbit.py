@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -152,6 +153,16 @@ def node_env(
     }
 
 
+def write_cookie(directory: Path, cookie: str | None = None) -> None:
+    """Give a node (HOME ``directory``) its Erlang cookie before anything starts there.
+    Left to Erlang, the server and ``rabbitmqctl wait`` race to create it, and the loser
+    reads the file empty: "Too short cookie string" (CI, 2026-12-02)."""
+    path = directory / ".erlang.cookie"
+    path.unlink(missing_ok=True)  # read-only once written
+    path.write_text(cookie or secrets.token_hex(16))
+    path.chmod(0o400)
+
+
 def stop_node(
     server: subprocess.Popen[bytes] | None, pid_file: Path, epmd: subprocess.Popen[bytes] | None
 ) -> None:
@@ -241,6 +252,7 @@ class PrivateRabbit:
             )
         d = self.directory
         d.mkdir(parents=True, exist_ok=True)
+        write_cookie(d)
         (d / "rabbitmq-env.conf").write_text("")
         (d / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
         (d / "rabbitmq.conf").write_text(
