@@ -2,7 +2,7 @@
 """Planned handoff gap by kind of move: joins, operator moves, drains, SIGTERM leaves (issue 12, goal 2).
 
     .venv/bin/python -m benchmarks.planned [--rounds 2] [--rate 2000] [--queue-type quorum] [--concurrency 1]
-        [--rabbitmq machine|4.0.5] [--handoff drain|auto|both]
+        [--rabbitmq machine|4.0.5] [--handoff drain|auto|both] [--standby | --no-standby]
 
 Per round: a fresh P = 12 stream, a coordinator (``--settle 1``), the SDK publishing 100
 keys at ``--rate``, consumers recording with the product's recorder
@@ -170,10 +170,14 @@ def one(
     concurrency: int = 1,
     amqp: str = groups.AMQP,
     handoff: str = "drain",
+    coordinator_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     phases = Phases()
     env = {"PARTQ_CONCURRENCY": str(concurrency), "PARTQ_HANDOFF": handoff}
-    run = Run(b, "planned", queue_type, ["c1"], rate, amqp=amqp, **env)
+    run = Run(
+        b, "planned", queue_type, ["c1"], rate, amqp=amqp, coordinator_args=coordinator_args,
+        **env,
+    )  # fmt: skip
     group = Group(b.registry.client, b.registry.where, run.spec.name, report=False)
     time.sleep(dwell)
     members = ["c1"]
@@ -238,7 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--debug", action="store_true", help="debug logs of every partq process")
     ap.add_argument("--rabbitmq", choices=("machine", "4.0.5"), default="machine")
     ap.add_argument("--handoff", choices=("drain", "auto", "both"), default="drain")
+    ap.add_argument(
+        "--standby",
+        action=argparse.BooleanOptionalAction,
+        help="the coordinator's --standby / --no-standby (default: the product's)",
+    )
     args = ap.parse_args(argv)
+    standby = () if args.standby is None else ("--standby" if args.standby else "--no-standby",)
     if args.debug:
         groups.PARTQ.append("--debug")  # before the subcommand
     load_before = os.getloadavg()
@@ -259,8 +269,9 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):
                 for handoff in handoffs:
                     res = one(
-                        b, args.queue_type, args.rate, args.dwell, args.concurrency, amqp, handoff
-                    )
+                        b, args.queue_type, args.rate, args.dwell, args.concurrency, amqp,
+                        handoff, standby,
+                    )  # fmt: skip
                     results[handoff].append(res)
                     summary = {k: len(v) for k, v in res["gaps"].items()}
                     log(
@@ -276,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\nRabbitMQ {version}, queue type {args.queue_type}, --handoff {handoff}, rate {args.rate:.0f} msg/s, "
             f"P = 12, rounds {args.rounds}, --concurrency {args.concurrency}, "
+            f"standbys {'the default' if args.standby is None else ('on' if args.standby else 'off')}, "
             f"load average {' '.join(f'{x:.2f}' for x in load_before)} → {' '.join(f'{x:.2f}' for x in load_after)}\n"
         )
         table(results[handoff])
