@@ -2,7 +2,7 @@
 """Planned handoff gap by kind of move: joins, operator moves, drains, SIGTERM leaves (issue 12, goal 2).
 
     .venv/bin/python -m benchmarks.planned [--rounds 2] [--rate 2000] [--queue-type quorum] [--concurrency 1]
-        [--rabbitmq machine|4.0.5] [--handoff drain|auto|both] [--standby | --no-standby]
+        [--rabbitmq machine|private|4.0.5] [--handoff drain|auto|both] [--standby | --no-standby]
 
 Per round: a fresh P = 12 stream, a coordinator (``--settle 1``), the SDK publishing 100
 keys at ``--rate``, consumers recording with the product's recorder
@@ -25,7 +25,9 @@ owner's last handling fell. Prints a Markdown table with the machine's load.
 ``--handoff`` sets every consumer's ``PARTQ_HANDOFF`` (``auto``: by consumer priority where
 the broker switches, RabbitMQ 4 quorum queues; ``consumers/priority.py``); ``both`` runs
 each round twice, drain then auto, on the same broker, and prints a table for each.
-``--rabbitmq 4.0.5`` runs on a private 4.0.5 node (the cached tree; tests/rabbit.py).
+``--rabbitmq 4.0.5`` runs on a private 4.0.5 node (the cached tree; tests/rabbit.py),
+``--rabbitmq private`` on a fresh private node of the machine's RabbitMQ (a broker whose
+quorum queues carry no earlier runs' log).
 """
 
 from __future__ import annotations
@@ -240,7 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     ap.add_argument("--keep", type=Path, help="keep the logs and records in this directory")
     ap.add_argument("--debug", action="store_true", help="debug logs of every partq process")
-    ap.add_argument("--rabbitmq", choices=("machine", "4.0.5"), default="machine")
+    ap.add_argument(
+        "--rabbitmq",
+        choices=("machine", "private", "4.0.5"),
+        default="machine",
+        help="the machine's node, a fresh private node of the machine's RabbitMQ, or 4.0.5",
+    )
     ap.add_argument("--handoff", choices=("drain", "auto", "both"), default="drain")
     ap.add_argument(
         "--standby",
@@ -258,10 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         etcd = stack.enter_context(LocalEtcd())
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         amqp, version = groups.AMQP, "the machine's"
-        if args.rabbitmq == "4.0.5":
+        if args.rabbitmq != "machine":
             from benchmarks.sac_priority import broker  # starts a private node
 
-            amqp, version = stack.enter_context(broker("4.0.5"))
+            amqp, version = stack.enter_context(broker(args.rabbitmq))
+            version += " (a fresh private node)"
         workdir = Path(tmp) if args.keep is None else args.keep
         workdir.mkdir(parents=True, exist_ok=True)
         b = Bench(etcd, workdir)
