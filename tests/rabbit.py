@@ -184,6 +184,13 @@ def stop_node(
         epmd.wait(timeout=10)
 
 
+class PortTaken(RuntimeError):
+    """A private node did not start because one of its ports was in use."""
+
+
+_PORT_TAKEN = ("already_used", "eaddrinuse", "address already in use")
+
+
 @dataclass
 class PrivateRabbit:
     """A private node of ``install`` (the machine's RabbitMQ, or 4.0.5 chrooted in the
@@ -245,7 +252,21 @@ class PrivateRabbit:
             "auth_mechanisms.3 = EXTERNAL\n"
         )
 
-    def start(self, timeout: float = 90.0) -> PrivateRabbit:
+    def start(self, timeout: float = 90.0, attempts: int = 3) -> PrivateRabbit:
+        """Start the node; if a port it was given was taken meanwhile (``free_port`` only
+        found it free: CI, 2026-12-02, ``dist_port_already_used``), again on new ports, up
+        to ``attempts`` times."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                if attempt == attempts:
+                    raise
+                self.amqp_port, self.tls_port = free_port(), free_port()
+                self.dist_port, self.epmd_port = free_port(), free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> PrivateRabbit:
         if not self.install.available():
             raise RuntimeError(
                 f"no RabbitMQ at {self.install.root}: run .ci/setup (or .ci/rabbitmq-4.0)"
@@ -277,7 +298,9 @@ class PrivateRabbit:
         except Exception:
             tail = (d / "server.out").read_text(errors="replace")[-2000:]
             self.stop()
-            raise RuntimeError(f"RabbitMQ ({self.install.version}) did not start: {tail}") from None
+            taken = any(sign in tail for sign in _PORT_TAKEN)
+            error = PortTaken if taken else RuntimeError
+            raise error(f"RabbitMQ ({self.install.version}) did not start: {tail}") from None
         return self
 
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
