@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\nRabbitMQ {version}, queue type {args.queue_type}, --handoff {handoff}, rate {args.rate:.0f} msg/s, "
             f"P = 12, rounds {args.rounds}, --concurrency {args.concurrency}, "
-            f"standbys {'the default' if args.standby is None else ('on' if args.standby else 'off')}, "
+            f"coordinator {' '.join(standby) or 'with the default standbys'}, "
             f"load average {' '.join(f'{x:.2f}' for x in load_before)} → {' '.join(f'{x:.2f}' for x in load_after)}\n"
         )
         table(results[handoff])

@@ -256,15 +256,13 @@ class PrivateRabbit:
         """Start the node; if a port it was given was taken meanwhile (``free_port`` only
         found it free: CI, 2026-12-02, ``dist_port_already_used``), again on new ports, up
         to ``attempts`` times."""
-        for attempt in range(1, attempts + 1):
+        for _ in range(attempts - 1):
             try:
                 return self._start(timeout)
             except PortTaken:
-                if attempt == attempts:
-                    raise
                 self.amqp_port, self.tls_port = free_port(), free_port()
                 self.dist_port, self.epmd_port = free_port(), free_port()
-        raise AssertionError("unreachable")
+        return self._start(timeout)
 
     def _start(self, timeout: float) -> PrivateRabbit:
         if not self.install.available():
