@@ -34,7 +34,15 @@ from typing import Any, Self
 from kernel.errors import PartqError
 from kernel.local import LocalEtcd, free_port
 from producer.contract import StreamSpec
-from tests.rabbit import MACHINE, RABBIT_BIN, Install, node_env, write_cookie
+from tests.rabbit import (
+    MACHINE,
+    RABBIT_BIN,
+    Install,
+    node_env,
+    on_new_ports,
+    start_error,
+    write_cookie,
+)
 
 __all__ = [
     "RABBIT_BIN",
@@ -128,7 +136,17 @@ class RabbitCluster(_Managed):
             f"{peers}{self.extra_config}"
         )
 
-    def start(self, timeout: float = 120.0) -> RabbitCluster:
+    def start(self, timeout: float = 120.0, attempts: int = 3) -> RabbitCluster:
+        """Start every node, the cluster again on new ports where one was taken."""
+        return on_new_ports(lambda: self._start(timeout), self._new_ports, attempts)
+
+    def _new_ports(self) -> None:
+        self.epmd_port = free_port()
+        for node in self.nodes:  # a fresh node directory too: nothing of the failed start
+            shutil.rmtree(node.directory, ignore_errors=True)
+            node.amqp_port, node.dist_port = free_port(), free_port()
+
+    def _start(self, timeout: float) -> RabbitCluster:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.install.mount()
         with (self.directory / "epmd.out").open("wb") as log:
@@ -163,7 +181,7 @@ class RabbitCluster(_Managed):
             self.ctl(node, "wait", "--timeout", str(int(timeout)), pid_file, timeout=timeout + 10)
         except subprocess.CalledProcessError:
             tail = (node.directory / "server.out").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"RabbitMQ node {node.nodename} did not start: {tail}") from None
+            raise start_error(f"RabbitMQ node {node.nodename}", tail) from None
 
     def upgrade_ctl(self, node: _Node, *args: str, timeout: float = 180.0) -> str:
         """``rabbitmq-upgrade`` against ``node`` (e.g. ``await_online_quorum_plus_one``)."""

@@ -17,8 +17,10 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from kernel.local import free_port
 
@@ -188,7 +190,29 @@ class PortTaken(RuntimeError):
     """A private node did not start because one of its ports was in use."""
 
 
+T = TypeVar("T")
+
 _PORT_TAKEN = ("already_used", "eaddrinuse", "address already in use")
+
+
+def start_error(what: str, tail: str) -> RuntimeError:
+    """The error of a node that did not start (``tail``: the end of its log):
+    :class:`PortTaken` where the log says a port was in use."""
+    taken = any(sign in tail.lower() for sign in _PORT_TAKEN)
+    return (PortTaken if taken else RuntimeError)(f"{what} did not start: {tail}")
+
+
+def on_new_ports(start: Callable[[], T], new_ports: Callable[[], None], attempts: int) -> T:
+    """``start()``; where it raised :class:`PortTaken`, ``new_ports()`` and again, up to
+    ``attempts`` times in all. ``free_port`` only finds a port free when it asks: another
+    process may take it before the node binds it (CI, 2026-12-02, ``dist_port_already_used``).
+    ``start`` must have stopped what it started before it raises."""
+    for _ in range(attempts - 1):
+        try:
+            return start()
+        except PortTaken:
+            new_ports()
+    return start()
 
 
 @dataclass
@@ -253,16 +277,12 @@ class PrivateRabbit:
         )
 
     def start(self, timeout: float = 90.0, attempts: int = 3) -> PrivateRabbit:
-        """Start the node; if a port it was given was taken meanwhile (``free_port`` only
-        found it free: CI, 2026-12-02, ``dist_port_already_used``), again on new ports, up
-        to ``attempts`` times."""
-        for _ in range(attempts - 1):
-            try:
-                return self._start(timeout)
-            except PortTaken:
-                self.amqp_port, self.tls_port = free_port(), free_port()
-                self.dist_port, self.epmd_port = free_port(), free_port()
-        return self._start(timeout)
+        """Start the node, again on new ports where one was taken (:func:`on_new_ports`)."""
+        return on_new_ports(lambda: self._start(timeout), self._new_ports, attempts)
+
+    def _new_ports(self) -> None:
+        self.amqp_port, self.tls_port = free_port(), free_port()
+        self.dist_port, self.epmd_port = free_port(), free_port()
 
     def _start(self, timeout: float) -> PrivateRabbit:
         if not self.install.available():
@@ -296,9 +316,7 @@ class PrivateRabbit:
         except Exception:
             tail = (d / "server.out").read_text(errors="replace")[-2000:]
             self.stop()
-            taken = any(sign in tail for sign in _PORT_TAKEN)
-            error = PortTaken if taken else RuntimeError
-            raise error(f"RabbitMQ ({self.install.version}) did not start: {tail}") from None
+            raise start_error(f"RabbitMQ ({self.install.version})", tail) from None
         return self
 
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
