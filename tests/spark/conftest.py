@@ -51,8 +51,8 @@ FAST_JVM = {"JDK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 # gone (no raddr in the warning): seen once in CI (2026-12-03, stop 41) as an unraisable
 # ResourceWarning raised inside pika, in test_job.py, whose process opens no socket of its
 # own that outlives a ``with``; the only peers that end during these tests are Spark's (its
-# JVM's local serving sockets and py4j's callback connections, which pyspark and py4j leave
-# to the collector in places: SPARK-54247) and the jobs the tests kill. Not reproduced; so
+# JVM's local serving sockets and py4j's connections; pyspark left some to the collector
+# before 4.2, SPARK-54247, and py4j may still) and the jobs the tests kill. Not reproduced; so
 # in these tests only, such a warning is shown instead of failing the test that happens to
 # be running when the collector finds it. Every other test keeps ``filterwarnings = error``,
 # and tests/integration/test_producer.py checks partq's own connections for unclosed sockets.
