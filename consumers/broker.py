@@ -253,7 +253,7 @@ class Broker(threading.Thread):
                 on_close_callback=self._closed,
             )
             self._connection = connection
-            self._channels.attach(connection)
+            self._channels.attach(connection, self.nodes.where)
             connection.ioloop.start()
             self._connection = None
             connection.ioloop.close()  # its wake-up socket pair (and callbacks never run)

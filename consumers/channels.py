@@ -53,7 +53,7 @@ from consumers.port import (
     Subscribed,
 )
 from consumers.priority import Arguments, rank
-from kernel.amqp import AmqpURL, abort_connection, access_refused
+from kernel.amqp import AmqpURL, abort_connection, access_refused, unavailable
 from kernel.backoff import Backoff, Delays
 from producer.contract import StreamSpec
 
@@ -189,6 +189,7 @@ class Channels:
         connect: Connect = select_connection,
     ) -> None:
         self.url = url
+        self.where: AmqpURL = url  # the node of the connection attached (``attach``)
         self.connect = connect
         self.spec = spec
         self.prefetch = prefetch
@@ -213,9 +214,10 @@ class Channels:
             slot = self._slots[partition] = _Slot()
         return slot
 
-    def attach(self, connection: Any) -> None:
-        """A new connection: every slot starts empty on it."""
+    def attach(self, connection: Any, where: AmqpURL | None = None) -> None:
+        """A new connection (to node ``where`` of the URL): every slot starts empty on it."""
         self.connection = connection
+        self.where = self.url if where is None else where
         self._fenced = False
         self.fillers.reset()
 
@@ -614,7 +616,10 @@ class Channels:
             if standby.returning:  # given back while it opened: no standby is wanted
                 self._standby_closed(partition, standby)
                 return
-            log.warning("partition %d: cannot connect its standby: %r", partition, error)
+            # the same one line as the member's own connection (a node killed, TLS, a
+            # password), not pika's repr of its wrappers
+            why = unavailable(self.where, error)
+            log.warning("partition %d: cannot connect its standby: %s", partition, why)
             main.ioloop.call_later(_STANDBY_RETRY, lambda: self._standby_closed(partition, standby))
 
         def closed(connection: Any, reason: BaseException) -> None:

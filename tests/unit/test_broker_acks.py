@@ -8,8 +8,12 @@ by tests/integration/test_broker_drain.py.
 from __future__ import annotations
 
 import itertools
+import logging
 from types import SimpleNamespace
 from typing import Any
+
+import pika.exceptions
+import pytest
 
 from consumers.acks import AckQueue
 from consumers.channels import Channels
@@ -509,6 +513,33 @@ def test_subscribed_is_reported_and_a_subscribe_while_opening_takes_the_newer_ge
     channel.deliver()
     assert edge.events[0] == Subscribed(0)
     assert [e.generation for e in edge.events if isinstance(e, Delivery)] == [2]
+
+
+def test_a_standby_whose_connection_fails_says_why_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a member connected to a node, and a standby of partition 2 whose own
+    # connection to that node is refused (the node was killed meanwhile)
+    edge = Edge()
+    edge.channels.attach(edge.connection, "amqp://guest:secret@127.0.0.1:5999/%2F")
+    refused = pika.exceptions.AMQPConnectionError(ConnectionRefusedError(111, "refused"))
+
+    def connect_refused(main: Connection, _open: Any, failed: Any, _closed: Any) -> Connection:
+        own = Connection()
+        main.ioloop.soon(lambda _f: failed(own, refused), None)
+        return own
+
+    edge.channels.connect = connect_refused
+    # When it tries to stand by
+    with caplog.at_level(logging.WARNING, logger="partq"):
+        edge.channels.stand_by(2)
+        edge.settle()
+    # Then the warning is the member's own one line for that node (no password, no
+    # pika repr), and nothing is reported lost yet (the standby is retried later)
+    (line,) = [r.getMessage() for r in caplog.records if "standby" in r.getMessage()]
+    assert line.startswith("partition 2: cannot connect its standby: cannot reach RabbitMQ at")
+    assert "127.0.0.1:5999" in line and "secret" not in line and "AMQPConnectionError(" not in line
+    assert edge.events == []
 
 
 def test_a_standby_given_back_while_its_connection_opens_is_ended_once_open() -> None:
