@@ -20,7 +20,9 @@ every claim is held by its assigned owner:
 
 Gap = one process's last handling of a partition → the next process's first
 (``consumers.audit.handoff_gaps``' rule), each counted in the phase in which the old
-owner's last handling fell. Prints a Markdown table with the machine's load.
+owner's last handling fell. Prints a Markdown table with the machine's load and the share
+of all cores busy in each round's phases (``benchmarks.cpu``), with a warning over
+:data:`SATURATED`: there the gaps are a saturated machine's, not an idle one's.
 
 ``--handoff`` sets every consumer's ``PARTQ_HANDOFF`` (``auto``: by consumer priority where
 the broker switches, RabbitMQ 4 quorum queues; ``consumers/priority.py``); ``both`` runs
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import groups
+from benchmarks.cpu import busy_share, jiffies
 from benchmarks.groups import Bench, Run, log
 from consumers import audit
 from coordinator.codec import Drain, Move, Rebalance
@@ -175,6 +178,7 @@ def one(
     coordinator_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     phases = Phases()
+    cpu = jiffies()
     env = {"PARTQ_CONCURRENCY": str(concurrency), "PARTQ_HANDOFF": handoff}
     run = Run(
         b, "planned", queue_type, ["c1"], rate, amqp=amqp, coordinator_args=coordinator_args,
@@ -223,11 +227,13 @@ def one(
             members.remove(f"c{n}")
             balanced(b, run, members)
             time.sleep(dwell)
+    busy = busy_share(cpu, jiffies())  # the phases' share, not the audit's after them
     records, summary = run.finish()
     by_kind: dict[str, list[float]] = defaultdict(list)
     for at, gap, _p in gaps_at(records):
         by_kind[phases.kind(at) or "other"].append(gap)
-    return summary | {"gaps": dict(by_kind), "segments": segments(b.dir, run.spec.name, records)}
+    segments_ = segments(b.dir, run.spec.name, records)
+    return summary | {"gaps": dict(by_kind), "segments": segments_, "busy": busy}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                     summary = {k: len(v) for k, v in res["gaps"].items()}
                     log(
                         f"round {r + 1} ({handoff}): moves {summary}, order {res['order']}, "
-                        f"drained {res['drained']}"
+                        f"drained {res['drained']}, cores {res['busy']:.0%} busy"
                     )
         finally:
             b.stop(b.procs)
@@ -296,10 +302,30 @@ def main(argv: list[str] | None = None) -> int:
             f"\nRabbitMQ {version}, queue type {args.queue_type}, --handoff {handoff}, rate {args.rate:.0f} msg/s, "
             f"P = 12, rounds {args.rounds}, --concurrency {args.concurrency}, "
             f"coordinator {' '.join(standby) or 'with the default standbys'}, "
-            f"load average {' '.join(f'{x:.2f}' for x in load_before)} → {' '.join(f'{x:.2f}' for x in load_after)}\n"
+            f"load average {' '.join(f'{x:.2f}' for x in load_before)} → {' '.join(f'{x:.2f}' for x in load_after)}, "
+            f"{busy(results[handoff])}\n"
         )
         table(results[handoff])
     return 0
+
+
+# All cores busier than this over a round: the gaps are a saturated machine's, where every
+# hop of a handoff waits for a core (and a Python thread for the GIL its holder keeps while
+# descheduled), not the product's on an idle machine (docs/history.md, stop 43).
+SATURATED = 0.85
+
+
+def busy(results: list[dict[str, Any]]) -> str:
+    """The rounds' share of all cores busy, and a warning where that is a saturated machine."""
+    shares = [res["busy"] for res in results]
+    text = f"all {os.cpu_count()} cores busy {'/'.join(f'{x:.0%}' for x in shares)} (by round)"
+    if max(shares, default=0.0) > SATURATED:
+        text += (
+            f"\n\n**The cores were over {SATURATED:.0%} busy**: these gaps are a saturated "
+            "machine's (each hop waits for a core), not an idle one's; compare trees only "
+            "within one run of this kind, on the same machine."
+        )
+    return text
 
 
 def table(results: list[dict[str, Any]]) -> None:

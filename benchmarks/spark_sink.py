@@ -54,6 +54,7 @@ import pyspark
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
+from benchmarks.cpu import busy_share, jiffies
 from benchmarks.publish import Workload, cpu_model, publish_pipelined, queue_depth, rabbitmq_version
 from coordinator import admin
 from kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
@@ -156,10 +157,7 @@ def cpu_snapshot() -> tuple[dict[int, tuple[str, float]], float, float]:
         except OSError:
             continue
         procs[int(name)] = (_group(int(name)), (int(fields[11]) + int(fields[12])) / _TICK)
-    with open("/proc/stat") as f:
-        cpu = [int(x) for x in f.readline().split()[1:]]
-    idle = cpu[3] + cpu[4]
-    return procs, sum(cpu) - idle, sum(cpu)
+    return procs, *jiffies()
 
 
 def cpu_breakdown(
@@ -171,8 +169,7 @@ def cpu_breakdown(
     totals = dict.fromkeys(GROUPS, 0.0)
     for pid, (group, seconds) in after[0].items():
         totals[group] += seconds - before[0].get(pid, (group, 0.0))[1]
-    busy = (after[1] - before[1]) / max(1, after[2] - before[2])
-    return tuple(totals.items()), busy
+    return tuple(totals.items()), busy_share(before[1:], after[1:])
 
 
 # -- the per-task publisher without Spark -------------------------------------------------------
