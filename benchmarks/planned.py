@@ -232,8 +232,8 @@ def one(
     by_kind: dict[str, list[float]] = defaultdict(list)
     for at, gap, _p in gaps_at(records):
         by_kind[phases.kind(at) or "other"].append(gap)
-    segments_ = segments(b.dir, run.spec.name, records)
-    return summary | {"gaps": dict(by_kind), "segments": segments_, "busy": busy}
+    split = segments(b.dir, run.spec.name, records)
+    return summary | {"gaps": dict(by_kind), "segments": split, "busy": busy}
 
 
 def main(argv: list[str] | None = None) -> int:
