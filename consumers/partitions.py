@@ -791,8 +791,11 @@ class Partitions:
             case Command.STAND_DOWN:
                 self.broker.stand_down(partition)
             case Command.GIVE_BACK:
+                # an activation we may not take over (refused, stood down, or the
+                # partition ours on another subscription): not always a planned move's
                 log.info(
-                    "partition %d: standby activated by a planned move: giving back", partition
+                    "partition %d: giving our activated standby subscription back, in order",
+                    partition,
                 )
                 self.broker.give_back(partition)
             case Command.PROMOTE:  # the worker first: the standby's deliveries go to it

@@ -362,7 +362,7 @@ def test_hot_standbys_and_heirs_at_once_move_by_priority_then_take_over_a_killed
     # Then the moves went by priority, no standby was activated by them, a standby took
     # over from the killed owner before its lease (10 s) ended, and every key is in order
     takeovers = _count(fleet, "is gone from RabbitMQ: taken over")
-    given_back = _count(fleet, "standby activated by a planned move")
+    given_back = _count(fleet, "giving our activated standby subscription back")
     print(f"\n{switched} moves by priority, {takeovers} takeovers, {given_back} given back")
     assert switched >= 4 and takeovers >= 1, fleet.logs()
     assert_invariants(records, producer.published(), crashes=[crash])
