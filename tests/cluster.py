@@ -234,6 +234,13 @@ class RabbitCluster(_Managed):
             node.server.wait(timeout=30)
             node.server = None
 
+    def heal(self, timeout: float = 120.0) -> list[str]:
+        """Start every node that a test killed or stopped (and wait for it); their names."""
+        down = [n for n in self.nodes if n.server is None or n.server.poll() is not None]
+        for node in down:
+            self.start_node(node, timeout=timeout)
+        return [n.nodename for n in down]
+
     def stop_node(self, node: _Node) -> None:
         server, node.server = node.server, None
         if server is None:

@@ -52,12 +52,20 @@ P = 6
 
 
 @pytest.fixture(scope="module")
-def cluster(
+def whole_cluster(
     tmp_path_factory: pytest.TempPathFactory, rabbit_install: Install
 ) -> Iterator[RabbitCluster]:
     """3 nodes of the machine's RabbitMQ (of 4.0.5 with PARTQ_TEST_RABBITMQ=4.0.5)."""
     with RabbitCluster(tmp_path_factory.mktemp("cluster"), install=rabbit_install) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def cluster(whole_cluster: RabbitCluster) -> RabbitCluster:
+    """The module's cluster with all 3 nodes running: a test before may have killed one
+    (the node kill leaves its victim down), and the next must not start on 2."""
+    whole_cluster.heal()
+    return whole_cluster
 
 
 MEMBERS = {"c1", "c2", "c3"}
