@@ -5,12 +5,12 @@
 
 A private 3-node cluster (``tests.cluster.RabbitCluster``, stopped by PID at the end), one
 stream of ``--partitions`` quorum partitions declared as partq declares them
-(``producer.topology.declare_stream``: single active consumer, delivery limit) and
+(``partq.producer.topology.declare_stream``: single active consumer, delivery limit) and
 ``--messages`` messages queued. Then ``--cycles`` times what a partq owner does over its
 life, as fast as it can: a connection (to node ``i % 3``), a channel with prefetch
 ``--window``, a consumer on partition ``i % partitions``; once it holds ``--window``
 unacked deliveries it goes away, alternately by ``connection.close`` (a graceful leave)
-and by aborting its socket (``kernel.amqp.abort_connection``: partq's fence, and what
+and by aborting its socket (``partq.kernel.amqp.abort_connection``: partq's fence, and what
 a kill -9 does), so the broker requeues the window. Every node's ``rabbit_vm:memory()``
 (what ``rabbitmq-diagnostics memory_breakdown`` prints) is read before, every ``--every``
 cycles, and after ``--settle`` seconds of quiet. It prints, per node and category, the
@@ -30,11 +30,11 @@ import uuid
 from pathlib import Path
 
 import pika
+from partq.producer.contract import StreamSpec
+from partq.producer.topology import declare_stream
 
 from benchmarks.chaos.broker_memory import BrokerSampler, wal_bytes
-from kernel.amqp import abort_connection
-from producer.contract import StreamSpec
-from producer.topology import declare_stream
+from partq.kernel.amqp import abort_connection
 from tests.cluster import RabbitCluster
 from tests.rabbit import MACHINE, TREE_40
 

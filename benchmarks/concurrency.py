@@ -55,13 +55,14 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from partq.consumers.handling.message import Message
+from partq.producer.contract import StreamSpec
+from partq.producer.publisher import Producer
+
 from benchmarks.consume import metric_handled, process_cpu
 from benchmarks.groups import AMQP, NOOP_HANDLER, PARTQ, REPO, Bench, log
-from consumers import audit
-from consumers.message import Message
-from kernel.local import LocalEtcd, free_port
-from producer.contract import StreamSpec
-from producer.publisher import Producer
+from examples import audit
+from partq.kernel.local import LocalEtcd, free_port
 
 P = 12
 KEYS = 1000

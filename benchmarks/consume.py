@@ -10,7 +10,7 @@ messages through the SDK, then drained by one consumer process:
 
 * ``raw``   — pika ``BlockingConnection``, one channel per partition queue with
   ``basic_qos(prefetch)``, ``basic_consume`` and a manual ``basic_ack`` per message;
-* ``partq`` — ``partq consume --handler consumers.examples:noop_handler --prefetch N``
+* ``partq`` — ``partq consume --handler examples.handlers:noop_handler --prefetch N``
   (with a coordinator), counted from its ``/metrics``.
 
 Rate = messages / (last handled − first handled). CPU = the consumer process's CPU
@@ -39,10 +39,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from partq.producer.contract import StreamSpec
+from partq.producer.publisher import Producer
+
 from benchmarks.groups import AMQP, NOOP_HANDLER, Bench, versions
-from kernel.local import LocalEtcd, free_port
-from producer.contract import StreamSpec
-from producer.publisher import Producer
+from partq.kernel.local import LocalEtcd, free_port
 
 TIMES = "\N{MULTIPLICATION SIGN}"
 _TICK = os.sysconf("SC_CLK_TCK")

@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from benchmarks.groups import Bench, alternate, failover
-from consumers import audit
+from examples import audit
 
 
 def main(argv: list[str] | None = None) -> int:

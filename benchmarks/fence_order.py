@@ -4,7 +4,7 @@
     .venv/bin/python -m benchmarks.fence_order                       # the machine's RabbitMQ
     .venv/bin/python -m benchmarks.fence_order --rabbitmq 4.0.5      # a private 4.0.5 node
 
-Per queue type (quorum and classic, declared by ``producer.topology.declare_stream`` as
+Per queue type (quorum and classic, declared by ``partq.producer.topology.declare_stream`` as
 partq declares a partition queue: single active consumer; quorum with its delivery limit)
 and per way of going away, on a fresh one-partition stream:
 
@@ -13,7 +13,7 @@ and per way of going away, on a fresh one-partition stream:
    and acks none of them;
 3. consumer B (its own connection, same prefetch) subscribes and waits behind A;
 4. A goes away by one of: ``channel.close``; ``connection.close``; ``basic.cancel`` then
-   ``channel.close``; or aborting its TCP socket (``kernel.amqp.abort_connection``:
+   ``channel.close``; or aborting its TCP socket (``partq.kernel.amqp.abort_connection``:
    ``shutdown(SHUT_RDWR)`` on pika's socket, no AMQP close; what a kill -9 does to the
    broker, and what partq's fence does);
 5. B acks everything it gets until it has had every message; its delivery order is
@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 import pika
 import pika.exceptions
+from partq.producer.contract import StreamSpec
+from partq.producer.topology import declare_stream, delete_stream
 
-from kernel.amqp import abort_connection
-from producer.contract import StreamSpec
-from producer.topology import declare_stream, delete_stream
+from partq.kernel.amqp import abort_connection
 
 WAYS = ("channel-close", "connection-close", "cancel-close", "socket-abort")
 

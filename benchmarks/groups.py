@@ -6,11 +6,11 @@
 Uses a private etcd (LocalEtcd), the machine's RabbitMQ (PARTQ_AMQP_URL, default
 guest@127.0.0.1:5672) and, for the broker-restart cell, a private RabbitMQ node
 started from the same installation. Consumers and coordinators run as ``partq``
-subprocesses (``python -m cli``). Handlings are recorded and judged by the
+subprocesses (``python -m partq``). Handlings are recorded and judged by the
 product's own recorder and checker, the ones ``partq demo`` and the invariant
-tests use: ``consumers.examples.record_handler`` (through
+tests use: ``examples.handlers.record_handler`` (through
 ``benchmarks.recording:record``, which can also fail on demand) and
-``consumers.audit``. Writes the section "## Consumer groups (issue 3)" of
+``examples.audit``. Writes the section "## Consumer groups (issue 3)" of
 docs/benchmarks.md (``--no-write`` to only print it).
 """
 
@@ -37,21 +37,21 @@ from pathlib import Path
 from typing import Any
 
 import pika
+from partq.coordinator.ops.admin import create_stream, delete
+from partq.coordinator.store.group import Group, GroupState
+from partq.producer.contract import StreamSpec
+from partq.producer.publisher import Producer
+from partq.producer.registry import Registry
 
-from consumers import audit
-from coordinator.admin import create_stream, delete
-from coordinator.group import Group, GroupState
-from kernel.local import LocalEtcd, free_port
-from kernel.settings import Settings
-from producer.contract import StreamSpec
-from producer.publisher import Producer
-from producer.registry import Registry
+from examples import audit
+from partq.kernel.local import LocalEtcd, free_port
+from partq.kernel.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
-PARTQ = [sys.executable, "-m", "cli"]  # this tree's CLI, whatever the venv's script points at
+PARTQ = [sys.executable, "-m", "partq"]  # this tree's CLI, whatever the venv's script points at
 AMQP = os.environ.get("PARTQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 RECORD_HANDLER = "benchmarks.recording:record"
-NOOP_HANDLER = "consumers.examples:noop_handler"
+NOOP_HANDLER = "examples.handlers:noop_handler"
 SECTION = "## Consumer groups (issue 3)"
 P = 12  # partitions of every scenario's stream but the throughput one
 
@@ -61,7 +61,7 @@ def log(msg: str) -> None:
 
 
 def outcome(records: list[dict[str, Any]], confirmed: set[tuple[str, int]]) -> dict[str, int]:
-    """The ordering cell of one run, by ``consumers.audit``; duplicates: extra handlings."""
+    """The ordering cell of one run, by ``examples.audit``; duplicates: extra handlings."""
     unique = {(r["key"], r["seq"]) for r in records}
     return {
         "handled_ok": len(records),
@@ -448,7 +448,7 @@ def render(res: dict[str, Any], meta: dict[str, Any]) -> str:
     nan, pct = math.nan, audit.percentile
     L = [SECTION, ""]
     L += [
-        f"Command: `{meta['command']}` — run {meta['date']} on RabbitMQ {meta['rabbitmq']}, etcd {meta['etcd']} (private, LocalEtcd), Python {meta['python']}, partq at {meta.get('commit', '?')}; **2 cores, shared** with other engineers' concurrent test runs, so absolute numbers are noisy; ratios are measured within one run. Consumers and coordinators are `partq` subprocesses (coordinator `--settle 1`); every handling is recorded by `consumers.examples:record_handler` (member, partition, key, seq, pid, start, end) and judged by `consumers.audit`, the recorder and checker of `partq demo` and the invariant tests.",
+        f"Command: `{meta['command']}` — run {meta['date']} on RabbitMQ {meta['rabbitmq']}, etcd {meta['etcd']} (private, LocalEtcd), Python {meta['python']}, partq at {meta.get('commit', '?')}; **2 cores, shared** with other engineers' concurrent test runs, so absolute numbers are noisy; ratios are measured within one run. Consumers and coordinators are `partq` subprocesses (coordinator `--settle 1`); every handling is recorded by `examples.handlers:record_handler` (member, partition, key, seq, pid, start, end) and judged by `examples.audit`, the recorder and checker of `partq demo` and the invariant tests.",
         "",
     ]
     if "handoff" in res:
@@ -503,7 +503,7 @@ def render(res: dict[str, Any], meta: dict[str, Any]) -> str:
     if "throughput" in res:
         L += ["### Consumer throughput: partq (no-op handler) vs raw pika, same run", ""]
         L += [
-            f"{meta['n']:,} × {meta['size']} B persistent messages pre-filled with the SDK into a fresh P = 8 stream for each measurement; one consumer process; rate = messages / (last handled − first handled). Raw pika: `BlockingConnection`, one channel per partition queue with `basic_qos(prefetch)`, `basic_consume`, manual `basic_ack` per message. partq: `partq consume --handler consumers.examples:noop_handler --prefetch N`, counted from its `/metrics`.",
+            f"{meta['n']:,} × {meta['size']} B persistent messages pre-filled with the SDK into a fresh P = 8 stream for each measurement; one consumer process; rate = messages / (last handled − first handled). Raw pika: `BlockingConnection`, one channel per partition queue with `basic_qos(prefetch)`, `basic_consume`, manual `basic_ack` per message. partq: `partq consume --handler examples.handlers:noop_handler --prefetch N`, counted from its `/metrics`.",
             "",
         ]
         rows = [

@@ -10,10 +10,10 @@
 
 Needs only RabbitMQ (PARTQ_AMQP_URL or --amqp-url, default guest@127.0.0.1:5672); no
 etcd. It uses only APIs that partq has had since the drain protocol was introduced
-(``consumers.broker.Broker``/``END``/``Delivery``, ``producer.publisher.Producer``,
-``producer.contract.StreamSpec``, ``producer.amqp.blocking_connection``/
+(``partq.consumers.broker.connection.Broker``/``END``/``Delivery``, ``partq.producer.publisher.Producer``,
+``partq.producer.contract.StreamSpec``, ``producer.amqp.blocking_connection``/
 ``declare_stream``/``delete_stream``/``queue_stats``), so the same file measures an
-older and a newer tree; it prints which ``consumers/broker.py`` it imported.
+older and a newer tree; it prints which ``consumers/broker/connection.py`` it imported.
 
 Per run, on a fresh stream of P partitions (declared with ``declare_stream``, deleted
 at the end):
@@ -52,13 +52,13 @@ Reported per run and pooled over runs:
   a pause in handling; *stall* is: the later of ``cancel(p)`` and the old owner's last
   delivery of p → the new owner's first (same moves).
 
-``--handoff priority`` (RabbitMQ 4 quorum queues; ``consumers/priority.py``) moves a
+``--handoff priority`` (RabbitMQ 4 quorum queues; ``consumers/state/priority.py``) moves a
 partition without a drain: the new owner subscribes with ``x-priority`` one above the old
 owner's (a per-partition counter, which etcd would keep), the old owner acks on as usual,
 the broker switches once it has settled everything, and the new owner's first delivery
 cuts the old owner's consumer (``Broker.cut``: it is waiting, nothing comes back).
 
-``--cancel immediate`` monkeypatches ``consumers.window.Window.full`` to be True (the drain
+``--cancel immediate`` monkeypatches ``partq.consumers.state.window.Window.full`` to be True (the drain
 then sends ``basic.cancel`` at once, without holding for a full window or a quiet spell), to see whether the hold is still needed once returns go to the head.
 
 Every wait is bounded (``--max-seconds`` per run for the moves, ``--drain-timeout`` for
@@ -87,15 +87,15 @@ from pathlib import Path
 from typing import Any
 
 import pika
+from partq.consumers.broker import connection as broker_module
+from partq.consumers.broker.connection import Broker
+from partq.consumers.broker.port import BrokerEvent, ChannelLost, Delivery, Drained, End, Subscribed
+from partq.consumers.state import window as window_module
+from partq.producer.contract import StreamSpec
+from partq.producer.publisher import Producer
+from partq.producer.topology import declare_stream, delete_stream, queue_stats
 
-from consumers import broker as broker_module
-from consumers import window as window_module
-from consumers.broker import Broker
-from consumers.port import BrokerEvent, ChannelLost, Delivery, Drained, End, Subscribed
-from kernel.amqp import blocking_connection
-from producer.contract import StreamSpec
-from producer.publisher import Producer
-from producer.topology import declare_stream, delete_stream, queue_stats
+from partq.kernel.amqp import blocking_connection
 
 AMQP = os.environ.get("PARTQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 CONSUMERS = ("A", "B")
@@ -133,9 +133,9 @@ def tree_info() -> dict[str, Any]:
     root = Path(broker_module.__file__).resolve().parent.parent
     digests = {}
     for rel in (
-        "consumers/broker.py",
-        "consumers/channels.py",
-        "consumers/window.py",
+        "consumers/broker/connection.py",
+        "consumers/broker/channels.py",
+        "consumers/state/window.py",
         "producer/amqp.py",
         "producer/contract.py",
         "producer/publisher.py",
@@ -717,7 +717,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="immediate: patch Window.full to be True (drain cancels at once)")  # fmt: skip
     parser.add_argument("--handoff", choices=("drain", "priority"), default="drain",
                         help="priority: the heir subscribes with x-priority above the owner's and "
-                        "the broker switches (RabbitMQ 4 quorum; consumers/priority.py)")  # fmt: skip
+                        "the broker switches (RabbitMQ 4 quorum; consumers/state/priority.py)")  # fmt: skip
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--prefetch", type=int, default=100)

@@ -31,13 +31,13 @@ from itertools import accumulate
 from typing import Any
 
 import mmh3
+from partq.consumers.handling.message import Message
+from partq.producer.contract import StreamSpec
+from partq.producer.publisher import Producer
 
 from benchmarks.groups import AMQP, Bench, P, alternate, log, outcome
-from consumers import audit
-from consumers.examples import record_handler
-from consumers.message import Message
-from producer.contract import StreamSpec
-from producer.publisher import Producer
+from examples import audit
+from examples.handlers import record_handler
 
 HANDLER = "benchmarks.lag:capacity_handler"
 _CAPACITY = threading.Lock()  # one per consumer process: the member's fixed capacity

@@ -7,7 +7,7 @@ Per round and mode: a fresh P = 12 quorum stream, a coordinator (settle 1 s, as 
 ``benchmarks.groups``), consumers c1..c4 recording with the product's recorder, the SDK
 publishing 100 keys at ``--rate``; once balanced, SIGTERM c4, c3, c2 one after the other,
 each once the rest is balanced again. Gap = the leaving member's last handling of a
-partition → the next owner's first (``consumers.audit.handoff_gaps``), every move of
+partition → the next owner's first (``examples.audit.handoff_gaps``), every move of
 every leave. Both modes run in the same invocation, alternating, so the ratio is taken
 under the same load. Prints a Markdown table (the machine's load with it).
 """
@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from benchmarks.groups import Bench, Run, alternate
-from consumers import audit
+from examples import audit
 
 
 def one(b: Bench, announce: bool, rate: float, dwell: float) -> dict[str, Any]:

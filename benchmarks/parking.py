@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.groups import Bench, Run, alternate
-from consumers import audit
+from examples import audit
 
 POISON_KEY = "k005"
 HANDLER = "tests.integration.groups.recorder:poison_key"

@@ -19,13 +19,13 @@ every claim is held by its assigned owner:
 - **leave**: SIGTERM c4, c3, c2 one by one (4 → 1; the stop is announced).
 
 Gap = one process's last handling of a partition → the next process's first
-(``consumers.audit.handoff_gaps``' rule), each counted in the phase in which the old
+(``examples.audit.handoff_gaps``' rule), each counted in the phase in which the old
 owner's last handling fell. Prints a Markdown table with the machine's load and the share
 of all cores busy in each round's phases (``benchmarks.cpu``), with a warning over
 :data:`SATURATED`: there the gaps are a saturated machine's, not an idle one's.
 
 ``--handoff`` sets every consumer's ``PARTQ_HANDOFF`` (``auto``: by consumer priority where
-the broker switches, RabbitMQ 4 quorum queues; ``consumers/priority.py``); ``both`` runs
+the broker switches, RabbitMQ 4 quorum queues; ``consumers/state/priority.py``); ``both`` runs
 each round twice, drain then auto, on the same broker, and prints a table for each.
 ``--rabbitmq 4.0.5`` runs on a private 4.0.5 node (the cached tree; tests/rabbit.py),
 ``--rabbitmq private`` on a fresh private node of the machine's RabbitMQ (a broker whose
@@ -49,13 +49,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from partq.coordinator.store.codec import Drain, Move, Rebalance
+from partq.coordinator.store.group import Group
+
 from benchmarks import groups
 from benchmarks.cpu import busy_share, jiffies
 from benchmarks.groups import Bench, Run, log
-from consumers import audit
-from coordinator.codec import Drain, Move, Rebalance
-from coordinator.group import Group
-from kernel.local import LocalEtcd
+from examples import audit
+from partq.kernel.local import LocalEtcd
 
 KINDS = ("join", "move", "drain", "rebalance", "leave")
 

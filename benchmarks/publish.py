@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python -m benchmarks.publish --messages 100000 --size 200``
 
-Starts a private etcd (``kernel.local.LocalEtcd``) and uses the machine's
+Starts a private etcd (``partq.kernel.local.LocalEtcd``) and uses the machine's
 RabbitMQ. For each queue type, on a fresh stream of P partitions per run, it
 times, from the first publish to the last confirm:
 
@@ -24,7 +24,7 @@ times, from the first publish to the last confirm:
 
 Every loop but ``bare`` does the same per-message work as the SDK: hash the key with
 ``partition_for``, persistent properties with key/partition headers, a fresh
-``message_id`` and a timestamp (``producer.topology.message_properties``), and a
+``message_id`` and a timestamp (``partq.producer.topology.message_properties``), and a
 ``mandatory`` publish. Each measurement is repeated ``--repeats`` times,
 interleaved (sdk, sdk-many, async, async-many, pipelined, bare, wait-each, sdk, …) so
 drifting load hits all alike; the table shows the median. Not a test: it asserts only that every
@@ -49,17 +49,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pika
+from partq.coordinator.ops import admin
+from partq.producer import AsyncProducer, Producer, Receipt, StreamSpec, partition_for
+from partq.producer.contract import QueueType
+from partq.producer.registry import Registry
+from partq.producer.topology import message_properties
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
-from coordinator import admin
-from kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer import AsyncProducer, Producer, Receipt, StreamSpec, partition_for
-from producer.contract import QueueType
-from producer.registry import Registry
-from producer.topology import message_properties
+from partq.kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 
 METHODS = ("sdk", "sdk-many", "async", "async-many", "pipelined", "bare", "wait-each")
 TIMES = "\N{MULTIPLICATION SIGN}"

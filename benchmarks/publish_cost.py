@@ -37,12 +37,13 @@ import time
 import timeit
 import uuid
 
+from partq.producer import AsyncProducer, Receipt, StreamSpec
+from partq.producer.futures import PublishFuture
+from partq.producer.publisher import BatchItem
+from partq.producer.topology import declare_stream, delete_stream
+
 from benchmarks.publish import PUBLISHERS, TIMES, Workload
-from kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
-from producer import AsyncProducer, Receipt, StreamSpec
-from producer.futures import PublishFuture
-from producer.publisher import BatchItem
-from producer.topology import declare_stream, delete_stream
+from partq.kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
 
 _TOTAL = re.compile(r"^(?:summary|totals):\s*(\d+)", re.MULTILINE)
 

@@ -1,7 +1,7 @@
 """The consumer-group benchmarks' handler: the product's recorder, failing on demand.
 
-:func:`record` is :func:`consumers.examples.record_handler` (one JSON line per handling
-to ``$PARTQ_RECORD``, as :mod:`consumers.audit` reads them). With
+:func:`record` is :func:`examples.handlers.record_handler` (one JSON line per handling
+to ``$PARTQ_RECORD``, as :mod:`examples.audit` reads them). With
 ``PARTQ_BENCH_FAIL_EVERY=N`` the first attempt of every message whose seq is a multiple
 of N raises instead, unrecorded (to measure handler retries).
 """
@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 
-from consumers.examples import record_handler
-from consumers.message import Message
+from partq.consumers.handling.message import Message
+
+from examples.handlers import record_handler
 
 FAIL_EVERY = int(os.environ.get("PARTQ_BENCH_FAIL_EVERY", "0") or 0)
 

@@ -51,14 +51,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from consumers import audit
-from coordinator import admin
-from coordinator.group import Group
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer import Producer, StreamSpec
-from producer.registry import Registry
-from producer.spark.job import RATE_KEYS
+from partq.coordinator.ops import admin
+from partq.coordinator.store.group import Group
+from partq.producer import Producer, StreamSpec
+from partq.producer.registry import Registry
+from partq.producer.spark.job import RATE_KEYS
+
+from examples import audit
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 from tests.cluster import kill_session
 from tests.integration.groups.harness import PARTQ, ROOT, Fleet, balanced, wait_until
 from tests.integration.groups.test_resize_clients import KeyedLoad

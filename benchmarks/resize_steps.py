@@ -20,16 +20,16 @@ import time
 import uuid
 
 import pika
+from partq.coordinator.leader.resize import Phase
+from partq.coordinator.leader.resizer import Resizer
+from partq.coordinator.ops import admin
+from partq.producer.contract import QueueType, StreamSpec, queue_name
+from partq.producer.registry import Registry
+from partq.producer.topology import delete_stream
 
-from coordinator import admin
-from coordinator.resize import Phase
-from coordinator.resizer import Resizer
-from kernel import keys
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer.contract import QueueType, StreamSpec, queue_name
-from producer.registry import Registry
-from producer.topology import delete_stream
+from partq.kernel import keys
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 
 
 def _consume_one(url: str, queue: str) -> None:

@@ -8,7 +8,7 @@ RabbitMQ 4.0's quorum queues ("SAC consumer priority", rabbitmq-server 203b671) 
 waiting consumer whose ``x-priority`` is above the active one's, but only once the active
 one has settled every delivery it holds; meanwhile it is sent nothing more. That is
 partq's planned drain done by the broker. This probes it with raw pika, per queue type
-(declared by ``producer.topology.declare_stream``, as partq declares a partition queue:
+(declared by ``partq.producer.topology.declare_stream``, as partq declares a partition queue:
 single active consumer; quorum with its delivery limit) and per pair of priorities, on a
 fresh one-partition stream:
 
@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import pika
+from partq.producer.contract import StreamSpec
+from partq.producer.topology import declare_stream, delete_stream
 
 from benchmarks.fence_order import heading
-from producer.contract import StreamSpec
-from producer.topology import declare_stream, delete_stream
 
 PAIRS = ((1, 2), (2, 1), (None, 1))  # (A's x-priority, B's); None: no argument
 

@@ -32,13 +32,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from coordinator.group import Group
-from coordinator.session import Session
-from kernel import keys
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer.contract import StreamSpec
-from producer.registry import Registry
+from partq.coordinator.store.group import Group
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
+from partq.producer.registry import Registry
+
+from partq.kernel import keys
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "PARTQ_ETCD_ENDPOINTS": etcd.endpoint, "PYTHONPATH": str(REPO)}
         with open(Path(tmp) / "coordinator.log", "ab") as out:
             coordinator = subprocess.Popen(
-                [sys.executable, "-m", "cli", "coordinator", stream, "--settle", "1", "--http-port", "0"],
+                [sys.executable, "-m", "partq", "coordinator", stream, "--settle", "1", "--http-port", "0"],
                 env=env, stdout=out, stderr=out, cwd=REPO,
             )  # fmt: skip
         try:

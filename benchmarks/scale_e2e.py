@@ -23,8 +23,8 @@ import time
 from typing import Any
 
 from benchmarks.groups import Bench, Load, outcome
-from consumers import audit
-from kernel.local import LocalEtcd
+from examples import audit
+from partq.kernel.local import LocalEtcd
 
 
 def broker_memory_mib() -> float:

@@ -15,7 +15,7 @@ fresh P = 8 quorum stream and checks that every row reached the queues:
   only, as it is slow; its rate is reported as measured);
 * ``raw pika pipelined`` — ``benchmarks.publish.publish_pipelined``: one
   process, ``SelectConnection``, confirms in a callback, window 1000;
-* ``task`` — ``producer.spark.publish.publish_task`` (what each Spark task runs)
+* ``task`` — ``partq.producer.spark.publish.publish_task`` (what each Spark task runs)
   fed the same rows in this process, without Spark: the per-task publisher
   against the raw loop, with CPU seconds per 10k messages for both.
 
@@ -51,27 +51,27 @@ from typing import Any
 
 import pika
 import pyspark
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
-
-from benchmarks.cpu import busy_share, jiffies
-from benchmarks.publish import Workload, cpu_model, publish_pipelined, queue_depth, rabbitmq_version
-from coordinator import admin
-from kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer.contract import StreamSpec, partition_for
-from producer.registry import Registry
-from producer.spark import (
+from partq.coordinator.ops import admin
+from partq.producer.contract import StreamSpec, partition_for
+from partq.producer.registry import Registry
+from partq.producer.spark import (
     PARTITION_COLUMN,
     SinkOptions,
     foreach_batch_writer,
     loopback_session,
     prepare,
 )
-from producer.spark.publish import publish_task
-from producer.spark.rows import POSITION_COLUMN, RowLayout
-from producer.topology import message_properties
+from partq.producer.spark.publish import publish_task
+from partq.producer.spark.rows import POSITION_COLUMN, RowLayout
+from partq.producer.topology import message_properties
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+from benchmarks.cpu import busy_share, jiffies
+from benchmarks.publish import Workload, cpu_model, publish_pipelined, queue_depth, rabbitmq_version
+from partq.kernel.amqp import DEFAULT_AMQP_URL, blocking_connection
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 SECTION = "## Spark sink throughput (issue 4)"

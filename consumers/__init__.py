@@ -4,7 +4,8 @@
 ...     print(message.key, message.body)               # returning acks the message
 >>> consumers.run("orders", handle)                    # doctest: +SKIP
 
-``run`` returns an exit code for ``sys.exit``: the daemon's (``consumers.daemon``: 0 after
+``run`` returns an exit code for ``sys.exit``: the daemon's (``partq.consumers.control.daemon``: 0
+after
 a clean drain, 1, 3-6 after a failure), or, when it cannot start, 2 for a usage error (a bad
 handler, setting or config value such as ``weight=0``) and 1 otherwise (no such stream,
 etcd unreachable), after one logged line. It logs as ``partq consume`` does (JSON lines on
@@ -13,12 +14,13 @@ stderr, text on a terminal) unless the application has configured logging alread
 
 from __future__ import annotations
 
-from consumers.daemon import Consumer, ConsumerConfig
-from consumers.entry import entry_point
-from consumers.message import Handler, Message, check_handler, load_handler
-from consumers.signals import on_stop_signals
-from kernel.settings import Settings
-from producer.registry import Registry
+from partq.consumers.control.daemon import Consumer, ConsumerConfig
+from partq.consumers.control.signals import on_stop_signals
+from partq.consumers.handling.entry import entry_point
+from partq.consumers.handling.message import Handler, Message, check_handler, load_handler
+from partq.producer.registry import Registry
+
+from partq.kernel.settings import Settings
 
 __all__ = ["Consumer", "ConsumerConfig", "Handler", "Message", "load_handler", "run"]
 

@@ -1,6 +1,7 @@
 """The coordinator's Prometheus metrics: every name the coordinator exports is here.
 
-Consumers count ``partq_etcd_malformed_values`` too (their :class:`coordinator.group.Group`).
+Consumers count ``partq_etcd_malformed_values`` too (their
+:class:`partq.coordinator.store.group.Group`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,20 @@
 This package imports neither ``coordinator`` nor ``consumers``.
 """
 
-from kernel.amqp import DEFAULT_AMQP_URL, redact_url
-from kernel.errors import (
+from partq.producer.async_publisher import AsyncProducer
+from partq.producer.contract import (
+    StreamSpec,
+    dead_letter_queue,
+    exchange_name,
+    partition_for,
+    queue_name,
+    queue_pattern,
+    validate_stream_name,
+)
+from partq.producer.publisher import Producer, Receipt, SpecSource
+
+from partq.kernel.amqp import DEFAULT_AMQP_URL, redact_url
+from partq.kernel.errors import (
     BrokerUnavailable,
     ConnectionLost,
     InvalidStreamName,
@@ -17,17 +29,6 @@ from kernel.errors import (
     StreamNotFound,
     UsageError,
 )
-from producer.async_publisher import AsyncProducer
-from producer.contract import (
-    StreamSpec,
-    dead_letter_queue,
-    exchange_name,
-    partition_for,
-    queue_name,
-    queue_pattern,
-    validate_stream_name,
-)
-from producer.publisher import Producer, Receipt, SpecSource
 
 __all__ = [
     "DEFAULT_AMQP_URL",

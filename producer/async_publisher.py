@@ -42,10 +42,11 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any
 
-from kernel.errors import ProducerClosed, UsageError
-from producer.contract import StreamSpec
-from producer.futures import PublishFuture
-from producer.publisher import BatchItem, Producer, Receipt
+from partq.producer.contract import StreamSpec
+from partq.producer.futures import PublishFuture
+from partq.producer.publisher import BatchItem, Producer, Receipt
+
+from partq.kernel.errors import ProducerClosed, UsageError
 
 __all__ = ["AsyncProducer"]
 

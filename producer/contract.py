@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import mmh3
 
-from kernel.errors import InvalidStreamName, MalformedValue, SpecMismatch, UsageError
+from partq.kernel.errors import InvalidStreamName, MalformedValue, SpecMismatch, UsageError
 
 if TYPE_CHECKING:
-    from producer.layout import Layout
+    from partq.producer.layout import Layout
 
 __all__ = [
     "CONTROL_FENCE",
@@ -89,15 +89,15 @@ HEADER_CONTROL = "x-partq-control"
 # A resize's fence (docs/resize.md): HEADER_CONTROL = CONTROL_FENCE and the old layout's
 # epoch in HEADER_EPOCH, published on routing key ``fence_routing_key(epoch, partition)``.
 # The last old-layout message of its queue: its consumer records it handled in etcd
-# (kernel.keys.drained) and never hands it to the handler.
+# (partq.kernel.keys.drained) and never hands it to the handler.
 CONTROL_FENCE = "fence"
-# A drain's filler (consumers/fillers.py): an empty message a draining consumer publishes
+# A drain's filler (consumers/broker/fillers.py): an empty message a draining consumer publishes
 # into its own queue through the dead-letter exchange, so that its prefetch window fills.
 # What marks one is that exchange (a consumer acks every delivery that came through it,
 # unhandled); this header only names it to a person looking at a queue.
 CONTROL_FILL = "fill"
 HEADER_EPOCH = "x-partq-epoch"
-# Written on a dead letter by the consumer that gave up on it (consumers/worker.py): why,
+# Written on a dead letter by the consumer that gave up on it (consumers/handling/worker.py): why,
 # after how many handler attempts, from which partition, by which member, when (ms).
 HEADER_ERROR = "x-partq-error"
 HEADER_ERROR_TYPE = "x-partq-error-type"
@@ -355,8 +355,8 @@ class StreamSpec:
 
     @property
     def layout(self) -> Layout:
-        """This spec's partition count under its epoch (``producer.layout``)."""
-        from producer.layout import Layout  # layout imports this module
+        """This spec's partition count under its epoch (``partq.producer.layout``)."""
+        from partq.producer.layout import Layout  # layout imports this module
 
         return Layout(self.partitions, self.epoch)
 

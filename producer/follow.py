@@ -20,8 +20,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from kernel.errors import PartqError
-from producer.contract import StreamSpec
+from partq.producer.contract import StreamSpec
+
+from partq.kernel.errors import PartqError
 
 __all__ = ["SpecFollower", "SpecWatcher", "resizing_to"]
 
@@ -32,7 +33,7 @@ _POLL = 1.0  # seconds between two reads of etcd while waiting, should the watch
 
 class SpecWatcher(Protocol):
     """What a producer's spec source offers beyond ``read_spec`` to follow resizes
-    (``producer.registry.Registry`` does)."""
+    (``partq.producer.registry.Registry`` does)."""
 
     def read_spec(self, stream: str) -> StreamSpec: ...
 
@@ -116,7 +117,8 @@ class SpecFollower:
 
 
 def _record(raw: bytes | None) -> dict[str, Any] | Literal[False] | None:
-    """The resize record ``raw`` as JSON (``coordinator.resize.encode``), False when there is
+    """The resize record ``raw`` as JSON (``partq.coordinator.leader.resize.encode``), False when
+    there is
     none, None when it does not parse."""
     if raw is None:
         return False

@@ -31,8 +31,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from fractions import Fraction
 
-from kernel.errors import UsageError
-from producer.contract import MAX_PARTITIONS, check_partition_count, partition_for
+from partq.producer.contract import MAX_PARTITIONS, check_partition_count, partition_for
+
+from partq.kernel.errors import UsageError
 
 __all__ = ["Layout", "Resize", "parse_routing_key"]
 

@@ -5,7 +5,7 @@ it messages through an outbox and get a ``Future`` back (``publish`` one,
 ``publish_many`` a batch: one lock and one wake-up of the I/O thread for the batch).
 Confirms are pipelined: up to ``window`` messages are unconfirmed at once, and
 ``publish`` blocks when the window is full (backpressure), so memory stays bounded.
-The I/O thread frames messages itself (:class:`producer.wire.Framer`) and settles a
+The I/O thread frames messages itself (:class:`partq.producer.wire.Framer`) and settles a
 confirm frame's futures, counters and histogram in one go.
 
 On connection loss the producer reconnects with backoff and **republishes every
@@ -57,12 +57,27 @@ from typing import Any, Protocol
 
 import pika
 import pika.exceptions
+from partq.producer import metrics
+from partq.producer.contract import StreamSpec, refuse_control_headers, validate_stream_name
+from partq.producer.follow import SpecFollower, SpecWatcher, resizing_to
+from partq.producer.futures import PublishFuture, resolve_all
+from partq.producer.layout import Layout
+from partq.producer.registry import Registry
+from partq.producer.topology import check_partition_queues, encoded_properties, message_properties
+from partq.producer.wire import (
+    HEADER_FRAME_OVERHEAD,
+    ConfirmingConnection,
+    Framer,
+    body_refused,
+    encode_properties,
+    frame_refused,
+)
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 
-from kernel.amqp import AmqpURL, Nodes, unavailable
-from kernel.backoff import Backoff
-from kernel.errors import (
+from partq.kernel.amqp import AmqpURL, Nodes, unavailable
+from partq.kernel.backoff import Backoff
+from partq.kernel.errors import (
     BrokerUnavailable,
     ConnectionLost,
     MessageNacked,
@@ -71,22 +86,7 @@ from kernel.errors import (
     PublishFailed,
     UsageError,
 )
-from kernel.settings import Settings
-from producer import metrics
-from producer.contract import StreamSpec, refuse_control_headers, validate_stream_name
-from producer.follow import SpecFollower, SpecWatcher, resizing_to
-from producer.futures import PublishFuture, resolve_all
-from producer.layout import Layout
-from producer.registry import Registry
-from producer.topology import check_partition_queues, encoded_properties, message_properties
-from producer.wire import (
-    HEADER_FRAME_OVERHEAD,
-    ConfirmingConnection,
-    Framer,
-    body_refused,
-    encode_properties,
-    frame_refused,
-)
+from partq.kernel.settings import Settings
 
 __all__ = ["BatchItem", "Producer", "Receipt", "SpecSource"]
 
@@ -114,7 +114,8 @@ BatchItem = (
 
 
 class SpecSource(Protocol):
-    """Anything that can read a stream's spec (``producer.registry.Registry`` does, from etcd)."""
+    """Anything that can read a stream's spec (``partq.producer.registry.Registry`` does, from
+    etcd)."""
 
     def read_spec(self, stream: str) -> StreamSpec: ...
 

@@ -8,11 +8,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from kernel import keys
-from kernel.errors import MalformedValue, SpecMismatch, StreamNotFound, UsageError
-from kernel.etcd import EtcdClient, connect, etcd_errors
-from kernel.settings import Settings
-from producer.contract import StreamSpec, validate_stream_name
+from partq.producer.contract import StreamSpec, validate_stream_name
+
+from partq.kernel import keys
+from partq.kernel.errors import MalformedValue, SpecMismatch, StreamNotFound, UsageError
+from partq.kernel.etcd import EtcdClient, connect, etcd_errors
+from partq.kernel.settings import Settings
 
 __all__ = ["Registry", "read_resize_from_endpoints", "read_spec_from_endpoints"]
 
@@ -100,7 +101,8 @@ class Registry:
         self.client.cancel_watch(watch_id)
 
     def read_resize(self, stream: str) -> bytes | None:
-        """``stream``'s resize record as stored (``coordinator.resize.encode``), or None."""
+        """``stream``'s resize record as stored (``partq.coordinator.leader.resize.encode``),
+        or None."""
         with etcd_errors(self.where):
             value, _meta = self.client.get(keys.resize(stream))
         return value

@@ -1,6 +1,6 @@
 """A stream's RabbitMQ topology: its queues' arguments, declaring, deleting, probing, depths.
 
-Connections come from :mod:`kernel.amqp`.
+Connections come from :mod:`partq.kernel.amqp`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,7 @@ from typing import Any
 
 import pika
 import pika.exceptions
-from pika.adapters.blocking_connection import BlockingChannel
-
-from kernel.amqp import AmqpURL, blocking_connection
-from kernel.errors import SpecMismatch, UsageError
-from producer.contract import (
+from partq.producer.contract import (
     CONTROL_FENCE,
     HEADER_CONTROL,
     HEADER_EPOCH,
@@ -42,7 +38,11 @@ from producer.contract import (
     queue_name,
     queue_pattern,
 )
-from producer.layout import Layout
+from partq.producer.layout import Layout
+from pika.adapters.blocking_connection import BlockingChannel
+
+from partq.kernel.amqp import AmqpURL, blocking_connection
+from partq.kernel.errors import SpecMismatch, UsageError
 
 __all__ = [
     "QueueStats",
@@ -170,7 +170,7 @@ def _lacks_delivery_limit(error: pika.exceptions.ChannelClosedByBroker) -> bool:
 
 def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> None:
     """Declare the exchange, the P single-active-consumer queues and the dead-letter queue,
-    each partition bound under the spec's epoch (``producer.layout``), and to the
+    each partition bound under the spec's epoch (``partq.producer.layout``), and to the
     dead-letter exchange under its name (for drains' fillers).
 
     Idempotent. A queue that exists with other arguments is reported, not replaced.
@@ -246,7 +246,8 @@ def _bind_fillers(
 ) -> None:
     """Bind (or with ``bind=False`` unbind) each partition queue to the stream's dead-letter
     exchange under its own name: the way a draining consumer's fillers reach it
-    (``consumers.fillers``). Dead letters go under the dead-letter queue's name, so none
+    (``partq.consumers.broker.fillers``). Dead letters go under the dead-letter queue's name, so
+    none
     reaches a partition this way. Idempotent both ways."""
     for partition in partitions:
         queue = queue_name(spec.name, partition)

@@ -1,7 +1,7 @@
 """What goes on the wire for one publish: its properties, checked, and its AMQP frames.
 
 The SDK's caller thread encodes a message's content-header properties once
-(:func:`producer.topology.encoded_properties` for partq's own headers, or
+(:func:`partq.producer.topology.encoded_properties` for partq's own headers, or
 :func:`encode_properties`, pika's encoder with a reason for every refusal); its
 I/O thread then frames the message with :class:`Framer`: the ``Basic.Publish``
 method frame (made by pika once per routing key), the content header and the body
@@ -25,7 +25,7 @@ import pika.frame
 import pika.spec
 from pika.adapters.select_connection import SelectConnection
 
-from kernel.errors import PublishFailed, UsageError
+from partq.kernel.errors import PublishFailed, UsageError
 
 __all__ = [
     "HEADER_FRAME_OVERHEAD",

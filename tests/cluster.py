@@ -31,9 +31,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from kernel.errors import PartqError
-from kernel.local import LocalEtcd, free_port
-from producer.contract import StreamSpec
+from partq.producer.contract import StreamSpec
+
+from partq.kernel.errors import PartqError
+from partq.kernel.local import LocalEtcd, free_port
 from tests.rabbit import (
     MACHINE,
     RABBIT_BIN,

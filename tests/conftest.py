@@ -20,11 +20,11 @@ from typing import Any
 
 import pika
 import pytest
+from partq.producer.registry import Registry
 
-from kernel import logs
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer.registry import Registry
+from partq.kernel import logs
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 from tests.rabbit import MACHINE, TREE_40, Install, PrivateRabbit, tree_rabbit
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -89,7 +89,7 @@ class _ContainerEtcd:
 
 @pytest.fixture(autouse=True)
 def _partq_log_handler_removed() -> Iterator[None]:
-    """partq's log handler, if a test installed it (a CLI run in-process: ``kernel.logs.
+    """partq's log handler, if a test installed it (a CLI run in-process: ``partq.kernel.logs.
     configure``), removed once the test ends: its stream is the one pytest captured for
     that test, closed then, and a later test's log line would print a "Logging error"."""
     before = set(logging.getLogger().handlers)

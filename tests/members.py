@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import cast
 
-from consumers.deadletters import DeadLetters
-from consumers.message import Message
-from consumers.partitions import Partitions
-from consumers.port import BrokerPort
-from coordinator.group import Claim, Group
-from coordinator.session import Session
-from producer.contract import StreamSpec
+from partq.consumers.broker.deadletters import DeadLetters
+from partq.consumers.broker.port import BrokerPort
+from partq.consumers.control.partitions import Partitions
+from partq.consumers.handling.message import Message
+from partq.coordinator.store.group import Claim, Group
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
 
 __all__ = ["bare_partitions", "claim_assigned", "claim_live"]
 

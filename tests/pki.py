@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from kernel.local import EtcdTLS
+from partq.kernel.local import EtcdTLS
 
 __all__ = ["issue", "make_ca"]
 

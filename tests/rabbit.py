@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from kernel.local import free_port
+from partq.kernel.local import free_port
 
 __all__ = [
     "MACHINE",

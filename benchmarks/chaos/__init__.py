@@ -9,7 +9,7 @@ keys at about 1,000 msg/s: ``SequenceProducer``), and lets a seeded nemesis
 kill of an etcd member or its leader, kill of a RabbitMQ node, ``partq move``,
 ``rebalance``, ``drain`` (then ``--cancel``), scaling up and down. Then the checker
 (:mod:`.verdict`): lost, duplicates by cause, order violations raw and not explained by a
-crash (``consumers.audit.order_violations``), overlaps, stalls (a partition idle past
+crash (``examples.audit.order_violations``), overlaps, stalls (a partition idle past
 ``--idle-limit`` while a message waited in it), the pause each kind of fault causes, and
 the memory of every process over time (``/proc``), with every RabbitMQ node's own
 breakdown and Ra WAL size (:mod:`.broker_memory`). Its nodes run with

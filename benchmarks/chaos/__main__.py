@@ -22,12 +22,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from coordinator import admin
-from coordinator.group import Group
-from coordinator.policy import standby_mode
-from kernel.settings import DEFAULT_HANDOFF, Settings
-from producer import StreamSpec
-from producer.registry import Registry
+from partq.coordinator.leader.policy import standby_mode
+from partq.coordinator.ops import admin
+from partq.coordinator.store.group import Group
+from partq.producer import StreamSpec
+from partq.producer.registry import Registry
+
+from partq.kernel.settings import DEFAULT_HANDOFF, Settings
 from tests.cluster import EtcdCluster, RabbitCluster
 from tests.integration.groups.harness import Fleet, SequenceProducer, balanced, wait_until
 from tests.rabbit import MACHINE, TREE_40

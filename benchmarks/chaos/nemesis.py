@@ -39,7 +39,7 @@ KINDS = (
     "scale-down",  # SIGTERM of one, not replaced (at least MIN_CONSUMERS)
 )
 MIN_CONSUMERS, MAX_CONSUMERS = 4, 6
-CLI = [sys.executable, "-m", "cli"]
+CLI = [sys.executable, "-m", "partq"]
 
 
 @dataclass(order=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 __all__ = ["RecordReader"]
 
-# What the checker reads of a record (consumers.audit, benchmarks.chaos.verdict).
+# What the checker reads of a record (examples.audit, benchmarks.chaos.verdict).
 FIELDS = ("key", "seq", "partition", "pid", "start", "end", "redelivered", "published_ms")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from coordinator.policy import standby_mode
+from partq.coordinator.leader.policy import standby_mode
 
 from .broker_memory import table as broker_table
 from .verdict import IDLE_LIMIT

@@ -1,6 +1,6 @@
 """The soak's checker: pure functions over handler records, the nemesis's faults and samples.
 
-Records are the lines ``consumers.examples.record_handler`` writes (``consumers.audit``
+Records are the lines ``examples.handlers.record_handler`` writes (``examples.audit``
 reads them); faults are :class:`Fault` values. Nothing here does I/O, so a unit test can
 drive it with made-up records.
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from consumers import audit
+from examples import audit
 
 __all__ = ["IDLE_LIMIT", "Fault", "Sample", "Stall", "Verdict", "judge", "stalls"]
 

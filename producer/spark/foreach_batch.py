@@ -4,7 +4,7 @@ Inside ``foreachBatch`` each micro-batch is a static DataFrame, so Spark can
 sort it (and spill to disk) — this path does not hold a task's rows in memory
 as the ``partq`` format does. The writer reads the stream's spec when it is made
 (in the driver) and pins it; each call takes the newest layout
-(:meth:`~producer.spark.options.SinkOptions.current_spec`: the pinned one while
+(:meth:`~partq.producer.spark.options.SinkOptions.current_spec`: the pinned one while
 etcd is away), prepares the batch for it, publishes every Spark partition in
 one task, and returns only when all tasks got every confirm; an exception fails
 the batch and Spark does not commit it.
@@ -19,21 +19,21 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import DataFrame
-
-from kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
-from kernel.errors import UsageError
-from producer.contract import StreamSpec
-from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions
-from producer.spark.partitioning import prepare
-from producer.spark.publish import (
+from partq.producer.contract import StreamSpec
+from partq.producer.spark.options import DEFAULT_SPEC_READER, SinkOptions
+from partq.producer.spark.partitioning import prepare
+from partq.producer.spark.publish import (
     TaskReport,
     check_one_task_per_partition,
     publish_task,
     rerouted_note,
 )
-from producer.spark.rows import RowLayout
-from producer.spark.sink import QUERY_ID_PROPERTY
+from partq.producer.spark.rows import RowLayout
+from partq.producer.spark.sink import QUERY_ID_PROPERTY
+from pyspark.sql import DataFrame
+
+from partq.kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
+from partq.kernel.errors import UsageError
 
 __all__ = ["BatchWriter", "foreach_batch_writer"]
 

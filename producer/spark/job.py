@@ -1,6 +1,6 @@
 """The Spark Structured Streaming producer job: a file (or rate) source published to a stream.
 
-``partq spark-job`` (:mod:`cli.spark`) parses the command line, reads the
+``partq spark-job`` (:mod:`partq.cli.spark`) parses the command line, reads the
 stream's spec, pins it and calls :func:`run_job`; the query reads etcd only for a newer
 layout (a resize: ``SinkOptions.current_spec``), and publishes while etcd is away.
 SIGTERM or SIGINT stop the query between writes, or, during Spark's start-up,
@@ -15,13 +15,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernel.errors import PartqError, UsageError
-from producer.contract import StreamSpec
-from producer.spark.options import SinkOptions
-from producer.spark.partitioning import prepare
-from producer.spark.progress import ProgressListener, failure_reason
-from producer.spark.session import loopback_session
-from producer.spark.stop import StopSignal
+from partq.producer.contract import StreamSpec
+from partq.producer.spark.options import SinkOptions
+from partq.producer.spark.partitioning import prepare
+from partq.producer.spark.progress import ProgressListener, failure_reason
+from partq.producer.spark.session import loopback_session
+from partq.producer.spark.stop import StopSignal
+
+from partq.kernel.errors import PartqError, UsageError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -1,7 +1,7 @@
 """The Spark job's Prometheus metrics: every name the Spark side exports is here.
 
 They live in the driver's process and are fed by
-:class:`producer.spark.progress.ProgressListener` from Spark's query progress
+:class:`partq.producer.spark.progress.ProgressListener` from Spark's query progress
 (executors publish from other processes, so they cannot count for it).
 """
 

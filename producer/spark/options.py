@@ -5,7 +5,7 @@ mapping; :meth:`SinkOptions.from_options` turns that into a frozen value and
 fails with a message naming the option when one is wrong.
 
 **The spec reader.** The default (:data:`DEFAULT_SPEC_READER`,
-``producer.registry.read_spec_from_endpoints``) reads the spec from etcd. Option
+``partq.producer.registry.read_spec_from_endpoints``) reads the spec from etcd. Option
 ``specReader`` names any other ``"module:function"`` taking ``(stream,
 endpoints)`` and returning a ``StreamSpec`` (a test double, another registry); it
 is resolved with :mod:`importlib` in whichever Spark process needs it.
@@ -33,10 +33,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kernel.amqp import DEFAULT_AMQP_URL, AmqpTarget, AmqpTLS, AmqpURL, redact_url
-from kernel.errors import PartqError, SpecMismatch, UsageError
-from kernel.settings import Settings
-from producer.contract import StreamSpec, validate_stream_name
+from partq.producer.contract import StreamSpec, validate_stream_name
+
+from partq.kernel.amqp import DEFAULT_AMQP_URL, AmqpTarget, AmqpTLS, AmqpURL, redact_url
+from partq.kernel.errors import PartqError, SpecMismatch, UsageError
+from partq.kernel.settings import Settings
 
 __all__ = [
     "DEFAULT_SPEC_READER",
@@ -49,7 +50,7 @@ __all__ = [
 
 log = logging.getLogger("partq.spark")
 
-DEFAULT_SPEC_READER = "producer.registry:read_spec_from_endpoints"
+DEFAULT_SPEC_READER = "partq.producer.registry:read_spec_from_endpoints"
 
 # A pinned query's per-batch read of the newest layout: after an etcd that did not answer
 # (which may take its whole timeout), this process asks it again only after _ASK_AGAIN s.
@@ -268,7 +269,7 @@ class SinkOptions:
 
 
 class TaskSpecs:
-    """How a task's producer follows a resize (``producer.follow.SpecWatcher``): it reads
+    """How a task's producer follows a resize (``partq.producer.follow.SpecWatcher``): it reads
     etcd only once the broker returned a publish, and never watches (a task publishes for
     seconds, and a resize is rare). The producer then reads the spec at once, and every
     second while a resize runs, for at most its ``layout_timeout``."""
@@ -283,7 +284,7 @@ class TaskSpecs:
         if self._options.spec_reader != DEFAULT_SPEC_READER:
             # cannot tell: the producer waits its layout_timeout for a newer spec
             raise PartqError(f"specReader {self._options.spec_reader!r} reads no resize record")
-        from producer.registry import read_resize_from_endpoints
+        from partq.producer.registry import read_resize_from_endpoints
 
         return read_resize_from_endpoints(stream, self._options.etcd_endpoints)
 

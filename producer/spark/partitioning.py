@@ -3,7 +3,7 @@
 A DataFrame reaches a sink in whatever partitioning the query made, so the
 sink cannot promise per-key order by itself. ``prepare`` adds
 
-* ``_partq_partition`` — ``producer.contract.partition_for(key, P)``, the very
+* ``_partq_partition`` — ``partq.producer.contract.partition_for(key, P)``, the very
   function every partq producer uses, run as a Python UDF (Spark's own
   ``hash()`` is a different function); its metadata records P, the count the
   rows are grouped by, which a running query keeps across a resize (the sink
@@ -36,14 +36,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from partq.producer.contract import StreamSpec, partition_for
+from partq.producer.spark.rows import GROUPED_BY, ORDER_COLUMN, PARTITION_COLUMN, POSITION_COLUMN
 from pyspark import TaskContext
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType
 
-from kernel.errors import UsageError
-from producer.contract import StreamSpec, partition_for
-from producer.spark.rows import GROUPED_BY, ORDER_COLUMN, PARTITION_COLUMN, POSITION_COLUMN
+from partq.kernel.errors import UsageError
 
 __all__ = ["prepare"]
 

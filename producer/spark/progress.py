@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 
+from partq.producer.spark import metrics
 from pyspark.sql.streaming.listener import (
     QueryIdleEvent,
     QueryProgressEvent,
@@ -12,8 +13,6 @@ from pyspark.sql.streaming.listener import (
     QueryTerminatedEvent,
     StreamingQueryListener,
 )
-
-from producer.spark import metrics
 
 __all__ = ["ProgressListener", "failure_reason"]
 

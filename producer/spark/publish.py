@@ -2,11 +2,11 @@
 
 A task publishes the rows Spark gives it through the producer SDK, with the
 stream's spec passed in (executors read etcd only when a resize returned their
-publishes: :class:`~producer.spark.options.TaskSpecs`), and returns only after
+publishes: :class:`~partq.producer.spark.options.TaskSpecs`), and returns only after
 the broker confirmed every message. If any message is not confirmed the task
 raises :class:`PublishFailed`; Spark then retries the task or fails the batch,
 which is never committed. A retried task publishes the same messages with the
-same ids (see :mod:`producer.spark.replay`).
+same ids (see :mod:`partq.producer.spark.replay`).
 
 Order. Every partq partition of a batch is published by exactly one task
 (``prepare()`` repartitions by partition). Within the task the rows are put in
@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
+from partq.producer.contract import StreamSpec
+from partq.producer.publisher import BatchItem, Producer, Receipt
+from partq.producer.spark.options import SinkOptions, TaskSpecs
+from partq.producer.spark.replay import message_id, replay_headers
+from partq.producer.spark.rows import Outgoing, RowLayout
 from pyspark.sql.datasource import WriterCommitMessage
 
-from kernel.errors import PublishFailed, UsageError
-from producer.contract import StreamSpec
-from producer.publisher import BatchItem, Producer, Receipt
-from producer.spark.options import SinkOptions, TaskSpecs
-from producer.spark.replay import message_id, replay_headers
-from producer.spark.rows import Outgoing, RowLayout
+from partq.kernel.errors import PublishFailed, UsageError
 
 __all__ = ["TaskReport", "check_one_task_per_partition", "publish_task", "rerouted_note"]
 
@@ -198,7 +198,8 @@ def check_one_task_per_partition(reports: Iterable[TaskReport | None], batch_id:
                 raise UsageError(
                     f"batch {batch_id}: partition {partition} was published by tasks "
                     f"{owner[partition]} and {report.task}, so its order and message ids are "
-                    f"not reliable: do not repartition the DataFrame after producer.spark.prepare()"
+                    f"not reliable: do not repartition the DataFrame after "
+                    f"partq.producer.spark.prepare()"
                 )
             owner[partition] = report.task
     return rows

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from partq.producer.contract import StreamSpec, partition_for
+from partq.producer.spark.options import SinkOptions
 from pyspark.sql import Row
 from pyspark.sql.types import (
     ArrayType,
@@ -28,9 +30,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from kernel.errors import SpecMismatch, UsageError
-from producer.contract import StreamSpec, partition_for
-from producer.spark.options import SinkOptions
+from partq.kernel.errors import SpecMismatch, UsageError
 
 __all__ = [
     "GROUPED_BY",
@@ -49,7 +49,8 @@ POSITION_COLUMN = "_partq_position"  # source order: (source task << 33) + row i
 ORDER_COLUMN = "_partq_order"  # a copy of prepare()'s order column on streaming DataFrames
 
 _PREPARE_HINT = (
-    "call producer.spark.prepare(df, spec, key_column) before df.writeStream.format('partq'): "
+    "call partq.producer.spark.prepare(df, spec, key_column) before "
+    "df.writeStream.format('partq'): "
     "it computes each row's partition with partq's hash and gives every partition to one task"
 )
 

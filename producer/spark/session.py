@@ -10,11 +10,10 @@ import os
 import sys
 from collections.abc import Mapping
 
+from partq.producer.spark.sink import register
 from pyspark import SparkConf, SparkContext
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
-
-from producer.spark.sink import register
 
 __all__ = ["LOOPBACK", "loopback_session"]
 

@@ -2,8 +2,8 @@
 
 ::
 
-    producer.spark.register(spark)
-    (producer.spark.prepare(df, spec, "user_id")
+    partq.producer.spark.register(spark)
+    (partq.producer.spark.prepare(df, spec, "user_id")
         .writeStream.format("partq")
         .option("stream", "orders").option("keyColumn", "user_id")
         .option("checkpointLocation", "/chk/orders")
@@ -15,7 +15,7 @@ checked, so a wrong ``partitions`` or a missing ``prepare()`` fails the query
 before any task runs — pickles the writer to the executors, runs ``write()``
 once per task, and, when every task succeeded, calls ``commit()`` (on a writer
 built the same way); then the batch is recorded in the checkpoint. ``write()``
-returns only after every confirm (:func:`~producer.spark.publish.publish_task`),
+returns only after every confirm (:func:`~partq.producer.spark.publish.publish_task`),
 so a committed batch is a confirmed batch.
 
 Where the ids come from. The Data Source API hands ``write()`` neither the
@@ -33,21 +33,21 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pyspark import TaskContext
-from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
-from pyspark.sql.types import StructType
-
-from kernel.errors import UsageError
-from producer.contract import StreamSpec
-from producer.spark.options import SinkOptions
-from producer.spark.publish import (
+from partq.producer.contract import StreamSpec
+from partq.producer.spark.options import SinkOptions
+from partq.producer.spark.publish import (
     TaskReport,
     check_one_task_per_partition,
     publish_task,
     rerouted_note,
 )
-from producer.spark.rows import RowLayout
+from partq.producer.spark.rows import RowLayout
+from pyspark import TaskContext
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from partq.kernel.errors import UsageError
 
 __all__ = [
     "BATCH_ID_PROPERTY",

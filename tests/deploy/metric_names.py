@@ -24,10 +24,10 @@ from prometheus_client.metrics_core import Metric
 
 # Every module that defines partq metrics (the Spark one imports pyspark: the spark extra).
 METRICS_MODULES = (
-    "producer.metrics",
-    "producer.spark.metrics",
-    "coordinator.metrics",
-    "consumers.metrics",
+    "partq.producer.metrics",
+    "partq.producer.spark.metrics",
+    "partq.coordinator.metrics",
+    "partq.consumers.metrics",
 )
 
 # The series names prometheus_client exposes for a family of each type.

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cli.produce import produce
+from partq.cli.produce import produce
 from tests.deploy.conftest import DEPLOY, REPO
 from tests.deploy.metric_names import (
     dashboard_expressions,
@@ -143,7 +143,7 @@ def test_the_consumers_run_the_example_handler_and_may_finish_their_drain() -> N
     consumers = services()["consumers"]
     command = consumers["command"]
     handler = command[command.index("--handler") + 1]
-    assert handler == "consumers.examples:print_handler"
+    assert handler == "examples.handlers:print_handler"
     module, _, function = handler.partition(":")
     assert callable(getattr(importlib.import_module(module), function))
     drain = float(command[command.index("--drain-timeout") + 1])
@@ -225,7 +225,7 @@ def scrape_targets() -> set[tuple[str, int]]:
 
 def test_prometheus_scrapes_a_producer_serving_the_dashboards_producer_metrics() -> None:
     # Given the producer series the dashboard draws (all from producer/metrics.py)
-    families = exported_families(["producer.metrics"])
+    families = exported_families(["partq.producer.metrics"])
     dashboard = DEPLOY / "grafana" / "partq-dashboard.json"
     drawn = {
         family_of(series, families)

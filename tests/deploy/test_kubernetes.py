@@ -359,9 +359,9 @@ def test_each_pods_environment_and_files_make_valid_settings(
 
 
 def pod_settings(docs: list[Manifest], workload: Manifest, container: dict[str, Any]) -> Any:
-    """kernel.settings.Settings as the container would build them: its environment, with
+    """partq.kernel.settings.Settings as the container would build them: its environment, with
     ConfigMap values resolved and each mounted Secret file written under a temporary root."""
-    from kernel.settings import Settings  # here: the other deploy tests need no partq
+    from partq.kernel.settings import Settings  # here: the other deploy tests need no partq
 
     with tempfile.TemporaryDirectory() as root:
         for path, (secret, _, key) in mounted_secret_files(docs, workload, container).items():

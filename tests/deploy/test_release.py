@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from partq.coordinator.ops import admin
+from partq.producer import StreamNotFound
+from partq.producer.registry import Registry
 
-from coordinator import admin
-from kernel.settings import Settings
-from producer import StreamNotFound
-from producer.registry import Registry
+from partq.kernel.settings import Settings
 from tests.deploy.conftest import DEPLOY, REPO
 from tests.integration.groups.harness import Proc
 from tests.polling import wait_until
@@ -249,7 +249,7 @@ def test_a_coordinator_and_a_consumer_of_the_wheel_handle_a_stream(
     assert created.returncode == 0, created.stderr
     # When its coordinator and a consumer with the example handler run, and a message is sent
     coordinator = ["coordinator", stream, "--settle", "0.5", "--http-port", "0"]
-    handler = "consumers.examples:print_handler"
+    handler = "examples.handlers:print_handler"
     consume = ["consume", stream, "--handler", handler, "--http-port", "0", "--ttl", "2"]
     with (
         daemon(release, "coordinator", *coordinator, **env) as leader,

@@ -1,7 +1,7 @@
 """Every repository path the documentation cites exists, and none is one machine's.
 
 A cited path is a code span that starts with one of the repository's folders or names one
-of its root files (`consumers/worker.py`, `tests/integration/test_parking.py::test_x`,
+of its root files (`consumers/handling/worker.py`, `tests/integration/test_parking.py::test_x`,
 `deploy/k8s/base`, `.ci/setup`, `pyproject.toml`). Spans with a placeholder (`<...>`,
 `NAME`, `*`, `…`) are patterns, not paths, and are skipped.
 """
@@ -16,11 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")])
 FOLDERS = (
-    "kernel",
+    "partq",
     "producer",
     "coordinator",
     "consumers",
-    "cli",
+    "examples",
     "tests",
     "deploy",
     "benchmarks",
@@ -69,10 +69,11 @@ def cited(text: str) -> list[str]:
 
 def test_cited_recognises_paths_and_skips_patterns() -> None:
     text = (
-        "`consumers/worker.py` `tests/x.py::test_y` `partq.NAME.p00000` `deploy/k8s/<env>` "
+        "`consumers/handling/worker.py` `tests/x.py::test_y` `partq.NAME.p00000` "
+        "`deploy/k8s/<env>` "
         "`python -m benchmarks.lag --rounds 1`"
     )
-    assert cited(text) == ["consumers/worker.py", "tests/x.py", "benchmarks/lag.py"]
+    assert cited(text) == ["consumers/handling/worker.py", "tests/x.py", "benchmarks/lag.py"]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))

@@ -65,7 +65,7 @@ def test_a_generated_page_is_deterministic(name: str) -> None:
 def test_the_command_reference_names_every_command() -> None:
     import click
 
-    from cli import cli
+    from partq.cli import cli
 
     text = gen.cli_reference()
     for path, command in gen._commands(cli, ("partq",)):
@@ -76,7 +76,7 @@ def test_the_command_reference_names_every_command() -> None:
 
 
 def test_the_settings_reference_describes_every_setting() -> None:
-    from kernel.settings import Settings
+    from partq.kernel.settings import Settings
 
     text = gen.settings_reference()
     for name, field in Settings.model_fields.items():
@@ -94,7 +94,7 @@ def test_the_metrics_reference_lists_every_metric_partq_exports() -> None:
     # Given every metrics module in the packages (a new one must be added to the generator)
     found = {
         ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        for package in ("kernel", "producer", "coordinator", "consumers", "cli")
+        for package in ("partq", "producer", "coordinator", "consumers")
         for path in (ROOT / package).rglob("metrics.py")
     }
     assert found == {name for name, _ in gen.METRIC_MODULES} == set(METRICS_MODULES)

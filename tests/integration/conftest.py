@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from partq.coordinator.ops import admin
+from partq.producer import StreamSpec
+from partq.producer.contract import OnFailure, QueueType
+from partq.producer.registry import Registry
 
-from coordinator import admin
-from kernel.settings import Settings
-from producer import StreamSpec
-from producer.contract import OnFailure, QueueType
-from producer.registry import Registry
+from partq.kernel.settings import Settings
 
 from .groups.harness import Fleet
 

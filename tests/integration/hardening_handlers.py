@@ -1,6 +1,6 @@
 """Handlers that misbehave, for tests/integration/test_consumer_hardening.py's consumers.
 
-``misbehave`` records (like ``consumers.examples.record_handler``) every message
+``misbehave`` records (like ``examples.handlers.record_handler``) every message
 it handles, except bodies that ask it to misbehave: ``sys-exit`` calls
 ``sys.exit(7)``, ``interrupt`` raises ``KeyboardInterrupt``, ``hang`` blocks
 forever, ``hang-hard`` first starts a non-daemon thread that never ends (which
@@ -13,8 +13,9 @@ from __future__ import annotations
 import sys
 import threading
 
-from consumers.examples import record_handler
-from consumers.message import Message
+from partq.consumers.handling.message import Message
+
+from examples.handlers import record_handler
 
 __all__ = ["asynchronous", "asynchronous_object", "lazy", "misbehave"]
 

@@ -19,14 +19,14 @@ from typing import Any
 
 import pika
 import pytest
+from partq.coordinator.ops import admin
+from partq.coordinator.store.group import Group
+from partq.producer import Producer, StreamSpec
+from partq.producer.registry import Registry
+from partq.producer.topology import declare_stream
 
-from coordinator import admin
-from coordinator.group import Group
-from kernel.local import free_port
-from kernel.settings import Settings
-from producer import Producer, StreamSpec
-from producer.registry import Registry
-from producer.topology import declare_stream
+from partq.kernel.local import free_port
+from partq.kernel.settings import Settings
 from tests.rabbit import Install, PrivateRabbit
 
 from .groups.harness import PARTQ, Fleet, balanced, wait_until

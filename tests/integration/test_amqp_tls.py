@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from partq.coordinator.ops import admin, dlq
+from partq.producer import Producer, StreamSpec
+from partq.producer.registry import Registry
 
-from coordinator import admin, dlq
-from kernel.amqp import AmqpTarget, AmqpTLS, blocking_connection, connect_blocking
-from kernel.errors import BrokerUnavailable, StreamNotFound
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer import Producer, StreamSpec
-from producer.registry import Registry
+from partq.kernel.amqp import AmqpTarget, AmqpTLS, blocking_connection, connect_blocking
+from partq.kernel.errors import BrokerUnavailable, StreamNotFound
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 from tests.pki import issue, make_ca
 from tests.rabbit import Install, PrivateRabbit
 
@@ -264,7 +264,7 @@ def test_partq_dlq_signs_its_requests_with_the_certificates_user(
 
 
 def test_an_unreachable_broker_is_still_is_it_running(pki: PKI) -> None:
-    from kernel.local import free_port
+    from partq.kernel.local import free_port
 
     url = f"amqps://{USER}:x-Zq7@localhost:{free_port()}/%2F"
     assert "is it running?" in _refusal(AmqpTarget(url, AmqpTLS(ca=pki.ca)))
@@ -390,7 +390,7 @@ def test_a_consumer_refused_its_queue_names_it_and_exits_6(
         # When the consumer is assigned the partitions and subscribes
         env = _env(etcd_server, PARTQ_AMQP_URL=url, **tls)
         consumer = start("consumer", env, "consume", name, "--member-id", "refused-1",
-                         "--handler", "consumers.examples:noop_handler", "--ttl", "2",
+                         "--handler", "examples.handlers:noop_handler", "--ttl", "2",
                          "--drain-timeout", "5")  # fmt: skip
         # Then it exits 6, having said which queue, which user and what to grant
         code = consumer.wait(timeout=90)

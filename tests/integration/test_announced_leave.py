@@ -13,11 +13,11 @@ import signal
 from collections.abc import Callable
 
 import pytest
+from partq.coordinator.store.group import Group
+from partq.producer import StreamSpec
+from partq.producer.registry import Registry
 
-from consumers import audit
-from coordinator.group import Group
-from producer import StreamSpec
-from producer.registry import Registry
+from examples import audit
 
 from .groups.harness import Fleet, SequenceProducer, balanced, wait_until
 

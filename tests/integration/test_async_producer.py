@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pytest
-
-from producer import (
+from partq.producer import (
     AsyncProducer,
     MessageUnroutable,
     ProducerClosed,
@@ -28,8 +27,9 @@ from producer import (
     UsageError,
     partition_for,
 )
-from producer.contract import HEADER_CONTROL, QueueType
-from producer.registry import Registry
+from partq.producer.contract import HEADER_CONTROL, QueueType
+from partq.producer.registry import Registry
+
 from tests.conftest import Ctl
 from tests.integration.test_producer import (
     MakeStream,

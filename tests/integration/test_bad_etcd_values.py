@@ -23,25 +23,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from partq.coordinator.leader.service import CoordinatorConfig, StreamCoordinator
+from partq.coordinator.ops import admin
+from partq.coordinator.store.group import Group
+from partq.coordinator.store.session import Session
+from partq.producer import StreamSpec
+from partq.producer.registry import Registry
 from prometheus_client import REGISTRY
 
-from coordinator import admin
-from coordinator.group import Group
-from coordinator.service import CoordinatorConfig, StreamCoordinator
-from coordinator.session import Session
-from kernel import keys
-from kernel.errors import MalformedValue, StreamNotFound
-from kernel.local import free_port
-from kernel.settings import Settings
-from producer import StreamSpec
-from producer.registry import Registry
+from partq.kernel import keys
+from partq.kernel.errors import MalformedValue, StreamNotFound
+from partq.kernel.local import free_port
+from partq.kernel.settings import Settings
 
 from .groups.harness import PARTQ, ROOT, Proc, wait_until
 
 pytestmark = [pytest.mark.integration]
 
 P = 4
-HANDLER = "consumers.examples:noop_handler"
+HANDLER = "examples.handlers:noop_handler"
 WAIT = 20.0
 
 
@@ -338,7 +338,7 @@ def test_the_coordinator_is_not_ready_while_its_stream_is_missing(
         wait_until(lambda: daemons.get("coordinator", "/readyz")[0] == 503, WAIT, what="not ready")
         assert coordinator.alive()
         wait_until(lambda: "missing" in coordinator.log.read_text(), WAIT, what="a log line")
-        # (the status page answers 503 with the reason: cli.web)
+        # (the status page answers 503 with the reason: partq.cli.web)
         status, page = daemons.get("coordinator", "/")
         assert status == 503, page
         assert ("does not exist" if how == "deleted" else keys.spec(stream)) in page, page
@@ -376,13 +376,13 @@ def test_the_coordinator_is_not_ready_while_its_stream_is_missing(
 DYING = textwrap.dedent(
     """
     import sys
-    from coordinator.service import StreamCoordinator
+    from partq.coordinator.leader.service import StreamCoordinator
 
     def _run(self):
         raise RuntimeError("injected death of the coordinator thread")
 
     StreamCoordinator._run = _run
-    from cli import main
+    from partq.cli import main
     sys.exit(main(sys.argv[1:]))
     """
 )

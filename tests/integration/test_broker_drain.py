@@ -10,10 +10,8 @@ from typing import Any
 
 import pika
 import pytest
-
-from consumers import window
-from consumers.broker import Broker
-from consumers.port import (
+from partq.consumers.broker.connection import Broker
+from partq.consumers.broker.port import (
     BrokerEvent,
     ChannelLost,
     Connection,
@@ -24,10 +22,12 @@ from consumers.port import (
     Sink,
     Subscribed,
 )
-from coordinator.admin import create_stream, delete
-from producer.contract import StreamSpec
-from producer.publisher import Producer
-from producer.registry import Registry
+from partq.consumers.state import window
+from partq.coordinator.ops.admin import create_stream, delete
+from partq.producer.contract import StreamSpec
+from partq.producer.publisher import Producer
+from partq.producer.registry import Registry
+
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration]

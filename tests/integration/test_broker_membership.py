@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pika
 import pytest
+from partq.coordinator.ops import admin
+from partq.coordinator.store.group import Group
+from partq.producer import Producer, StreamSpec
+from partq.producer.registry import Registry
 
-from consumers import audit
-from coordinator import admin
-from coordinator.group import Group
-from kernel.settings import Settings
-from producer import Producer, StreamSpec
-from producer.registry import Registry
+from examples import audit
+from partq.kernel.settings import Settings
 from tests.rabbit import Install, PrivateRabbit
 
 from .groups.harness import PARTQ, ROOT, Fleet, Proc, balanced, wait_until

@@ -24,14 +24,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from partq.coordinator.ops import admin
+from partq.coordinator.store.group import Group
+from partq.producer import Producer, StreamSpec
+from partq.producer.registry import Registry
 
-from consumers import audit
-from coordinator import admin
-from coordinator.group import Group
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer import Producer, StreamSpec
-from producer.registry import Registry
+from examples import audit
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 from tests.cluster import EtcdCluster, RabbitCluster
 from tests.conftest import EVERY_FAULT
 from tests.rabbit import Install

@@ -27,17 +27,17 @@ from typing import Any
 
 import pika
 import pytest
+from partq.consumers.control.daemon import Consumer, ConsumerConfig
+from partq.consumers.handling.message import Message
+from partq.coordinator.leader.service import CoordinatorConfig, StreamCoordinator
+from partq.coordinator.ops import admin
+from partq.coordinator.store.group import Group
+from partq.producer import Producer, StreamSpec
+from partq.producer.registry import Registry
 from prometheus_client import REGISTRY
 
-from consumers import audit as checker
-from consumers.daemon import Consumer, ConsumerConfig
-from consumers.message import Message
-from coordinator import admin
-from coordinator.group import Group
-from coordinator.service import CoordinatorConfig, StreamCoordinator
-from kernel.settings import Settings
-from producer import Producer, StreamSpec
-from producer.registry import Registry
+from examples import audit as checker
+from partq.kernel.settings import Settings
 
 from .groups.harness import Fleet, Proc, balanced, wait_until
 

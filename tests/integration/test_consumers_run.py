@@ -13,13 +13,13 @@ import sys
 
 import pytest
 
-from kernel.settings import Settings
+from partq.kernel.settings import Settings
 
 pytestmark = [pytest.mark.integration]
 
 APPLICATION = """
 import json, logging, sys
-import consumers
+import partq
 
 if sys.argv[3] == "own-logging":
     logging.basicConfig(stream=sys.stdout, format="app: %(levelname)s %(message)s")
@@ -27,7 +27,7 @@ if sys.argv[3] == "own-logging":
 def handle(message):
     pass
 
-sys.exit(consumers.run(sys.argv[1], handle, **json.loads(sys.argv[2])))
+sys.exit(partq.run(sys.argv[1], handle, **json.loads(sys.argv[2])))
 """
 
 

@@ -11,14 +11,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from partq.coordinator.leader.service import CoordinatorConfig, StreamCoordinator
+from partq.coordinator.ops.admin import create_stream, delete
+from partq.coordinator.store.group import Group
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
+from partq.producer.registry import Registry
 
-from coordinator.admin import create_stream, delete
-from coordinator.group import Group
-from coordinator.service import CoordinatorConfig, StreamCoordinator
-from coordinator.session import Session
-from kernel.settings import Settings
-from producer.contract import StreamSpec
-from producer.registry import Registry
+from partq.kernel.settings import Settings
 from tests.members import claim_assigned
 from tests.polling import eventually
 
@@ -136,7 +136,7 @@ def partq(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         "PARTQ_AMQP_URL": settings.amqp.url,
     }
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args],
+        [sys.executable, "-m", "partq", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -19,13 +19,13 @@ from typing import Any
 
 import pika
 import pytest
+from partq.coordinator.ops import deadletters, dlq
+from partq.coordinator.store.group import Group
+from partq.producer import Producer, StreamSpec
+from partq.producer.contract import QueueType
+from partq.producer.registry import Registry
 
-from coordinator import deadletters, dlq
-from coordinator.group import Group
-from kernel.errors import UsageError
-from producer import Producer, StreamSpec
-from producer.contract import QueueType
-from producer.registry import Registry
+from partq.kernel.errors import UsageError
 
 from .groups.harness import PARTQ, ROOT, Fleet, balanced, wait_until
 

@@ -21,16 +21,16 @@ from typing import Any
 
 import pytest
 
-from kernel.errors import (
+from partq.kernel.errors import (
     EtcdAuthFailed,
     EtcdPermissionDenied,
     EtcdTLSError,
     EtcdUnavailable,
     UsageError,
 )
-from kernel.etcd import connect, etcd_errors
-from kernel.local import EtcdTLS, LocalEtcd, free_port
-from kernel.settings import Settings
+from partq.kernel.etcd import connect, etcd_errors
+from partq.kernel.local import EtcdTLS, LocalEtcd, free_port
+from partq.kernel.settings import Settings
 from tests.pki import issue, make_ca
 
 pytestmark = [pytest.mark.integration]
@@ -307,7 +307,7 @@ def test_password_over_plain_http_is_refused_with_a_tls_hint(
     text = _one_line(caught.value)
     assert "https://" in text and "--etcd-ca" in text and "TLS" in text
     # And the CLI exits with 2 and that one line
-    from cli import main
+    from partq.cli import main
 
     for name in ("PARTQ_ETCD_CA", "PARTQ_ETCD_CERT", "PARTQ_ETCD_KEY", "PARTQ_CONFIG"):
         monkeypatch.delenv(name, raising=False)
@@ -405,10 +405,10 @@ def test_a_group_rebalances_after_idle_minutes(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from coordinator import admin
-    from coordinator.group import Group
-    from producer import StreamSpec
-    from producer.registry import Registry
+    from partq.coordinator.ops import admin
+    from partq.coordinator.store.group import Group
+    from partq.producer import StreamSpec
+    from partq.producer.registry import Registry
 
     from .groups.harness import Fleet, balanced, wait_until
 
@@ -473,7 +473,7 @@ def test_security_roles_apply_as_a_non_root_user_is_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given the etcd user partq, whose role may write /partq/ but not manage users
-    from cli import main
+    from partq.cli import main
 
     for name in ("PARTQ_ETCD_CERT", "PARTQ_ETCD_KEY", "PARTQ_CONFIG"):
         monkeypatch.delenv(name, raising=False)

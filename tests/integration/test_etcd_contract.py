@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kernel.etcd import connect
-from kernel.settings import Settings
+from partq.kernel.etcd import connect
+from partq.kernel.settings import Settings
 from tests.unit.test_fake_etcd import (
     prefix,
     test_a_prefix_watch_gets_every_change_in_order,

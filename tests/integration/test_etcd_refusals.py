@@ -4,7 +4,7 @@ Given a private etcd on loopback (TLS, auth: python3-etcd3 sends its token only 
 TLS) and the machine's RabbitMQ, a stream created by root, and a consumer whose etcd
 role may read the stream but not write its member key: ``partq consume`` exits
 non-zero within a bound, and its one error line names the key and the permission to
-grant (kernel.etcd's hint), instead of logging "cannot join; retrying" forever.
+grant (partq.kernel.etcd's hint), instead of logging "cannot join; retrying" forever.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from partq.coordinator.ops import admin
+from partq.producer import StreamSpec
+from partq.producer.registry import Registry
 
-from coordinator import admin
-from kernel import keys
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer import StreamSpec
-from producer.registry import Registry
+from partq.kernel import keys
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 from tests.integration.groups.harness import HANDLERS, PARTQ, ROOT, Fleet, Proc
 from tests.pki import loopback_server_tls
 from tests.polling import wait_until

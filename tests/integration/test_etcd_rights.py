@@ -1,8 +1,8 @@
 """The etcd rights of ``partq security roles``, against a real etcd with auth, and what the
 readers make of what those rights still allow.
 
-Given a private etcd (TLS, auth) with every role of :func:`coordinator.rights.roles`
-applied through :mod:`coordinator.grants`: each role may do exactly what its rights say
+Given a private etcd (TLS, auth) with every role of :func:`partq.coordinator.ops.rights.roles`
+applied through :mod:`partq.coordinator.ops.grants`: each role may do exactly what its rights say
 (read, write and delete of one key of every kind, for every role), and nothing through
 another member's lease. With a coordinator and two consumers running on those identities
 (RabbitMQ: the machine's broker), a consumer's credentials writing a claim without a lease
@@ -27,20 +27,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from partq.coordinator.ops import grants
+from partq.coordinator.ops.rights import Role, roles
+from partq.coordinator.store import codec
+from partq.coordinator.store.codec import Parked
+from partq.coordinator.store.group import Group
+from partq.producer import Producer
+from partq.producer.contract import key_id, partition_for
+from partq.producer.registry import Registry
 
-from consumers import audit
-from coordinator import codec, grants
-from coordinator.codec import Parked
-from coordinator.group import Group
-from coordinator.rights import Role, roles
-from kernel import keys
-from kernel.errors import EtcdPermissionDenied
-from kernel.etcd import connect, etcd_errors, lease_is
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer import Producer
-from producer.contract import key_id, partition_for
-from producer.registry import Registry
+from examples import audit
+from partq.kernel import keys
+from partq.kernel.errors import EtcdPermissionDenied
+from partq.kernel.etcd import connect, etcd_errors, lease_is
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 from tests.conftest import AMQP_URL
 from tests.integration.groups.harness import PARTQ, ROOT, Fleet, balanced
 from tests.pki import loopback_server_tls

@@ -21,13 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from partq.coordinator.ops import admin
+from partq.coordinator.store.group import Group
+from partq.producer import StreamSpec
+from partq.producer.registry import Registry
 
-from consumers import audit
-from coordinator import admin
-from coordinator.group import Group
-from kernel.settings import Settings
-from producer import StreamSpec
-from producer.registry import Registry
+from examples import audit
+from partq.kernel.settings import Settings
 
 from .groups.harness import Fleet, SequenceProducer, balanced, wait_until
 

@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from partq.coordinator.leader.service import CoordinatorConfig, StreamCoordinator
+from partq.coordinator.store.group import Group, WatchEvent
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
+from partq.producer.registry import Registry
 
-from coordinator.group import Group, WatchEvent
-from coordinator.service import CoordinatorConfig, StreamCoordinator
-from coordinator.session import Session
-from kernel import keys
-from kernel.errors import EtcdUnavailable, MemberIdTaken, NotLeader
-from kernel.etcd import connect
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer.contract import StreamSpec
-from producer.registry import Registry
+from partq.kernel import keys
+from partq.kernel.errors import EtcdUnavailable, MemberIdTaken, NotLeader
+from partq.kernel.etcd import connect
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 
 pytestmark = [pytest.mark.integration]
 

@@ -3,7 +3,7 @@
 pyspark launches Spark's JVM with ``subprocess.Popen(preexec_fn=...)``; with gRPC's fork
 support on, such a child could crash on gRPC's poller before exec'ing (the Spark job
 then died with "Java gateway process exited"). partq turns gRPC's fork support off
-(``kernel/__init__.py``) unless the application set it.
+(``partq/kernel/__init__.py``) unless the application set it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel.local import LocalEtcd
+from partq.kernel.local import LocalEtcd
 
 pytestmark = [pytest.mark.integration]
 
@@ -27,7 +27,7 @@ def test_children_with_a_preexec_fn_start_beside_a_live_etcd_watch(etcd_server: 
     script = textwrap.dedent(
         f"""
         import os, signal, subprocess
-        import kernel
+        import partq.kernel
         import etcd3
         client = etcd3.client(host="127.0.0.1", port={etcd_server.port})
         client.put("/partq-fork-test", "0")

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable
 
 import pytest
+from partq.coordinator.store.group import Group
+from partq.producer import StreamSpec
+from partq.producer.registry import Registry
 
-from consumers import audit
-from coordinator.group import Group
-from producer import StreamSpec
-from producer.registry import Registry
+from examples import audit
 from tests.conftest import Ctl
 
 from .groups.harness import PREFETCH, Fleet, Proc, SequenceProducer, balanced, wait_until
@@ -133,7 +133,9 @@ def test_a_takeover_under_load_keeps_the_partition_flowing(
     spec = StreamSpec(fleet.stream, partitions, "quorum")
     group = Group(registry.client, registry.where, fleet.stream)
     fleet.coordinator(extra=("--standby",))
-    fleet.env["PARTQ_STALL_AFTER"] = "5"  # a stall is told (consumers.flow) within the run
+    fleet.env["PARTQ_STALL_AFTER"] = (
+        "5"  # a stall is told (partq.consumers.state.flow) within the run
+    )
     names = ("c1", "c2", "c3")
     members = {m: fleet.consumer(m, ttl=10) for m in names}
     wait_until(lambda: balanced(group, partitions, set(names)), 40, 0.1, "balanced")

@@ -27,12 +27,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from partq.coordinator.ops.status import snapshot_status
+from partq.coordinator.store.group import Group
+from partq.producer import Producer, StreamSpec
+from partq.producer.registry import Registry
 
-from consumers import audit
-from coordinator.group import Group
-from coordinator.status import snapshot_status
-from producer import Producer, StreamSpec
-from producer.registry import Registry
+from examples import audit
 
 from .groups.harness import PREFETCH, Fleet, Proc, SequenceProducer, balanced, wait_until
 

@@ -24,19 +24,19 @@ from typing import Any
 import pika
 import pika.exceptions
 import pytest
+from partq.coordinator.store import codec
+from partq.coordinator.store.group import Group
+from partq.producer import Producer
+from partq.producer.contract import HEADER_CONTROL, HEADER_PARTITION, encode_key, park_queue
+from partq.producer.registry import Registry
 
-from consumers import audit
-from coordinator import codec
-from coordinator.group import Group
-from kernel import keys
-from kernel.amqp import connect_blocking
-from kernel.errors import EtcdPermissionDenied, UsageError
-from kernel.etcd import connect, etcd_errors
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer import Producer
-from producer.contract import HEADER_CONTROL, HEADER_PARTITION, encode_key, park_queue
-from producer.registry import Registry
+from examples import audit
+from partq.kernel import keys
+from partq.kernel.amqp import connect_blocking
+from partq.kernel.errors import EtcdPermissionDenied, UsageError
+from partq.kernel.etcd import connect, etcd_errors
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 from tests.integration.groups.harness import PARTQ, ROOT, Fleet, balanced
 from tests.pki import loopback_server_tls
 from tests.polling import wait_until

@@ -12,12 +12,12 @@ from collections.abc import Callable
 
 import mmh3
 import pytest
+from partq.coordinator.leader.loads import member_loads
+from partq.coordinator.store.group import Group
+from partq.producer import StreamSpec
+from partq.producer.registry import Registry
 
-from consumers import audit
-from coordinator.group import Group
-from coordinator.loads import member_loads
-from producer import StreamSpec
-from producer.registry import Registry
+from examples import audit
 
 from .groups.harness import Fleet, SequenceProducer, balanced, wait_until
 

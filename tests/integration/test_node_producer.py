@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from partq.producer.contract import partition_for
 
-from consumers import audit
-from producer.contract import partition_for
+from examples import audit
 from tests.conftest import DATA, _unavailable
 from tests.integration.groups.harness import ROOT, Fleet
 from tests.polling import wait_until

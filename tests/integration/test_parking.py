@@ -22,16 +22,16 @@ from typing import Any
 
 import pika
 import pytest
+from partq.consumers.broker.port import Delivery
+from partq.consumers.handling.parking import ParkedKeys, Parking
+from partq.coordinator.ops import dlq
+from partq.coordinator.store.group import Group
+from partq.coordinator.store.session import Session
+from partq.producer import Producer, StreamSpec
+from partq.producer.contract import key_id
+from partq.producer.registry import Registry
 
-from consumers import audit
-from consumers.parking import ParkedKeys, Parking
-from consumers.port import Delivery
-from coordinator import dlq
-from coordinator.group import Group
-from coordinator.session import Session
-from producer import Producer, StreamSpec
-from producer.contract import key_id
-from producer.registry import Registry
+from examples import audit
 
 from .groups.harness import (
     PARTQ,

@@ -19,13 +19,13 @@ from pathlib import Path
 import pika
 import pika.exceptions
 import pytest
+from partq.producer import Producer, SpecMismatch, StreamNotFound, StreamSpec
+from partq.producer.contract import QueueType
+from partq.producer.registry import Registry
+from partq.producer.topology import delete_stream
 
-from kernel.amqp import blocking_connection
-from kernel.local import LocalEtcd
-from producer import Producer, SpecMismatch, StreamNotFound, StreamSpec
-from producer.contract import QueueType
-from producer.registry import Registry
-from producer.topology import delete_stream
+from partq.kernel.amqp import blocking_connection
+from partq.kernel.local import LocalEtcd
 
 pytestmark = [pytest.mark.integration]
 
@@ -53,7 +53,7 @@ def lost(registry: Registry, rabbitmq: str, stream_name: str) -> Iterator[Callab
     made: list[StreamSpec] = []
 
     def make(partitions: int, queue_type: QueueType = "quorum", per_queue: int = 0) -> None:
-        from coordinator import admin
+        from partq.coordinator.ops import admin
 
         spec = StreamSpec(stream_name, partitions, queue_type)
         admin.create_stream(registry, rabbitmq, spec)

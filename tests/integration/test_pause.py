@@ -17,12 +17,12 @@ from typing import Any
 
 import pika
 import pytest
+from partq.coordinator.store.group import Group
+from partq.producer import StreamSpec
+from partq.producer.registry import Registry
+from partq.producer.topology import queue_stats
 
-from consumers import audit
-from coordinator.group import Group
-from producer import StreamSpec
-from producer.registry import Registry
-from producer.topology import queue_stats
+from examples import audit
 
 from .groups.harness import PARTQ, ROOT, Fleet, SequenceProducer, balanced, wait_until
 

@@ -1,4 +1,4 @@
-"""A planned handoff by consumer priority on RabbitMQ 4.0.5 quorum (consumers/priority.py):
+"""A planned handoff by consumer priority on RabbitMQ 4.0.5 quorum (consumers/state/priority.py):
 the heir, subscribed above the owner, is served only once the owner has settled every
 delivery, and then exactly what follows, in order, with nothing returned. Then the daemon
 (``--handoff auto``, consumers as OS processes): planned moves under load, and a kill -9 of
@@ -15,17 +15,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from partq.consumers.broker.connection import Broker
+from partq.consumers.broker.port import BrokerEvent, ChannelLost, Delivery, Drained, End, Subscribed
+from partq.consumers.state.priority import YIELD_WAIT
+from partq.coordinator.store.group import Group
+from partq.producer.contract import StreamSpec
+from partq.producer.publisher import Producer
+from partq.producer.registry import Registry
 
-from consumers import audit as checker
-from consumers.audit import Crash
-from consumers.broker import Broker
-from consumers.port import BrokerEvent, ChannelLost, Delivery, Drained, End, Subscribed
-from consumers.priority import YIELD_WAIT
-from coordinator.group import Group
-from kernel.settings import Settings
-from producer.contract import StreamSpec
-from producer.publisher import Producer
-from producer.registry import Registry
+from examples import audit as checker
+from examples.audit import Crash
+from partq.kernel.settings import Settings
 from tests.conftest import Ctl
 from tests.integration.groups.harness import (
     PREFETCH,

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from partq.coordinator.ops import admin
+from partq.producer import StreamNotFound, StreamSpec
+from partq.producer.registry import Registry
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator import admin
-from kernel.settings import Settings
-from producer import StreamNotFound, StreamSpec
-from producer.registry import Registry
+from partq.kernel.settings import Settings
 from tests.integration.groups.harness import PARTQ
 from tests.integration.test_quick_start import partq_env
 from tests.polling import wait_until

@@ -23,13 +23,8 @@ from typing import Any
 import pika
 import pika.exceptions
 import pytest
-from prometheus_client import REGISTRY
-
-from coordinator import admin
-from kernel.errors import EtcdUnavailable
-from kernel.local import LocalEtcd, free_port
-from kernel.settings import Settings
-from producer import (
+from partq.coordinator.ops import admin
+from partq.producer import (
     BrokerUnavailable,
     MessageUnroutable,
     Producer,
@@ -43,9 +38,14 @@ from producer import (
     partition_for,
     topology,
 )
-from producer.contract import HEADER_PARTITION, QueueType, decode_key
-from producer.registry import Registry
-from producer.wire import Framer
+from partq.producer.contract import HEADER_PARTITION, QueueType, decode_key
+from partq.producer.registry import Registry
+from partq.producer.wire import Framer
+from prometheus_client import REGISTRY
+
+from partq.kernel.errors import EtcdUnavailable
+from partq.kernel.local import LocalEtcd, free_port
+from partq.kernel.settings import Settings
 from tests.conftest import Ctl
 
 pytestmark = [pytest.mark.integration]

@@ -8,10 +8,10 @@ import time
 
 import pika
 import pytest
+from partq.producer import MessageUnroutable, Producer, ProducerClosed, UsageError, partition_for
+from partq.producer.contract import QueueType
+from partq.producer.publisher import BatchItem
 
-from producer import MessageUnroutable, Producer, ProducerClosed, UsageError, partition_for
-from producer.contract import QueueType
-from producer.publisher import BatchItem
 from tests.integration.test_producer import (
     MakeStream,
     P,

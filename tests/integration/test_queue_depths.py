@@ -1,4 +1,5 @@
-"""coordinator.probes.QueueDepths against the real RabbitMQ: one connection, a bounded refresh,
+"""partq.coordinator.ops.probes.QueueDepths against the real RabbitMQ: one connection, a bounded
+refresh,
 a reconnect after the broker closes it, a cached failure when it cannot be reached."""
 
 from __future__ import annotations
@@ -8,13 +9,13 @@ from collections.abc import Iterator
 
 import pika
 import pytest
+from partq.coordinator.ops import probes
+from partq.coordinator.ops.probes import QueueDepths
+from partq.producer import BrokerUnavailable, StreamSpec
+from partq.producer.topology import declare_stream, delete_stream
 
-from coordinator import probes
-from coordinator.probes import QueueDepths
-from kernel.amqp import blocking_connection
-from kernel.local import free_port
-from producer import BrokerUnavailable, StreamSpec
-from producer.topology import declare_stream, delete_stream
+from partq.kernel.amqp import blocking_connection
+from partq.kernel.local import free_port
 from tests.conftest import Ctl
 
 pytestmark = [pytest.mark.integration]

@@ -19,11 +19,10 @@ from collections.abc import Iterator
 import pika
 import pika.exceptions
 import pytest
-
-from consumers.deadletters import DeadLetters
-from consumers.port import Delivery
-from producer.contract import QUORUM_DELIVERY_LIMIT, StreamSpec
-from producer.topology import declare_stream, delete_stream, queue_arguments
+from partq.consumers.broker.deadletters import DeadLetters
+from partq.consumers.broker.port import Delivery
+from partq.producer.contract import QUORUM_DELIVERY_LIMIT, StreamSpec
+from partq.producer.topology import declare_stream, delete_stream, queue_arguments
 
 pytestmark = [pytest.mark.integration]
 

@@ -13,13 +13,13 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from partq.consumers.control.daemon import NO_LEADER_WARNING
+from partq.coordinator.ops import admin
+from partq.producer import Producer, StreamNotFound, StreamSpec
+from partq.producer.registry import Registry
 
-from consumers.daemon import NO_LEADER_WARNING
-from coordinator import admin
-from kernel import keys
-from kernel.settings import Settings
-from producer import Producer, StreamNotFound, StreamSpec
-from producer.registry import Registry
+from partq.kernel import keys
+from partq.kernel.settings import Settings
 from tests.integration.groups.harness import PARTQ, Proc
 from tests.polling import wait_until
 

@@ -1,6 +1,7 @@
 """Planned handoffs of a trickling quorum partition: no drain's window fills by itself, so
-each fills it with fillers (consumers.fillers) and cancels only once it is full; per-key
-order holds (consumers.audit.order_violations), and the fillers never reach a handler.
+each fills it with fillers (partq.consumers.broker.fillers) and cancels only once it is full;
+per-key
+order holds (examples.audit.order_violations), and the fillers never reach a handler.
 Without fillers such a drain cancels with credit left, and on a 3.10 cluster a delivery in
 flight at that cancel can come back late (docs/history.md, "Consumer priority and the
 quiet drain"); one healthy node returns it in time, so order alone cannot tell the two
@@ -15,12 +16,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from partq.consumers.broker.connection import Broker
+from partq.consumers.broker.port import BrokerEvent, Delivery, Drained, End
+from partq.producer.contract import StreamSpec
+from partq.producer.publisher import Producer
 
-from consumers.audit import lost, order_violations
-from consumers.broker import Broker
-from consumers.port import BrokerEvent, Delivery, Drained, End
-from producer.contract import StreamSpec
-from producer.publisher import Producer
+from examples.audit import lost, order_violations
 from tests.polling import wait_until
 
 from .groups.harness import one_quorum_partition, record_of

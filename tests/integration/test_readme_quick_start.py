@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from partq.consumers.control.daemon import NO_LEADER_WARNING
 
-from consumers.daemon import NO_LEADER_WARNING
-from kernel.local import free_port
+from partq.kernel.local import free_port
 from tests.integration.groups.harness import ROOT, Proc
 from tests.polling import wait_until
 

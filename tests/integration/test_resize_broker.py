@@ -22,10 +22,10 @@ from collections.abc import Iterator
 import pika
 import pika.exceptions
 import pytest
+from partq.producer.contract import StreamSpec
+from partq.producer.layout import Layout, Resize
+from partq.producer.topology import declare_stream, delete_stream, unbind_fillers
 
-from producer.contract import StreamSpec
-from producer.layout import Layout, Resize
-from producer.topology import declare_stream, delete_stream, unbind_fillers
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration]
@@ -130,7 +130,7 @@ def test_the_actions_can_be_done_twice_and_a_queue_with_a_message_is_kept(
 def test_every_queue_takes_fillers_until_a_shrink_unbinds_it(
     spec: StreamSpec, connection: pika.BlockingConnection
 ) -> None:
-    # Given a stream as declared (consumers.fillers: a drain fills its window this way)
+    # Given a stream as declared (partq.consumers.broker.fillers: a drain fills its window this way)
     producer = connection.channel()
     producer.confirm_delivery()
     # When a filler is published to each queue through the dead-letter exchange

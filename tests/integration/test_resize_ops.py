@@ -1,7 +1,7 @@
 """``partq stream resize``'s operator side on real etcd and RabbitMQ (docs/resize.md).
 
 The consumers that handle fences and record them are not used here: the test reads the
-old queues itself and writes the drained keys (``kernel.keys.drained``) as a consumer
+old queues itself and writes the drained keys (``partq.kernel.keys.drained``) as a consumer
 would. What is checked: the bindings of each epoch, a fence at the tail of every old
 queue's old-layout messages, the spec's count and epoch, no queue deleted while it holds a
 message, a resize resumed after it was stopped between any two steps (and after a kill of
@@ -23,14 +23,13 @@ from typing import Any
 import pika
 import pika.exceptions
 import pytest
-
-from coordinator import admin, codec, resize
-from coordinator.resize import Phase, State
-from coordinator.resizer import Resizer, ResizeTimeout, read_record
-from coordinator.service import CoordinatorConfig, StreamCoordinator
-from kernel import keys
-from kernel.local import LocalEtcd
-from producer.contract import (
+from partq.coordinator.leader import resize
+from partq.coordinator.leader.resize import Phase, State
+from partq.coordinator.leader.resizer import Resizer, ResizeTimeout, read_record
+from partq.coordinator.leader.service import CoordinatorConfig, StreamCoordinator
+from partq.coordinator.ops import admin
+from partq.coordinator.store import codec
+from partq.producer.contract import (
     CONTROL_FENCE,
     HEADER_CONTROL,
     HEADER_EPOCH,
@@ -39,9 +38,12 @@ from producer.contract import (
     fence_routing_key,
     queue_name,
 )
-from producer.layout import Layout
-from producer.registry import Registry
-from producer.topology import check_partition_queues, delete_stream, queue_stats
+from partq.producer.layout import Layout
+from partq.producer.registry import Registry
+from partq.producer.topology import check_partition_queues, delete_stream, queue_stats
+
+from partq.kernel import keys
+from partq.kernel.local import LocalEtcd
 from tests.integration.test_coordinator import Members
 from tests.polling import eventually, wait_until
 

@@ -20,10 +20,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from consumers.audit import lost, order_violations
-from consumers.broker import Broker
-from consumers.port import (
+from partq.consumers.broker.connection import Broker
+from partq.consumers.broker.port import (
     Activated,
     BrokerEvent,
     Delivery,
@@ -32,8 +30,10 @@ from consumers.port import (
     StandbyLost,
     Subscribed,
 )
-from producer.contract import StreamSpec
-from producer.publisher import Producer
+from partq.producer.contract import StreamSpec
+from partq.producer.publisher import Producer
+
+from examples.audit import lost, order_violations
 from tests.conftest import Ctl
 from tests.polling import wait_until
 

@@ -23,12 +23,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from partq.consumers.broker.connection import Broker
+from partq.consumers.broker.port import Activated, BrokerEvent, Delivery, StandbyLost
+from partq.producer.contract import StreamSpec
+from partq.producer.publisher import Producer
 
-from consumers.audit import lost, order_violations
-from consumers.broker import Broker
-from consumers.port import Activated, BrokerEvent, Delivery, StandbyLost
-from producer.contract import StreamSpec
-from producer.publisher import Producer
+from examples.audit import lost, order_violations
 from tests.conftest import EVERY_FAULT, Ctl
 from tests.polling import wait_until
 from tests.rabbit import PrivateRabbit

@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from partq.coordinator.ops import admin
+from partq.producer import StreamNotFound, StreamSpec, partition_for
+from partq.producer.registry import Registry
 
-from coordinator import admin
-from kernel.local import LocalEtcd, free_port
-from producer import StreamNotFound, StreamSpec, partition_for
-from producer.registry import Registry
+from partq.kernel.local import LocalEtcd, free_port
 
 pytestmark = [pytest.mark.integration]
 

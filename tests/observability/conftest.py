@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from partq.coordinator.ops import admin
+from partq.producer import StreamSpec
+from partq.producer.registry import Registry
 
-from coordinator import admin
-from kernel.local import LocalEtcd
-from producer import StreamSpec
-from producer.registry import Registry
+from partq.kernel.local import LocalEtcd
 from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTQ = ROOT / ".venv" / "bin" / "partq"
 ARTIFACTS = ROOT / "artifacts"
-HANDLER = "consumers.examples:noop_handler"
+HANDLER = "examples.handlers:noop_handler"
 
 
 def free_port() -> int:

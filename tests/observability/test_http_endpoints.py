@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from partq.coordinator.ops import admin
+from partq.producer import StreamSpec
+from partq.producer.registry import Registry
+from partq.producer.topology import delete_stream
 
-from coordinator import admin
-from kernel.amqp import blocking_connection
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer import StreamSpec
-from producer.registry import Registry
-from producer.topology import delete_stream
+from partq.kernel.amqp import blocking_connection
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 
 from .conftest import HANDLER, PARTQ, ROOT, Launcher, Proc, free_port, http_get, wait_until
 
@@ -46,7 +46,7 @@ def connect(self, address):
             f.write(repr(address) + "\\n")
     return _connect(self, address)
 socket.socket.connect = connect
-from cli import main
+from partq.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from producer import Producer, StreamSpec
+from partq.producer import Producer, StreamSpec
 
 from .conftest import Launcher, Prometheus, free_port, http_get, wait_until
 

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from producer import Producer
+from partq.producer import Producer
 
 from .conftest import Launcher, http_get, wait_until
 
@@ -25,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CHROMIUM = Path("/usr/bin/chromium")
 PARTITIONS = 8
 MEMBERS = ("obs-a", "obs-b")
-PLOT_BOTTOM = 122.0  # the y of a chart's 0 (coordinator/charts.py)
+PLOT_BOTTOM = 122.0  # the y of a chart's 0 (coordinator/ops/charts.py)
 
 
 @dataclass

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from partq.coordinator.ops import admin
+from partq.producer.contract import StreamSpec
+from partq.producer.registry import Registry
 
-from coordinator import admin
-from kernel.amqp import blocking_connection
-from producer.contract import StreamSpec
-from producer.registry import Registry
+from partq.kernel.amqp import blocking_connection
 from tests.cluster import kill_session
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def spark() -> Iterator[SparkSession]:
         _unavailable("pyspark (pip install -e '.[spark]')")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         _unavailable("a Java runtime for Spark")
-    from producer.spark import loopback_session
+    from partq.producer.spark import loopback_session
 
     saved = {name: os.environ.get(name) for name in FAST_JVM}
     os.environ.update(FAST_JVM)  # read once, when the JVM starts
@@ -124,7 +124,7 @@ class Delivered:
 
 
 def queue_depths(amqp_url: str, spec: StreamSpec) -> list[int]:
-    from producer.topology import queue_stats
+    from partq.producer.topology import queue_stats
 
     with blocking_connection(amqp_url) as connection:
         return [s.messages or 0 for s in queue_stats(connection, spec)]
@@ -237,7 +237,7 @@ def assert_every_row_once_but_replays(
     """Every row (``order`` 0..rows-1) is in the queues; every extra copy is a replay of a
     batch in ``batches`` (same message id, same body, one query id over every run); and,
     dropping replays, each key's rows are in order in their queue. The replays, by id."""
-    from producer.spark import ReplayId
+    from partq.producer.spark import ReplayId
 
     queues = read_all(amqp_url, spec)
     delivered = [m for messages in queues.values() for m in messages]

@@ -30,9 +30,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from consumers import audit
-from producer.contract import StreamSpec
-from producer.spark import ReplayId
+from partq.producer.contract import StreamSpec
+from partq.producer.spark import ReplayId
+
+from examples import audit
 from tests.polling import wait_until
 from tests.spark.conftest import SPARK_CONF_ARGS, committed_batches, job_process, write_json_rows
 

@@ -9,10 +9,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from partq.producer.contract import StreamSpec
 
-from kernel.local import free_port
-from kernel.settings import Settings
-from producer.contract import StreamSpec
+from partq.kernel.local import free_port
+from partq.kernel.settings import Settings
 from tests.cluster import kill_session
 from tests.spark.conftest import (
     PARTQ,

@@ -1,4 +1,4 @@
-"""README's ``spark-submit … cli/spark.py`` command, run as written.
+"""README's ``spark-submit … partq/cli/spark.py`` command, run as written.
 
 The block between ``<!-- spark-submit:begin -->`` and ``end`` (in README.md or a page
 of docs/) is run by bash, unchanged, in a folder standing in for the checkout (its
@@ -22,12 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from partq.coordinator.ops import admin
+from partq.producer.contract import StreamSpec
+from partq.producer.registry import Registry
 
-from coordinator import admin
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer.contract import StreamSpec
-from producer.registry import Registry
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 from tests.cluster import kill_session, session_processes
 from tests.spark.conftest import FAST_JVM, queue_depths, wait_for_job
 
@@ -62,11 +62,13 @@ def etcd_2379() -> Iterator[str]:
 
 
 def driver_pid(session: int) -> int | None:
-    """The job's Python process (spark-submit's child running cli/spark.py)."""
+    """The job's Python process (spark-submit's child running partq/cli/spark.py)."""
     for pid in session_processes(session):
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            script = any(arg.endswith(b"cli/spark.py") for arg in argv)  # spark-submit resolves it
+            script = any(
+                arg.endswith(b"partq/cli/spark.py") for arg in argv
+            )  # spark-submit resolves it
             if Path(argv[0].decode()).name.startswith("python") and script:
                 return pid
     return None
@@ -84,7 +86,7 @@ def test_the_readme_spark_submit_command_publishes_and_stops(
     admin.create_stream(registry, vhost, spec)
     checkout = tmp_path / "checkout"
     (checkout / "data" / "orders").mkdir(parents=True)
-    for name in (".venv", "cli"):
+    for name in (".venv", "partq"):
         (checkout / name).symlink_to(ROOT / name)
     rows = [json.dumps({"user_id": f"user-{i % 20}", "n": i}) for i in range(ROWS)]
     (checkout / "data" / "orders" / "part-0.json").write_text("\n".join(rows) + "\n")
@@ -115,7 +117,7 @@ def test_the_readme_spark_submit_command_publishes_and_stops(
         wait_for_job(published, f"for {ROWS} rows in the queues", 300, job)
         # And a SIGTERM to the job stops it: exit 0, one line saying so, no traceback
         driver = driver_pid(job.pid)
-        assert driver is not None, "no python process running cli/spark.py"
+        assert driver is not None, "no python process running partq/cli/spark.py"
         os.kill(driver, signal.SIGTERM)
         returncode = job.wait(180)
     finally:

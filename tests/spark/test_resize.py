@@ -18,20 +18,20 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
-
-from coordinator.resize import Phase, State
-from coordinator.resizer import Resizer
-from kernel.settings import Settings
-from producer.contract import (
+from partq.coordinator.leader.resize import Phase, State
+from partq.coordinator.leader.resizer import Resizer
+from partq.producer.contract import (
     HEADER_CONTROL,
     HEADER_PUBLISHED_MS,
     StreamSpec,
     decode_key,
 )
-from producer.layout import Layout
-from producer.registry import Registry
-from producer.spark import SinkOptions, failure_reason, prepare
+from partq.producer.layout import Layout
+from partq.producer.registry import Registry
+from partq.producer.spark import SinkOptions, failure_reason, prepare
+from pyspark.sql import SparkSession
+
+from partq.kernel.settings import Settings
 from tests.polling import wait_until
 from tests.spark.conftest import (
     ROW_SCHEMA,

@@ -6,12 +6,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame, SparkSession
-
-from kernel.settings import Settings
-from producer.contract import StreamSpec, decode_key, partition_for
-from producer.spark import (
+from partq.producer.contract import StreamSpec, decode_key, partition_for
+from partq.producer.spark import (
     HEADER_BATCH_ID,
     HEADER_QUERY_ID,
     HEADER_SEQ,
@@ -21,6 +17,10 @@ from producer.spark import (
     foreach_batch_writer,
     prepare,
 )
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+
+from partq.kernel.settings import Settings
 from tests.spark.conftest import (
     ROW_SCHEMA,
     Delivered,
@@ -183,7 +183,7 @@ def test_a_spec_mismatch_fails_the_query_before_anything_is_published(
 def test_an_unreachable_broker_fails_the_query_and_commits_nothing(
     spark: SparkSession, spark_stream: StreamSpec, settings: Settings, tmp_path: Path
 ) -> None:
-    from kernel.local import free_port
+    from partq.kernel.local import free_port
 
     # Given a sink pointed at a port where no broker listens
     closed = f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F"

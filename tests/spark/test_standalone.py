@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+from partq.producer.contract import StreamSpec
 
-from kernel.settings import Settings
-from producer.contract import StreamSpec
+from partq.kernel.settings import Settings
 from tests.cluster import SparkStandalone
 from tests.spark.conftest import (
     assert_every_row_once_but_replays,

@@ -7,9 +7,9 @@ import signal
 from pathlib import Path
 
 import pytest
+from partq.producer.contract import StreamSpec
 
-from kernel.settings import Settings
-from producer.contract import StreamSpec
+from partq.kernel.settings import Settings
 from tests.spark.conftest import SPARK_CONF_ARGS, job_process, queue_depths, wait_for_job
 
 pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow]

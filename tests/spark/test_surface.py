@@ -1,4 +1,4 @@
-"""The pure parts of producer.spark: option parsing, replay ids, failure text, the surface."""
+"""The pure parts of partq.producer.spark: option parsing, replay ids, failure text, the surface."""
 
 from __future__ import annotations
 
@@ -6,28 +6,28 @@ import importlib
 import types
 from dataclasses import replace
 
+import partq.producer.spark
 import pytest
+from partq.producer.contract import StreamSpec
+from partq.producer.spark import options as options_module
+from partq.producer.spark.options import DEFAULT_SPEC_READER, SinkOptions, resolve_spec_reader
+from partq.producer.spark.progress import failure_reason
+from partq.producer.spark.replay import ReplayId, message_id
+from partq.producer.spark.rows import GROUPED_BY, PARTITION_COLUMN, POSITION_COLUMN, RowLayout
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-import producer.spark
-from kernel.errors import EtcdUnavailable, PartqError, SpecMismatch, UsageError
-from producer.contract import StreamSpec
-from producer.spark import options as options_module
-from producer.spark.options import DEFAULT_SPEC_READER, SinkOptions, resolve_spec_reader
-from producer.spark.progress import failure_reason
-from producer.spark.replay import ReplayId, message_id
-from producer.spark.rows import GROUPED_BY, PARTITION_COLUMN, POSITION_COLUMN, RowLayout
+from partq.kernel.errors import EtcdUnavailable, PartqError, SpecMismatch, UsageError
 
 pytestmark = pytest.mark.spark
 
 
 def test_the_public_surface_is_exactly_what_all_names() -> None:
-    assert sorted(producer.spark.__all__) == sorted(producer.spark._HOME)
-    for name in producer.spark.__all__:
-        value = getattr(producer.spark, name)
+    assert sorted(partq.producer.spark.__all__) == sorted(partq.producer.spark._HOME)
+    for name in partq.producer.spark.__all__:
+        value = getattr(partq.producer.spark, name)
         assert not isinstance(value, types.ModuleType), f"{name} is shadowed by a module"
     with pytest.raises(AttributeError):
-        producer.spark.nothing_here  # noqa: B018
+        partq.producer.spark.nothing_here  # noqa: B018
 
 
 def test_options_round_trip_through_spark_style_options() -> None:
@@ -50,7 +50,7 @@ def test_the_amqp_tls_settings_round_trip_with_the_url() -> None:
     # Given options whose RabbitMQ target has TLS settings (as `partq spark-job` gives)
     from pathlib import Path
 
-    from kernel.amqp import AmqpTarget, AmqpTLS
+    from partq.kernel.amqp import AmqpTarget, AmqpTLS
 
     tls = AmqpTLS(Path("/ca.pem"), Path("/c.pem"), Path("/c.key"), external_auth=True)
     options = SinkOptions("orders", "k", amqp_url=AmqpTarget("amqps://u:pw@h/%2F", tls))
@@ -98,13 +98,13 @@ def test_a_pinned_spec_is_checked_against_the_stream_and_partitions() -> None:
 
 def test_the_spec_reader_is_resolved_by_name() -> None:
     reader = resolve_spec_reader(DEFAULT_SPEC_READER)
-    assert reader is importlib.import_module("producer.registry").read_spec_from_endpoints
+    assert reader is importlib.import_module("partq.producer.registry").read_spec_from_endpoints
     with pytest.raises(UsageError, match="cannot import nowhere"):
         resolve_spec_reader("nowhere.at_all:read")
     with pytest.raises(UsageError, match="has no function missing"):
-        resolve_spec_reader("producer.registry:missing")
+        resolve_spec_reader("partq.producer.registry:missing")
     with pytest.raises(UsageError, match="must look like"):
-        resolve_spec_reader("producer.registry")
+        resolve_spec_reader("partq.producer.registry")
 
 
 def test_replay_ids_are_deterministic_and_parse_back() -> None:
@@ -121,7 +121,7 @@ def test_the_partq_error_is_found_in_a_spark_failure() -> None:
         "[STREAM_FAILED] Query [id = 1] terminated with exception: Job aborted.\n"
         "Traceback (most recent call last):\n"
         '  File "publish.py", line 80, in publish_task\n'
-        "kernel.errors.BrokerUnavailable: cannot reach RabbitMQ at amqp://g:***@h:1/: is it "
+        "partq.kernel.errors.BrokerUnavailable: cannot reach RabbitMQ at amqp://g:***@h:1/: is it "
         "running?\n\tat org.apache.spark.api.python.BasePythonRunner"
     )
     assert failure_reason(text) == (

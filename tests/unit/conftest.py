@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cli.web import serve
+from partq.cli.web import serve
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """A GET that returns status, body and headers (401s and 503s included); the ``server``
-fixture that serves ``cli.web`` on a free loopback port is in tests/unit/conftest.py."""
+fixture that serves ``partq.cli.web`` on a free loopback port is in tests/unit/conftest.py."""
 
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from coordinator import resize
-from coordinator.resize import Action, Event, State
-from producer.layout import Layout, parse_routing_key
+from partq.coordinator.leader import resize
+from partq.coordinator.leader.resize import Action, Event, State
+from partq.producer.layout import Layout, parse_routing_key
 
 SEEN = ("returned", "gated", "passed a gated key", "lost result")
 

@@ -16,9 +16,9 @@ import pika.credentials
 import pika.exceptions
 import pytest
 
-from cli import main
-from kernel import logs
-from kernel.amqp import (
+from partq.cli import main
+from partq.kernel import logs
+from partq.kernel.amqp import (
     AmqpTarget,
     AmqpTLS,
     Nodes,
@@ -30,8 +30,8 @@ from kernel.amqp import (
     unavailable,
     with_password,
 )
-from kernel.errors import UsageError
-from kernel.settings import Settings
+from partq.kernel.errors import UsageError
+from partq.kernel.settings import Settings
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,5 @@
-"""Tests for coordinator.assignor: balance, minimal moves, determinism, and the move limiter.
+"""Tests for partq.coordinator.leader.assignor: balance, minimal moves, determinism, and the move
+limiter.
 
 The oracles here are deliberately independent of the implementation: quotas are recomputed with
 integer floor/ceil, and the best achievable "kept" count is found by a small dynamic programme
@@ -16,8 +17,7 @@ from collections.abc import Mapping
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-
-from coordinator.assignor import assign, limit_moves, moves
+from partq.coordinator.leader.assignor import assign, limit_moves, moves
 
 Scenario = tuple[int, dict[str, int], dict[int, str]]
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from producer import AsyncProducer, StreamSpec, UsageError
+from partq.producer import AsyncProducer, StreamSpec, UsageError
 
 
 def test_an_unknown_option_is_refused_when_made() -> None:

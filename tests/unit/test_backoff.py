@@ -1,10 +1,10 @@
-"""kernel.backoff: the one exponential backoff."""
+"""partq.kernel.backoff: the one exponential backoff."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernel.backoff import Backoff
+from partq.kernel.backoff import Backoff
 
 
 def test_the_default_waits_0_2_s_doubling_to_5_s() -> None:

@@ -1,6 +1,7 @@
 """The broker's channels over fake pika objects: acks, drains called off, standbys promoted.
 
-Driven only through :class:`consumers.channels.Channels`' methods (as the broker's I/O loop
+Driven only through :class:`partq.consumers.broker.channels.Channels`' methods (as the broker's I/O
+loop
 calls them) and the pika callbacks it registers; the real thing is proven against RabbitMQ
 by tests/integration/test_broker_drain.py.
 """
@@ -14,10 +15,9 @@ from typing import Any
 
 import pika.exceptions
 import pytest
-
-from consumers.acks import AckQueue
-from consumers.channels import Channels
-from consumers.port import (
+from partq.consumers.broker.acks import AckQueue
+from partq.consumers.broker.channels import Channels
+from partq.consumers.broker.port import (
     Activated,
     BrokerEvent,
     ChannelLost,
@@ -29,7 +29,7 @@ from consumers.port import (
     StandbyLost,
     Subscribed,
 )
-from producer.contract import StreamSpec, queue_name
+from partq.producer.contract import StreamSpec, queue_name
 
 PREFETCH = 4
 SPEC = StreamSpec("orders", 4)

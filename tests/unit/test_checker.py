@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from consumers import audit as checker
+from examples import audit as checker
 
 
 def rec(pid: int, partition: int, key: str, seq: int, start: float, end: float) -> dict[str, Any]:

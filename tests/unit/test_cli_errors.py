@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cli import main
-from kernel.terminal import printable
+from partq.cli import main
+from partq.kernel.terminal import printable
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str]]:
@@ -72,12 +72,12 @@ def test_an_unexpected_error_is_one_line_with_a_hint_and_debug_adds_the_tracebac
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a command that fails in a way partq did not foresee
-    import cli.context
+    import partq.cli.context
 
     def boom(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("boom\nsecond line \x1b[31mred")
 
-    monkeypatch.setattr(cli.context.Settings, "load", boom)
+    monkeypatch.setattr(partq.cli.context.Settings, "load", boom)
     # When it runs
     code, lines = run(capsys, "status", "x")
     # Then one line (its lines joined, escapes escaped) and a hint to use --debug
@@ -92,7 +92,7 @@ def test_an_unexpected_error_is_one_line_with_a_hint_and_debug_adds_the_tracebac
 def test_closed_stdin_is_one_line(tmp_path: Path) -> None:
     # Given `partq produce` started with its stdin closed (it fails before connecting)
     result = subprocess.run(
-        [sys.executable, "-m", "cli", "produce", "s"],
+        [sys.executable, "-m", "partq", "produce", "s"],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

@@ -6,15 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from partq.coordinator.ops import dlq
+from partq.coordinator.ops.deadletters import DeadLetter, Read
+from partq.coordinator.store.codec import Parked
+from partq.producer.contract import StreamSpec, key_id
 
-import cli.dlq
-import cli.operate
-from cli import main
-from cli.context import Context
-from coordinator import dlq
-from coordinator.codec import Parked
-from coordinator.deadletters import DeadLetter, Read
-from producer.contract import StreamSpec, key_id
+import partq.cli.dlq
+import partq.cli.operate
+from partq.cli import main
+from partq.cli.context import Context
 
 EVIL = "\x1b]0;pwned\x07\x1b[2J"
 SHOWN = r"\x1b]0;pwned\x07\x1b[2J"
@@ -67,7 +67,7 @@ def test_status_escapes_keys_hosts_and_etcd_names(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Given a report whose parked key, member host and a malformed etcd key hold escapes
-    monkeypatch.setattr(cli.operate, "snapshot_status", lambda *_a, **_k: _report())
+    monkeypatch.setattr(partq.cli.operate, "snapshot_status", lambda *_a, **_k: _report())
     # When status prints it
     assert main(["status", "s"]) == 0
     out = capsys.readouterr().out
@@ -84,11 +84,11 @@ def test_dlq_list_escapes_parked_keys_and_errors(
     # Given a parked key and its error holding escapes
     record = Parked(key_id(f"k{EVIL}"), 0, f"ValueError: {EVIL}", "ValueError", "m1", "c1", 1.0)
     found = [dlq.ParkedKey(record, "q", 1)]
-    monkeypatch.setattr(cli.dlq.dlq, "parked_keys", lambda *_a, **_k: found)
+    monkeypatch.setattr(partq.cli.dlq.dlq, "parked_keys", lambda *_a, **_k: found)
     # And a dead letter whose key, member and error hold escapes
     letter = DeadLetter(0, f"k{EVIL}", 1, "ValueError", EVIL, 1, 1, f"c{EVIL}", "m2", 3, 0)
     read = Read(1, (letter,))
-    monkeypatch.setattr(cli.dlq.deadletters, "read", lambda *_a, **_k: read)
+    monkeypatch.setattr(partq.cli.dlq.deadletters, "read", lambda *_a, **_k: read)
     # When dlq list and dlq show print them
     assert main(["dlq", "list", "s"]) == 0
     assert main(["dlq", "show", "s", "--key", f"k{EVIL}"]) == 0

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cli.produce import Line, parse_lines
+from partq.cli.produce import Line, parse_lines
 
 
 def parse(text: str) -> list[Line | str]:

@@ -1,4 +1,5 @@
-"""coordinator.codec: every value partq writes to etcd round-trips; anything else is refused.
+"""partq.coordinator.store.codec: every value partq writes to etcd round-trips; anything else is
+refused.
 
 Decoding never raises anything but ``MalformedValue`` (whatever the bytes), encoding
 never produces what decoding refuses, and member ids are exactly the documented set.
@@ -15,10 +16,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from consumers.daemon import ConsumerConfig, default_member_id
-from coordinator import codec, kinds
-from coordinator.codec import (
+from partq.consumers.control.daemon import ConsumerConfig, default_member_id
+from partq.coordinator.store import codec, kinds
+from partq.coordinator.store.codec import (
     MEMBER_ID_PATTERN,
     Assignment,
     Candidate,
@@ -33,8 +33,9 @@ from coordinator.codec import (
     encode_request,
     validate_member_id,
 )
-from kernel.errors import InvalidMemberId, MalformedValue, UsageError
-from producer.contract import MAX_PARTITIONS, StreamSpec
+from partq.producer.contract import MAX_PARTITIONS, StreamSpec
+
+from partq.kernel.errors import InvalidMemberId, MalformedValue, UsageError
 
 STREAM = "orders"
 
@@ -312,8 +313,9 @@ def test_a_leaving_member_round_trips_and_an_old_value_is_not_leaving() -> None:
 
 
 def test_a_policy_round_trips_and_a_foreign_one_is_malformed() -> None:
-    from coordinator import codec
-    from kernel.errors import MalformedValue
+    from partq.coordinator.store import codec
+
+    from partq.kernel.errors import MalformedValue
 
     policy = {"balance": "load", "manual": False, "max_moves": None, "settle": 0.5, "ttl": 5}
     assert codec.decode_policy(codec.encode_policy(policy)) == policy

@@ -15,8 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from consumers.daemon import (
+from partq.consumers.control.daemon import (
     EXIT_OK,
     EXIT_PERMISSION_DENIED,
     EXIT_STREAM_CHANGED,
@@ -24,18 +23,20 @@ from consumers.daemon import (
     Consumer,
     ConsumerConfig,
 )
-from consumers.handoff import Phase
-from consumers.message import Message
-from consumers.testing import StubBroker
-from coordinator import codec, resize
-from coordinator.events import LeaseLost
-from coordinator.group import Group
-from coordinator.session import Session
-from coordinator.testing import FakeEtcd
-from kernel import keys
-from producer.contract import OnFailure, StreamSpec
-from producer.layout import Layout
-from producer.registry import Registry
+from partq.consumers.handling.message import Message
+from partq.consumers.state.handoff import Phase
+from partq.coordinator.leader import resize
+from partq.coordinator.store import codec
+from partq.coordinator.store.events import LeaseLost
+from partq.coordinator.store.group import Group
+from partq.coordinator.store.session import Session
+from partq.producer.contract import OnFailure, StreamSpec
+from partq.producer.layout import Layout
+from partq.producer.registry import Registry
+
+from partq.kernel import keys
+from tests.fakes.broker import StubBroker
+from tests.fakes.etcd import FakeEtcd
 from tests.members import claim_live
 from tests.polling import eventually
 

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from producer import (
+from partq.producer import (
     InvalidStreamName,
     SpecMismatch,
     StreamSpec,
@@ -18,7 +17,7 @@ from producer import (
     queue_name,
     queue_pattern,
 )
-from producer.contract import (
+from partq.producer.contract import (
     HEADER_KEY,
     HEADER_KEY_B64,
     HEADER_PARTITION,
@@ -26,7 +25,7 @@ from producer.contract import (
     decode_key,
     encode_key,
 )
-from producer.topology import encoded_properties, message_properties
+from partq.producer.topology import encoded_properties, message_properties
 
 
 def _key(vector: dict[str, Any]) -> str | bytes:
@@ -141,8 +140,9 @@ def _utf8(key: str | bytes) -> bool:
 
 
 def test_replicas_are_stored_and_declared_for_quorum_streams_only() -> None:
-    from kernel.errors import UsageError
-    from producer.topology import park_queue_arguments, queue_arguments
+    from partq.producer.topology import park_queue_arguments, queue_arguments
+
+    from partq.kernel.errors import UsageError
 
     spec = StreamSpec("s", 4, "quorum", replicas=3)
     assert StreamSpec.from_json(spec.to_json()) == spec

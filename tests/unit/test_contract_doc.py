@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from producer import contract
+from partq.producer import contract
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "contract.md").read_text()

@@ -8,10 +8,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from partq.coordinator.leader.loads import member_loads
+from partq.coordinator.leader.service import StreamCoordinator
+from partq.coordinator.store.codec import LoadReport
 
-from coordinator.codec import LoadReport
-from coordinator.loads import member_loads
-from coordinator.service import StreamCoordinator
 from tests.polling import eventually
 from tests.unit.test_coordinator_service import Env, P, rebalances
 

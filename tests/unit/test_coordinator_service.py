@@ -18,16 +18,16 @@ import etcd3.transactions
 import grpc
 import pytest
 from etcd3.utils import to_bytes
+from partq.coordinator.leader.service import CoordinatorConfig, StreamCoordinator
+from partq.coordinator.store.group import Drain, Group, Move, Rebalance
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
+from partq.producer.registry import Registry
 from prometheus_client import REGISTRY
 
-from coordinator.group import Drain, Group, Move, Rebalance
-from coordinator.service import CoordinatorConfig, StreamCoordinator
-from coordinator.session import Session
-from coordinator.testing import FakeEtcd
-from kernel import keys
-from kernel.errors import StreamNotFound
-from producer.contract import StreamSpec
-from producer.registry import Registry
+from partq.kernel import keys
+from partq.kernel.errors import StreamNotFound
+from tests.fakes.etcd import FakeEtcd
 from tests.members import claim_assigned
 from tests.polling import eventually
 

@@ -4,10 +4,9 @@ a redrive publishes and where; the DLQ's arguments per broker version."""
 from __future__ import annotations
 
 import pika
-
-from coordinator.deadletters import letter_from, republished, target
-from producer.contract import DEAD_LETTER_HEADERS, StreamSpec
-from producer.topology import dead_letter_queue_arguments
+from partq.coordinator.ops.deadletters import letter_from, republished, target
+from partq.producer.contract import DEAD_LETTER_HEADERS, StreamSpec
+from partq.producer.topology import dead_letter_queue_arguments
 
 SPEC = StreamSpec("orders", 8, "quorum")
 

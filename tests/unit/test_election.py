@@ -1,17 +1,18 @@
-"""coordinator.election on a FakeEtcd: candidates, the lowest create revision leads, the fence."""
+"""partq.coordinator.store.election on a FakeEtcd: candidates, the lowest create revision
+leads, the fence."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+from partq.coordinator.store.election import Election, Fence, leader
+from partq.coordinator.store.group import Group
+from partq.coordinator.store.mirror import GroupMirror
+from partq.coordinator.store.session import Session
 
-from coordinator.election import Election, Fence, leader
-from coordinator.group import Group
-from coordinator.mirror import GroupMirror
-from coordinator.session import Session
-from coordinator.testing import FakeEtcd
-from kernel import keys
+from partq.kernel import keys
+from tests.fakes.etcd import FakeEtcd
 
 STREAM = "orders"
 

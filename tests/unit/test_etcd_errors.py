@@ -1,4 +1,4 @@
-"""kernel.etcd at the edge, without a server: each way etcd refuses us gets its own
+"""partq.kernel.etcd at the edge, without a server: each way etcd refuses us gets its own
 one-line error, and a password is never sent over plain http.
 
 The gRPC details below are the ones measured against etcd 3.4.23 and grpcio 1.85
@@ -13,7 +13,7 @@ import etcd3.exceptions
 import grpc
 import pytest
 
-from kernel.errors import (
+from partq.kernel.errors import (
     BrokerUnavailable,
     EtcdAuthFailed,
     EtcdCompacted,
@@ -27,8 +27,8 @@ from kernel.errors import (
     UsageError,
     retryable,
 )
-from kernel.etcd import CallFailed, Identity, _cancel_status, connect, translate
-from kernel.settings import Settings
+from partq.kernel.etcd import CallFailed, Identity, _cancel_status, connect, translate
+from partq.kernel.settings import Settings
 
 WHERE = "https://etcd.example:2379"
 PASSWORD_USER = Identity(user="partq", ca="/etc/partq/ca.pem")

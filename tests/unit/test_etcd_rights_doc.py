@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coordinator.rights import etcd_table, roles
+from partq.coordinator.ops.rights import etcd_table, roles
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 

@@ -1,4 +1,4 @@
-"""coordinator.testing.FakeEtcd answers as etcd does, on the client surface partq uses.
+"""tests.fakes.etcd.FakeEtcd answers as etcd does, on the client surface partq uses.
 
 The tests take a ``client`` and a key ``prefix``; here the client is a FakeEtcd.
 tests/integration/test_etcd_contract.py imports them and runs them against a real etcd,
@@ -17,9 +17,9 @@ from typing import Any
 import etcd3.exceptions
 import pytest
 
-from coordinator.testing import FakeEtcd
-from kernel.errors import EtcdCompacted, EtcdUnavailable
-from kernel.etcd import etcd_errors, lease_is
+from partq.kernel.errors import EtcdCompacted, EtcdUnavailable
+from partq.kernel.etcd import etcd_errors, lease_is
+from tests.fakes.etcd import FakeEtcd
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from consumers.flow import FlowWatch
+from partq.consumers.state.flow import FlowWatch
 
 
 def test_a_waiting_worker_with_messages_ready_is_a_stall_told_once_until_it_ends() -> None:

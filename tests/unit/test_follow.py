@@ -1,4 +1,4 @@
-"""producer.follow.SpecFollower: how a producer learns a newer layout (docs/resize.md)."""
+"""partq.producer.follow.SpecFollower: how a producer learns a newer layout (docs/resize.md)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from kernel.errors import EtcdUnavailable
-from producer.contract import StreamSpec
-from producer.follow import SpecFollower
+from partq.producer.contract import StreamSpec
+from partq.producer.follow import SpecFollower
+
+from partq.kernel.errors import EtcdUnavailable
 
 OLD = StreamSpec("orders", 8)
 NEW = replace(StreamSpec("orders", 16), epoch=1)

@@ -6,8 +6,7 @@ import concurrent.futures
 import threading
 
 import pytest
-
-from producer.futures import PublishFuture, resolve_all
+from partq.producer.futures import PublishFuture, resolve_all
 
 
 def test_an_outcome_stored_before_anyone_waits_is_seen() -> None:

@@ -1,4 +1,5 @@
-"""coordinator.group.Group as the store of the group keys, on a FakeEtcd: the table of key
+"""partq.coordinator.store.group.Group as the store of the group keys, on a FakeEtcd: the table of
+key
 kinds it reads through, the leader's fenced writes, and reads of the past."""
 
 from __future__ import annotations
@@ -8,16 +9,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from partq.coordinator.store import codec, kinds
+from partq.coordinator.store.election import Election
+from partq.coordinator.store.group import Group, Parked
+from partq.coordinator.store.mirror import GroupKeys
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
 
-from coordinator import codec, kinds
-from coordinator.election import Election
-from coordinator.group import Group, Parked
-from coordinator.mirror import GroupKeys
-from coordinator.session import Session
-from coordinator.testing import FakeEtcd
-from kernel import keys
-from kernel.errors import EtcdCompacted
-from producer.contract import StreamSpec
+from partq.kernel import keys
+from partq.kernel.errors import EtcdCompacted
+from tests.fakes.etcd import FakeEtcd
 
 STREAM = "orders"
 NAMES = {  # a name partq gives a key of each kind

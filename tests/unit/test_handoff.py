@@ -6,8 +6,7 @@ from dataclasses import replace
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
-from consumers.handoff import Command, Event, Holder, Phase, Standby, State, step
+from partq.consumers.state.handoff import Command, Event, Holder, Phase, Standby, State, step
 
 
 def run(events: list[Event], state: State | None = None) -> tuple[State, list[Command]]:
@@ -351,7 +350,7 @@ def test_a_standby_never_runs_beside_our_consumption_and_is_promoted_only_once_a
         # Then a standby never lives beside our own consumption of the partition
         assert not (state.consuming and state.standby is not Standby.NONE)
         # and a standby subscription is made only for an idle partition, or one we wait
-        # for as its heir (consumers.priority)
+        # for as its heir (partq.consumers.state.priority)
         if Command.STAND_BY in commands:
             assert before.phase in (Phase.IDLE, Phase.WAITING)
             assert before.standby is Standby.NONE
@@ -422,7 +421,8 @@ def test_an_heir_stands_by_from_waiting_and_is_promoted_on_its_takeover() -> Non
     state, commands = step(heir, Event.TAKEN_OVER)
     assert (state.phase, state.holder, commands) == (Phase.ACTIVE, Holder.ME, [Command.PROMOTE])
     # A refused one gives back and waits; a claim freed meanwhile claims, then adopts (the
-    # broker gives an heir of another priority back and subscribes anew: consumers.channels)
+    # broker gives an heir of another priority back and subscribes anew:
+    # partq.consumers.broker.channels)
     assert step(heir, Event.TAKEOVER_REFUSED) == (waiting, [Command.GIVE_BACK])
     state, issued = run([Event.CLAIM_FREE, Event.CLAIMED], heir)
     assert state.phase is Phase.SUBSCRIBING

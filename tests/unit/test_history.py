@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from coordinator.codec import Claim
-from coordinator.history import History
-from coordinator.status import owner_colour, render_html
+from partq.coordinator.ops.history import History
+from partq.coordinator.ops.status import owner_colour, render_html
+from partq.coordinator.store.codec import Claim
 
 
 def claim(member: str, *, taken_from: str = "") -> Claim:

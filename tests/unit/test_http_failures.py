@@ -1,4 +1,4 @@
-"""cli.web: a failure behind an endpoint is a one-line answer, never a traceback."""
+"""partq.cli.web: a failure behind an endpoint is a one-line answer, never a traceback."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kernel.errors import BrokerUnavailable
+from partq.kernel.errors import BrokerUnavailable
 from tests.unit.http_server import get
 
 

@@ -1,4 +1,4 @@
-"""cli.web: what a method other than GET, a malformed request and a burst of connections
+"""partq.cli.web: what a method other than GET, a malformed request and a burst of connections
 get. The token is checked first; no answer names partq's or Python's version."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
-from cli.web import _Server
-from kernel.settings import HttpSecurity
+from partq.cli.web import _Server
+from partq.kernel.settings import HttpSecurity
 
 TOKEN = "s3cret-Token-9f2"
 

@@ -1,4 +1,4 @@
-"""cli.web: the bearer token (which paths it guards, what a refusal looks like) and the
+"""partq.cli.web: the bearer token (which paths it guards, what a refusal looks like) and the
 start-up warning. TLS against real certificates: tests/observability/test_http_security.py."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from cli.web import exposure_warning, server_context
-from kernel.errors import UsageError
-from kernel.settings import HttpSecurity, Settings
+from partq.cli.web import exposure_warning, server_context
+from partq.kernel.errors import UsageError
+from partq.kernel.settings import HttpSecurity, Settings
 from tests.unit.http_server import get
 
 TOKEN = "s3cret-Token-9f2"

@@ -10,16 +10,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from partq.consumers.control.events import StopYielding
+from partq.consumers.control.partitions import Partitions
+from partq.consumers.state.handoff import Event, Holder, Phase, Standby
+from partq.coordinator.store import codec
+from partq.coordinator.store.group import Group
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
 
-from consumers.events import StopYielding
-from consumers.handoff import Event, Holder, Phase, Standby
-from consumers.partitions import Partitions
-from coordinator import codec
-from coordinator.group import Group
-from coordinator.session import Session
-from coordinator.testing import FakeEtcd
-from kernel import keys
-from producer.contract import StreamSpec
+from partq.kernel import keys
+from tests.fakes.etcd import FakeEtcd
 from tests.members import bare_partitions
 
 SPEC = StreamSpec("s", 1)

@@ -11,12 +11,12 @@ from typing import Any
 
 import pika
 import pytest
+from partq.consumers.broker.port import END, Delivery
+from partq.consumers.handling.keyed import KeyedWorker, concurrency_report
+from partq.consumers.handling.message import Message
+from partq.consumers.handling.runners import EventLoop, HandlerPool
+from partq.producer.contract import key_id
 
-from consumers.keyed import KeyedWorker, concurrency_report
-from consumers.message import Message
-from consumers.port import END, Delivery
-from consumers.runners import EventLoop, HandlerPool
-from producer.contract import key_id
 from tests.polling import wait_until
 from tests.unit.test_parking import FakeParking
 from tests.unit.test_worker import PARTITION, SPEC, Broker, Channel, DeadLetters, Session

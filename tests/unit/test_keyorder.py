@@ -10,8 +10,7 @@ from collections.abc import Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from consumers.keyorder import KeyQueues
+from partq.consumers.state.keyorder import KeyQueues
 
 # an operation: ("arrive", key) | ("run", _) a pool slot takes the oldest started item |
 # ("finish", i) the i-th running item (mod how many run) finishes
@@ -90,7 +89,8 @@ def test_take_waiting_and_the_longest_wait() -> None:
 
 
 class _Member:
-    """A member's dispatch as ``consumers.keyed`` and ``consumers.runners`` do it, in
+    """A member's dispatch as ``partq.consumers.handling.keyed`` and
+    ``partq.consumers.handling.runners`` do it, in
     simulated time: per partition a broker queue, a prefetch window of ``window``
     delivered-unacked messages and a :class:`KeyQueues`; one FIFO pool of ``threads``
     slots shared by all partitions; each handler call takes at most ``work``."""

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from partq.producer.contract import MAX_PARTITIONS, StreamSpec, partition_for
+from partq.producer.layout import Layout, Resize, parse_routing_key
 
-from kernel.errors import UsageError
-from producer.contract import MAX_PARTITIONS, StreamSpec, partition_for
-from producer.layout import Layout, Resize, parse_routing_key
+from partq.kernel.errors import UsageError
 
 VECTORS = json.loads(
     (Path(__file__).resolve().parents[1] / "data" / "partition-vectors.json").read_text()

@@ -1,4 +1,5 @@
-"""Lag-aware assignment, pure: coordinator.loads (spread, estimate), the load reports' codec,
+"""Lag-aware assignment, pure: partq.coordinator.leader.loads (spread, estimate), the load reports'
+codec,
 and the consumer's LoadMeter. Hypothesis checks validity, the move bound, determinism and
 that the most loaded member never gets more loaded."""
 
@@ -10,13 +11,13 @@ import random
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from partq.consumers.state.load import LoadMeter
+from partq.coordinator.leader.assignor import assign
+from partq.coordinator.leader.loads import estimate, member_loads, smooth, spread
+from partq.coordinator.store import codec
+from partq.coordinator.store.codec import LoadReport
 
-from consumers.load import LoadMeter
-from coordinator import codec
-from coordinator.assignor import assign
-from coordinator.codec import LoadReport
-from coordinator.loads import estimate, member_loads, smooth, spread
-from kernel.errors import MalformedValue
+from partq.kernel.errors import MalformedValue
 
 members_st = st.dictionaries(
     st.sampled_from([f"m{i}" for i in range(8)]), st.integers(1, 3), min_size=1, max_size=6

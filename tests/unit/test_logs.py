@@ -1,4 +1,4 @@
-"""kernel.logs: JSON lines off a terminal, text on one, bound context, no passwords."""
+"""partq.kernel.logs: JSON lines off a terminal, text on one, bound context, no passwords."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from kernel import logs
-from kernel.amqp import redact_url
-from kernel.errors import UsageError
+from partq.kernel import logs
+from partq.kernel.amqp import redact_url
+from partq.kernel.errors import UsageError
 
 log = logging.getLogger("partq.test")
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import click
 
-from cli import cli
-from cli.web import LOOPBACK
+from partq.cli import cli
+from partq.cli.web import LOOPBACK
 
 ADDRESS_SUFFIXES = ("_host", "_addr", "_address", "_bind")
 

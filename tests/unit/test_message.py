@@ -6,11 +6,17 @@ import functools
 from typing import Any
 
 import pytest
+from partq.consumers.handling.message import (
+    MalformedHeaders,
+    Message,
+    check_handler,
+    load_handler,
+    message_from,
+)
+from partq.producer.contract import encode_key
+from partq.producer.spark.replay import ReplayId
 
-from consumers.message import MalformedHeaders, Message, check_handler, load_handler, message_from
-from kernel.errors import UsageError
-from producer.contract import encode_key
-from producer.spark.replay import ReplayId
+from partq.kernel.errors import UsageError
 
 
 def test_spark_replays_are_identifiable_from_the_message() -> None:

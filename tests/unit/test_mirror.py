@@ -1,4 +1,5 @@
-"""coordinator.mirror.GroupMirror: a snapshot plus the watch's events equals a later snapshot."""
+"""partq.coordinator.store.mirror.GroupMirror: a snapshot plus the watch's events equals a
+later snapshot."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ from collections.abc import Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from partq.coordinator.store import codec
+from partq.coordinator.store.codec import Assignment, Candidate, Claim, Drain, Member
+from partq.coordinator.store.group import Group, WatchEvent
+from partq.coordinator.store.mirror import GroupMirror
+from partq.producer.contract import StreamSpec
 
-from coordinator import codec
-from coordinator.codec import Assignment, Candidate, Claim, Drain, Member
-from coordinator.group import Group, WatchEvent
-from coordinator.mirror import GroupMirror
-from coordinator.testing import FakeEtcd
-from kernel import keys
-from producer.contract import StreamSpec
+from partq.kernel import keys
+from tests.fakes.etcd import FakeEtcd
 
 STREAM = "orders"
 SPEC = StreamSpec(STREAM, 4)

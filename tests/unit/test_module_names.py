@@ -1,7 +1,7 @@
 """No module of partq's packages has a standard-library name.
 
-A script run from a package's folder (``spark-submit cli/spark.py``) has that folder first
-on ``sys.path``: a ``cli/http.py`` there hid the standard library's ``http``, and the job
+A script run from a package's folder (``spark-submit partq/cli/spark.py``) has that folder first
+on ``sys.path``: a ``partq/cli/http.py`` there hid the standard library's ``http``, and the job
 died importing ``http.server``.
 """
 
@@ -13,9 +13,14 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"][
-    "packages"
-]
+# the folders the `partq` package is built from (pyproject's package-dir)
+PACKAGES: list[str] = sorted(
+    set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+            "package-dir"
+        ].values()
+    )
+)
 
 
 def module_names() -> dict[str, Path]:
@@ -48,7 +53,7 @@ def test_cli_spark_runs_as_a_script() -> None:
     # Given the job's file run as spark-submit runs it: as a script, its folder on sys.path
     # When it is asked for its help
     result = subprocess.run(
-        [sys.executable, str(ROOT / "cli" / "spark.py"), "--help"],
+        [sys.executable, str(ROOT / "partq" / "cli" / "spark.py"), "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,

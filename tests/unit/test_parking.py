@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from partq.consumers.broker.port import Delivery
+from partq.consumers.control.redrive import senders, users_of
+from partq.consumers.handling.parking import ParkedKeys, ParkStalls, too_many
+from partq.consumers.handling.worker import HANDLER_TIMEOUT
+from partq.coordinator.store import codec, kinds
+from partq.coordinator.store.codec import Parked
+from partq.producer.contract import PLAIN_KEY_ID_BYTES, StreamSpec, key_bytes, key_id, park_queue
 
-from consumers.control import senders, users_of
-from consumers.parking import ParkedKeys, ParkStalls, too_many
-from consumers.port import Delivery
-from consumers.worker import HANDLER_TIMEOUT
-from coordinator import codec, kinds
-from coordinator.codec import Parked
-from kernel.amqp import AmqpTarget, AmqpTLS
-from kernel.backoff import Backoff
-from kernel.errors import MalformedValue
-from producer.contract import PLAIN_KEY_ID_BYTES, StreamSpec, key_bytes, key_id, park_queue
+from partq.kernel.amqp import AmqpTarget, AmqpTLS
+from partq.kernel.backoff import Backoff
+from partq.kernel.errors import MalformedValue
 
 from .test_worker import PARTITION, SPEC, Run
 
@@ -286,7 +286,7 @@ def test_a_failing_park_is_logged_once_with_the_key_cut_short_and_reported_until
 ) -> None:
     # Given a parking worker whose parks fail 4 times, for a key of 60,000 bytes
     caplog.set_level(logging.INFO, "partq.consumer")
-    monkeypatch.setattr("consumers.keyparking.RETRY_BACKOFF", Backoff(initial=0.001))
+    monkeypatch.setattr("partq.consumers.handling.keyparking.RETRY_BACKOFF", Backoff(initial=0.001))
     parking = FakeParking(failures=4)
     key = "k" * 60_000
 
@@ -313,7 +313,7 @@ def test_a_long_stall_is_summed_up_once_a_minute(
 ) -> None:
     caplog.set_level(logging.INFO, "partq.consumer")
     now = [1000.0]
-    monkeypatch.setattr("consumers.parking.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("partq.consumers.handling.parking.time.monotonic", lambda: now[0])
     stalls = ParkStalls(("s", "m"), lambda: None)
     for _ in range(200):  # every 0.5 s for 100 s
         stalls.failed(3, b"key", RuntimeError("no"))

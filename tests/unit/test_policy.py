@@ -1,4 +1,5 @@
-"""coordinator.policy: the leader's rules as pure functions (and the dry run that shares them)."""
+"""partq.coordinator.leader.policy: the leader's rules as pure functions (and the dry run that
+shares them)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
+from partq.coordinator.leader import policy
+from partq.coordinator.store.codec import Claim, Drain, Member, Move, Parked, Rebalance, Request
+from partq.coordinator.store.group import Group
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec, key_id, partition_for
+from partq.producer.registry import Registry
 
-from cli.context import Context
-from cli.operate import rebalance
-from coordinator import policy
-from coordinator.codec import Claim, Drain, Member, Move, Parked, Rebalance, Request
-from coordinator.group import Group
-from coordinator.session import Session
-from coordinator.testing import FakeEtcd
-from producer.contract import StreamSpec, key_id, partition_for
-from producer.registry import Registry
+from partq.cli.context import Context
+from partq.cli.operate import rebalance
+from tests.fakes.etcd import FakeEtcd
 
 SPEC = StreamSpec("orders", 8)
 
@@ -283,7 +284,7 @@ def test_a_member_that_announced_its_stop_gets_no_partitions() -> None:
 
 
 def test_differences_name_each_setting_coordinators_disagree_on() -> None:
-    from coordinator.policy import differences
+    from partq.coordinator.leader.policy import differences
 
     # Given three coordinators, two alike, one balancing by load and manual
     alike = {"balance": "count", "manual": False, "settle": 1.0}

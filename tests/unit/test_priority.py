@@ -1,19 +1,19 @@
-"""consumers.priority: the heir's consumer priority and where the broker switches by it."""
+"""partq.consumers.state.priority: the heir's consumer priority and where the broker switches
+by it."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from consumers.priority import (
+from partq.consumers.state.priority import (
     MAX_PRIORITY,
     consume_arguments,
     heir_priority,
     inherits_claim,
     switches,
 )
-from coordinator.codec import Claim
+from partq.coordinator.store.codec import Claim
 
 
 def test_no_priority_sends_no_argument() -> None:

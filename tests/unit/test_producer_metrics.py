@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from partq.producer.metrics import observe_runs
 from prometheus_client import CollectorRegistry, Histogram
-
-from producer.metrics import observe_runs
 
 
 def samples(histogram: Histogram) -> dict[str, float]:

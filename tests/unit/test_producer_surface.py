@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-import producer
+from partq import producer
 
 
 def test_all_names_every_public_name_and_nothing_else() -> None:

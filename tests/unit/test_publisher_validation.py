@@ -10,11 +10,10 @@ from typing import Any
 
 import pika
 import pytest
-
-from producer import UsageError
-from producer.contract import HEADER_KEY, HEADER_PARTITION
-from producer.topology import message_properties
-from producer.wire import encode_properties as _encode_properties
+from partq.producer import UsageError
+from partq.producer.contract import HEADER_KEY, HEADER_PARTITION
+from partq.producer.topology import message_properties
+from partq.producer.wire import encode_properties as _encode_properties
 
 FRAME = 131_072 - 20  # what a header frame carries of properties with the default frame_max
 

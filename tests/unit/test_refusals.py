@@ -17,16 +17,16 @@ from typing import Any
 import etcd3.exceptions
 import grpc
 import pytest
+from partq.coordinator.leader.service import CoordinatorConfig, StreamCoordinator
+from partq.coordinator.store.group import Group
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
+from partq.producer.registry import Registry
 
-from coordinator.group import Group
-from coordinator.service import CoordinatorConfig, StreamCoordinator
-from coordinator.session import Session
-from coordinator.testing import FakeEtcd
-from kernel import keys
-from kernel.errors import EtcdPermissionDenied, EtcdUnavailable
-from kernel.etcd import CallFailed, Identity
-from producer.contract import StreamSpec
-from producer.registry import Registry
+from partq.kernel import keys
+from partq.kernel.errors import EtcdPermissionDenied, EtcdUnavailable
+from partq.kernel.etcd import CallFailed, Identity
+from tests.fakes.etcd import FakeEtcd
 from tests.polling import eventually
 
 WAIT = 10.0

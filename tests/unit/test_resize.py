@@ -1,4 +1,4 @@
-"""The resize state machine (coordinator/resize.py) and the protocol it drives, on a model
+"""The resize state machine (coordinator/leader/resize.py) and the protocol it drives, on a model
 of the broker, etcd, producers and consumers (tests/unit/resize_world.py)."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ import pytest
 from hypothesis import event as note
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from coordinator import resize
-from coordinator.resize import (
+from partq.coordinator.leader import resize
+from partq.coordinator.leader.resize import (
     Bind,
     Bound,
     Cut,
@@ -30,8 +29,9 @@ from coordinator.resize import (
     Switched,
     Unbind,
 )
-from kernel.errors import MalformedValue, UsageError
-from producer.layout import Layout
+from partq.producer.layout import Layout
+
+from partq.kernel.errors import MalformedValue, UsageError
 from tests.unit.resize_world import Message, World
 
 KEYS = [f"k{i}" for i in range(10)]
@@ -389,7 +389,7 @@ def test_the_command_to_continue_a_resize_with_and_without_wait() -> None:
 
 
 def test_status_names_a_shrink_s_old_queues_as_retiring_not_as_beyond_the_spec() -> None:
-    from coordinator.status import beyond_lines
+    from partq.coordinator.ops.status import beyond_lines
 
     state, _ = run(resize.begin(Layout(12), 8, running=None)[0], Declared(), Cut())
     state, _ = run(state, *(Fenced(p) for p in range(12)), Bound(), Switched(), Drained(0, 8))

@@ -10,17 +10,18 @@ from collections.abc import Iterator
 
 import pika
 import pytest
+from partq.consumers.broker.port import END, Delivery
+from partq.consumers.control.resizing import WAITING_FOR_RECORD, ResizeGate
+from partq.consumers.handling.keyed import KeyedWorker
+from partq.consumers.handling.message import Message
+from partq.consumers.handling.runners import HandlerPool
+from partq.coordinator.leader import resize
+from partq.coordinator.store import codec
+from partq.producer.contract import CONTROL_FENCE, HEADER_CONTROL, HEADER_EPOCH, fence_routing_key
+from partq.producer.layout import Layout
 
-from consumers.keyed import KeyedWorker
-from consumers.message import Message
-from consumers.port import END, Delivery
-from consumers.resizing import WAITING_FOR_RECORD, ResizeGate
-from consumers.runners import HandlerPool
-from coordinator import codec, resize
-from coordinator.testing import FakeEtcd
-from kernel import keys
-from producer.contract import CONTROL_FENCE, HEADER_CONTROL, HEADER_EPOCH, fence_routing_key
-from producer.layout import Layout
+from partq.kernel import keys
+from tests.fakes.etcd import FakeEtcd
 from tests.polling import wait_until
 from tests.unit.test_keyed import _worker as keyed_worker
 from tests.unit.test_worker import PARTITION, SPEC, Broker, Channel, DeadLetters

@@ -6,11 +6,16 @@ import re
 from pathlib import Path
 
 import pytest
+from partq.coordinator.ops import rights
+from partq.producer.contract import (
+    dead_letter_exchange,
+    dead_letter_queue,
+    exchange_name,
+    queue_name,
+)
 
-from coordinator import rights
-from kernel import keys
-from kernel.errors import InvalidMemberId, InvalidStreamName, UsageError
-from producer.contract import dead_letter_exchange, dead_letter_queue, exchange_name, queue_name
+from partq.kernel import keys
+from partq.kernel.errors import InvalidMemberId, InvalidStreamName, UsageError
 
 
 def _role(found: list[rights.Role], name: str) -> rights.Role:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from partq.producer import UsageError
 
-from kernel.amqp import DEFAULT_AMQP_URL
-from kernel.settings import DEFAULT_ETCD_ENDPOINTS, Settings
-from producer import UsageError
+from partq.kernel.amqp import DEFAULT_AMQP_URL
+from partq.kernel.settings import DEFAULT_ETCD_ENDPOINTS, Settings
 
 PARTQ_VARS = (
     "PARTQ_ETCD_ENDPOINTS",

@@ -1,4 +1,5 @@
-"""consumers.signals: a stop signal never runs ``stop()`` inside the signal handler."""
+"""partq.consumers.control.signals: a stop signal never runs ``stop()`` inside the signal
+handler."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from partq.consumers.control.signals import on_stop_signals
 
-from consumers.signals import on_stop_signals
 from tests.polling import wait_until
 
 

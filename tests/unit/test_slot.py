@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import cast
 
-from consumers.handoff import Event, Phase, Standby
-from consumers.slot import PartitionSlot, WorkerView
-from consumers.worker import Worker
+from partq.consumers.control.slot import PartitionSlot, WorkerView
+from partq.consumers.handling.worker import Worker
+from partq.consumers.state.handoff import Event, Phase, Standby
 
 
 class StoppableWorker:

@@ -6,17 +6,18 @@ import dataclasses
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from partq.consumers.state.handoff import State
+from partq.consumers.state.standby import may_take_over, wanted
+from partq.coordinator.leader import policy
+from partq.coordinator.leader.assignor import assign
+from partq.coordinator.store import codec, kinds
+from partq.coordinator.store.codec import Claim, Member, Pause, Standby
+from partq.coordinator.store.group import Group, GroupState
+from partq.coordinator.store.mirror import GroupMirror
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
 
-from consumers.handoff import State
-from consumers.standby import may_take_over, wanted
-from coordinator import codec, kinds, policy
-from coordinator.assignor import assign
-from coordinator.codec import Claim, Member, Pause, Standby
-from coordinator.group import Group, GroupState
-from coordinator.mirror import GroupMirror
-from coordinator.session import Session
-from coordinator.testing import FakeEtcd
-from producer.contract import StreamSpec
+from tests.fakes.etcd import FakeEtcd
 
 SPEC = StreamSpec("s", 4)
 A, B, C = Member("a", lease=1), Member("b", lease=2), Member("c", lease=3)

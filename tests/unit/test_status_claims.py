@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from coordinator import codec
-from coordinator.codec import Member
-from coordinator.session import Session
-from coordinator.status import malformed_lines, snapshot_status
-from coordinator.testing import FakeEtcd
-from kernel import keys
-from producer.contract import StreamSpec
-from producer.registry import Registry
+from partq.coordinator.ops.status import malformed_lines, snapshot_status
+from partq.coordinator.store import codec
+from partq.coordinator.store.codec import Member
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
+from partq.producer.registry import Registry
+
+from partq.kernel import keys
+from tests.fakes.etcd import FakeEtcd
 
 
 def test_status_says_a_lease_less_claim_is_ignored_and_deleted_not_that_it_expires() -> None:

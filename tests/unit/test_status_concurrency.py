@@ -6,15 +6,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from coordinator import codec
-from coordinator.codec import Concurrency, LoadReport, Member
-from coordinator.group import Group
-from coordinator.session import Session
-from coordinator.status import render_html, snapshot_status
-from coordinator.testing import FakeEtcd
-from kernel import keys
-from producer.contract import StreamSpec
-from producer.registry import Registry
+from partq.coordinator.ops.status import render_html, snapshot_status
+from partq.coordinator.store import codec
+from partq.coordinator.store.codec import Concurrency, LoadReport, Member
+from partq.coordinator.store.group import Group
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
+from partq.producer.registry import Registry
+
+from partq.kernel import keys
+from tests.fakes.etcd import FakeEtcd
 from tests.observability.test_status_page import PageParser, parse
 
 

@@ -13,14 +13,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from partq.consumers.state.handoff import Event, Holder, Phase, Standby
+from partq.coordinator.store import codec
+from partq.coordinator.store.group import Group
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
 
-from consumers.handoff import Event, Holder, Phase, Standby
-from coordinator import codec
-from coordinator.group import Group
-from coordinator.session import Session
-from coordinator.testing import FakeEtcd
-from kernel import keys
-from producer.contract import StreamSpec
+from partq.kernel import keys
+from tests.fakes.etcd import FakeEtcd
 from tests.members import bare_partitions, claim_live
 
 SPEC = StreamSpec("s", 2)
@@ -187,7 +187,7 @@ def test_a_standby_given_its_dead_owners_partition_stays_standing_rather_than_tu
     env.partitions.follow(env.group.snapshot())
     slot = env.partitions.slots[0]
     assert (slot.state.standby, env.calls("stand_by")) == (Standby.STANDING, 1)
-    # When the leader gives p0 to us, its standby (coordinator.policy.standing_heirs)
+    # When the leader gives p0 to us, its standby (partq.coordinator.leader.policy.standing_heirs)
     env.assign(0, "b")
     env.partitions.follow(env.group.snapshot())
     # Then the standby stays: RabbitMQ activates it as it notices a's death and it takes

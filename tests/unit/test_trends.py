@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from coordinator.charts import charts_html
-from coordinator.trends import Sample, Trends, sample_of
+from partq.coordinator.ops.charts import charts_html
+from partq.coordinator.ops.trends import Sample, Trends, sample_of
 
 
 def report(partitions: int, owners: dict[int, str], handled: float = 10.0) -> dict[str, Any]:

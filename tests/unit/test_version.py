@@ -1,4 +1,4 @@
-"""kernel.__version__: the installed distribution's version, pyproject.toml its source."""
+"""partq.__version__: the installed distribution's version, pyproject.toml its source."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import importlib.metadata
 
 import pytest
 
-import kernel
+import partq
+from partq import kernel
 
 
 def test_the_version_is_the_installed_distributions() -> None:
-    assert kernel.__version__ == importlib.metadata.version("partq")
+    assert partq.__version__ == kernel.__version__ == importlib.metadata.version("partq")
 
 
 def test_an_uninstalled_tree_still_has_a_version(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""One subscription's ack window and drain (pure): ``consumers.window.step``."""
+"""One subscription's ack window and drain (pure): ``partq.consumers.state.window.step``."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
-from consumers import window as w
-from consumers.window import Phase, Window, step
+from partq.consumers.state import window as w
+from partq.consumers.state.window import Phase, Window, step
 
 PREFETCH = 3
 

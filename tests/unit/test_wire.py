@@ -9,9 +9,8 @@ import pika.connection
 import pika.frame
 import pika.spec
 import pytest
-
-from producer.topology import encoded_properties
-from producer.wire import ConfirmingConnection, Framer
+from partq.producer.topology import encoded_properties
+from partq.producer.wire import ConfirmingConnection, Framer
 
 FRAME_MAX = 4096
 

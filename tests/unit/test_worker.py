@@ -11,12 +11,12 @@ from typing import Any
 
 import pika
 import pytest
+from partq.consumers.broker.port import END, Delivery
+from partq.consumers.handling.message import Message
+from partq.consumers.handling.worker import CRASH, HANDLER_TIMEOUT, Worker
+from partq.producer.contract import StreamSpec
 from prometheus_client import REGISTRY
 
-from consumers.message import Message
-from consumers.port import END, Delivery
-from consumers.worker import CRASH, HANDLER_TIMEOUT, Worker
-from producer.contract import StreamSpec
 from tests.polling import wait_until
 
 SPEC = StreamSpec("orders", 4)
@@ -336,7 +336,7 @@ def test_a_waiter_never_takes_an_expired_lease_for_a_renewal(
 ) -> None:
     from types import SimpleNamespace
 
-    from coordinator.session import Session as RealSession
+    from partq.coordinator.store.session import Session as RealSession
 
     class Client:
         """A lease that expires at its first renewal (etcd says TTL 0)."""

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import pika
+from partq.consumers.broker.port import Delivery
+from partq.coordinator.store.group import Group, GroupState
+from partq.producer import Producer, StreamSpec
+from partq.producer.topology import declare_stream, delete_stream
 
-from consumers import audit as checker
-from consumers.port import Delivery
-from coordinator.group import Group, GroupState
-from kernel.errors import EtcdUnavailable
-from producer import Producer, StreamSpec
-from producer.topology import declare_stream, delete_stream
+from examples import audit as checker
+from partq.kernel.errors import EtcdUnavailable
 from tests.polling import wait_until
 
 __all__ = [
@@ -280,7 +280,8 @@ def balanced_yet(group: Group, partitions: int, members: set[str]) -> bool:
 @contextlib.contextmanager
 def one_quorum_partition(amqp_url: str, name: str) -> Iterator[StreamSpec]:
     """A stream ``name`` of one quorum partition, declared on ``amqp_url`` (no registry, no
-    etcd: for tests that drive ``consumers.broker.Broker`` directly), deleted after."""
+    etcd: for tests that drive ``partq.consumers.broker.connection.Broker`` directly), deleted
+    after."""
     spec = StreamSpec(name, 1, "quorum")
     with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
         declare_stream(connection, spec)
@@ -299,7 +300,7 @@ def consumers_by_queue(rabbitmqctl: Callable[..., str]) -> Counter[str]:
 
 
 def record_of(delivery: Delivery, member: str) -> dict[str, Any]:
-    """The audit record (``consumers.audit``) of a ``key:seq`` delivery handled now."""
+    """The audit record (``examples.audit``) of a ``key:seq`` delivery handled now."""
     key, seq = delivery.body.decode().split(":")
     return {
         "key": key,

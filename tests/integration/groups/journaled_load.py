@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from producer import Producer
+from partq.producer import Producer
+
 from tests.integration.groups.test_resize_clients import KeyedLoad
 
 PREFIX = "proc-"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from producer import Producer, Receipt
+from partq.producer import Producer, Receipt
 
 
 def main(stream: str, out: str, stop: str) -> None:

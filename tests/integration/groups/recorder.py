@@ -1,6 +1,6 @@
 """Handlers for the invariant tests' consumer processes.
 
-``record`` is :func:`consumers.examples.record_handler` (one JSON line per handling
+``record`` is :func:`examples.handlers.record_handler` (one JSON line per handling
 to ``$PARTQ_RECORD``), ``record_async`` the same as an ``async def`` (it awaits
 ``$PARTQ_RECORD_SLEEP`` seconds); ``poison`` raises for bodies containing ``poison``;
 ``poison_key`` raises for ``$PARTQ_POISON_KEY``'s messages from seq
@@ -22,9 +22,10 @@ import json
 import os
 import time
 
-from consumers.examples import record_handler as record
-from consumers.examples import write_record
-from consumers.message import Message
+from partq.consumers.handling.message import Message
+
+from examples.handlers import record_handler as record
+from examples.handlers import write_record
 
 __all__ = [
     "poison",

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pika
 import pytest
+from partq.coordinator.ops import admin
+from partq.coordinator.store.group import Group
+from partq.producer import Producer, StreamSpec
+from partq.producer.registry import Registry
 
-from consumers import audit as checker
-from consumers.audit import Crash
-from coordinator import admin
-from coordinator.group import Group
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer import Producer, StreamSpec
-from producer.registry import Registry
+from examples import audit as checker
+from examples.audit import Crash
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 
 from .harness import PREFETCH, Fleet, SequenceProducer, balanced, wait_until
 

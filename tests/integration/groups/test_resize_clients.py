@@ -23,15 +23,15 @@ from typing import TextIO
 
 import pika
 import pytest
+from partq.coordinator.leader import resize
+from partq.coordinator.store.group import Group
+from partq.producer import Producer, StreamSpec, topology
+from partq.producer.contract import CONTROL_FENCE, HEADER_CONTROL, HEADER_EPOCH, fence_routing_key
+from partq.producer.registry import Registry
 
-from consumers import audit
-from coordinator import resize
-from coordinator.group import Group
-from kernel import keys
-from kernel.errors import EtcdUnavailable
-from producer import Producer, StreamSpec, topology
-from producer.contract import CONTROL_FENCE, HEADER_CONTROL, HEADER_EPOCH, fence_routing_key
-from producer.registry import Registry
+from examples import audit
+from partq.kernel import keys
+from partq.kernel.errors import EtcdUnavailable
 
 from .harness import Fleet, SequenceProducer, balanced, wait_until
 

@@ -24,19 +24,20 @@ from pathlib import Path
 
 import pika
 import pytest
+from partq.coordinator.leader import resize
+from partq.coordinator.leader.resizer import Resizer
+from partq.coordinator.ops import admin, dlq
+from partq.coordinator.store.group import Group
+from partq.producer import Producer, StreamSpec
+from partq.producer.registry import Registry
+from partq.producer.topology import declare_partition_queues, scan_partition_queues
 
-from consumers import audit
-from consumers.audit import Crash
-from coordinator import admin, dlq, resize
-from coordinator.group import Group
-from coordinator.resizer import Resizer
-from kernel import keys
-from kernel.errors import SpecMismatch
-from kernel.local import LocalEtcd
-from kernel.settings import Settings
-from producer import Producer, StreamSpec
-from producer.registry import Registry
-from producer.topology import declare_partition_queues, scan_partition_queues
+from examples import audit
+from examples.audit import Crash
+from partq.kernel import keys
+from partq.kernel.errors import SpecMismatch
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 from tests.conftest import EVERY_FAULT
 
 from .harness import PARTQ, PREFETCH, Fleet, Proc, wait_until

@@ -1,0 +1,1 @@
+"""The consumer's broker I/O: its connection, the partition channels, acks, fillers."""

@@ -1,0 +1,643 @@
+"""The consumer daemon: joins a stream's group and consumes the partitions assigned to it.
+
+The controller thread handles every event (:mod:`partq.consumers.control.events`, matched with
+``match``): it keeps the member's session, its membership and its watch, and hands the
+rest to :class:`partq.consumers.control.partitions.Partitions`, which mirrors the group keys, steps
+each
+partition's pure state machine (``partq.consumers.state.handoff``) and carries out the commands:
+claim/release in etcd, subscribe/cancel at the broker.
+
+Threads. The controller is the thread that calls :meth:`Consumer.run` (the main thread
+under ``partq consume``); it alone reads and writes this object and its ``Partitions``.
+The others reach it only as typed events on ``events`` (a ``queue.Queue``; a stop signal
+reaches it through partq.consumers.control.signals' relay thread, never from the handler): the
+broker's
+events through its sink on the pika I/O thread (``partq.consumers.broker.port``: ``Subscribed``,
+``Drained``, ``Connection``, ``Activated``, ...), the etcd watch stream's thread
+(``WatchEvent``, ``WatchFailed``), the session's keepalive thread (``LeaseLost``), worker,
+watchdog and pool threads (``WorkerFailed``, ``ParkStall``), one ``threading.Timer``
+thread per delayed event (``_after``, ``_schedule``), and :meth:`Consumer.stop` from any
+thread (``Stop``). Two reads cross without the queue: the sink (``_sink``, on the I/O
+thread) looks the partition's worker up in ``Partitions.workers`` (one dict lookup) and
+puts a delivery or END in its ``inbox`` (a ``SimpleQueue``) only if the worker's
+generation is the delivery's; the HTTP server thread reads ``ready`` and ``alive``
+(``threading.Event``).
+
+A consumer never dies silently: :meth:`Consumer.run` returns an exit code
+(``partq.consumers.control.config`` lists them), which ``partq consume`` exits with.
+
+A consumer is a member only while it can consume: it joins the group once its RabbitMQ
+connection works and a channel takes its prefetch (not before: with a wrong password it
+would hold partitions it cannot read). When RabbitMQ is unusable for longer than the AMQP
+outage limit (``amqp_outage_limit``, the setting ``PARTQ_AMQP_OUTAGE_LIMIT``, 30 s by
+default), it leaves the group so its partitions move, and rejoins once RabbitMQ works
+again; ``/readyz`` is false meanwhile.
+
+A stream deleted while the consumer runs: ``/readyz`` turns false, a log line says so,
+every partition stops (the queues are gone) and the member waits, without a lease, for the
+stream to be created again; then it rejoins (or exits with 5 if the partition count changed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+
+from partq.consumers.broker import port
+from partq.consumers.broker.connection import Broker
+from partq.consumers.broker.port import BrokerEvent, BrokerFactory, BrokerUpdate
+from partq.consumers.control.config import (
+    DEFAULT_HANDLER_TIMEOUT,
+    EXIT_DRAIN_TIMEOUT,
+    EXIT_HANDLER_TIMEOUT,
+    EXIT_OK,
+    EXIT_PERMISSION_DENIED,
+    EXIT_STREAM_CHANGED,
+    EXIT_WORKER_FAILED,
+    ConsumerConfig,
+    default_member_id,
+)
+from partq.consumers.control.events import (
+    BrokerOutage,
+    CheckFlow,
+    CheckLeader,
+    CheckTakeovers,
+    ControllerEvent,
+    GroupEvent,
+    LeaveNow,
+    ParkStall,
+    ReportLoad,
+    Resync,
+    RetryRelease,
+    SettleTakeover,
+    StopYielding,
+    TimerEvent,
+    WorkerFailed,
+)
+from partq.consumers.control.membership import NO_LEADER_WARNING, Membership
+from partq.consumers.control.partitions import Partitions
+from partq.consumers.control.reports import Reports
+from partq.consumers.control.resizing import ResizeGate
+from partq.consumers.handling.message import Handler, check_handler
+from partq.consumers.handling.parking import ParkedKeys, Parking
+from partq.consumers.handling.worker import HANDLER_TIMEOUT, DeadLetters
+from partq.consumers.state.handoff import Event
+from partq.consumers.state.priority import YIELD_WAIT, switches
+from partq.coordinator.leader import resize
+from partq.coordinator.store.events import LeaseLost, Stop, WatchFailed
+from partq.coordinator.store.group import Group, WatchEvent
+from partq.coordinator.store.session import Session
+from partq.producer.contract import StreamSpec
+from partq.producer.registry import Registry
+
+from partq.kernel import logs
+from partq.kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
+from partq.kernel.backoff import Backoff
+from partq.kernel.errors import EtcdError, EtcdUnavailable, MalformedValue
+
+__all__ = [
+    "DEFAULT_HANDLER_TIMEOUT",
+    "EXIT_DRAIN_TIMEOUT",
+    "EXIT_HANDLER_TIMEOUT",
+    "EXIT_OK",
+    "EXIT_PERMISSION_DENIED",
+    "EXIT_STREAM_CHANGED",
+    "EXIT_WORKER_FAILED",
+    "Consumer",
+    "ConsumerConfig",
+    "default_member_id",
+]
+
+log = logging.getLogger("partq.consumer")
+
+# The broker's events that are steps of a partition's handoff state machine
+_HANDOFF: dict[type[BrokerUpdate], Event] = {
+    port.Subscribed: Event.SUBSCRIBED,
+    port.Drained: Event.DRAINED,
+    port.Emptied: Event.EMPTIED,
+    port.Kept: Event.KEPT,
+    port.ChannelLost: Event.CHANNEL_LOST,
+}
+
+_BACKOFF = Backoff()  # resyncing with etcd: 0.2 s doubling to 5 s
+
+
+def _widest(registry: Registry, spec: StreamSpec) -> StreamSpec:
+    """``spec``, or, while a shrink runs, with its old count: the partitions it retires are
+    consumed until their fence (docs/resize.md), so their queues must be known here; while
+    a grow runs, with its new count once its queues are declared (``resize.grown``)."""
+    try:
+        raw = registry.read_resize(spec.name)
+        state = None if raw is None else resize.decode(raw)
+    except (EtcdError, MalformedValue) as e:
+        log.warning("cannot read the resize of %s: %s; consuming its current count", spec.name, e)
+        return spec
+    if (count := resize.grown(state)) is not None and count > spec.partitions:
+        return dataclasses.replace(spec, partitions=count)
+    if state is None or not state.running or state.resize.old.partitions <= spec.partitions:
+        return spec
+    return dataclasses.replace(spec, partitions=state.resize.old.partitions)
+
+
+class Consumer:
+    """A member of a stream's group (the module docstring). ``broker``: the RabbitMQ edge's
+    class, or one with its constructor and methods (``tests.fakes.broker.StubBroker``)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        handler: Handler,
+        config: ConsumerConfig,
+        *,
+        amqp_url: AmqpURL = DEFAULT_AMQP_URL,
+        broker: BrokerFactory = Broker,
+    ) -> None:
+        self.handler = check_handler(handler)  # before anything connects: a usage error
+        self.registry = registry
+        self.config = config
+        self.member = config.member
+        self.spec: StreamSpec = registry.read_spec(config.stream)
+        self.spec.check_partitions(config.partitions)
+        self.epoch = self.spec.epoch  # the layout's (self.spec keeps the widest count seen)
+        self.spec = _widest(registry, self.spec)
+        self.resize = ResizeGate(
+            registry.client, registry.where, config.stream, self.member, self.spec.epoch
+        )
+        self.group = Group(registry.client, registry.where, config.stream)
+        self.events: queue.Queue[ControllerEvent] = queue.Queue()
+        self.stopping = False
+        self.deleted = False  # the stream is gone; waiting for it to be created again
+        # Not in the group for want of a usable broker: before RabbitMQ first worked, and
+        # after it was unusable for the outage limit. Joins (again) once it works.
+        self.away = True
+        self._broker_up = False
+        self._outages = 0  # broker losses so far: a BrokerOutage of an earlier one is stale
+        self.exit_code: int | None = None  # set by a failure: run() returns it
+        self._deadline: float | None = None
+        self.ready = threading.Event()
+        self.alive = threading.Event()
+        self._retries = _BACKOFF.delays()  # of resyncs and releases, until a resync works
+        self._labels = (self.spec.name, self.member)
+        self.dead_letters = DeadLetters(amqp_url, self.spec, self.member)
+        self.parking = (
+            Parking(
+                amqp_url,
+                self.spec,
+                self.member,
+                self.group,
+                ParkedKeys(),
+                on_stall=lambda: self.events.put(ParkStall()),
+            )
+            if self.spec.on_failure == "park"
+            else None
+        )
+        put = self.events.put
+        self.broker = broker(
+            amqp_url,
+            self.spec,
+            prefetch=config.prefetch,
+            heartbeat=config.heartbeat or config.ttl,
+            name=f"partq-consumer-{self.member}",
+            sink=self._sink,
+            # Quorum queues only: a classic queue (RabbitMQ 3.10) does not activate a
+            # consumer waiting behind one that cancels, so its next owner must subscribe
+            # after the cancel, as before (docs/benchmarks.md, issue 12 goal 2)
+            early_release=self.spec.queue_type == "quorum",
+        )
+        self.partitions = Partitions(
+            spec=self.spec,
+            member=self.member,
+            group=self.group,
+            broker=self.broker,
+            handler=handler,
+            dead_letters=self.dead_letters,
+            max_attempts=config.max_attempts,
+            retry_backoff=config.retry_backoff,
+            handler_timeout=config.handler_timeout,
+            on_worker_failure=lambda p, reason: put(WorkerFailed(p, reason)),
+            retry_release=lambda p: self._schedule(RetryRelease(p)),
+            resync=lambda: self._schedule(Resync()),
+            settle_takeover=lambda p: self._after(config.ttl + 1.0, SettleTakeover(p)),
+            stop_yielding=lambda p, since: self._after(YIELD_WAIT, StopYielding(p, since)),
+            parking=self.parking,
+            concurrency=config.concurrency,
+            resize=self.resize,
+            fence_wait=config.ttl,
+        )
+        self.reports = Reports(
+            config, self._labels, self.group, self.partitions, self.broker, self.parking
+        )
+        self.membership = Membership(registry, self.group, config, self.partitions, put)
+
+    @property
+    def session(self) -> Session | None:
+        """The member's current session (None: not in the group)."""
+        return self.membership.session
+
+    # -- public --------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Drain, release claims, revoke the lease, return from :meth:`run`."""
+        self.events.put(Stop())
+
+    def owned(self) -> list[int]:
+        return self.partitions.owned()
+
+    def run(self) -> int:
+        """Consume until :meth:`stop` or a failure; the exit code (the module docstring).
+
+        0 after a clean drain, 1 if the drain deadline passed, 3/4/5 after a failure.
+        """
+        with logs.bind(stream=self.spec.name, member=self.member):
+            return self._run()
+
+    def _run(self) -> int:
+        self.alive.set()
+        self.broker.start()
+        self.resize.start()
+        log.info("waiting for a usable RabbitMQ connection before joining %s", self.spec.name)
+        if self.config.load_report > 0:
+            self._after(self.config.load_report, ReportLoad())
+        if self.config.stall_after > 0:
+            self._after(self.config.stall_after / 3, CheckFlow())
+        try:
+            while True:
+                deadline = self._deadline
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    event = self.events.get(timeout=timeout)
+                except queue.Empty:
+                    log.error("drain deadline of %ss passed; exiting", self.config.drain_timeout)
+                    return EXIT_DRAIN_TIMEOUT if self.exit_code is None else self.exit_code
+                self._on(event)
+                if self.stopping and self.partitions.idle():
+                    return EXIT_OK if self.exit_code is None else self.exit_code
+        finally:
+            self._shutdown()
+
+    # -- events --------------------------------------------------------------------------
+
+    def _sink(self, event: BrokerEvent) -> None:
+        """The broker's events (on its I/O thread): a delivery or END goes straight to its
+        partition's worker, if that worker is of the subscription it came from; anything
+        else is queued for the controller."""
+        if isinstance(event, port.Delivery):  # the per-message path: no pattern to match
+            self._route(event.partition, event.generation, event)
+        elif isinstance(event, port.End):
+            self._route(event.partition, event.generation, (port.END, event.channel))
+        else:
+            self.events.put(event)
+
+    def _route(self, partition: int, generation: int, item: object) -> None:
+        """One dict lookup of a worker the controller may replace meanwhile: an item of an
+        older subscription never reaches a newer worker (nor a newer one an older)."""
+        worker = self.partitions.workers.get(partition)
+        if worker is not None and worker.generation == generation:
+            worker.inbox.put(item)
+
+    def _on(self, event: ControllerEvent) -> None:
+        """One event: the broker's, a timer's, or the group's and the session's."""
+        if isinstance(event, BrokerUpdate):
+            self._on_broker_event(event)
+        elif isinstance(event, TimerEvent):
+            self._on_timer(event)
+        else:
+            self._on_group(event)
+
+    def _on_group(self, event: GroupEvent) -> None:
+        """The group's and the session's events, and the retries of what they failed."""
+        match event:
+            case Stop():
+                self._begin_stop()
+            case WatchEvent(kind="spec", value=spec):
+                self._on_spec(spec if isinstance(spec, StreamSpec) else None)
+            case WatchEvent():
+                # a recreated stream is read afresh (_resync), and so is the group on a rejoin
+                if not self.deleted and not self.away:
+                    self._grow_early(event)
+                    self.partitions.apply(event)
+                    self.membership.leader_seen()
+            case WatchFailed(error=error):
+                if not self.stopping:
+                    log.warning("etcd watch failed: %s; consuming on, resyncing", error)
+                    self._schedule(Resync())
+            case LeaseLost(lease=lease):
+                session = self.membership.session
+                if lease and (session is None or session.id != lease):
+                    log.debug("lease %x was lost, but it is not ours any more", lease)
+                else:
+                    self._fence()
+            case WorkerFailed(partition=partition, reason=reason):
+                self._worker_failed(partition, reason)
+            case ParkStall():
+                self._update_ready()
+            case CheckTakeovers():
+                allowed = not (self.stopping or self.deleted or self.session is None)
+                self.partitions.check_takeovers(allowed=allowed)
+
+    def _on_broker_event(self, event: BrokerUpdate) -> None:
+        match event:
+            case (
+                port.Subscribed(p)
+                | port.Drained(p)
+                | port.Emptied(p)
+                | port.Kept(p)
+                | port.ChannelLost(p)
+            ):
+                self.partitions.handoff(p, _HANDOFF[type(event)])
+            case port.Activated(partition) | port.StandbyLost(partition):
+                if self.stopping or self.deleted or self.session is None:
+                    self.broker.give_back(partition)
+                elif isinstance(event, port.StandbyLost):
+                    self.partitions.standby_lost(partition)
+                elif self.partitions.activated(partition):
+                    self.events.put(CheckTakeovers())
+            case port.Refused(partition, reason):
+                self.partitions.abandon(partition)  # never subscribed again: it would spin
+                self._fail(EXIT_PERMISSION_DENIED, reason)
+            case port.Connection(up):
+                self._on_broker(up)
+            case port.ReadyCounts(ready):
+                self.reports.flow_ready(ready)
+
+    def _on_timer(self, event: TimerEvent) -> None:
+        """What the controller asked itself to do later (``_after``)."""
+        match event:
+            case CheckLeader(lease=lease):
+                self.membership.check_leader(lease, quiet=self.stopping or self.deleted)
+            case Resync():
+                if self.deleted or not self.away:  # away: the rejoin reads the group afresh
+                    self._resync()
+            case RetryRelease(partition=partition):
+                if not self.deleted:  # deleted: the claim went with the stream
+                    self.partitions.release(partition)
+            case SettleTakeover() | StopYielding():
+                self.partitions.later(event)
+            case LeaveNow():
+                if self.stopping and not self.partitions.leaving:
+                    log.info("stop announced %.0fs ago: leaving now", self.config.announce_wait)
+                    self._leave_now()
+            case ReportLoad():
+                self.reports.report_load(None if self.stopping or self.deleted else self.session)
+                self._after(self.config.load_report, ReportLoad())
+            case CheckFlow():
+                self.reports.check_flow()
+                self._after(self.config.stall_after / 3, CheckFlow())
+            case BrokerOutage(outage=outage):
+                self._leave_for_broker(outage)
+
+    def _after(self, seconds: float, event: ControllerEvent) -> None:
+        timer = threading.Timer(seconds, self.events.put, args=(event,))
+        timer.daemon = True
+        timer.start()
+
+    def _schedule(self, event: Resync | RetryRelease) -> None:
+        """Queue ``event`` after the next backoff delay."""
+        timer = threading.Timer(self._retries.next(), self.events.put, args=(event,))
+        timer.daemon = True
+        timer.start()
+
+    # -- membership, sessions, fencing ---------------------------------------------------
+
+    def _on_broker(self, up: bool) -> None:
+        """Join once the broker works; leave when it has not for the outage limit."""
+        was, self._broker_up = self._broker_up, up
+        if up and self.away:
+            self._join_when_usable()
+        elif up:
+            self.partitions.resubscribe()
+        elif was and not self.away:
+            self._outages += 1
+            self._after(self.config.amqp_outage_limit, BrokerOutage(self._outages))
+        self._update_ready()
+
+    def _join_when_usable(self) -> None:
+        """Join now if the broker works (and we are not stopping or without the stream);
+        else stay away: :meth:`_on_broker` joins once it works."""
+        if self.stopping or self.deleted:
+            return
+        if not self.broker.connected.is_set():
+            self.away = True
+            return
+        self.away = False
+        self._choose_handoff()
+        self._join()
+
+    def _choose_handoff(self) -> None:
+        """Hand partitions over by consumer priority if the setting allows it and the broker
+        we are connected to switches (``partq.consumers.state.priority``); our member key says
+        so."""
+        version = self.broker.server_version
+        by_priority = self.config.handoff == "auto" and switches(version, self.spec.queue_type)
+        if by_priority != self.partitions.priority:
+            log.info(
+                "planned handoffs: %s (RabbitMQ %s, %s queues, handoff %s)",
+                "by consumer priority" if by_priority else "by drain",
+                version or "unknown",
+                self.spec.queue_type,
+                self.config.handoff,
+            )
+        self.partitions.priority = by_priority
+
+    def _leave_for_broker(self, outage: int) -> None:
+        """RabbitMQ has been unusable for the outage limit (since its ``outage``-th loss):
+        our partitions stall here, so leave the group (they move to members that can
+        consume them) until it works again."""
+        if outage != self._outages or self._broker_up:
+            return  # an earlier outage's timer, or the broker is back
+        if self.away or self.stopping or self.deleted or self.session is None:
+            return
+        log.warning(
+            "RabbitMQ unusable for %gs (the AMQP outage limit, PARTQ_AMQP_OUTAGE_LIMIT): "
+            "leaving the group so its partitions move; rejoining once it works",
+            self.config.amqp_outage_limit,
+        )
+        self.away = True
+        self.ready.clear()
+        self.membership.unwatch()
+        self.partitions.drop()
+        self.partitions.forget()  # read afresh on the rejoin
+        self.membership.end(revoke=True)  # our member key and claims go at once
+
+    def _join(self) -> None:
+        """New session, register the member, mirror the group (retrying while etcd is down)."""
+        session = self.membership.join()
+        self._resync()
+        self._after(NO_LEADER_WARNING, CheckLeader(session.id))
+
+    def _resync(self) -> None:
+        try:
+            state = self.membership.watch()
+            # a deletion the watch may not have seen
+            exists = self.membership.read_spec() is not None
+        except EtcdUnavailable as e:
+            log.warning("cannot read the group from etcd: %s; consuming on", e)
+            self._schedule(Resync())
+            return
+        self._retries.reset()
+        if not exists:
+            self._stream_deleted()
+            return
+        if self.deleted:
+            self._stream_recreated()
+            return
+        self.partitions.follow(state)  # the watch starts after the snapshot: nothing older
+        self._update_ready()
+
+    def _fence(self) -> None:
+        """Our lease is gone: others may own our partitions now. Stop at once, then rejoin."""
+        if self.deleted:
+            return  # the session was closed on purpose
+        log.warning("lease lost: stopping every partition and rejoining")
+        self.ready.clear()
+        self.partitions.drop()
+        self.membership.end(revoke=False, forget=False)  # a rejoin replaces it
+        if not self.stopping:
+            self._join_when_usable()
+
+    # -- failures and a deleted stream -----------------------------------------------------
+
+    def _worker_failed(self, partition: int, reason: str) -> None:
+        """A worker stopped for good (it logged why): abandon its partition, leave, exit."""
+        self.partitions.abandon(partition)
+        if reason == HANDLER_TIMEOUT:
+            self._fail(EXIT_HANDLER_TIMEOUT, f"partition {partition}: a handler timed out")
+        else:
+            self._fail(EXIT_WORKER_FAILED, f"partition {partition}: its worker failed")
+
+    def _fail(self, code: int, why: str) -> None:
+        """Not ready from now on; leave the group as on a stop; :meth:`run` returns ``code``."""
+        if self.exit_code is None:
+            self.exit_code = code
+        log.error("%s: leaving the group, then exiting with code %d", why, self.exit_code)
+        self.ready.clear()
+        self._begin_stop()
+
+    def _stream_deleted(self) -> None:
+        """The stream's keys and queues are gone: stop everything, wait for it to come back."""
+        if self.deleted:
+            return
+        self.deleted = True
+        log.warning(
+            "stream %s was deleted: stopped consuming; waiting for it to be recreated "
+            "(not ready until then)",
+            self.spec.name,
+        )
+        self.ready.clear()  # after the line: whoever sees /readyz false finds the reason
+        self.partitions.drop()
+        self.partitions.forget()
+        self.membership.end(revoke=True)  # our member key and claims went with the stream
+
+    def _on_spec(self, spec: StreamSpec | None) -> None:
+        """The stream's spec changed: deleted (None), recreated, or resized."""
+        if spec is None:
+            self._stream_deleted()
+        elif not self.deleted and spec.epoch > self.epoch:
+            self._resized(spec)
+        else:
+            self._stream_recreated()
+
+    def _grow_early(self, event: WatchEvent) -> None:
+        """A resize record saying a grow declared its queues: the coordinator assigns them
+        from now on (``resize.grown``), so their slots are made before the switch."""
+        if not isinstance(event.value, resize.State):
+            return
+        count = resize.grown(event.value)
+        if count is not None and count > self.spec.partitions:
+            log.info("stream %s grows to %d partitions: consuming them", self.spec.name, count)
+            widened = dataclasses.replace(self.spec, partitions=count)
+            self.broker.widen(widened)
+            self.partitions.widen(widened)
+            self.spec = widened
+
+    def _resized(self, spec: StreamSpec) -> None:
+        """A resize switched the stream's layout: partitions it adds are consumed as they
+        are assigned; those it retires stay known until their fence (docs/resize.md)."""
+        log.info(
+            "stream %s resized: layout epoch %d, %d partitions (was %d)",
+            spec.name,
+            spec.epoch,
+            spec.partitions,
+            self.spec.partitions,
+        )
+        self.epoch = spec.epoch
+        self.resize.spec_epoch(spec.epoch)
+        if spec.partitions > self.spec.partitions:
+            self.broker.widen(spec)
+            self.partitions.widen(spec)
+            self.spec = spec
+
+    def _stream_recreated(self) -> None:
+        if not self.deleted:
+            return
+        try:
+            spec = self.membership.read_spec()
+        except EtcdUnavailable as e:
+            log.warning("cannot read the recreated stream's spec: %s; retrying", e)
+            self._schedule(Resync())
+            return
+        if spec is None or not self.deleted or self.stopping:
+            return  # deleted again meanwhile, or going away anyway
+        if spec.partitions != self.spec.partitions:
+            self._fail(
+                EXIT_STREAM_CHANGED,
+                f"stream {spec.name} was recreated with {spec.partitions} partitions, not "
+                f"{self.spec.partitions}: partitions are fixed, restart this member",
+            )
+            return
+        log.info("stream %s was recreated: rejoining its group", spec.name)
+        self.deleted = False
+        self._join_when_usable()
+
+    def _begin_stop(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self._deadline = time.monotonic() + self.config.drain_timeout
+        self.ready.clear()
+        if self.membership.announce():
+            self._after(self.config.announce_wait, LeaveNow())
+            return
+        self._leave_now()
+
+    def _leave_now(self) -> None:
+        abandoned = self.partitions.abandoned
+        draining = [p for p in self.owned() if p not in abandoned]
+        log.info(
+            "stopping: leaving the group and draining %d partitions%s",
+            len(draining),
+            f" (abandoning {sorted(abandoned)})" if abandoned else "",
+        )
+        self.partitions.leaving = True
+        self.membership.leave()
+        if not self._broker_up:
+            # Nothing can be drained: the broker requeued what we held when the connection
+            # died, and no subscription was made since (the controller makes them). Waiting
+            # would only run out the drain timeout; the claims go with the revoked lease.
+            self.partitions.drop()
+        self.partitions.sync_all()
+
+    def _update_ready(self) -> None:
+        healthy = not self.stopping and not self.deleted and self.exit_code is None
+        if self.parking is not None and self.parking.stalls.stalled():
+            healthy = False  # a partition waits for a park: ParkStalls logs why
+        if healthy and self.broker.connected.is_set() and self.session is not None:
+            self.ready.set()
+        else:
+            self.ready.clear()
+
+    def _shutdown(self) -> None:
+        self.ready.clear()
+        self.membership.unwatch()
+        self.partitions.stop_workers()
+        self.partitions.close()
+        self.resize.close()
+        self.broker.stop()
+        self.broker.join(timeout=5)
+        if self.parking is not None:
+            self.parking.close()
+        self.membership.end(revoke=True)
+        self.alive.clear()

@@ -1,0 +1,1 @@
+"""Running the application's handler: the workers, retries, parking, dead letters."""

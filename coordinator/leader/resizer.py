@@ -1,0 +1,310 @@
+"""The shell of a resize: carries out :mod:`partq.coordinator.leader.resize`'s actions on RabbitMQ
+and etcd.
+
+``partq stream resize`` runs it with the admin's credentials (the coordinator has no
+RabbitMQ right; docs/resize.md). The record at :func:`partq.kernel.keys.resize` makes it
+resumable: it is written, by a compare-and-set on its mod revision, *before* the actions
+of its phase run, and every action is idempotent, so a command killed anywhere is
+continued by running it again with the same count (:meth:`Resizer.start` resumes a
+running resize of that count and refuses any other).
+
+=========  ==========================================================================
+action     carried out as
+=========  ==========================================================================
+Declare    the added partition queues, with the stream's arguments and no binding
+Unbind     every binding of the old epoch removed (old-layout publishes are returned)
+Fence      a fence (:func:`partq.producer.topology.publish_fence`), confirmed, per old queue
+Bind       every binding of the new epoch made
+Switch     the spec compare-and-set to the new count and epoch (found done: done)
+(waiting)  the drained keys of the old epoch read (:func:`partq.kernel.keys.drained_prefix`)
+Delete     a retired queue deleted only at 0 messages and 0 consumers
+           (:func:`partq.producer.topology.delete_if_empty`); one that is not: ``NotEmpty``
+=========  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pika
+from etcd3.utils import prefix_range_end
+from partq.coordinator.leader import resize
+from partq.coordinator.leader.resize import Action, Event, Phase, State
+from partq.coordinator.ops.dlq import sender
+from partq.coordinator.store.codec import partition_name
+from partq.producer import topology
+from partq.producer.contract import MAX_PARTITIONS, StreamSpec, queue_name
+from partq.producer.registry import Registry
+
+from partq.kernel import keys
+from partq.kernel.amqp import AmqpURL, blocking_connection
+from partq.kernel.errors import EtcdUnavailable, MalformedValue, PartqError, UsageError
+from partq.kernel.etcd import etcd_errors
+
+__all__ = ["ResizeTimeout", "Resizer", "read_record"]
+
+log = logging.getLogger("partq.resize")
+
+_ORDER = list(Phase)
+
+
+class ResizeTimeout(PartqError):
+    """The resize did not reach the phase asked for in time; running again continues it."""
+
+
+def read_record(registry: Registry, stream: str) -> tuple[State | None, int]:
+    """``stream``'s resize record and its mod revision ((None, 0) when it has none)."""
+    with etcd_errors(registry.where):
+        raw, meta = registry.client.get(keys.resize(stream))
+    if raw is None:
+        return None, 0
+    return resize.decode(raw), int(meta.mod_revision)
+
+
+@dataclass
+class Resizer:
+    """One ``partq stream resize`` run: :meth:`start`, then :meth:`run`.
+
+    ``written`` is called with each record once it is stored, before its actions run
+    (tests stop the run there, as a kill would)."""
+
+    registry: Registry
+    amqp_url: AmqpURL
+    stream: str
+    maximum: int = MAX_PARTITIONS
+    interval: float = 0.25  # seconds between looks while waiting for the consumers
+    written: Callable[[State], None] | None = None
+    state: State | None = field(default=None, init=False)
+    resumed: bool = field(default=False, init=False)  # start() found it running
+    _revision: int = field(default=0, init=False)  # the record's mod revision, ours last
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _etcd_away: bool = field(default=False, init=False)  # the last read of drained keys failed
+
+    @property
+    def phase(self) -> str:
+        """The recorded phase, as the commands print it."""
+        return self.state.phase.value if self.state is not None else "not started"
+
+    # -- the record ------------------------------------------------------------------------
+
+    def start(self, partitions: int) -> State:
+        """Begin the resize to ``partitions`` (the record written), or resume the running
+        one if it goes to the same count. :class:`UsageError` in one line otherwise: a
+        resize to another count runs, the count is out of range or is the current one."""
+        spec = self.registry.read_spec(self.stream)
+        running, self._revision = read_record(self.registry, self.stream)
+        if running is not None and running.running and running.resize.new.partitions == partitions:
+            self._check_spec(spec, running)
+            self.state, self.resumed = running, True
+            phase = running.phase.value
+            log.info("%s: resuming the resize to %d (%s)", self.stream, partitions, phase)
+            return running
+        state, _actions = resize.begin(spec.layout, partitions, running, self.maximum)
+        self._write(state, self._forget_drained(state))
+        return state
+
+    def _forget_drained(self, state: State) -> list[Any]:
+        """With a new resize's record, the drained keys of the last one (its old epoch is
+        this one's minus 1) go: nothing reads another epoch's than the running resize's
+        (the gates, the leader and this command read ``state.resize.old.epoch``'s). Each
+        start removes the last's, so at most one resize's keys are ever kept."""
+        epoch = state.resize.old.epoch - 1
+        if epoch < 0:
+            return []
+        prefix = keys.drained_prefix(self.stream, epoch).encode()
+        return [self.registry.client.transactions.delete(prefix, prefix_range_end(prefix))]
+
+    def _check_spec(self, spec: StreamSpec, state: State) -> None:
+        if spec.layout not in (state.resize.old, state.resize.new):
+            raise UsageError(
+                f"stream {self.stream!r} has {spec.partitions} partitions in epoch {spec.epoch}, "
+                f"which is neither side of its recorded resize ({_sides(state)}): the spec was "
+                f"changed by hand; restore it or delete {keys.resize(self.stream)}"
+            )
+
+    def _write(self, state: State, also: list[Any] | None = None) -> None:
+        """Store ``state`` if the record is still the one we read or wrote last (and do the
+        operations ``also`` in the same transaction)."""
+        key, client = keys.resize(self.stream), self.registry.client
+        t = client.transactions
+        found = t.mod(key) == self._revision if self._revision else t.version(key) == 0
+        with etcd_errors(self.registry.where):
+            ok, responses = client.transaction(
+                compare=[found],
+                success=[t.put(key, resize.encode(state)), *(also or [])],
+                failure=[],
+            )
+        if not ok:
+            raise UsageError(
+                f"the resize record of {self.stream!r} was changed by someone else (another "
+                f"`partq stream resize`?): run the command again to continue from it"
+            )
+        self._revision = int(responses[0].response_put.header.revision)
+        self.state = state
+        if self.written is not None:
+            self.written(state)
+
+    # -- carrying it out -------------------------------------------------------------------
+
+    def run(self, until: Phase, timeout: float) -> State:
+        """Carry out the resize until it reaches ``until`` (or retires); the state then.
+        :class:`ResizeTimeout` after ``timeout`` seconds, the record kept as it is."""
+        assert self.state is not None, "start() first"
+        deadline = time.monotonic() + timeout
+        spec = self.registry.read_spec(self.stream)
+        with blocking_connection(self.amqp_url, name=f"partq-resize-{self.stream}") as connection:
+            user = sender(connection, spec.exchange)
+            while not self._reached(until):
+                before = self.state
+                self._apply(self._work(connection, spec, user))
+                if self.state is before and not self._reached(until):
+                    if time.monotonic() >= deadline:
+                        raise ResizeTimeout(self._stuck(until, timeout))
+                    self._stop.wait(self.interval)
+        return self.state
+
+    def _reached(self, until: Phase) -> bool:
+        assert self.state is not None
+        phase = self.state.phase
+        return phase is Phase.RETIRED or _ORDER.index(phase) >= _ORDER.index(until)
+
+    def _apply(self, events: list[Event]) -> None:
+        """Step the state through ``events`` and store the result once, if it changed."""
+        assert self.state is not None
+        state = self.state
+        for event in events:
+            state, _actions = resize.step(state, event)
+        if state != self.state:
+            if state.phase is not self.state.phase:
+                target = state.resize.new.partitions
+                log.info("%s: resize to %d: %s", self.stream, target, state.phase.value)
+            self._write(state)
+
+    def _work(
+        self, connection: pika.BlockingConnection, spec: StreamSpec, user: str
+    ) -> list[Event]:
+        """Carry out what the phase still needs: the events seen."""
+        assert self.state is not None
+        state = self.state
+        if state.phase is Phase.SWITCHED:
+            try:
+                events = self._drained(state)
+            except EtcdUnavailable as e:  # a read only: wait for etcd within the timeout
+                if not self._etcd_away:
+                    log.warning("%s: cannot read the drained keys (%s): waiting", self.stream, e)
+                self._etcd_away = True
+                return []
+            self._etcd_away = False
+            return events
+        # DRAINED: a queue noted not empty is still pending, so each round tries it again
+        return [self._do(connection, spec, user, action) for action in resize.pending(state)]
+
+    def _do(
+        self,
+        connection: pika.BlockingConnection,
+        spec: StreamSpec,
+        user: str,
+        action: Action,
+    ) -> Event:
+        match action:
+            case resize.Declare(partitions):
+                topology.declare_partition_queues(connection, spec, partitions)
+                return resize.Declared()
+            case resize.Unbind(layout):
+                assert self.state is not None
+                topology.unbind_layout(connection, spec, layout)
+                topology.unbind_fillers(connection, spec, self.state.resize.retired)
+                return resize.Cut()
+            case resize.Fence(epoch, partition):
+                topology.publish_fence(connection, spec, epoch, partition, user)
+                return resize.Fenced(partition)
+            case resize.Bind(layout):
+                topology.bind_layout(connection, spec, layout)
+                return resize.Bound()
+            case resize.Switch(old, new):
+                self._switch(old.partitions, old.epoch, new.partitions, new.epoch)
+                return resize.Switched()
+            case resize.Delete(partition):
+                left = topology.delete_if_empty(connection, spec, partition)
+                if left is None:
+                    return resize.Deleted(partition)
+                queue = queue_name(self.stream, partition)
+                log.warning("%s: retired queue %s is not empty or still consumed (%d messages): "
+                            "kept, tried again", self.stream, queue, left)  # fmt: skip
+                return resize.NotEmpty(partition)
+        raise AssertionError(f"unknown action {action!r}")
+
+    def _switch(self, old: int, old_epoch: int, new: int, new_epoch: int) -> None:
+        """The spec to ``new`` partitions in ``new_epoch`` if it still holds the old layout
+        (a compare-and-set on its mod revision); done already is done."""
+        key, client = keys.spec(self.stream), self.registry.client
+        with etcd_errors(self.registry.where):
+            raw, meta = client.get(key)
+        if raw is None:
+            raise UsageError(f"stream {self.stream!r} was deleted during its resize")
+        spec = StreamSpec.from_json(raw, key)
+        if (spec.partitions, spec.epoch) == (new, new_epoch):
+            return
+        if (spec.partitions, spec.epoch) != (old, old_epoch):
+            raise UsageError(
+                f"stream {self.stream!r} has {spec.partitions} partitions in epoch {spec.epoch} "
+                f"in etcd, not the {old} of epoch {old_epoch} it is resized from: the spec was "
+                f"changed by hand during the resize; restore it, then run the command again"
+            )
+        switched = dataclasses.replace(spec, partitions=new, epoch=new_epoch)
+        t = client.transactions
+        with etcd_errors(self.registry.where):
+            ok, _ = client.transaction(
+                compare=[t.mod(key) == int(meta.mod_revision)],
+                success=[t.put(key, switched.to_json())],
+                failure=[],
+            )
+        if not ok:  # changed since the read: look again (it may be our own, earlier switch)
+            self._switch(old, old_epoch, new, new_epoch)
+
+    def _drained(self, state: State) -> list[Event]:
+        """The old partitions whose consumer recorded its fence handled."""
+        epoch = state.resize.old.epoch
+        prefix = keys.drained_prefix(self.stream, epoch)
+        with etcd_errors(self.registry.where):
+            found = list(self.registry.client.get_prefix(prefix))
+        events: list[Event] = []
+        for _value, meta in found:
+            name = meta.key.decode("utf-8", errors="replace")[len(prefix) :]
+            with contextlib.suppress(MalformedValue):  # not a drained key: not ours to read
+                events.append(resize.Drained(epoch, partition_name(name)))
+        return events
+
+    def _stuck(self, until: Phase, timeout: float) -> str:
+        assert self.state is not None
+        state = self.state
+        what = f"the resize of {self.stream} to {state.resize.new.partitions} partitions"
+        if state.phase is Phase.SWITCHED and self._etcd_away:
+            why = "etcd could not be reached to read the old partitions' drained keys"
+        elif state.phase is Phase.SWITCHED:
+            left = sorted(set(range(state.resize.old.partitions)) - state.drained)
+            why = (
+                f"old partitions not drained yet: {resize.ranges(left)} (their consumers must run)"
+            )
+        elif state.phase is Phase.DRAINED:
+            kept = resize.ranges(state.not_empty)
+            why = f"retired queues not empty or still consumed: {kept}"
+        else:
+            why = "the broker steps did not finish"
+        return (
+            f"{what} is {state.phase.value} after {timeout:g} s, not {until.value}; {why}. "
+            f"Run `{resize.command_line(self.stream, state.resize.new.partitions, wait=True)}` "
+            f"again to continue"
+        )
+
+
+def _sides(state: State) -> str:
+    old, new = state.resize.old, state.resize.new
+    return f"{old.partitions} in epoch {old.epoch} -> {new.partitions} in epoch {new.epoch}"

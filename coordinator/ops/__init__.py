@@ -1,0 +1,1 @@
+"""Operations: stream administration, status, dead letters and rights."""

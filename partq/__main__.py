@@ -1,0 +1,7 @@
+"""``python -m partq``: the ``partq`` command."""
+
+import sys
+
+from partq.cli import main
+
+sys.exit(main())
