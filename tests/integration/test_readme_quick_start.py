@@ -1,11 +1,12 @@
-"""README's quick start, run as written: its files written, its commands typed into one
+"""The quick start, run as written: its files written, its commands typed into one
 bash in order, its daemons started in their own "terminals", and what it says you will
 see checked.
 
 The test changes no command. It sets only environment variables: a private etcd's ports
 (``ETCD_*``, which the ``etcd`` command reads; ``PARTQ_ETCD_ENDPOINTS``), a private
 RabbitMQ virtual host (``PARTQ_AMQP_URL``), any free HTTP port (``PARTQ_HTTP_PORT=0``) and
-``PATH`` (this checkout's venv). Markers in README.md (HTML comments) say which block is
+``PATH`` (this checkout's venv). Markers in the page that holds it (README.md or one page
+of docs/, HTML comments) say which block is
 a file, which a daemon's terminal, which output must appear verbatim, and where the user
 presses Ctrl-C.
 """
@@ -37,7 +38,6 @@ from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
-README = ROOT / "README.md"
 _MARKER = re.compile(r"<!-- quickstart:(\w+)\s*(.*?)\s*-->")
 
 
@@ -52,6 +52,14 @@ class Block:
 
     def commands(self) -> list[str]:
         return [line for line in self.text.splitlines() if line.strip()]
+
+
+def quick_start_page() -> Path:
+    """The one page (README.md, or the page of docs/ it moved to) with the quick start."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+    found = [p for p in pages if "<!-- quickstart:begin -->" in p.read_text(encoding="utf-8")]
+    assert len(found) == 1, f"{len(found)} quick starts marked in README.md and docs/"
+    return found[0]
 
 
 def quick_start(readme: str) -> list[Block]:
@@ -198,7 +206,8 @@ def messages(proc: Proc) -> list[str]:
 
 def test_the_readme_quick_start_runs_as_written(vhost: str, tmp_path: Path) -> None:
     # Given the quick start's blocks, and an empty folder to follow it in
-    blocks = quick_start(README.read_text())
+    page = quick_start_page()
+    blocks = quick_start(page.read_text(encoding="utf-8"))
     env, etcd = quick_start_env(vhost)
     shell = Shell(tmp_path, env)
     daemons: dict[str, Proc] = {}
@@ -251,7 +260,7 @@ def test_the_readme_quick_start_runs_as_written(vhost: str, tmp_path: Path) -> N
     def after_status(out: str) -> None:
         assert "members (1):" in out and "parked keys: mallory" in out, out
         assert out.count("consumers") >= 1 and "unassigned: -" in out, out
-        # and the status page, on the port the coordinator logged (the README's 9400 is
+        # and the status page, on the port the coordinator logged (the quick start's 9400 is
         # the default; PARTQ_HTTP_PORT=0 let it take any free port)
         logged = next(m for m in messages(daemons["coordinator"]) if "status page on" in m)
         page = urllib.request.urlopen(logged.rsplit(" ", 1)[1], timeout=10).read().decode()
@@ -301,7 +310,7 @@ def test_the_readme_quick_start_runs_as_written(vhost: str, tmp_path: Path) -> N
                 daemons[name] = Proc(name, popen, log)
                 started.pop(name)()
             elif block.marker == "output":
-                # Then what the README shows appears verbatim in the command's output
+                # Then what the quick start shows appears verbatim in the command's output
                 for line in block.commands():
                     assert line in last[1], f"{last[0]!r} did not print {line!r}:\n{last[1]}"
             elif block.lang == "sh":
@@ -314,9 +323,9 @@ def test_the_readme_quick_start_runs_as_written(vhost: str, tmp_path: Path) -> N
                     last = (command, out)
                     if command in checks:
                         checks.pop(command)(out)
-        # And every step the test knows of was in the README, and checked
+        # And every step the test knows of was in the quick start, and checked
         assert not checks and not started, f"not in the quick start: {[*checks, *started]}"
-        assert "**http://127.0.0.1:9400/**" in README.read_text()
+        assert "**http://127.0.0.1:9400/**" in page.read_text(encoding="utf-8")
     finally:
         for proc in daemons.values():
             proc.terminate()
