@@ -62,15 +62,31 @@ __all__ = ["cli", "main", "one_line", "report"]
     "--amqp-key", type=click.Path(path_type=Path), help="RabbitMQ client key [PARTQ_AMQP_KEY]."
 )
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="PARTQ_LOG_FORMAT",
+    help="Logs on stderr as readable text or JSON lines [PARTQ_LOG_FORMAT; default: text on a "
+    "terminal, JSON otherwise].",
+)
 @click.version_option(__version__, prog_name="partq")
 @click.pass_context
-def cli(ctx: click.Context, /, config: Path | None, debug: bool, **overrides: object) -> None:
+def cli(
+    ctx: click.Context,
+    /,
+    config: Path | None,
+    debug: bool,
+    log_format: str | None,
+    **overrides: object,
+) -> None:
     """partq: keyed, ordered, balanced consumer groups for RabbitMQ, coordinated in etcd.
 
     Passwords come from the environment, files or the config file, never from flags:
     PARTQ_ETCD_PASSWORD(_FILE), PARTQ_AMQP_PASSWORD_FILE, or inside PARTQ_AMQP_URL(_FILE).
     """
-    logs.configure("DEBUG" if debug else "INFO")
+    logs.configure(
+        "DEBUG" if debug else "INFO", json=None if log_format is None else log_format == "json"
+    )
     url = overrides.get("amqp_url")
     if isinstance(url, str) and has_password(url):
         click.echo(

@@ -256,3 +256,31 @@ def test_configure_if_unset_keeps_an_application_s_handler() -> None:
     finally:
         for handler in pytests:
             root.addHandler(handler)
+
+
+@pytest.mark.parametrize(
+    ("flag", "formatter"), [("text", logs.TextFormatter), ("json", logs.JsonFormatter)]
+)
+def test_the_log_format_flag_picks_the_format(
+    flag: str, formatter: type[logging.Formatter]
+) -> None:
+    from click.testing import CliRunner
+
+    from partq.cli import cli
+
+    # Given the CLI run with --log-format (its stderr is no terminal)
+    result = CliRunner().invoke(cli, ["--log-format", flag, "stream", "--help"])
+    assert result.exit_code == 0, result.output
+    # Then partq's handler on the root logger formats as asked
+    ours = [h for h in logging.getLogger().handlers if h.get_name() == logs.HANDLER_NAME]
+    assert len(ours) == 1 and type(ours[0].formatter) is formatter
+
+
+def test_an_unknown_log_format_is_a_usage_error() -> None:
+    from click.testing import CliRunner
+
+    from partq.cli import cli
+
+    result = CliRunner().invoke(cli, ["--log-format", "xml", "stream", "--help"])
+    assert result.exit_code == 2
+    assert "'xml' is not one of 'text', 'json'" in result.output
