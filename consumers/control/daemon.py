@@ -10,18 +10,19 @@ claim/release in etcd, subscribe/cancel at the broker.
 Threads. The controller is the thread that calls :meth:`Consumer.run` (the main thread
 under ``partq consume``); it alone reads and writes this object and its ``Partitions``.
 The others reach it only as typed events on ``events`` (a ``queue.Queue``; a stop signal
-reaches it through partq.consumers.control.signals' relay thread, never from the handler): the
-broker's
-events through its sink on the pika I/O thread (``partq.consumers.broker.port``: ``Subscribed``,
-``Drained``, ``Connection``, ``Activated``, ...), the etcd watch stream's thread
-(``WatchEvent``, ``WatchFailed``), the session's keepalive thread (``LeaseLost``), worker,
-watchdog and pool threads (``WorkerFailed``, ``ParkStall``), one ``threading.Timer``
-thread per delayed event (``_after``, ``_schedule``), and :meth:`Consumer.stop` from any
-thread (``Stop``). Two reads cross without the queue: the sink (``_sink``, on the I/O
-thread) looks the partition's worker up in ``Partitions.workers`` (one dict lookup) and
-puts a delivery or END in its ``inbox`` (a ``SimpleQueue``) only if the worker's
-generation is the delivery's; the HTTP server thread reads ``ready`` and ``alive``
-(``threading.Event``).
+reaches it through partq.consumers.control.signals' relay thread, never from the
+handler): the broker's events through its sink on the pika I/O thread
+(``partq.consumers.broker.port``: ``Subscribed``, ``Drained``, ``Connection``,
+``Activated``, ...), the etcd watch stream's thread (``WatchEvent``, ``WatchFailed``), the
+session's keepalive thread (``LeaseLost``), worker, watchdog and pool threads
+(``WorkerFailed``, ``ParkStall``), and :meth:`Consumer.stop` from any thread (``Stop``).
+What the controller asks itself for later (``_after``, ``_schedule``) is no thread's: a
+heap of due events it alone keeps (:class:`partq.consumers.control.deadlines.Deadlines`),
+served by its own loop, which takes the queue with a timeout until the earliest is due
+(``_next``). Two reads cross without the queue: the sink (``_sink``, on the I/O thread)
+looks the partition's worker up in ``Partitions.workers`` (one dict lookup) and puts a
+delivery or END in its ``inbox`` (a ``SimpleQueue``) only if the worker's generation is
+the delivery's; the HTTP server thread reads ``ready`` and ``alive`` (``threading.Event``).
 
 A consumer never dies silently: :meth:`Consumer.run` returns an exit code
 (``partq.consumers.control.config`` lists them), which ``partq consume`` exits with.
@@ -60,6 +61,7 @@ from partq.consumers.control.config import (
     ConsumerConfig,
     default_member_id,
 )
+from partq.consumers.control.deadlines import Deadlines
 from partq.consumers.control.events import (
     BrokerOutage,
     CheckFlow,
@@ -168,6 +170,8 @@ class Consumer:
         )
         self.group = Group(registry.client, registry.where, config.stream)
         self.events: queue.Queue[ControllerEvent] = queue.Queue()
+        # what the controller asked itself for later, served by its loop (_next)
+        self.deadlines: Deadlines[TimerEvent] = Deadlines()
         self.stopping = False
         self.deleted = False  # the stream is gone; waiting for it to be created again
         # Not in the group for want of a usable broker: before RabbitMQ first worked, and
@@ -264,19 +268,26 @@ class Consumer:
         if self.config.stall_after > 0:
             self._after(self.config.stall_after / 3, CheckFlow())
         try:
-            while True:
-                deadline = self._deadline
-                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    event = self.events.get(timeout=timeout)
-                except queue.Empty:
-                    log.error("drain deadline of %ss passed; exiting", self.config.drain_timeout)
-                    return EXIT_DRAIN_TIMEOUT if self.exit_code is None else self.exit_code
+            while (event := self._next()) is not None:
                 self._on(event)
                 if self.stopping and self.partitions.idle():
                     return EXIT_OK if self.exit_code is None else self.exit_code
+            log.error("drain deadline of %ss passed; exiting", self.config.drain_timeout)
+            return EXIT_DRAIN_TIMEOUT if self.exit_code is None else self.exit_code
         finally:
             self._shutdown()
+
+    def _next(self) -> ControllerEvent | None:
+        """The next event: a deadline of ours come due, else the queue's next, taken with a
+        timeout until the earliest deadline; None once the queue stays empty past the drain
+        deadline."""
+        while (event := self.deadlines.pop()) is None:
+            try:
+                return self.events.get(timeout=self.deadlines.timeout(self._deadline))
+            except queue.Empty:
+                if self._deadline is not None and time.monotonic() >= self._deadline:
+                    return None
+        return event
 
     # -- events --------------------------------------------------------------------------
 
@@ -389,16 +400,13 @@ class Consumer:
             case BrokerOutage(outage=outage):
                 self._leave_for_broker(outage)
 
-    def _after(self, seconds: float, event: ControllerEvent) -> None:
-        timer = threading.Timer(seconds, self.events.put, args=(event,))
-        timer.daemon = True
-        timer.start()
+    def _after(self, seconds: float, event: TimerEvent) -> None:
+        """Handle ``event`` ``seconds`` from now, on this thread (``deadlines``)."""
+        self.deadlines.after(seconds, event)
 
     def _schedule(self, event: Resync | RetryRelease) -> None:
-        """Queue ``event`` after the next backoff delay."""
-        timer = threading.Timer(self._retries.next(), self.events.put, args=(event,))
-        timer.daemon = True
-        timer.start()
+        """Handle ``event`` after the next backoff delay."""
+        self.deadlines.after(self._retries.next(), event)
 
     # -- membership, sessions, fencing ---------------------------------------------------
 
