@@ -93,7 +93,8 @@ from partq.consumers.broker.port import BrokerEvent, ChannelLost, Delivery, Drai
 from partq.consumers.state import window as window_module
 from partq.producer.contract import StreamSpec
 from partq.producer.publisher import Producer
-from partq.producer.topology import declare_stream, delete_stream, queue_stats
+from partq.producer.queue_probes import queue_stats
+from partq.producer.topology import declare_stream, delete_stream
 
 from partq.kernel.amqp import blocking_connection
 

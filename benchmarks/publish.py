@@ -52,8 +52,8 @@ import pika
 from partq.coordinator.ops import admin
 from partq.producer import AsyncProducer, Producer, Receipt, StreamSpec, partition_for
 from partq.producer.contract import QueueType
+from partq.producer.properties import message_properties
 from partq.producer.registry import Registry
-from partq.producer.topology import message_properties
 from pika.adapters.select_connection import SelectConnection
 from pika.channel import Channel
 

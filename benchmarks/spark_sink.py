@@ -53,6 +53,7 @@ import pika
 import pyspark
 from partq.coordinator.ops import admin
 from partq.producer.contract import StreamSpec, partition_for
+from partq.producer.properties import message_properties
 from partq.producer.registry import Registry
 from partq.producer.spark import (
     PARTITION_COLUMN,
@@ -63,7 +64,6 @@ from partq.producer.spark import (
 )
 from partq.producer.spark.publish import publish_task
 from partq.producer.spark.rows import POSITION_COLUMN, RowLayout
-from partq.producer.topology import message_properties
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 

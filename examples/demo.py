@@ -27,7 +27,8 @@ import click
 from partq.coordinator.ops.admin import create_stream, delete
 from partq.coordinator.store.group import Group
 from partq.producer.contract import StreamSpec
-from partq.producer.publisher import Producer, Receipt
+from partq.producer.ledger import Receipt
+from partq.producer.publisher import Producer
 from partq.producer.registry import Registry
 
 from examples import audit

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from partq.kernel.settings import Settings
     from partq.producer.async_publisher import AsyncProducer
     from partq.producer.contract import StreamSpec, partition_for, queue_name
-    from partq.producer.publisher import Producer, Receipt
+    from partq.producer.ledger import Receipt
+    from partq.producer.publisher import Producer
 
 _ERRORS = (
     "BrokerUnavailable",
@@ -65,7 +66,7 @@ _HOMES: dict[str, str] = {
     "Handler": "partq.consumers.handling.message",
     "Message": "partq.consumers.handling.message",
     "Producer": "partq.producer.publisher",
-    "Receipt": "partq.producer.publisher",
+    "Receipt": "partq.producer.ledger",
     "Settings": "partq.kernel.settings",
     "StreamSpec": "partq.producer.contract",
     "partition_for": "partq.producer.contract",

@@ -13,7 +13,8 @@ from partq.producer.contract import (
     queue_pattern,
     validate_stream_name,
 )
-from partq.producer.publisher import Producer, Receipt, SpecSource
+from partq.producer.ledger import Receipt
+from partq.producer.publisher import Producer, SpecSource
 
 from partq.kernel.amqp import DEFAULT_AMQP_URL, redact_url
 from partq.kernel.errors import (

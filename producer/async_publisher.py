@@ -44,7 +44,8 @@ from typing import Any
 
 from partq.producer.contract import StreamSpec
 from partq.producer.futures import PublishFuture
-from partq.producer.publisher import BatchItem, Producer, Receipt
+from partq.producer.ledger import Receipt
+from partq.producer.publisher import BatchItem, Producer
 
 from partq.kernel.errors import ProducerClosed, UsageError
 

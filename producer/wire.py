@@ -1,51 +1,61 @@
-"""What goes on the wire for one publish: its properties, checked, and its AMQP frames.
+"""What goes on the wire for one publish: its AMQP frames, and what the broker takes.
 
 The SDK's caller thread encodes a message's content-header properties once
-(:func:`partq.producer.topology.encoded_properties` for partq's own headers, or
-:func:`encode_properties`, pika's encoder with a reason for every refusal); its
+(:mod:`partq.producer.properties`); its
 I/O thread then frames the message with :class:`Framer`: the ``Basic.Publish``
 method frame (made by pika once per routing key), the content header and the body
 frames, byte for byte what pika's ``Channel.basic_publish`` writes
 (``tests/unit/test_wire.py`` pins the equality), without pika's per-message
 objects, and hands a whole batch to the connection's transport in one write.
 :class:`ConfirmingConnection` hands the broker's confirms straight back to the SDK.
+:class:`Limits` holds what the broker takes of one message, and ``body_limit`` and
+``frame_limit`` read a limit out of the broker's refusal of a message above it.
+
+Threads. The producer's I/O thread makes and uses the connection and its ``Framer``, and
+writes ``Limits``; any thread reads ``Limits`` without a lock (one value each: a stale
+limit only means the broker refuses the message).
 """
 
 from __future__ import annotations
 
+import re
 import struct
-from collections.abc import Callable, Mapping
-from datetime import datetime
-from decimal import Decimal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pika
-import pika.data
 import pika.frame
 import pika.spec
 from pika.adapters.select_connection import SelectConnection
 
-from partq.kernel.errors import PublishFailed, UsageError
+from partq.kernel.errors import PublishFailed
 
 __all__ = [
     "HEADER_FRAME_OVERHEAD",
     "ConfirmingConnection",
     "Framer",
+    "Limits",
+    "body_limit",
     "body_refused",
-    "encode_properties",
+    "frame_limit",
     "frame_refused",
 ]
 
 # A header frame is 7 bytes of frame header, then class, weight and body size (12 bytes),
 # then the encoded properties, then the frame-end byte: the properties get frame_max - 20.
 HEADER_FRAME_OVERHEAD = 20
-_SHORT_STRING_MAX = 255
 _FRAME_END = bytes((pika.spec.FRAME_END,))
 _BODY_FRAME = struct.Struct(">BHI")  # frame type 3, channel, payload size
 # frame type 2, channel, payload size; class 60 (basic), weight 0, body size
 _HEADER_FRAME = struct.Struct(">BHIHHQ")
 _HEADER_PAYLOAD_PREFIX = 12  # class, weight and body size, ahead of the properties
 _NON_BODY = pika.spec.FRAME_HEADER_SIZE + pika.spec.FRAME_END_SIZE  # what a frame adds
+# How RabbitMQ refuses a body above max_message_size (it closes the channel, 406) and a
+# frame above frame_max (it closes the connection, 501; the numbers are payload sizes).
+_BODY_TOO_LARGE = re.compile(r"message size (\d+) is larger than (?:configured )?max size (\d+)")
+_FRAME_TOO_LARGE = re.compile(r"frame_too_large,\s*(\d+),\s*(\d+)")
 
 
 class ConfirmingConnection(SelectConnection):  # type: ignore[misc]
@@ -148,28 +158,28 @@ class Framer:
         connection._adapter_emit_data(data)
 
 
-# -- what AMQP can carry (the caller's thread; the slow paths only run for a bad message) ----
+@dataclass(slots=True)
+class Limits:
+    """What the broker takes of one message: encoded properties larger than ``properties``
+    do not fit one header frame (the negotiated frame_max replaces the requested one on
+    connect); bodies larger than ``body`` are refused (the broker tells its
+    max_message_size when it refuses one)."""
+
+    properties: int
+    body: int = sys.maxsize
 
 
-def encode_properties(properties: Any, limit: int) -> bytes:
-    """``properties`` encoded as pika would send them: the SDK sends these bytes as they are.
+def body_limit(refusal: str) -> int | None:
+    """The broker's max_message_size, if ``refusal`` (a channel's close text) refused a body."""
+    found = _BODY_TOO_LARGE.search(refusal)
+    return None if found is None else int(found.group(2))
 
-    Raises :class:`UsageError` for what pika cannot encode, or for more than ``limit`` bytes
-    (what one header frame carries): in the I/O thread the first would end the thread and
-    the second would make the broker close the connection, again at every republish.
-    """
-    try:
-        encoded = b"".join(properties.encode())
-    except Exception as e:  # struct.error, pika's own, AssertionError, UnicodeEncodeError …
-        raise UsageError(f"cannot publish this message: {_unencodable(properties, e)}") from None
-    if len(encoded) > limit:
-        raise UsageError(
-            f"cannot publish this message: its key (sent as a header), headers and message_id "
-            f"take {len(encoded)} bytes encoded, more than the {limit} that fit one AMQP frame "
-            f"with this connection's frame_max of {limit + HEADER_FRAME_OVERHEAD}: use a shorter "
-            f"key (e.g. a hash of a long id) or carry large values in the body"
-        )
-    return encoded
+
+def frame_limit(refusal: str) -> int | None:
+    """The bytes of properties one header frame takes, if ``refusal`` (a connection's close
+    text) refused a frame above frame_max."""
+    found = _FRAME_TOO_LARGE.search(refusal)
+    return None if found is None else int(found.group(2)) - _HEADER_PAYLOAD_PREFIX
 
 
 def body_refused(size: int, limit: int) -> PublishFailed:
@@ -186,96 +196,4 @@ def frame_refused(size: int, limit: int) -> PublishFailed:
         f"take {size} bytes encoded, more than the {limit} that fit one AMQP frame with the "
         f"broker's frame_max of {limit + HEADER_FRAME_OVERHEAD} (frame too large): use a "
         f"shorter key or carry large values in the body"
-    )
-
-
-def _unencodable(properties: Any, error: Exception) -> str:
-    """Why pika could not encode ``properties``: which field, what is wrong, what to do."""
-    message_id = properties.message_id
-    problem = _short_string_problem(f"message_id {_short(message_id)}", message_id)
-    if problem is None and properties.headers is not None:
-        problem = _table_problem(properties.headers, "")
-    return problem or f"pika cannot encode its properties ({type(error).__name__}: {error})"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:37]}…"
-
-
-def _short_string_problem(what: str, value: Any) -> str | None:
-    """What is wrong with ``value`` (described as ``what``) as an AMQP short string, if anything."""
-    if value is None:
-        return None
-    if not isinstance(value, str | bytes):
-        return f"{what} must be a str, not {type(value).__name__}"
-    try:
-        size = len(value.encode("utf-8")) if isinstance(value, str) else len(value)
-    except UnicodeEncodeError:
-        return f"{what} is not valid UTF-8 text (it holds a lone surrogate)"
-    if size > _SHORT_STRING_MAX:
-        return (
-            f"{what} is {size} bytes in UTF-8, more than the {_SHORT_STRING_MAX} an AMQP "
-            f"short string holds: make it shorter"
-        )
-    return None
-
-
-def _table_problem(table: Mapping[Any, Any], path: str) -> str | None:
-    for name, value in table.items():
-        what = f"header {path} has key {_short(name)}" if path else f"header key {_short(name)}"
-        problem = _short_string_problem(what, name)
-        if problem is None:
-            problem = _value_problem(value, f"{path}[{name!r}]" if path else repr(name))
-        if problem is not None:
-            return problem
-    return None
-
-
-def _value_problem(value: Any, path: str) -> str | None:
-    if isinstance(value, dict):
-        return _table_problem(value, path)
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            problem = _value_problem(item, f"{path}[{index}]")
-            if problem is not None:
-                return problem
-        return None
-    try:
-        pika.data.encode_value([], value)
-        return None
-    except Exception:
-        return _unsendable(value, path)
-
-
-def _unsendable(value: Any, path: str) -> str:
-    """Why pika cannot encode ``value`` (a header at ``path``), and what to send instead."""
-    what = f"header {path}"
-    kind = type(value).__name__
-    if isinstance(value, str):
-        return f"{what} is not valid UTF-8 text (it holds a lone surrogate): fix it, or send bytes"
-    if isinstance(value, int):
-        return (
-            f"{what} is {value}, outside AMQP's signed 64-bit integers "
-            f"(-2**63 … 2**63-1): send it as a str"
-        )
-    if isinstance(value, float):
-        return f"{what} is a float ({value!r}), which pika cannot send: send a str or a Decimal"
-    if isinstance(value, Decimal):
-        return (
-            f"{what} is Decimal({str(value)!r}), which an AMQP decimal cannot hold (a finite "
-            f"signed 32-bit integer scaled by at most 255 decimal places): send it as a str"
-        )
-    if isinstance(value, datetime):
-        return (
-            f"{what} is {value.isoformat()}: AMQP timestamps are whole seconds from 1970 on "
-            f"(unsigned 64-bit): send it as a str"
-        )
-    if isinstance(value, tuple | set | frozenset):
-        return f"{what} is a {kind}: an AMQP array is a list: send list(...)"
-    if isinstance(value, bytearray | memoryview):
-        return f"{what} is a {kind}: send bytes(...)"
-    return (
-        f"{what} is a {kind}, which an AMQP header cannot carry: use str, bytes, bool, int, "
-        f"Decimal, datetime, None, or a dict or list of those"
     )

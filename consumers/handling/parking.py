@@ -56,7 +56,7 @@ from partq.coordinator.store.group import Group
 from partq.coordinator.store.mirror import GroupMirror
 from partq.coordinator.store.session import Session
 from partq.producer.contract import StreamSpec, key_bytes, key_id, long_key_id
-from partq.producer.topology import park_queue_arguments
+from partq.producer.queue_arguments import park_queue_arguments
 
 from partq.kernel.amqp import AmqpURL, connect_blocking
 from partq.kernel.errors import PartqError

@@ -23,16 +23,15 @@ from partq.producer.contract import (
     queue_name,
     refuse_overlap,
 )
-from partq.producer.registry import Registry
-from partq.producer.topology import (
+from partq.producer.queue_probes import (
     QueueStats,
     beyond_spec_message,
-    declare_stream,
-    delete_stream,
     detect_queue_type,
     queue_stats,
     scan_partition_queues,
 )
+from partq.producer.registry import Registry
+from partq.producer.topology import declare_stream, delete_stream
 
 from partq.kernel import keys
 from partq.kernel.amqp import AmqpURL, blocking_connection

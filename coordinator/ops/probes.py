@@ -20,8 +20,8 @@ import pika
 import pika.exceptions
 from partq.coordinator import metrics
 from partq.producer.contract import StreamSpec
+from partq.producer.queue_probes import QueueStats, queue_stats
 from partq.producer.registry import Registry
-from partq.producer.topology import QueueStats, queue_stats
 
 from partq.kernel.amqp import AmqpURL, connect_blocking, unavailable
 from partq.kernel.errors import BrokerUnavailable, PartqError

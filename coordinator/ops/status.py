@@ -17,8 +17,8 @@ from partq.coordinator.ops.charts import charts_html, member_hue
 from partq.coordinator.store.codec import LoadReport
 from partq.coordinator.store.group import Claim, Group, GroupState
 from partq.producer.contract import StreamSpec
+from partq.producer.queue_probes import QueueStats, queue_stats
 from partq.producer.registry import Registry
-from partq.producer.topology import QueueStats, queue_stats
 
 from partq.kernel.amqp import AmqpURL, blocking_connection
 from partq.kernel.errors import BrokerUnavailable, PartqError

@@ -18,9 +18,9 @@ from partq.cli.web import base_url, http_options, serve_http, server_context
 from partq.kernel.errors import PartqError, UsageError
 from partq.kernel.terminal import printable
 from partq.producer.contract import refuse_control_headers
-from partq.producer.publisher import Producer, Receipt
-from partq.producer.topology import message_properties
-from partq.producer.wire import encode_properties
+from partq.producer.ledger import Receipt
+from partq.producer.properties import encode_properties, message_properties
+from partq.producer.publisher import Producer
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from operator import itemgetter
 from typing import Any
 
 from partq.producer.contract import StreamSpec
-from partq.producer.publisher import BatchItem, Producer, Receipt
+from partq.producer.ledger import Receipt
+from partq.producer.publisher import BatchItem, Producer
 from partq.producer.spark.options import SinkOptions, TaskSpecs
 from partq.producer.spark.replay import message_id, replay_headers
 from partq.producer.spark.rows import Outgoing, RowLayout

@@ -19,8 +19,8 @@ import pika
 import pytest
 from partq.coordinator.store.group import Group
 from partq.producer import StreamSpec
+from partq.producer.queue_probes import queue_stats
 from partq.producer.registry import Registry
-from partq.producer.topology import queue_stats
 
 from examples import audit
 

@@ -22,7 +22,8 @@ import pytest
 from partq.consumers.broker.deadletters import DeadLetters
 from partq.consumers.broker.port import Delivery
 from partq.producer.contract import QUORUM_DELIVERY_LIMIT, StreamSpec
-from partq.producer.topology import declare_stream, delete_stream, queue_arguments
+from partq.producer.queue_arguments import queue_arguments
+from partq.producer.topology import declare_stream, delete_stream
 
 pytestmark = [pytest.mark.integration]
 

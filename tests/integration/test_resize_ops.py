@@ -39,8 +39,9 @@ from partq.producer.contract import (
     queue_name,
 )
 from partq.producer.layout import Layout
+from partq.producer.queue_probes import check_partition_queues, queue_stats
 from partq.producer.registry import Registry
-from partq.producer.topology import check_partition_queues, delete_stream, queue_stats
+from partq.producer.topology import delete_stream
 
 from partq.kernel import keys
 from partq.kernel.local import LocalEtcd

@@ -124,7 +124,7 @@ class Delivered:
 
 
 def queue_depths(amqp_url: str, spec: StreamSpec) -> list[int]:
-    from partq.producer.topology import queue_stats
+    from partq.producer.queue_probes import queue_stats
 
     with blocking_connection(amqp_url) as connection:
         return [s.messages or 0 for s in queue_stats(connection, spec)]

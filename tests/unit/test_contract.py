@@ -25,7 +25,7 @@ from partq.producer.contract import (
     decode_key,
     encode_key,
 )
-from partq.producer.topology import encoded_properties, message_properties
+from partq.producer.properties import encoded_properties, message_properties
 
 
 def _key(vector: dict[str, Any]) -> str | bytes:
@@ -140,7 +140,7 @@ def _utf8(key: str | bytes) -> bool:
 
 
 def test_replicas_are_stored_and_declared_for_quorum_streams_only() -> None:
-    from partq.producer.topology import park_queue_arguments, queue_arguments
+    from partq.producer.queue_arguments import park_queue_arguments, queue_arguments
 
     from partq.kernel.errors import UsageError
 

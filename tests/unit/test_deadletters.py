@@ -6,7 +6,7 @@ from __future__ import annotations
 import pika
 from partq.coordinator.ops.deadletters import letter_from, republished, target
 from partq.producer.contract import DEAD_LETTER_HEADERS, StreamSpec
-from partq.producer.topology import dead_letter_queue_arguments
+from partq.producer.queue_arguments import dead_letter_queue_arguments
 
 SPEC = StreamSpec("orders", 8, "quorum")
 

@@ -12,8 +12,8 @@ import pika
 import pytest
 from partq.producer import UsageError
 from partq.producer.contract import HEADER_KEY, HEADER_PARTITION
-from partq.producer.topology import message_properties
-from partq.producer.wire import encode_properties as _encode_properties
+from partq.producer.properties import encode_properties as _encode_properties
+from partq.producer.properties import message_properties
 
 FRAME = 131_072 - 20  # what a header frame carries of properties with the default frame_max
 

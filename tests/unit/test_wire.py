@@ -9,7 +9,7 @@ import pika.connection
 import pika.frame
 import pika.spec
 import pytest
-from partq.producer.topology import encoded_properties
+from partq.producer.properties import encoded_properties
 from partq.producer.wire import ConfirmingConnection, Framer
 
 FRAME_MAX = 4096

@@ -29,8 +29,9 @@ from partq.coordinator.leader.resizer import Resizer
 from partq.coordinator.ops import admin, dlq
 from partq.coordinator.store.group import Group
 from partq.producer import Producer, StreamSpec
+from partq.producer.queue_probes import scan_partition_queues
 from partq.producer.registry import Registry
-from partq.producer.topology import declare_partition_queues, scan_partition_queues
+from partq.producer.topology import declare_partition_queues
 
 from examples import audit
 from examples.audit import Crash
