@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # All cores busier than this over a round: the gaps are a saturated machine's, where every
 # hop of a handoff waits for a core (and a Python thread for the GIL its holder keeps while
-# descheduled), not the product's on an idle machine (docs/history.md, stop 43).
+# descheduled), not the product's on an idle machine.
 SATURATED = 0.85
 
 

@@ -24,7 +24,7 @@ times, from the first publish to the last confirm:
 
 Every loop but ``bare`` does the same per-message work as the SDK: hash the key with
 ``partition_for``, persistent properties with key/partition headers, a fresh
-``message_id`` and a timestamp (``partq.producer.topology.message_properties``), and a
+``message_id`` and a timestamp (``partq.producer.properties.message_properties``), and a
 ``mandatory`` publish. Each measurement is repeated ``--repeats`` times,
 interleaved (sdk, sdk-many, async, async-many, pipelined, bare, wait-each, sdk, …) so
 drifting load hits all alike; the table shows the median. Not a test: it asserts only that every

@@ -355,7 +355,7 @@ class ConnectionLoop:
         """A nack: start over on a new connection (the next node of a list), at most once
         per ``_NACK_RECYCLE`` seconds. RabbitMQ 3.10 keeps nacking every publish on a channel
         whose quorum-queue leader died, though the queue has a new leader, while a new
-        channel confirms at once (docs/history.md)."""
+        channel confirms at once."""
         now = time.monotonic()
         if now - self._recycled_at < _NACK_RECYCLE:
             return

@@ -5,7 +5,7 @@ A drain may cancel its consumer only once the broker provably has no credit left
 busy partition's window fills by itself; an idle or trickling one used to be cancelled
 with credit left once it looked quiet, and a delivery in flight at that cancel came back
 behind newer messages the next owner was already given (RabbitMQ 3.10 quorum queues under
-load or after a node restart: docs/history.md, "Consumer priority and the quiet drain").
+load or after a node restart).
 Instead, a drain whose window is not full publishes, as it begins, as many *fillers* as it
 has credit left into its own queue: empty messages through the stream's dead-letter
 exchange, to which every partition queue is bound under its own name

@@ -59,7 +59,8 @@ class Message:
     ``attempt`` counts this consumer's handler attempts for this delivery, 1 to
     ``--max-attempts``: the retry bound counts these. A handler that raises
     anything (also ``SystemExit`` and ``KeyboardInterrupt``) spends one attempt;
-    after the last the message goes to the stream's dead-letter queue.
+    after the last the key is parked (the stream's ``on_failure = park``, the default for
+    a new stream) or the message is dead-lettered (``on_failure = dead-letter``).
 
     ``delivery_count`` is the broker's ``x-delivery-count`` (quorum queues only; 0
     when absent), informational: both a redelivery after a consumer crashed and a

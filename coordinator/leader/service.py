@@ -347,7 +347,7 @@ class StreamCoordinator(threading.Thread):
         while not self.stopping.is_set():
             # Every event already queued is mirrored before one plan: planning is O(P), and
             # a rebalance's own writes come back as a burst of watch events (P of them after
-            # a first assignment): one plan per event would be O(P²) (docs/history.md).
+            # a first assignment): one plan per event would be O(P²).
             batch = [self._next(), *self._ready(_BATCH)]
             lead: CoordinatorEvent = batch[-1]
             for event in batch:

@@ -94,9 +94,7 @@ def test_the_metrics_reference_lists_every_metric_partq_exports() -> None:
     # Given every metrics module in the packages (a new one must be added to the generator)
     # (the top-level folders producer/, coordinator/, consumers/ are partq.producer, ...)
     found = {
-        ".".join(
-            ("partq", *parts) if parts[0] != "partq" else parts
-        )
+        ".".join(("partq", *parts) if parts[0] != "partq" else parts)
         for package in ("partq", "producer", "coordinator", "consumers")
         for path in (ROOT / package).rglob("metrics.py")
         for parts in [path.relative_to(ROOT).with_suffix("").parts]

@@ -14,8 +14,7 @@ PID) if it overruns. Its table is printed (``-s``).
 
 CI runs it on a 4.0.5 cluster (the cached tree). On the machine's RabbitMQ (3.10.8 here)
 it runs on demand: a 3.x cluster with a node down can still hand a consumer a window it
-never receives and return it behind newer messages at a planned handoff (docs/history.md,
-"Randomized fault soak"; 3 violations in one 18-minute run, 0 in the latest), so it would
+never receives and return it behind newer messages at a planned handoff, so it would
 fail CI by chance.
 """
 
