@@ -32,7 +32,8 @@ from tests.polling import wait_until
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 VERSION: str = PYPROJECT["project"]["version"]
-PACKAGES: list[str] = PYPROJECT["tool"]["mypy"]["packages"]
+# package -> the repository folder it is built from
+FOLDERS: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
 
 
 # ---------------------------------------------------------------- versions deploy/ names
@@ -170,19 +171,28 @@ def test_python_m_build_makes_a_wheel_and_an_sdist_of_every_package(release: Rel
     assert release.sdist.name == f"partq-{VERSION}.tar.gz"
     with zipfile.ZipFile(release.wheel) as wheel:
         names = wheel.namelist()
-    top = {name.split("/")[0] for name in names if name.endswith(".py")}
-    assert top == set(PACKAGES)
-    # every module of the source tree is in the wheel
-    tracked = subprocess.run(
-        ["git", "ls-files", *(f"{p}/*.py" for p in PACKAGES)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.split()
-    assert set(tracked) <= set(names), sorted(set(tracked) - set(names))
-    assert any(name.endswith("py.typed") for name in names)
+    # one top-level name, partq, beside the distribution's metadata
+    top = {name.split("/")[0] for name in names}
+    assert top == {"partq", f"partq-{VERSION}.dist-info"}, sorted(top)
+    # every module of the folders partq is built from is in the wheel, at its package path
+    for package, folder in FOLDERS.items():
+        tracked = subprocess.run(
+            ["git", "ls-files", f"{folder}/*.py"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+        assert tracked, folder
+        inside = {
+            package.replace(".", "/") + "/" + Path(f).relative_to(folder).as_posix()
+            for f in tracked
+        }
+        assert inside <= set(names), sorted(inside - set(names))
+    assert "partq/py.typed" in names
+    # and nothing of the examples, tests or benchmarks
+    assert not [n for n in names if n.startswith(("partq/examples", "partq/tests", "examples/"))]
 
 
 @pytest.mark.e2e
@@ -193,7 +203,11 @@ def test_the_installed_wheel_starts_outside_the_source_tree(release: Release) ->
     help_ = release.run("--help")
     version = release.run("--version")
     where = subprocess.run(
-        [release.bin("python"), "-c", "import cli, kernel; print(cli.__file__, kernel.__file__)"],
+        [
+            release.bin("python"),
+            "-c",
+            "import partq.cli, partq.consumers as c; print(partq.cli.__file__, c.__file__)",
+        ],
         capture_output=True,
         text=True,
         cwd=release.home,
@@ -247,9 +261,20 @@ def test_a_coordinator_and_a_consumer_of_the_wheel_handle_a_stream(
     # Given a stream the release's CLI created
     created = release.run("stream", "create", stream, "--partitions", "2", **env)
     assert created.returncode == 0, created.stderr
-    # When its coordinator and a consumer with the example handler run, and a message is sent
+    # And a handler module of the user's, in a folder that also holds modules named like
+    # partq's old top-level packages (they once hid the SDK)
+    (release.home / "handlers.py").write_text(
+        "from partq import Message\n\n"
+        "def handle(message: Message) -> None:\n"
+        "    print('handled', message.body.decode(), flush=True)\n"
+    )
+    for shadow in ("producer", "cli", "kernel", "consumers", "coordinator"):
+        (release.home / f"{shadow}.py").write_text(
+            f"raise ImportError('the user\\'s {shadow}.py')\n"
+        )
+    # When its coordinator and a consumer with that handler run, and a message is sent
     coordinator = ["coordinator", stream, "--settle", "0.5", "--http-port", "0"]
-    handler = "examples.handlers:print_handler"
+    handler = "handlers:handle"
     consume = ["consume", stream, "--handler", handler, "--http-port", "0", "--ttl", "2"]
     with (
         daemon(release, "coordinator", *coordinator, **env) as leader,
