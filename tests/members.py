@@ -8,6 +8,7 @@ from typing import cast
 
 from partq.consumers.broker.deadletters import DeadLetters
 from partq.consumers.broker.port import BrokerPort
+from partq.consumers.control.crew import Crew
 from partq.consumers.control.partitions import Partitions
 from partq.consumers.handling.message import Message
 from partq.coordinator.store.group import Claim, Group
@@ -30,17 +31,26 @@ def bare_partitions(
 ) -> Partitions:
     """``member``'s partitions on ``broker`` (a recorder), with a handler that does nothing,
     one attempt per message and no retries, dead letters, resync or release retries."""
+    crew = Crew(
+        member=member,
+        handler=_ignore,
+        broker=cast(BrokerPort, broker),
+        dead_letters=cast(DeadLetters, None),
+        max_attempts=1,
+        retry_backoff=0.01,
+        handler_timeout=None,
+        on_failure=lambda _p, _r: None,
+        parking=None,
+        resize=None,
+        concurrency=1,
+        fence_wait=0.0,
+    )
     return Partitions(
         spec=spec,
         member=member,
         group=group,
         broker=cast(BrokerPort, broker),
-        handler=_ignore,
-        dead_letters=cast(DeadLetters, None),
-        max_attempts=1,
-        retry_backoff=0.01,
-        handler_timeout=None,
-        on_worker_failure=lambda _p, _r: None,
+        crew=crew,
         retry_release=lambda _p: None,
         resync=lambda: None,
         settle_takeover=settle_takeover,

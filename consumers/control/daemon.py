@@ -61,6 +61,7 @@ from partq.consumers.control.config import (
     ConsumerConfig,
     default_member_id,
 )
+from partq.consumers.control.crew import Crew
 from partq.consumers.control.deadlines import Deadlines
 from partq.consumers.control.events import (
     BrokerOutage,
@@ -211,25 +212,31 @@ class Consumer:
             # after the cancel, as before (docs/benchmarks.md, issue 12 goal 2)
             early_release=self.spec.queue_type == "quorum",
         )
+        crew = Crew(
+            member=self.member,
+            handler=handler,
+            broker=self.broker,
+            dead_letters=self.dead_letters,
+            max_attempts=config.max_attempts,
+            retry_backoff=config.retry_backoff,
+            handler_timeout=config.handler_timeout,
+            on_failure=lambda p, reason: put(WorkerFailed(p, reason)),
+            parking=self.parking,
+            resize=self.resize,
+            concurrency=config.concurrency,
+            fence_wait=config.ttl,
+        )
         self.partitions = Partitions(
             spec=self.spec,
             member=self.member,
             group=self.group,
             broker=self.broker,
-            handler=handler,
-            dead_letters=self.dead_letters,
-            max_attempts=config.max_attempts,
-            retry_backoff=config.retry_backoff,
-            handler_timeout=config.handler_timeout,
-            on_worker_failure=lambda p, reason: put(WorkerFailed(p, reason)),
+            crew=crew,
             retry_release=lambda p: self._schedule(RetryRelease(p)),
             resync=lambda: self._schedule(Resync()),
             settle_takeover=lambda p: self._after(config.ttl + 1.0, SettleTakeover(p)),
             stop_yielding=lambda p, since: self._after(YIELD_WAIT, StopYielding(p, since)),
             parking=self.parking,
-            concurrency=config.concurrency,
-            resize=self.resize,
-            fence_wait=config.ttl,
         )
         self.reports = Reports(
             config, self._labels, self.group, self.partitions, self.broker, self.parking
@@ -347,7 +354,7 @@ class Consumer:
                 self._update_ready()
             case CheckTakeovers():
                 allowed = not (self.stopping or self.deleted or self.session is None)
-                self.partitions.check_takeovers(allowed=allowed)
+                self.partitions.standbys.check(allowed=allowed)
 
     def _on_broker_event(self, event: BrokerUpdate) -> None:
         match event:
@@ -363,8 +370,8 @@ class Consumer:
                 if self.stopping or self.deleted or self.session is None:
                     self.broker.give_back(partition)
                 elif isinstance(event, port.StandbyLost):
-                    self.partitions.standby_lost(partition)
-                elif self.partitions.activated(partition):
+                    self.partitions.standbys.lost(partition)
+                elif self.partitions.standbys.activated(partition):
                     self.events.put(CheckTakeovers())
             case port.Refused(partition, reason):
                 self.partitions.abandon(partition)  # never subscribed again: it would spin

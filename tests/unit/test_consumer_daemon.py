@@ -409,7 +409,7 @@ def inside_a_call(env: Env, ttl: int, messages: int) -> tuple[Running, Holding, 
     and inside its call for m0; the delivery tags."""
     holding = Holding()
     c1 = env.consumer("c1", ttl=ttl)
-    c1.consumer.partitions.handler = holding
+    c1.consumer.partitions.crew.handler = holding
     holding.running = c1
     env.assign(0, "c1")
     eventually("consuming", lambda: c1.consumer.owned() == [0])

@@ -161,10 +161,10 @@ def test_the_heir_subscribes_above_the_owner_and_takes_the_claim_once_switched(e
     assert (slot.state.phase, slot.state.standby) == (Phase.WAITING, Standby.STANDING)
     assert broker.named("stand_by") == [("stand_by", 0, 1)]
     _, seen = env.group.read_claim(0)
-    assert (slot.behind, slot.seen, slot.rank) == ("a", seen, 1)
+    assert (slot.behind.owner, slot.behind.seen, slot.behind.rank) == ("a", seen, 1)
     # When RabbitMQ switches to it / Then the claim is b's, with its priority, and promoted
-    assert b.activated(0) is True
-    b.check_takeovers()
+    assert b.standbys.activated(0) is True
+    b.standbys.check()
     claim, _ = env.group.read_claim(0)
     assert claim is not None and (claim.member, claim.priority, claim.sealed) == ("b", 1, False)
     assert (slot.state.phase, slot.state.holder) == (Phase.ACTIVE, Holder.ME)
@@ -179,8 +179,8 @@ def test_an_heir_activated_by_a_cancel_behind_a_sealed_claim_gives_back_and_wait
     claim, _ = env.group.read_claim(0)
     assert claim is not None
     assert env.group.seal(0, env.sessions["a"], claim) > 0
-    b.activated(0)
-    b.check_takeovers()
+    b.standbys.activated(0)
+    b.standbys.check()
     # Then b gives everything back, keeps waiting, and does not subscribe as heir again
     b.follow(env.group.snapshot())
     slot = b.slots[0]
@@ -206,7 +206,7 @@ def test_no_heir_behind_a_member_that_hands_over_by_drain(env: Env) -> None:
 def test_an_owner_whose_heir_does_not_take_over_in_time_seals_and_drains(env: Env) -> None:
     a, broker = env.owner()
     yields: list[float] = []
-    a._stop_yielding = lambda _p, since: yields.append(since)  # the daemon's timer
+    a.yielding._later = lambda _p, since: yields.append(since)  # the daemon's deadline
     env.assign("b")
     a.follow(env.group.snapshot())
     assert a.slots[0].state.phase is Phase.YIELDING and len(yields) == 1
@@ -243,8 +243,8 @@ def test_an_heir_moved_away_keeps_standing_and_takes_over_if_the_broker_switched
     # Then b stays subscribed above a: the broker may have switched to it already
     assert (b.slots[0].state.standby, broker.named("stand_down")) == (Standby.STANDING, [])
     # When it had: the claim is b's all the same (it moves on from b as any partition)
-    b.activated(0)
-    b.check_takeovers()
+    b.standbys.activated(0)
+    b.standbys.check()
     claim, _ = env.group.read_claim(0)
     assert claim is not None and claim.member == "b"
     assert not broker.named("give_back")
@@ -275,8 +275,8 @@ def test_an_heir_takes_over_a_claim_its_owner_rewrote_without_sealing(env: Env) 
     assert claim is not None and not claim.live
     assert env.group.mark_live(0, env.sessions["a"], claim) > seen
     # and RabbitMQ switches to b / Then b takes that claim over: a cancelled nothing
-    b.activated(0)
-    b.check_takeovers()
+    b.standbys.activated(0)
+    b.standbys.check()
     after, _ = env.group.read_claim(0)
     assert after is not None and (after.member, after.priority) == ("b", 1)
     assert (b.slots[0].state.phase, broker.named("give_back")) == (Phase.ACTIVE, [])

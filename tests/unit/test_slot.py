@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from partq.consumers.control.slot import PartitionSlot, WorkerView
+from partq.consumers.control.slot import NOBODY, Behind, PartitionSlot, WorkerView
 from partq.consumers.handling.worker import Worker
 from partq.consumers.state.handoff import Event, Phase, Standby
 
@@ -60,12 +60,25 @@ def test_the_freed_time_is_taken_once_and_behind_lasts_as_long_as_the_standby() 
     slot = PartitionSlot(0, freed_at=12.5)
     assert (slot.take_freed_at(), slot.take_freed_at()) == (12.5, None)
     before, _ = slot.step(Event.STANDBY_WANTED)
-    slot.behind = "a"
+    slot.stands_behind(Behind("a"))
     assert (before.standby, slot.state.standby) == (Standby.NONE, Standby.STANDING)
     slot.step(Event.ACTIVATED)
-    assert slot.behind == "a"  # the takeover check reads it
+    assert slot.behind == Behind("a")  # the takeover check reads it
     slot.step(Event.TAKEN_OVER)
-    assert (slot.state.phase, slot.behind) == (Phase.ACTIVE, "")
+    assert (slot.state.phase, slot.behind) == (Phase.ACTIVE, NOBODY)
+
+
+def test_a_freed_claim_and_a_yield_are_noted_by_the_step_that_tells_them() -> None:
+    slot = PartitionSlot(0)
+    slot.step(Event.ASSIGNED)
+    slot.step(Event.CLAIM_FREE)
+    assert slot.freed_at is not None
+    assert (slot.take_freed_at() is not None, slot.take_freed_at()) == (True, None)
+    slot.step(Event.CLAIMED)
+    slot.step(Event.SUBSCRIBED)
+    assert (slot.state.phase, slot.yielded_at) == (Phase.ACTIVE, 0.0)
+    slot.step(Event.YIELD)
+    assert slot.state.phase is Phase.YIELDING and slot.yielded_at > 0
 
 
 def test_the_worker_view_shows_only_the_slots_with_a_worker() -> None:

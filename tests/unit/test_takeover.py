@@ -3,8 +3,8 @@
 The group is written into the fake as the leader and the partition's owner would write it;
 the broker is a recorder of the calls Partitions makes (RabbitMQ's side of a standby is
 proven by tests/integration/test_hot_standby.py). Each test drives what the daemon does on
-the broker's callbacks: ``activated`` (``on_activated``), ``standby_lost``, and the queued
-``check_takeovers``.
+the broker's callbacks: ``standbys.activated`` (``on_activated``), ``standbys.lost``, and
+the queued ``standbys.check``.
 """
 
 from __future__ import annotations
@@ -84,12 +84,16 @@ def env() -> Iterator[Env]:
 def test_the_standby_of_a_dead_owner_takes_over_and_is_promoted(env: Env) -> None:
     # Given a standby subscription behind a's consumer
     slot = env.partitions.slots[0]
-    assert (slot.state.standby, slot.behind, env.calls("stand_by")) == (Standby.STANDING, "a", 1)
+    assert (slot.state.standby, slot.behind.owner, env.calls("stand_by")) == (
+        Standby.STANDING,
+        "a",
+        1,
+    )
     # When RabbitMQ activates it (a's connection died) / Then one takeover check is queued
-    assert env.partitions.activated(0) is True
+    assert env.partitions.standbys.activated(0) is True
     assert slot.state.standby is Standby.ACTIVATED
     # When the check runs / Then our takeover claim is written and the standby promoted
-    env.partitions.check_takeovers()
+    env.partitions.standbys.check()
     claim = env.group.snapshot().claims[0]
     assert (claim.member, claim.lease, claim.takeover, claim.taken_from) == (
         "b",
@@ -104,7 +108,7 @@ def test_the_standby_of_a_dead_owner_takes_over_and_is_promoted(env: Env) -> Non
     )
     assert env.broker.calls[-1] == ("promote", 0) and env.calls("give_back") == 0
     assert slot.worker is not None and slot.worker.is_alive()  # started before the promote
-    assert (slot.taken_from, slot.behind, env.settled) == ("a", "", [0])
+    assert (slot.taken_from, slot.behind.owner, env.settled) == ("a", "", [0])
     assert env.partitions.owned() == [0]
     # and the partition stays ours while the assignment still names a (assigned: taken)
     env.partitions.sync(0)
@@ -115,11 +119,11 @@ def test_an_activation_by_a_planned_move_is_given_back(env: Env) -> None:
     # Given a standing standby whose owner's partition the leader moved (a drains it)
     env.assign(0, "c")
     # When RabbitMQ activates the standby (a's cancel) and the check reads the group
-    assert env.partitions.activated(0) is True
-    env.partitions.check_takeovers()
+    assert env.partitions.standbys.activated(0) is True
+    env.partitions.standbys.check()
     # Then it gives back, claims nothing and starts no worker
     slot = env.partitions.slots[0]
-    assert (slot.state.standby, slot.behind, slot.worker) == (Standby.NONE, "", None)
+    assert (slot.state.standby, slot.behind.owner, slot.worker) == (Standby.NONE, "", None)
     assert env.calls("give_back") == 1 and env.calls("promote") == 0
     assert env.group.snapshot().claims[0].member == "a"
 
@@ -130,9 +134,9 @@ def test_an_activation_after_the_standby_stood_down_is_given_back_at_once(env: E
     env.partitions.follow(env.group.snapshot())
     assert env.calls("stand_down") == 1
     # When RabbitMQ's activation arrives / Then it goes back at once, with no check queued
-    assert env.partitions.activated(0) is False
+    assert env.partitions.standbys.activated(0) is False
     assert env.calls("give_back") == 1
-    env.partitions.check_takeovers()
+    env.partitions.standbys.check()
     assert env.calls("promote") == 0 and env.calls("give_back") == 1
 
 
@@ -140,18 +144,18 @@ def test_a_lost_standby_stands_by_again_and_is_not_taken_over_by_an_old_check(
     env: Env,
 ) -> None:
     # Given an activated standby whose channel then closed before the check
-    env.partitions.activated(0)
-    env.partitions.standby_lost(0)
+    env.partitions.standbys.activated(0)
+    env.partitions.standbys.lost(0)
     # Then it stands by again (still wanted), and the pending check takes nothing over
     slot = env.partitions.slots[0]
     assert (slot.state.standby, env.calls("stand_by")) == (Standby.STANDING, 2)
-    env.partitions.check_takeovers()
+    env.partitions.standbys.check()
     assert env.calls("promote") == 0 and slot.state.standby is Standby.STANDING
 
 
 def test_a_stopping_member_gives_every_activated_standby_back(env: Env) -> None:
-    env.partitions.activated(0)
-    env.partitions.check_takeovers(allowed=False)
+    env.partitions.standbys.activated(0)
+    env.partitions.standbys.check(allowed=False)
     assert env.calls("give_back") == 1 and env.calls("promote") == 0
     assert env.group.snapshot().claims[0].member == "a"
 
@@ -193,10 +197,10 @@ def test_a_standby_given_its_dead_owners_partition_stays_standing_rather_than_tu
     # Then the standby stays: RabbitMQ activates it as it notices a's death and it takes
     # over; standing it down for an heir subscription would give back anything it had
     # been sent already, behind newer messages
-    assert (slot.state.standby, slot.behind) == (Standby.STANDING, "a")
+    assert (slot.state.standby, slot.behind.owner) == (Standby.STANDING, "a")
     assert (env.calls("stand_down"), env.calls("stand_by")) == (0, 1)
-    assert env.partitions.activated(0) is True
-    env.partitions.check_takeovers()
+    assert env.partitions.standbys.activated(0) is True
+    env.partitions.standbys.check()
     assert env.group.snapshot().claims[0].member == "b"
     assert env.calls("give_back") == 0
     c.close(revoke=True)
@@ -231,5 +235,5 @@ def test_an_owner_that_drained_stands_by_behind_the_new_owner_once_idle(env: Env
     env.partitions.handoff(1, Event.DRAINED)
     # Then b stands by behind a at once
     assert slot.state.phase is Phase.IDLE
-    assert (slot.state.standby, slot.behind) == (Standby.STANDING, "a")
+    assert (slot.state.standby, slot.behind.owner) == (Standby.STANDING, "a")
     assert env.broker.calls.count(("stand_by", 1)) == 1
