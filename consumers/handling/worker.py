@@ -9,9 +9,8 @@ What happens to a delivery (every outcome is logged and counted):
   ``x-partq-error``, ``x-partq-attempts``) and acked; the partition goes on.
 - **Handler returned an awaitable** (an ``async def`` handler or async ``__call__``, or a
   sync handler returning a coroutine): it is awaited on the daemon's event loop
-  (:class:`~partq.consumers.handling.runners.EventLoop`) and the outcome is the awaitable's:
-  returning
-  acks, raising is a failed attempt. Never acked before it finished.
+  (:class:`~partq.consumers.handling.runners.EventLoop`) and the outcome is the
+  awaitable's: returning acks, raising is a failed attempt. Never acked before it finished.
 - **Malformed partq headers** (:class:`~partq.consumers.handling.message.MalformedHeaders`): never
   handed to the handler; dead-lettered at once with ``x-partq-error-type:
   MalformedHeaders`` and ``x-partq-attempts: 0``, acked, counted
@@ -21,21 +20,13 @@ What happens to a delivery (every outcome is logged and counted):
 - **Wrong partition**: a ``partq-partition`` header naming another partition than
   the queue it came from is logged and counted
   (``problem="wrong_partition"``), and the message is handled.
-- **Handler timeout** (``handler_timeout`` seconds; a watchdog thread per worker
-  notices, within a quarter of the timeout or 1 s): a thread cannot be stopped,
-  and the next message of the partition must not start while this one runs, so
-  the message is dead-lettered (``x-partq-error-type: HandlerTimeout``) and acked
-  (a poison message cannot crash-loop the group), the worker never handles
-  another message (if the handler ever returns, its result is dropped) and
-  reports ``handler_timeout``: the daemon leaves the group and exits non-zero.
-- **A resize's fence** (``x-partq-control: fence``, docs/resize.md): never handed to the
-  handler. Every message before it is handled (it is handled in its turn), so the
-  partition's old layout is drained: that is recorded in etcd (``keys.drained``, retried
-  while etcd is away), then the fence is acked. One whose routing key is not its own
-  (``fence.E.q``) is dead-lettered as forged.
-- **Gated** (a resize's new-layout message of a key that moved): waits, holding the
-  partition, until the key's old partition handled its fence
-  (:mod:`partq.consumers.control.resizing`).
+- **Handler timeout** (``handler_timeout`` seconds): the message is dead-lettered
+  (``HandlerTimeout``) and acked, the worker handles nothing more and reports
+  ``handler_timeout``: the daemon leaves the group and exits non-zero
+  (:mod:`partq.consumers.handling.watchdog`).
+- **A resize's fence** (``x-partq-control: fence``) is recorded in etcd and acked, never
+  handled; a new-layout message of a key that moved waits for its old partition's fence
+  (**gated**); both: :mod:`partq.consumers.handling.fences`.
 - **The worker itself fails** (any unexpected error outside the handler): the
   traceback is logged, ``partq_consumer_worker_failures_total{reason="crash"}``
   counted, and the daemon told (``on_failure``): it turns ``/readyz`` false,
@@ -47,18 +38,19 @@ Threads. The worker thread (``partition-<p>``) takes items from ``inbox`` (a
 and runs the handler; with a handler timeout, its watchdog thread (``watchdog-<p>``)
 watches ``_running`` and may dead-letter and ack the running message itself. ``_lock``
 guards ``_running``, ``_timed_out``, ``handled`` and ``_first`` between them (and the
-pool threads of ``partq.consumers.handling.keyed``); ``_idle``, a condition on it, wakes the
-controller
-waiting in :meth:`Worker.wait_handlers` for the calls under way before a fence. An
+pool threads of ``partq.consumers.handling.keyed``); ``_idle``, a condition on it, wakes
+the controller waiting in :meth:`Worker.wait_handlers` for the calls under way before a fence. An
 awaitable goes to the member's ``EventLoop`` thread; the caller blocks on its result.
 Acks, channel closes and ``finish`` go through the broker's thread-safe methods; a
 failure reaches the controller through ``on_failure`` (a queued event). Read without the
 lock, one value each: ``waiting_since`` and ``handled`` by the controller, ``busy`` by
 the HTTP scrape, pika's ``Channel.is_open`` by this thread.
-:class:`~partq.consumers.broker.deadletters.DeadLetters` is shared by the member's workers; its lock
-serialises publishes. Parking a key and obeying a redrive (the base class
-:class:`~partq.consumers.handling.keyparking.KeyParking`) run on the thread that handles the
-message.
+:class:`~partq.consumers.broker.deadletters.DeadLetters` is shared by the member's
+workers; its lock serialises publishes. Parking a key and obeying a redrive (the base
+class :class:`~partq.consumers.handling.keyparking.KeyParking`) and a resize's steps
+(:class:`~partq.consumers.handling.fences.ResizeSteps`) run on the thread that handles
+the message; the watchdog's (:class:`~partq.consumers.handling.watchdog.Watchdog`) on its
+own thread.
 """
 
 from __future__ import annotations
@@ -75,69 +67,43 @@ from typing import Any
 from partq.consumers import metrics
 from partq.consumers.broker.deadletters import DeadLetters
 from partq.consumers.broker.port import END, BrokerPort, Delivery
-from partq.consumers.control.resizing import WAITING_FOR_RECORD, ResizeGate
+from partq.consumers.control.resizing import ResizeGate
 from partq.consumers.handling import keyparking
+from partq.consumers.handling.fences import ResizeSteps, is_fence
 from partq.consumers.handling.keyparking import KeyParking, Outcome
 from partq.consumers.handling.message import Handler, MalformedHeaders, Message, message_from
 from partq.consumers.handling.parking import Parking, shown_key
 from partq.consumers.handling.runners import EventLoop
+from partq.consumers.handling.watchdog import (
+    CRASH,
+    HANDLER_TIMEOUT,
+    HandlerTimeout,
+    Running,
+    TimedOut,
+    Watchdog,
+)
 from partq.coordinator.store.session import Session
 from partq.producer.contract import (
     CONTROL_FENCE,
     HEADER_CONTROL,
-    HEADER_EPOCH,
     StreamSpec,
-    decode_key,
-    fence_routing_key,
     key_id,
 )
 
 from partq.kernel import logs
 from partq.kernel.backoff import Backoff
-from partq.kernel.errors import EtcdError, PartqError
 
-__all__ = ["CRASH", "HANDLER_TIMEOUT", "DeadLetters", "HandlerTimeout", "Worker"]
+__all__ = ["CRASH", "HANDLER_TIMEOUT", "DeadLetters", "HandlerTimeout", "Worker", "is_fence"]
 
 log = logging.getLogger("partq.consumer.worker")
 STOP = object()
-CRASH = "crash"  # worker failure reasons (the label of partq_consumer_worker_failures_total)
-HANDLER_TIMEOUT = "handler_timeout"
-_DEAD_LETTER_PATIENCE = 30.0  # seconds a timed-out message's dead-lettering is retried
-
-
-class HandlerTimeout(PartqError):
-    """The handler did not return within the handler timeout (the dead letter's error type)."""
 
 
 class _Fencing(Exception):
     """The worker was stopped for a fence before the handler call began: it never begins."""
 
 
-class _TimedOut(Exception):
-    pass
-
-
-class ForgedFence(PartqError):
-    """A fence whose routing key or epoch is not what a resize publishes (dead-lettered)."""
-
-
-def is_fence(delivery: Delivery) -> bool:
-    """Whether ``delivery`` is a resize's fence (partq's control header says so)."""
-    headers = delivery.properties.headers
-    return bool(headers) and headers.get(HEADER_CONTROL) in (CONTROL_FENCE, CONTROL_FENCE.encode())
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Running:
-    """The handler call under way, as the watchdog sees it."""
-
-    delivery: Delivery
-    message: Message
-    started: float
-    replay: bool = False  # a parked message replayed by a redrive, not the partition's
-
-
-class Worker(KeyParking, threading.Thread):
+class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
     def __init__(
         self,
         *,
@@ -201,7 +167,7 @@ class Worker(KeyParking, threading.Thread):
         self._idle = threading.Condition(self._lock)  # notified when _running empties
         # the handler calls under way, by calling thread (one, unless
         # ``partq.consumers.handling.keyed``)
-        self._running: dict[int, _Running] = {}
+        self._running: dict[int, Running] = {}
         self._timed_out = False
         self._fencing = False  # stopped for a fence: no handler call begins, nothing is given back
         self._first = True  # no delivery handled yet: the next one measures the handoff gap
@@ -246,24 +212,6 @@ class Worker(KeyParking, threading.Thread):
                 self._crashed(error)
             finally:
                 self._finished.set()
-
-    def _crashed(self, error: BaseException) -> None:
-        """Never die silently: log, count, tell the daemon."""
-        log.error(
-            "partition %d: the worker failed; this member leaves the group and exits",
-            self.partition,
-            exc_info=error,
-        )
-        self._fail(CRASH)
-
-    def _fail(self, reason: str) -> None:
-        self.failure = reason
-        metrics.WORKER_FAILURES.labels(*self._labels, reason).inc()
-        if self.on_failure is not None:
-            try:
-                self.on_failure(self.partition, reason)
-            except Exception:
-                log.exception("partition %d: reporting the worker failure failed", self.partition)
 
     def _run(self) -> None:
         if self.previous is not None:
@@ -341,67 +289,6 @@ class Worker(KeyParking, threading.Thread):
                 return False
         return True
 
-    def _gate(self, delivery: Delivery) -> bool:
-        """Wait while ``delivery`` is gated by a resize; False if it must be given back."""
-        gate = self.resize
-        if gate is None:
-            return True
-        try:
-            key = decode_key(delivery.properties.headers or {})
-        except Exception:  # malformed: dead-lettered in its turn, never gated
-            key = None
-        waits_for = gate.waits_for(delivery.routing_key, key)
-        if waits_for is None:
-            return True
-        log.info(
-            "partition %d: a message of layout %s waits for %s",
-            self.partition,
-            delivery.routing_key,
-            "the resize's record"
-            if waits_for == WAITING_FOR_RECORD
-            else f"old partition {waits_for} to handle its fence",
-        )
-        return gate.wait(
-            delivery.routing_key,
-            key,
-            lambda: (
-                self.stopped.is_set() or not delivery.channel.is_open or self.session.lost.is_set()
-            ),
-        )
-
-    def _fence(self, delivery: Delivery) -> Outcome:
-        """A resize's fence: every message before it is handled, so the old layout of this
-        partition is drained. Recorded in etcd (retried while it is away), then acked."""
-        raw = (delivery.properties.headers or {}).get(HEADER_EPOCH)
-        epoch = raw if type(raw) is int and raw >= 0 else None
-        if epoch is None or delivery.routing_key != fence_routing_key(epoch, self.partition):
-            forged = ForgedFence(
-                f"a fence on routing key {delivery.routing_key!r} with epoch {raw!r}: a "
-                f"resize fences partition {self.partition} on 'fence.<epoch>.{self.partition}'"
-            )
-            metrics.HEADER_PROBLEMS.labels(*self._labels, "forged_control").inc()
-            log.error("partition %d: %s: dead-lettering it", self.partition, forged)
-            return self._dead_letter(delivery, forged, 0)
-        gate = self.resize
-        delays = keyparking.RETRY_BACKOFF.delays()
-        while gate is not None and not self.stopped.is_set():
-            try:
-                gate.drained(epoch, self.partition)
-                break
-            except EtcdError as e:
-                log.warning("partition %d: cannot record its fence yet: %s", self.partition, e)
-                self.stopped.wait(delays.next())
-        else:
-            if gate is not None:
-                return Outcome.KEEP  # stopped: the fence is handled again by the next owner
-            log.error("partition %d: a fence of epoch %d, unrecorded", self.partition, epoch)
-        log.info(
-            "partition %d: handled the fence of layout epoch %d: its old layout is drained",
-            self.partition,
-            epoch,
-        )
-        return Outcome.ACK
-
     def _message(self, delivery: Delivery) -> Message:
         """The handler's view of ``delivery``; :class:`MalformedHeaders` if its partq headers
         do not parse."""
@@ -475,7 +362,7 @@ class Worker(KeyParking, threading.Thread):
             started = time.monotonic()
             try:
                 failure = self._call(delivery, message, replay=replay)
-            except _TimedOut:
+            except TimedOut:
                 return Outcome.TIMED_OUT, None, attempt
             except _Fencing:
                 return Outcome.KEEP, None, attempt
@@ -501,13 +388,13 @@ class Worker(KeyParking, threading.Thread):
     def _call(
         self, delivery: Delivery, message: Message, *, replay: bool = False
     ) -> BaseException | None:
-        """What the handler raised, or None; :class:`_TimedOut` if the watchdog gave up on it,
+        """What the handler raised, or None; :class:`TimedOut` if the watchdog gave up on it,
         :class:`_Fencing` if the worker was stopped for a fence (the call never began)."""
         caller = threading.get_ident()
         with self._lock:
             if self._fencing:
                 raise _Fencing
-            self._running[caller] = _Running(delivery, message, time.monotonic(), replay)
+            self._running[caller] = Running(delivery, message, time.monotonic(), replay)
         try:
             result = self.handler(message)
             if inspect.isawaitable(result):  # the work is in it: it has run once awaited
@@ -520,68 +407,10 @@ class Worker(KeyParking, threading.Thread):
             if not self._running:
                 self._idle.notify_all()
             if self._timed_out:
-                raise _TimedOut
+                raise TimedOut
             if failure is None:
                 self.handled += 1
         return failure
-
-    def _watch(self) -> None:
-        """The watchdog: gives up on a handler call that runs past the handler timeout."""
-        timeout = self.handler_timeout
-        assert timeout is not None
-        with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
-            while not self._finished.wait(min(1.0, timeout / 4)):
-                with self._lock:
-                    running = min(self._running.values(), key=lambda r: r.started, default=None)
-                    if running is None or time.monotonic() - running.started < timeout:
-                        continue
-                    self._timed_out = True  # the worker never acks or handles anything again
-                try:
-                    self._expire(running, timeout)
-                except BaseException:
-                    log.exception("partition %d: giving up on the handler failed", self.partition)
-                finally:
-                    self._fail(HANDLER_TIMEOUT)
-                return
-
-    def _expire(self, running: _Running, timeout: float) -> None:
-        """On the watchdog's thread: dead-letter and ack the message; a parked one being
-        replayed stays parked instead (dead-lettered, it would be in both places)."""
-        delivery, message = running.delivery, running.message
-        metrics.HANDLER_SECONDS.labels(*self._labels).observe(time.monotonic() - running.started)
-        if running.replay:
-            log.error(
-                "partition %d: the handler timed out after %gs on parked message %s during a "
-                "redrive: it stays parked, at the head of its key; a running handler cannot "
-                "be stopped, so this member leaves the group and exits for a restart",
-                self.partition,
-                timeout,
-                message.message_id,
-            )
-            return
-        log.error(
-            "partition %d: the handler timed out after %gs on message %s (attempt %d): "
-            "dead-lettering it; a running handler cannot be stopped, so this member leaves "
-            "the group and exits for a restart",
-            self.partition,
-            timeout,
-            message.message_id,
-            message.attempt,
-        )
-        error = HandlerTimeout(
-            f"the handler did not return within {timeout:g}s (partition {self.partition}, "
-            f"message {message.message_id}, attempt {message.attempt})"
-        )
-        if self._dead_letter(delivery, error, message.attempt, _DEAD_LETTER_PATIENCE) is (
-            Outcome.ACK
-        ):
-            self.broker.ack(self.partition, delivery.channel, delivery.delivery_tag)
-        else:
-            log.error(
-                "partition %d: message %s could not be dead-lettered; it returns to the queue",
-                self.partition,
-                message.message_id,
-            )
 
     def _dead_letter(
         self, delivery: Delivery, error: BaseException, attempts: int, patience: float | None = None
