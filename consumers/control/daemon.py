@@ -1,11 +1,10 @@
 """The consumer daemon: joins a stream's group and consumes the partitions assigned to it.
 
-The controller thread handles every event (:mod:`partq.consumers.control.events`, matched with
-``match``): it keeps the member's session, its membership and its watch, and hands the
-rest to :class:`partq.consumers.control.partitions.Partitions`, which mirrors the group keys, steps
-each
-partition's pure state machine (``partq.consumers.state.handoff``) and carries out the commands:
-claim/release in etcd, subscribe/cancel at the broker.
+The controller thread handles every event (:mod:`partq.consumers.control.events`,
+matched with ``match``): it keeps the member's session, its membership and its watch, and hands the
+rest to :class:`partq.consumers.control.partitions.Partitions`, which mirrors the group
+keys, steps each partition's pure state machine (``partq.consumers.state.handoff``) and
+carries out the commands: claim/release in etcd, subscribe/cancel at the broker.
 
 Threads. The controller is the thread that calls :meth:`Consumer.run` (the main thread
 under ``partq consume``); it alone reads and writes this object and its ``Partitions``.
@@ -24,24 +23,17 @@ looks the partition's worker up in ``Partitions.workers`` (one dict lookup) and 
 delivery or END in its ``inbox`` (a ``SimpleQueue``) only if the worker's generation is
 the delivery's; the HTTP server thread reads ``ready`` and ``alive`` (``threading.Event``).
 
+Joining only once RabbitMQ works, and leaving while it is unusable:
+:mod:`partq.consumers.control.brokerlink`. A stream deleted, recreated or resized while
+the consumer runs: :mod:`partq.consumers.control.streamlife`. A stop, and a failure that
+stops it with an exit code: :mod:`partq.consumers.control.stopping`.
+
 A consumer never dies silently: :meth:`Consumer.run` returns an exit code
 (``partq.consumers.control.config`` lists them), which ``partq consume`` exits with.
-
-A consumer is a member only while it can consume: it joins the group once its RabbitMQ
-connection works and a channel takes its prefetch (not before: with a wrong password it
-would hold partitions it cannot read). When RabbitMQ is unusable for longer than the AMQP
-outage limit (``amqp_outage_limit``, the setting ``PARTQ_AMQP_OUTAGE_LIMIT``, 30 s by
-default), it leaves the group so its partitions move, and rejoins once RabbitMQ works
-again; ``/readyz`` is false meanwhile.
-
-A stream deleted while the consumer runs: ``/readyz`` turns false, a log line says so,
-every partition stops (the queues are gone) and the member waits, without a lease, for the
-stream to be created again; then it rejoins (or exits with 5 if the partition count changed).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
@@ -50,6 +42,7 @@ import time
 from partq.consumers.broker import port
 from partq.consumers.broker.connection import Broker
 from partq.consumers.broker.port import BrokerEvent, BrokerFactory, BrokerUpdate
+from partq.consumers.control.brokerlink import BrokerLink
 from partq.consumers.control.config import (
     DEFAULT_HANDLER_TIMEOUT,
     EXIT_DRAIN_TIMEOUT,
@@ -84,12 +77,13 @@ from partq.consumers.control.membership import NO_LEADER_WARNING, Membership
 from partq.consumers.control.partitions import Partitions
 from partq.consumers.control.reports import Reports
 from partq.consumers.control.resizing import ResizeGate
+from partq.consumers.control.stopping import Stopping
+from partq.consumers.control.streamlife import StreamLife, widest
 from partq.consumers.handling.message import Handler, check_handler
 from partq.consumers.handling.parking import ParkedKeys, Parking
-from partq.consumers.handling.worker import HANDLER_TIMEOUT, DeadLetters
+from partq.consumers.handling.worker import DeadLetters
 from partq.consumers.state.handoff import Event
-from partq.consumers.state.priority import YIELD_WAIT, switches
-from partq.coordinator.leader import resize
+from partq.consumers.state.priority import YIELD_WAIT
 from partq.coordinator.store.events import LeaseLost, Stop, WatchFailed
 from partq.coordinator.store.group import Group, WatchEvent
 from partq.coordinator.store.session import Session
@@ -99,7 +93,7 @@ from partq.producer.registry import Registry
 from partq.kernel import logs
 from partq.kernel.amqp import DEFAULT_AMQP_URL, AmqpURL
 from partq.kernel.backoff import Backoff
-from partq.kernel.errors import EtcdError, EtcdUnavailable, MalformedValue
+from partq.kernel.errors import EtcdUnavailable
 
 __all__ = [
     "DEFAULT_HANDLER_TIMEOUT",
@@ -128,24 +122,7 @@ _HANDOFF: dict[type[BrokerUpdate], Event] = {
 _BACKOFF = Backoff()  # resyncing with etcd: 0.2 s doubling to 5 s
 
 
-def _widest(registry: Registry, spec: StreamSpec) -> StreamSpec:
-    """``spec``, or, while a shrink runs, with its old count: the partitions it retires are
-    consumed until their fence (docs/resize.md), so their queues must be known here; while
-    a grow runs, with its new count once its queues are declared (``resize.grown``)."""
-    try:
-        raw = registry.read_resize(spec.name)
-        state = None if raw is None else resize.decode(raw)
-    except (EtcdError, MalformedValue) as e:
-        log.warning("cannot read the resize of %s: %s; consuming its current count", spec.name, e)
-        return spec
-    if (count := resize.grown(state)) is not None and count > spec.partitions:
-        return dataclasses.replace(spec, partitions=count)
-    if state is None or not state.running or state.resize.old.partitions <= spec.partitions:
-        return spec
-    return dataclasses.replace(spec, partitions=state.resize.old.partitions)
-
-
-class Consumer:
+class Consumer(BrokerLink, StreamLife, Stopping):
     """A member of a stream's group (the module docstring). ``broker``: the RabbitMQ edge's
     class, or one with its constructor and methods (``tests.fakes.broker.StubBroker``)."""
 
@@ -165,7 +142,7 @@ class Consumer:
         self.spec: StreamSpec = registry.read_spec(config.stream)
         self.spec.check_partitions(config.partitions)
         self.epoch = self.spec.epoch  # the layout's (self.spec keeps the widest count seen)
-        self.spec = _widest(registry, self.spec)
+        self.spec = widest(registry, self.spec)
         self.resize = ResizeGate(
             registry.client, registry.where, config.stream, self.member, self.spec.epoch
         )
@@ -175,12 +152,10 @@ class Consumer:
         self.deadlines: Deadlines[TimerEvent] = Deadlines()
         self.stopping = False
         self.deleted = False  # the stream is gone; waiting for it to be created again
-        # Not in the group for want of a usable broker: before RabbitMQ first worked, and
-        # after it was unusable for the outage limit. Joins (again) once it works.
-        self.away = True
+        self.away = True  # not in the group for want of a usable broker (BrokerLink)
         self._broker_up = False
-        self._outages = 0  # broker losses so far: a BrokerOutage of an earlier one is stale
-        self.exit_code: int | None = None  # set by a failure: run() returns it
+        self._outages = 0
+        self.exit_code: int | None = None
         self._deadline: float | None = None
         self.ready = threading.Event()
         self.alive = threading.Event()
@@ -285,9 +260,8 @@ class Consumer:
             self._shutdown()
 
     def _next(self) -> ControllerEvent | None:
-        """The next event: a deadline of ours come due, else the queue's next, taken with a
-        timeout until the earliest deadline; None once the queue stays empty past the drain
-        deadline."""
+        """A deadline of ours come due, else the queue's next, taken with a timeout until
+        the earliest deadline; None once the queue stays empty past the drain deadline."""
         while (event := self.deadlines.pop()) is None:
             try:
                 return self.events.get(timeout=self.deadlines.timeout(self._deadline))
@@ -417,66 +391,6 @@ class Consumer:
 
     # -- membership, sessions, fencing ---------------------------------------------------
 
-    def _on_broker(self, up: bool) -> None:
-        """Join once the broker works; leave when it has not for the outage limit."""
-        was, self._broker_up = self._broker_up, up
-        if up and self.away:
-            self._join_when_usable()
-        elif up:
-            self.partitions.resubscribe()
-        elif was and not self.away:
-            self._outages += 1
-            self._after(self.config.amqp_outage_limit, BrokerOutage(self._outages))
-        self._update_ready()
-
-    def _join_when_usable(self) -> None:
-        """Join now if the broker works (and we are not stopping or without the stream);
-        else stay away: :meth:`_on_broker` joins once it works."""
-        if self.stopping or self.deleted:
-            return
-        if not self.broker.connected.is_set():
-            self.away = True
-            return
-        self.away = False
-        self._choose_handoff()
-        self._join()
-
-    def _choose_handoff(self) -> None:
-        """Hand partitions over by consumer priority if the setting allows it and the broker
-        we are connected to switches (``partq.consumers.state.priority``); our member key says
-        so."""
-        version = self.broker.server_version
-        by_priority = self.config.handoff == "auto" and switches(version, self.spec.queue_type)
-        if by_priority != self.partitions.priority:
-            log.info(
-                "planned handoffs: %s (RabbitMQ %s, %s queues, handoff %s)",
-                "by consumer priority" if by_priority else "by drain",
-                version or "unknown",
-                self.spec.queue_type,
-                self.config.handoff,
-            )
-        self.partitions.priority = by_priority
-
-    def _leave_for_broker(self, outage: int) -> None:
-        """RabbitMQ has been unusable for the outage limit (since its ``outage``-th loss):
-        our partitions stall here, so leave the group (they move to members that can
-        consume them) until it works again."""
-        if outage != self._outages or self._broker_up:
-            return  # an earlier outage's timer, or the broker is back
-        if self.away or self.stopping or self.deleted or self.session is None:
-            return
-        log.warning(
-            "RabbitMQ unusable for %gs (the AMQP outage limit, PARTQ_AMQP_OUTAGE_LIMIT): "
-            "leaving the group so its partitions move; rejoining once it works",
-            self.config.amqp_outage_limit,
-        )
-        self.away = True
-        self.ready.clear()
-        self.membership.unwatch()
-        self.partitions.drop()
-        self.partitions.forget()  # read afresh on the rejoin
-        self.membership.end(revoke=True)  # our member key and claims go at once
-
     def _join(self) -> None:
         """New session, register the member, mirror the group (retrying while etcd is down)."""
         session = self.membership.join()
@@ -512,128 +426,6 @@ class Consumer:
         self.membership.end(revoke=False, forget=False)  # a rejoin replaces it
         if not self.stopping:
             self._join_when_usable()
-
-    # -- failures and a deleted stream -----------------------------------------------------
-
-    def _worker_failed(self, partition: int, reason: str) -> None:
-        """A worker stopped for good (it logged why): abandon its partition, leave, exit."""
-        self.partitions.abandon(partition)
-        if reason == HANDLER_TIMEOUT:
-            self._fail(EXIT_HANDLER_TIMEOUT, f"partition {partition}: a handler timed out")
-        else:
-            self._fail(EXIT_WORKER_FAILED, f"partition {partition}: its worker failed")
-
-    def _fail(self, code: int, why: str) -> None:
-        """Not ready from now on; leave the group as on a stop; :meth:`run` returns ``code``."""
-        if self.exit_code is None:
-            self.exit_code = code
-        log.error("%s: leaving the group, then exiting with code %d", why, self.exit_code)
-        self.ready.clear()
-        self._begin_stop()
-
-    def _stream_deleted(self) -> None:
-        """The stream's keys and queues are gone: stop everything, wait for it to come back."""
-        if self.deleted:
-            return
-        self.deleted = True
-        log.warning(
-            "stream %s was deleted: stopped consuming; waiting for it to be recreated "
-            "(not ready until then)",
-            self.spec.name,
-        )
-        self.ready.clear()  # after the line: whoever sees /readyz false finds the reason
-        self.partitions.drop()
-        self.partitions.forget()
-        self.membership.end(revoke=True)  # our member key and claims went with the stream
-
-    def _on_spec(self, spec: StreamSpec | None) -> None:
-        """The stream's spec changed: deleted (None), recreated, or resized."""
-        if spec is None:
-            self._stream_deleted()
-        elif not self.deleted and spec.epoch > self.epoch:
-            self._resized(spec)
-        else:
-            self._stream_recreated()
-
-    def _grow_early(self, event: WatchEvent) -> None:
-        """A resize record saying a grow declared its queues: the coordinator assigns them
-        from now on (``resize.grown``), so their slots are made before the switch."""
-        if not isinstance(event.value, resize.State):
-            return
-        count = resize.grown(event.value)
-        if count is not None and count > self.spec.partitions:
-            log.info("stream %s grows to %d partitions: consuming them", self.spec.name, count)
-            widened = dataclasses.replace(self.spec, partitions=count)
-            self.broker.widen(widened)
-            self.partitions.widen(widened)
-            self.spec = widened
-
-    def _resized(self, spec: StreamSpec) -> None:
-        """A resize switched the stream's layout: partitions it adds are consumed as they
-        are assigned; those it retires stay known until their fence (docs/resize.md)."""
-        log.info(
-            "stream %s resized: layout epoch %d, %d partitions (was %d)",
-            spec.name,
-            spec.epoch,
-            spec.partitions,
-            self.spec.partitions,
-        )
-        self.epoch = spec.epoch
-        self.resize.spec_epoch(spec.epoch)
-        if spec.partitions > self.spec.partitions:
-            self.broker.widen(spec)
-            self.partitions.widen(spec)
-            self.spec = spec
-
-    def _stream_recreated(self) -> None:
-        if not self.deleted:
-            return
-        try:
-            spec = self.membership.read_spec()
-        except EtcdUnavailable as e:
-            log.warning("cannot read the recreated stream's spec: %s; retrying", e)
-            self._schedule(Resync())
-            return
-        if spec is None or not self.deleted or self.stopping:
-            return  # deleted again meanwhile, or going away anyway
-        if spec.partitions != self.spec.partitions:
-            self._fail(
-                EXIT_STREAM_CHANGED,
-                f"stream {spec.name} was recreated with {spec.partitions} partitions, not "
-                f"{self.spec.partitions}: partitions are fixed, restart this member",
-            )
-            return
-        log.info("stream %s was recreated: rejoining its group", spec.name)
-        self.deleted = False
-        self._join_when_usable()
-
-    def _begin_stop(self) -> None:
-        if self.stopping:
-            return
-        self.stopping = True
-        self._deadline = time.monotonic() + self.config.drain_timeout
-        self.ready.clear()
-        if self.membership.announce():
-            self._after(self.config.announce_wait, LeaveNow())
-            return
-        self._leave_now()
-
-    def _leave_now(self) -> None:
-        abandoned = self.partitions.abandoned
-        draining = [p for p in self.owned() if p not in abandoned]
-        log.info(
-            "stopping: leaving the group and draining %d partitions%s",
-            len(draining),
-            f" (abandoning {sorted(abandoned)})" if abandoned else "",
-        )
-        self.partitions.leaving = True
-        self.membership.leave()
-        if not self._broker_up:
-            # Nothing can be drained: the broker requeued what we held when the connection
-            # died, and no subscription was made since (the controller makes them). Waiting
-            # would only run out the drain timeout; the claims go with the revoked lease.
-            self.partitions.drop()
-        self.partitions.sync_all()
 
     def _update_ready(self) -> None:
         healthy = not self.stopping and not self.deleted and self.exit_code is None

@@ -45,7 +45,8 @@ from partq.consumers.control.events import SettleTakeover, StopYielding
 from partq.consumers.control.slot import PartitionSlot, WorkerView
 from partq.consumers.control.takeovers import Standbys
 from partq.consumers.control.yielding import Yielding
-from partq.consumers.handling.parking import Parking, written_by_holder
+from partq.consumers.handling.parkedkeys import written_by_holder
+from partq.consumers.handling.parking import Parking
 from partq.consumers.handling.worker import Worker
 from partq.consumers.state.handoff import Command, Event, Holder, Phase, State
 from partq.coordinator.leader import policy

@@ -25,8 +25,8 @@ message ahead of the parked ones.
 Threads. Parking runs on the partition workers' threads (a keyed worker's pool threads),
 several at once. :class:`Parking`'s lock serialises its one blocking AMQP connection and
 channel (``_connection``, ``_channel``, ``_declared``); a redrive replays on a connection
-of its own. :class:`ParkedKeys` is written by the controller (the snapshot, watch events)
-and by the workers (their own writes), and read by both, under its lock.
+of its own. :class:`ParkedKeys` (:mod:`partq.consumers.handling.parkedkeys`) is written by the
+controller and by the workers, and read by both, under its lock.
 :class:`ParkStalls` is written by the workers and read by the controller (``/readyz``,
 load reports) under its lock; ``on_change``, called outside it, queues a ``ParkStall``
 event for the controller. etcd is reached through ``Group``, whose only state is locked.
@@ -50,10 +50,9 @@ import pika.exceptions
 from partq.consumers import metrics
 from partq.consumers.broker.port import Delivery
 from partq.consumers.control import redrive as control
-from partq.coordinator.leader import policy
+from partq.consumers.handling.parkedkeys import ParkedKeys, written_by_holder
 from partq.coordinator.store.codec import Parked
 from partq.coordinator.store.group import Group
-from partq.coordinator.store.mirror import GroupMirror
 from partq.coordinator.store.session import Session
 from partq.producer.contract import StreamSpec, key_bytes, key_id, long_key_id
 from partq.producer.queue_arguments import park_queue_arguments
@@ -192,74 +191,6 @@ class ParkStalls:
             time.monotonic() - stall.since,
         )
         self._on_change()
-
-
-class ParkedKeys:
-    """The stream's parked keys as this process knows them: the daemon's snapshot and watch
-    events, and the workers' own writes; for each key the latest revision wins (a watch
-    event older than our own write is stale)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._records: dict[str, Parked] = {}
-        self._revisions: dict[str, int] = {}
-
-    def reset(self, records: dict[str, Parked], revision: int) -> None:
-        """A snapshot at ``revision``; our own writes after it stand."""
-        with self._lock:
-            for name in set(self._records) | set(records):
-                if self._revisions.get(name, 0) > revision:
-                    continue
-                self._set(name, records.get(name), revision)
-
-    def apply(self, name: str, record: Parked | None, revision: int) -> None:
-        with self._lock:
-            if revision > self._revisions.get(name, 0):
-                self._set(name, record, revision)
-
-    def _set(self, name: str, record: Parked | None, revision: int) -> None:
-        self._revisions[name] = revision
-        if record is None:
-            self._records.pop(name, None)
-        else:
-            self._records[name] = record
-
-    def get(self, name: str) -> Parked | None:
-        with self._lock:
-            return self._records.get(name)
-
-    def on(self, partition: int) -> list[Parked]:
-        with self._lock:
-            return [r for r in self._records.values() if r.partition == partition]
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._records)
-
-
-def written_by_holder(mirror: GroupMirror, record: Parked, revision: int, partitions: int) -> bool:
-    """Whether the parked record put at ``revision`` is one its partition's holder wrote.
-    ``mirror`` holds the group as it was just before (the watch delivers in revision order),
-    unless our own claim write is newer: then the leader judges it (it deletes a record
-    that fails). A record that fails is ignored: it would divert a key we may hold."""
-    if record.partition < partitions and (mirror.claim_writes.get(record.partition, 0) >= revision):
-        return True
-    ok = policy.parked_by_holder(
-        record,
-        partitions,
-        mirror.claims.get(record.partition),
-        mirror.members.get(record.member),
-    )
-    if not ok:
-        log.warning(
-            "ignoring the parked record of key %s (revision %d): not written by the holder "
-            "of partition %d (it names %s)",
-            record.key_text,
-            revision,
-            record.partition,
-            record.member,
-        )
-    return ok
 
 
 class Parking:
