@@ -19,7 +19,7 @@ __all__ = ["ProgressListener", "failure_reason"]
 log = logging.getLogger("partq.spark")
 
 # How a partq error appears in the Python traceback Spark wraps into its own exception.
-_PARTQ_ERROR = re.compile(r"^(?:kernel\.errors\.)?([A-Z]\w+): (.+)$", re.MULTILINE)
+_PARTQ_ERROR = re.compile(r"^(?:partq\.kernel\.errors\.)?([A-Z]\w+): (.+)$", re.MULTILINE)
 _OURS = {
     "BrokerUnavailable",
     "ConnectionLost",
