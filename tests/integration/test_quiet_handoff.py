@@ -3,8 +3,8 @@ each fills it with fillers (partq.consumers.broker.fillers) and cancels only onc
 per-key
 order holds (examples.audit.order_violations), and the fillers never reach a handler.
 Without fillers such a drain cancels with credit left, and on a 3.10 cluster a delivery in
-flight at that cancel can come back late; one healthy node returns it in time, so order alone cannot tell the two
-apart here: the fills counted can."""
+flight at that cancel can come back late; one healthy node returns it in time, so order
+alone cannot tell the two apart here: the fills counted can."""
 
 from __future__ import annotations
 
