@@ -214,9 +214,10 @@ def _delivery_count(headers: Mapping[str, Any]) -> int:
 
 def check_handler(handler: object, name: str = "") -> Handler:
     """``handler`` if partq can call it: a callable, sync or ``async def`` (a coroutine it
-    returns is awaited on the daemon's event loop), but not an async generator function
-    (nor a callable object or ``functools.partial`` of one): it yields instead of handling
-    one message, so it is a :class:`UsageError` at start."""
+    returns is awaited on the daemon's event loop), but not a generator function, sync or
+    async (nor a callable object or ``functools.partial`` of one): calling it only makes a
+    generator, its body unrun, instead of handling one message, so it is a
+    :class:`UsageError` at start."""
     shown = name or _name(handler)
     if not callable(handler):
         raise UsageError(f"the handler {shown} is not callable")
@@ -230,6 +231,11 @@ def check_handler(handler: object, name: str = "") -> Handler:
         raise UsageError(
             f"the handler {shown} is an async generator (async def with yield): give a "
             "function, sync or async def, that handles one message and returns"
+        )
+    if any(inspect.isgeneratorfunction(c) for c in calls):
+        raise UsageError(
+            f"the handler {shown} is a generator (def with yield): its body would never run; "
+            "give a function, sync or async def, that handles one message and returns"
         )
     return handler
 

@@ -116,6 +116,15 @@ class _AsyncGeneratorCall:
         yield message
 
 
+def _sync_generator(message: Message) -> Any:
+    yield message
+
+
+class _SyncGeneratorCall:
+    def __call__(self, message: Message) -> Any:
+        yield message
+
+
 @pytest.mark.parametrize(
     "handler",
     [
@@ -131,14 +140,29 @@ def test_an_asynchronous_handler_is_accepted(handler: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "handler",
-    [_async_generator, _AsyncGeneratorCall(), functools.partial(_async_generator)],
-    ids=["async-generator", "async-generator-call", "partial"],
+    ("handler", "kind"),
+    [
+        (_async_generator, "an async generator"),
+        (_AsyncGeneratorCall(), "an async generator"),
+        (functools.partial(_async_generator), "an async generator"),
+        # issue 43, item 8: calling one only makes a generator, so every message was acked unrun
+        (_sync_generator, "a generator"),
+        (_SyncGeneratorCall(), "a generator"),
+        (functools.partial(_sync_generator), "a generator"),
+    ],
+    ids=[
+        "async-generator",
+        "async-generator-call",
+        "partial",
+        "sync-generator",
+        "sync-generator-call",
+        "sync-partial",
+    ],
 )
-def test_an_async_generator_handler_is_refused_in_one_line(handler: Any) -> None:
+def test_a_generator_handler_is_refused_in_one_line(handler: Any, kind: str) -> None:
     with pytest.raises(UsageError) as refused:
         check_handler(handler)
-    assert "async generator" in str(refused.value) and "\n" not in str(refused.value)
+    assert f" is {kind} " in str(refused.value) and "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize(
@@ -155,3 +179,8 @@ def test_load_handler_loads_an_asynchronous_handler() -> None:
 def test_load_handler_refuses_an_async_generator() -> None:
     with pytest.raises(UsageError, match=r"test_message:_async_generator is an async generator"):
         load_handler("tests.unit.test_message:_async_generator")
+
+
+def test_load_handler_refuses_a_sync_generator() -> None:
+    with pytest.raises(UsageError, match=r"test_message:_sync_generator is a generator"):
+        load_handler("tests.unit.test_message:_sync_generator")
