@@ -29,6 +29,7 @@ from partq.consumers.handling.keyed import KeyedWorker
 from partq.consumers.handling.message import Handler
 from partq.consumers.handling.parking import Parking
 from partq.consumers.handling.runners import EventLoop, HandlerPool
+from partq.consumers.handling.watchdog import Watchdogs
 from partq.consumers.handling.worker import Worker
 from partq.coordinator.store.session import Session
 from partq.producer.contract import StreamSpec
@@ -79,6 +80,8 @@ class Crew:
             parking=parking,
             loop=self.loop,
             resize=resize,
+            # one watchdog thread for every worker of the member
+            watchdogs=Watchdogs(handler_timeout) if handler_timeout else None,
         )
 
     def hire(

@@ -4,8 +4,9 @@ A worker that fails (any unexpected error outside the handler: ``_crashed``) or 
 logs why, counts it (``partq_consumer_worker_failures_total{reason}``: :data:`CRASH`,
 :data:`HANDLER_TIMEOUT`) and tells the daemon (``on_failure``, a queued event: ``_fail``).
 
-With a handler timeout, each worker runs a watchdog thread (``watchdog-<p>``) that
-notices, within a quarter of the timeout or 1 s, a handler call running past it. A thread
+With a handler timeout, one watchdog thread per member (:class:`Watchdogs`, ``watchdog``)
+looks at every worker's calls under way and notices, within a quarter of the timeout or
+1 s, a handler call running past it; the member's threads do not grow with its partitions. A thread
 cannot be stopped, and the partition's next message must not start while this one runs,
 so the message is dead-lettered (``x-partq-error-type: HandlerTimeout``) and acked (a
 poison message cannot crash-loop the group); a parked message being replayed stays parked
@@ -15,10 +16,13 @@ exits non-zero.
 
 :class:`Watchdog` is a base class of :class:`partq.consumers.handling.worker.Worker`.
 Threads: ``_crashed`` runs on the worker's thread, ``_fail`` on it or the watchdog's;
-``_watch`` and ``_expire`` run on the watchdog's thread; they read the calls
+``_check`` and ``_expire`` run on the watchdog's thread; they read the calls
 under way (``_running``) and set ``_timed_out`` under the worker's ``_lock``, which the
 handling threads take around each call; the ack and the dead letter go through the
-broker's and ``DeadLetters``' thread-safe methods.
+broker's and ``DeadLetters``' thread-safe methods. :class:`Watchdogs` keeps its workers
+under its own lock: workers add and remove themselves from their threads, the watchdog
+thread reads a copy. While it expires one call (dead-lettering for up to
+:data:`DEAD_LETTER_PATIENCE`), it checks no other: the member is then leaving anyway.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ __all__ = [
     "Running",
     "TimedOut",
     "Watchdog",
+    "Watchdogs",
 ]
 
 log = logging.getLogger("partq.consumer.worker")
@@ -113,24 +118,25 @@ class Watchdog:
             except Exception:
                 log.exception("partition %d: reporting the worker failure failed", self.partition)
 
-    def _watch(self) -> None:
-        """The watchdog: gives up on a handler call that runs past the handler timeout."""
+    def _check(self) -> None:
+        """On the watchdog's thread: give up on a handler call that runs past the timeout."""
         timeout = self.handler_timeout
-        assert timeout is not None
-        with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
-            while not self._finished.wait(min(1.0, timeout / 4)):
-                with self._lock:
-                    running = min(self._running.values(), key=lambda r: r.started, default=None)
-                    if running is None or time.monotonic() - running.started < timeout:
-                        continue
-                    self._timed_out = True  # the worker never acks or handles anything again
-                try:
-                    self._expire(running, timeout)
-                except BaseException:
-                    log.exception("partition %d: giving up on the handler failed", self.partition)
-                finally:
-                    self._fail(HANDLER_TIMEOUT)
+        if timeout is None or self._finished.is_set():
+            return
+        with self._lock:
+            if self._timed_out:
                 return
+            running = min(self._running.values(), key=lambda r: r.started, default=None)
+            if running is None or time.monotonic() - running.started < timeout:
+                return
+            self._timed_out = True  # the worker never acks or handles anything again
+        with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
+            try:
+                self._expire(running, timeout)
+            except BaseException:
+                log.exception("partition %d: giving up on the handler failed", self.partition)
+            finally:
+                self._fail(HANDLER_TIMEOUT)
 
     def _expire(self, running: Running, timeout: float) -> None:
         """On the watchdog's thread: dead-letter and ack the message; a parked one being
@@ -170,3 +176,36 @@ class Watchdog:
                 self.partition,
                 message.message_id,
             )
+
+
+class Watchdogs:
+    """One watchdog thread for a member's workers (the module docstring): started by the
+    first worker it watches, ended once it watches none."""
+
+    def __init__(self, timeout: float) -> None:
+        self.period = min(1.0, timeout / 4)
+        self._workers: dict[int, Watchdog] = {}  # by id, in the order they came
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, worker: Watchdog) -> None:
+        with self._lock:
+            self._workers[id(worker)] = worker
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="watchdog", daemon=True)
+                self._thread.start()
+
+    def forget(self, worker: Watchdog) -> None:
+        with self._lock:
+            self._workers.pop(id(worker), None)
+
+    def _serve(self) -> None:
+        while True:
+            time.sleep(self.period)
+            with self._lock:
+                workers = list(self._workers.values())
+                if not workers:
+                    self._thread = None
+                    return
+            for worker in workers:
+                worker._check()

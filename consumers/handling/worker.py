@@ -35,7 +35,7 @@ What happens to a delivery (every outcome is logged and counted):
 
 Threads. The worker thread (``partition-<p>``) takes items from ``inbox`` (a
 ``SimpleQueue``: deliveries and END from the pika I/O thread, STOP from the controller)
-and runs the handler; with a handler timeout, its watchdog thread (``watchdog-<p>``)
+and runs the handler; with a handler timeout, the member's watchdog thread (``watchdog``)
 watches ``_running`` and may dead-letter and ack the running message itself. ``_lock``
 guards ``_running``, ``_timed_out``, ``handled`` and ``_first`` between them (and the
 pool threads of ``partq.consumers.handling.keyed``); ``_idle``, a condition on it, wakes
@@ -81,6 +81,7 @@ from partq.consumers.handling.watchdog import (
     Running,
     TimedOut,
     Watchdog,
+    Watchdogs,
 )
 from partq.coordinator.store.session import Session
 from partq.producer.contract import (
@@ -125,8 +126,11 @@ class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
         generation: int = 0,
         resize: ResizeGate | None = None,
         fencing_token: int = 0,
+        watchdogs: Watchdogs | None = None,
     ) -> None:
-        """``handler_timeout``: seconds (None or 0: none). ``on_failure(partition, reason)``:
+        """``handler_timeout``: seconds (None or 0: none); ``watchdogs``: the member's one
+        watchdog thread, which gives up on a call past it (by default the worker's own).
+        ``on_failure(partition, reason)``:
         the worker stopped for good, ``reason`` :data:`CRASH` or :data:`HANDLER_TIMEOUT`.
         ``parking``: park keys (the stream's ``on_failure`` is ``park``) instead of
         dead-lettering single messages. ``loop``: where awaitables a handler returns are
@@ -151,6 +155,9 @@ class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
         self.freed_at = freed_at
         self.fencing_token = fencing_token
         self.handler_timeout = handler_timeout or None
+        if watchdogs is None and self.handler_timeout is not None:
+            watchdogs = Watchdogs(self.handler_timeout)
+        self.watchdogs = watchdogs
         self.on_failure = on_failure
         self.loop = loop or EventLoop(name=f"handler-loop-{partition}")
         self.generation = generation
@@ -202,16 +209,16 @@ class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
 
     def run(self) -> None:
         with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
-            if self.handler_timeout is not None:
-                threading.Thread(
-                    target=self._watch, name=f"watchdog-{self.partition}", daemon=True
-                ).start()
+            if self.watchdogs is not None:
+                self.watchdogs.watch(self)
             try:
                 self._run()
             except BaseException as error:
                 self._crashed(error)
             finally:
                 self._finished.set()
+                if self.watchdogs is not None:
+                    self.watchdogs.forget(self)
 
     def _run(self) -> None:
         if self.previous is not None:

@@ -13,6 +13,7 @@ import pika
 import pytest
 from partq.consumers.broker.port import END, Delivery
 from partq.consumers.handling.message import Message
+from partq.consumers.handling.watchdog import Watchdogs
 from partq.consumers.handling.worker import CRASH, HANDLER_TIMEOUT, Worker
 from partq.producer.contract import StreamSpec
 from prometheus_client import REGISTRY
@@ -406,3 +407,35 @@ def test_an_awaitable_is_not_acked_before_it_finishes() -> None:
     gate.set()
     run.end()
     assert run.broker.acked == [1]
+
+
+def test_one_watchdog_thread_serves_every_worker_of_a_member() -> None:
+    # Given three workers of one member sharing its watchdog, one handler hanging
+    release = threading.Event()
+
+    def behaviour(message: Message) -> None:
+        if message.message_id == "hang":
+            release.wait(30)
+
+    watchdogs = Watchdogs(0.4)
+    runs = [Run(behaviour, handler_timeout=0.4, watchdogs=watchdogs) for _ in range(3)]
+    try:
+        for run in runs:
+            run.deliver("first")
+        runs[2].deliver("hang")
+        # Then one thread watches all three, and it gives up on the hanging call alone
+        assert runs[2].failed.wait(5)
+        assert [t.name for t in threading.enumerate()].count("watchdog") == 1
+        assert runs[2].failures == [(PARTITION, HANDLER_TIMEOUT)]
+        assert not runs[0].failures and not runs[1].failures
+    finally:
+        release.set()
+    for run in runs[:2]:
+        run.end()
+    runs[2].worker.join(5)
+    # And with no worker left, the thread ends
+    wait_until(
+        lambda: "watchdog" not in [t.name for t in threading.enumerate()],
+        5,
+        what="the watchdog thread to end",
+    )
