@@ -111,8 +111,13 @@ class EventLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def wait(self, awaitable: Awaitable[Any]) -> Any:
-        """Await ``awaitable`` on the loop; its result, or what it raised, here."""
-        return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._running()).result()
+        """Await ``awaitable`` on the loop; its result, or what it raised, here (also
+        ``SystemExit`` and ``KeyboardInterrupt``: a failure of that call, not of the loop)."""
+        future = asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._running())
+        result, exiting = future.result()
+        if exiting is not None:
+            raise exiting
+        return result
 
     def close(self) -> None:
         """Stop the loop (coroutines still pending are dropped with it)."""
@@ -143,5 +148,11 @@ def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
         loop.close()
 
 
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
+async def _awaited(awaitable: Awaitable[Any]) -> tuple[Any, BaseException | None]:
+    """(its result, None), or (None, the SystemExit or KeyboardInterrupt it raised): asyncio
+    re-raises those two out of ``run_forever``, which would close the loop under every
+    other call and leave this one's caller waiting for ever."""
+    try:
+        return await awaitable, None
+    except (SystemExit, KeyboardInterrupt) as exiting:
+        return None, exiting
