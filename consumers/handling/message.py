@@ -254,6 +254,11 @@ def load_handler(spec: str) -> Handler:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise UsageError(f"cannot import handler module {module_name!r}: {e}") from None
+    except SyntaxError as e:  # the user's code (or a module it imports): not partq's failure
+        raise UsageError(
+            f"handler module {module_name!r} has a syntax error at line {e.lineno}: {e.msg} "
+            f"({e.filename}): fix it and start again"
+        ) from None
     handler = getattr(module, attr, None)
     if not callable(handler):
         raise UsageError(f"{module_name!r} has no callable {attr!r}")

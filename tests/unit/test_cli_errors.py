@@ -122,3 +122,20 @@ def test_closed_stdin_is_one_line(tmp_path: Path) -> None:
 )
 def test_printable_escapes_terminal_controls_only(raw: str, shown: str) -> None:
     assert printable(raw) == shown
+
+
+def test_a_handler_module_with_a_syntax_error_is_the_users_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 43, item 14: was exit 1, "an unexpected error ... report it"."""
+    # Given a handler module whose line 2 is not Python
+    (tmp_path / "broken.py").write_text("def handle(message):\n    return message +\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "broken", raising=False)
+    # When a consumer is started with it
+    code, lines = run(capsys, "consume", "orders", "--handler", "broken:handle")
+    # Then exit 2 and one line naming the module, the line and what Python said
+    assert code == 2
+    assert one_error(lines).startswith(
+        "partq: error: handler module 'broken' has a syntax error at line 2: invalid syntax"
+    )
