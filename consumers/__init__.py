@@ -38,16 +38,21 @@ def run(
 
     The first signal drains (finish and ack what was delivered, release the
     partitions, revoke the lease) within ``drain_timeout``; a second exits at once.
+
+    ``settings``: etcd, RabbitMQ and the consumer settings (default: ``Settings.load()``,
+    the environment and ``partq.toml``); ``install_signal_handlers``: stop on SIGTERM/SIGINT.
+    The other keywords are ``partq consume``'s options (:class:`ConsumerConfig`), over
+    the settings: ``member_id``, ``weight``, ``prefetch``, ``ttl``, ``heartbeat``,
+    ``max_attempts``, ``retry_backoff``, ``drain_timeout``, ``partitions``,
+    ``handler_timeout``, ``announce_leave``, ``announce_wait``, ``load_report``,
+    ``amqp_outage_limit``, ``concurrency``, ``stall_after``, ``handoff``. Any other
+    keyword (``http_port``: the CLI's server) is a usage error, exit 2.
     """
-    check_handler(handler)  # an async generator: a usage error before anything connects
+    check_handler(handler)  # a generator: a usage error before anything connects
     settings = settings or Settings.load()
+    consumer_config = ConsumerConfig.of(stream, settings, **config)  # before connecting too
     registry = Registry.connect(settings)
-    consumer = Consumer(
-        registry,
-        handler,
-        ConsumerConfig.of(stream, settings, **config),
-        amqp_url=settings.amqp,
-    )
+    consumer = Consumer(registry, handler, consumer_config, amqp_url=settings.amqp)
     if install_signal_handlers:
         on_stop_signals(consumer.stop)
     try:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from partq.coordinator.store.group import validate_member_id
@@ -116,7 +116,14 @@ class ConsumerConfig:
         """``stream``'s config: the consumer settings that ``settings`` holds
         (PARTQ_AMQP_OUTAGE_LIMIT, PARTQ_CONCURRENCY, PARTQ_STALL_AFTER, PARTQ_HANDOFF),
         ``options`` over
-        them (a flag given, a keyword of ``consumers.run``)."""
+        them (a flag given, a keyword of ``consumers.run``); an option not in
+        :meth:`options` is a :class:`UsageError` naming those."""
+        unknown = sorted(set(options) - set(cls.options()))
+        if unknown:
+            raise UsageError(
+                f"unknown consumer option {', '.join(map(repr, unknown))}: give only "
+                f"{', '.join(cls.options())}"
+            )
         from_settings = {
             "amqp_outage_limit": settings.amqp_outage_limit,
             "concurrency": settings.concurrency,
@@ -124,6 +131,11 @@ class ConsumerConfig:
             "handoff": settings.handoff,
         }
         return cls(stream=stream, **{**from_settings, **options})
+
+    @classmethod
+    def options(cls) -> tuple[str, ...]:
+        """The options :meth:`of` takes: every field but ``stream`` and ``version``."""
+        return tuple(f.name for f in fields(cls) if f.name not in ("stream", "version"))
 
     def __post_init__(self) -> None:
         if self.member_id is not None:  # InvalidMemberId: a usage error, exit code 2
