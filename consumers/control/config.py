@@ -45,6 +45,7 @@ from partq.kernel.settings import (
     DEFAULT_CONCURRENCY,
     DEFAULT_HANDOFF,
     DEFAULT_STALL_AFTER,
+    MAX_CONCURRENCY,
     Settings,
 )
 
@@ -151,8 +152,11 @@ class ConsumerConfig:
             )
         if not self.amqp_outage_limit > 0:
             raise UsageError(f"AMQP outage limit must be above 0, got {self.amqp_outage_limit}")
-        if self.concurrency < 1:
-            raise UsageError(f"concurrency must be at least 1, got {self.concurrency}")
+        if not 1 <= self.concurrency <= MAX_CONCURRENCY:  # one handler thread each
+            raise UsageError(
+                f"concurrency must be between 1 and {MAX_CONCURRENCY} (one handler thread "
+                f"each; run more members for more), got {self.concurrency}"
+            )
         if self.max_attempts < 1:
             raise UsageError(f"max attempts must be at least 1, got {self.max_attempts}")
         if not self.load_report >= 0:

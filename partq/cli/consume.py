@@ -22,6 +22,7 @@ from partq.consumers.control.daemon import (
 )
 from partq.consumers.control.signals import on_stop_signals
 from partq.consumers.handling.message import load_handler
+from partq.kernel.settings import MAX_CONCURRENCY
 
 log = logging.getLogger("partq.cli")
 
@@ -89,12 +90,12 @@ log = logging.getLogger("partq.cli")
 )
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_CONCURRENCY),
     default=None,
     help="Messages of different keys of a partition handled at once, at most this many in "
     "the member (a key's own messages never overlap and keep their order); async handlers "
-    "run that many coroutines. Default 1: one message at a time per partition "
-    "[PARTQ_CONCURRENCY].",
+    "run that many coroutines. Default 1: one message at a time per partition; at most "
+    f"{MAX_CONCURRENCY}, one handler thread each [PARTQ_CONCURRENCY].",
 )
 @click.option(
     "--handoff",

@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_ETCD_ENDPOINTS",
     "DEFAULT_HANDOFF",
     "DEFAULT_STALL_AFTER",
+    "MAX_CONCURRENCY",
     "Endpoint",
     "HttpSecurity",
     "Settings",
@@ -43,6 +44,9 @@ DEFAULT_AMQP_OUTAGE_LIMIT = 30.0
 # Consumers: messages of different keys handled at once per member (1: one at a time per
 # partition); PARTQ_CONCURRENCY or --concurrency.
 DEFAULT_CONCURRENCY = 1
+# At most: one handler thread each (partq.consumers.handling.runners.HandlerPool); more keys
+# at once than this want more members, not more threads in one.
+MAX_CONCURRENCY = 1024
 # Consumers: seconds an owned partition may get nothing while messages are ready in its
 # queue before it is reported stalled; PARTQ_STALL_AFTER.
 DEFAULT_STALL_AFTER = 30.0
@@ -226,8 +230,11 @@ class Settings(BaseSettings):
     @field_validator("concurrency")
     @classmethod
     def _check_concurrency(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError(f"must be a whole number of 1 or more, got {value}")
+        if not 1 <= value <= MAX_CONCURRENCY:
+            raise ValueError(
+                f"must be a whole number between 1 and {MAX_CONCURRENCY} (one handler thread "
+                f"each; run more members for more), got {value}"
+            )
         return value
 
     @field_validator("amqp_outage_limit")

@@ -38,6 +38,8 @@ def one_error(lines: list[str]) -> str:
         (["move", "x", "-p", "zz", "--to", "m"], "'zz' is not a valid integer"),
         (["coordinator", "x", "--settle", "-1"], "-1"),
         (["consume", "x", "--handler", "h:h", "--drain-timeout", "-5"], "-5"),
+        # issue 43, item 11: was 19,000 threads, then "can't start new thread"
+        (["consume", "x", "--handler", "h:h", "--concurrency", "1000000"], "1<=x<=1024"),
     ],
 )
 def test_a_usage_error_is_one_line_and_a_hint(

@@ -45,3 +45,17 @@ def test_runs_docstring_lists_every_keyword_it_takes() -> None:
 def test_an_unknown_option_of_the_config_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match=r"unknown consumer option 'bogus'.*prefetch"):
         ConsumerConfig.of("orders", UNREACHABLE, bogus=1)
+
+
+@pytest.mark.parametrize("concurrency", [1025, 1_000_000])
+def test_concurrency_above_its_bound_is_refused_in_one_line(concurrency: int) -> None:
+    """Issue 43, item 11: one handler thread each; 1,000,000 started 19,000 threads in 40 s."""
+    with pytest.raises(UsageError) as refused:
+        ConsumerConfig.of("orders", UNREACHABLE, concurrency=concurrency)
+    assert "between 1 and 1024" in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="1024"):  # PARTQ_CONCURRENCY likewise
+        Settings(concurrency=concurrency)
+
+
+def test_concurrency_up_to_its_bound_is_taken() -> None:
+    assert ConsumerConfig.of("orders", UNREACHABLE, concurrency=1024).concurrency == 1024
