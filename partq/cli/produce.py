@@ -42,6 +42,13 @@ def parse_lines(stream: IO[str], *, check: bool = True) -> Iterator[Line | str]:
     for number, raw in enumerate(stream, start=1):
         if not raw.strip():
             continue
+        column, byte = _undecoded(raw)
+        if byte is not None:
+            yield (
+                f"line {number}: not UTF-8 (byte 0x{byte:02x} at column {column}); "
+                "save the file as UTF-8"
+            )
+            continue
         try:
             doc = json.loads(raw)
         except json.JSONDecodeError as e:
@@ -78,6 +85,16 @@ def parse_lines(stream: IO[str], *, check: bool = True) -> Iterator[Line | str]:
         yield line
 
 
+def _undecoded(raw: str) -> tuple[int, int | None]:
+    """The 1-based column and value of the first byte of ``raw`` that was not UTF-8, kept
+    by :data:`SOURCE`'s ``surrogateescape`` as a lone surrogate U+DC80..U+DCFF; (0, None)
+    if none."""
+    for column, char in enumerate(raw, start=1):
+        if "\udc80" <= char <= "\udcff":
+            return column, ord(char) - 0xDC00
+    return 0, None
+
+
 def problem(line: Line) -> str | None:
     """What stops the producer from sending ``line`` (its body aside), or None. The one
     check the producer makes at publish time too, made here before anything is sent."""
@@ -100,6 +117,9 @@ def problem(line: Line) -> str | None:
 
 
 _SHOWN = 10  # invalid line numbers named in one error, at most
+# --from: UTF-8, a byte that is not kept (as a lone surrogate) for parse_lines to name its
+# line, rather than a UnicodeDecodeError ending the reading at no line.
+SOURCE = click.File("r", encoding="utf-8", errors="surrogateescape")
 log = logging.getLogger("partq.cli")
 
 
@@ -110,7 +130,7 @@ log = logging.getLogger("partq.cli")
 @click.option(
     "--from",
     "source",
-    type=click.File("r"),
+    type=SOURCE,
     help='JSON lines {"key": …, "body": …} (\'-\' = stdin; the default without --key). '
     "A file is checked whole before anything is sent; from stdin, lines are sent as read.",
 )

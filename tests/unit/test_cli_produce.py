@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 
-from partq.cli.produce import Line, parse_lines
+from partq.cli import main
+from partq.cli.produce import SOURCE, Line, _lines, parse_lines
 
 
 def parse(text: str) -> list[Line | str]:
@@ -146,3 +148,37 @@ def test_a_line_the_producer_cannot_send_is_invalid_with_its_number() -> None:
     assert isinstance(lines[3], str) and lines[3].startswith("line 4: header 'h' is a float")
     assert lines[4] == "line 5: JSON nested too deeply for this parser; flatten it"
     assert lines[5] == Line(6, "k", b"fine", None, None)
+
+
+NOT_UTF8 = (  # line 2 holds a Latin-1 byte
+    b'{"key": "k1", "body": "a"}\n{"key": "k2", "body": "caf\xe9"}\n{"key": "k3", "body": "c"}\n'
+)
+
+
+def test_a_byte_that_is_not_utf8_names_its_line_and_nothing_is_sent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 43, item 13: was exit 1, "UnicodeDecodeError: ... position 55", no line."""
+    # Given a file whose line 2 holds a Latin-1 byte
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(NOT_UTF8)
+    # When it is produced (nothing connects: the file is checked first)
+    code = main(["produce", "orders", "--from", str(path)])
+    # Then exit 2 and one line naming line 2, the byte, and what to do
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith("partq: error: line 2: not UTF-8"), lines
+    assert "0xe9" in lines[0] and "nothing sent" in lines[0]
+
+
+def test_a_byte_that_is_not_utf8_is_skipped_under_skip_invalid(tmp_path: Path) -> None:
+    # Given the same file, opened as --from opens it
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(NOT_UTF8)
+    with SOURCE.convert(str(path), None, None) as source:
+        # When its lines are read with --skip-invalid
+        lines = list(_lines(None, None, source, skip_invalid=True))
+    # Then line 2 is an invalid line naming itself, and lines 1 and 3 are sent
+    assert [line.number for line in lines if isinstance(line, Line)] == [1, 3]
+    [bad] = [line for line in lines if isinstance(line, str)]
+    assert bad.startswith("line 2: not UTF-8")
