@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ _X0, _X1, _Y0, _Y1 = 48, 428, 12, 122  # the plot area
 _LEGEND_MAX = 16  # series named under a chart at most
 _TICKS = (10.0, 30.0, 60.0, 120.0, 300.0)  # seconds between time labels: four at most
 _SPAN_MIN = 60.0  # a young coordinator's charts span its samples, but at least this
+_PEAK_MAX = 1e300  # an axis scales to this at most (5 times 10^n stays finite)
 
 
 def member_hue(member: str) -> int:
@@ -36,8 +38,9 @@ def _partition_line(partition: int) -> str:
 
 
 def _nice(peak: float) -> float:
-    """The smallest 1, 2 or 5 times 10^n at or above ``peak`` (1 for an empty chart)."""
-    if peak <= 0:
+    """The smallest 1, 2 or 5 times 10^n at or above ``peak`` (1 for an empty chart, and
+    for a peak no such number reaches: the loops below would not end at infinity)."""
+    if not 0 < peak <= _PEAK_MAX:
         return 1.0
     scale = 1.0
     while scale * 10 <= peak:
@@ -60,6 +63,10 @@ def _chart(
     window: float,
 ) -> str:
     e = html.escape
+    series = {  # a value that is not finite (a hostile report) is left out, never drawn
+        label: [(at, v) for at, v in points if math.isfinite(at) and math.isfinite(v)]
+        for label, points in series.items()
+    }
     top = _nice(max((v for points in series.values() for _, v in points), default=0.0))
 
     def x(at: float) -> float:

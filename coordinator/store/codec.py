@@ -85,6 +85,8 @@ from partq.producer.contract import MAX_PARTITIONS, StreamSpec, key_from_id, key
 from partq.kernel.errors import InvalidMemberId, MalformedValue, UsageError
 
 __all__ = [
+    "MAX_NUMBER",
+    "MAX_RATE",
     "MEMBER_ID_PATTERN",
     "VERSION",
     "Assignment",
@@ -251,6 +253,11 @@ class Pause:
 
 
 MAX_SHOWN_KEY: Final = 200  # characters of a waiting key in a load report
+# Messages per second a load report may give one partition, at most: far above what one
+# queue serves, and small enough that the sum over every partition stays a finite float.
+MAX_RATE: Final = 1e9
+# Any other number decoded (Unix times, intervals, seconds), in absolute value at most.
+MAX_NUMBER: Final = 1e15
 
 
 @dataclass(frozen=True, slots=True)
@@ -579,8 +586,12 @@ def decode_load(member_id: str, raw: bytes | str) -> LoadReport:
     for name, rate in found.items():
         if not (name.isascii() and name.isdigit()) or int(name) >= MAX_PARTITIONS:
             raise MalformedValue(f"'rates' names no partition: {name!r}")
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate >= 0:
             raise MalformedValue(f"the rate of partition {name} is not a number >= 0: {rate!r}")
+        if rate > MAX_RATE:
+            raise MalformedValue(
+                f"the rate of partition {name} is not at most {MAX_RATE:g}: {_shown(rate)}"
+            )
         rates[int(name)] = float(rate)
     stalled = doc.get("parking_stalled", [])  # absent: none stalled
     if not isinstance(stalled, list) or not all(
@@ -829,7 +840,7 @@ def _key_id(name: str) -> str:
 
 def _object(raw: bytes | str) -> dict[str, Any]:
     try:
-        doc = json.loads(raw, parse_constant=_constant)
+        doc = json.loads(raw, parse_constant=_constant, parse_float=_finite)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
         raise MalformedValue(f"not JSON ({e})") from None
     if not isinstance(doc, dict):
@@ -844,6 +855,20 @@ def _object(raw: bytes | str) -> dict[str, Any]:
 
 def _constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number partq writes")
+
+
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent; one too big for a float (``1e999``, which
+    Python reads as infinity) is no number partq writes."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is not a finite number")
+    return value
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _field(doc: dict[str, Any], field: str) -> Any:
@@ -878,6 +903,8 @@ def _number(doc: dict[str, Any], field: str) -> float:
     value = _field(doc, field)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise MalformedValue(f"{field!r} is not a number: {value!r}")
+    if not -MAX_NUMBER <= value <= MAX_NUMBER:  # an int no float holds too
+        raise MalformedValue(f"{field!r} is not a number within {MAX_NUMBER:g}: {_shown(value)}")
     return float(value)
 
 

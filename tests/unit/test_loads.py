@@ -279,3 +279,40 @@ def test_a_load_report_carries_the_concurrency_in_flight_per_partition_and_the_w
         codec.encode_load(
             LoadReport("c1", {}, 1.0, 5.0, concurrency=codec.Concurrency(2, {}, "k" * 201))
         )
+
+
+@pytest.mark.parametrize(
+    ("rates", "why"),
+    [
+        ('{"0": 1e999}', "finite"),  # JSON for infinity: json.loads gives inf
+        ('{"0": 1e308, "1": 1e308}', "at most"),  # each finite, their sum infinite
+        ('{"0": -1e999}', "finite"),
+        ('{"0": NaN}', "not JSON"),
+        ('{"0": Infinity}', "not JSON"),
+        ('{"0": -0.5}', ">= 0"),
+        ('{"0": 1e10}', "at most"),
+        ('{"0": ' + "9" * 400 + "}", "at most"),  # an integer no float holds
+    ],
+)
+def test_a_load_report_with_a_non_finite_or_huge_rate_is_malformed(rates: str, why: str) -> None:
+    """Issue 43, item 1: a rate of 1e999 stopped the status page (its chart's axis looped)."""
+    raw = '{"v": 1, "member": "c1", "at": 1, "interval": 5, "rates": ' + rates + "}"
+    with pytest.raises(MalformedValue, match=why):
+        codec.decode_load("c1", raw)
+
+
+@pytest.mark.parametrize("field", ["at", "interval"])
+@pytest.mark.parametrize("value", ["1e999", "-1e999", "1" + "0" * 400])
+def test_a_load_report_with_a_non_finite_time_is_malformed(field: str, value: str) -> None:
+    doc = {"at": "1", "interval": "5", field: value}
+    raw = (
+        '{"v": 1, "member": "c1", "rates": {}, '
+        f'"at": {doc["at"]}, "interval": {doc["interval"]}}}'
+    )
+    with pytest.raises(MalformedValue):
+        codec.decode_load("c1", raw)
+
+
+def test_the_greatest_rate_a_report_may_carry_is_taken() -> None:
+    raw = codec.encode_load(LoadReport("c1", {0: codec.MAX_RATE}, 1.0, 5.0))
+    assert codec.decode_load("c1", raw).rates == {0: codec.MAX_RATE}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+import threading
 from typing import Any
 
 from partq.coordinator.ops.charts import charts_html
@@ -67,3 +69,27 @@ def test_no_samples_draws_empty_charts() -> None:
     page = charts_html([], now=0.0, window=900.0)
     assert page.count("<svg class='chart'") == 4
     assert "<polyline" not in page
+
+
+def test_a_value_that_is_not_finite_is_left_out_of_the_charts() -> None:
+    """Issue 43, item 1: an infinite rate made the axis scaling loop for ever (and NaN raised)."""
+    bad = [math.inf, -math.inf, math.nan]
+    samples = [
+        Sample(float(t), {0: 5}, {0: bad[t % 3], 1: 2.0}, {"a": 5}, {"a": bad[t % 3], "b": 1.0})
+        for t in range(6)
+    ]
+    pages: list[str] = []
+    drawing = threading.Thread(
+        target=lambda: pages.append(charts_html(samples, now=10.0, window=900.0)), daemon=True
+    )
+    drawing.start()
+    drawing.join(timeout=5)
+    assert pages, "the charts never finished"
+    handled = [f for f in pages[0].split("<figure") if "handled per second" in f]
+    lines = [
+        dict(re.findall(r"<polyline class='series' data-name='([^']+)' data-points='(\d+)'", f))
+        for f in handled
+    ]
+    # the finite series are whole; the one whose every value was not finite is not drawn
+    assert lines == [{"b": "6"}, {"p1": "6"}]
+    assert "inf" not in pages[0] and "nan" not in pages[0]
