@@ -1,8 +1,13 @@
 """The leader deletes what partq never writes but a consumer's credentials can.
 
 etcd grants by key prefix, and every consumer may write ``claims/`` and ``parked/`` (any
-member may be given any partition). Two kinds of key written there outside partq would
-stop or divert a partition of another member:
+member may be given any partition). Keys written there outside partq would
+stop or divert a partition of another member, and a leader candidate key (etcd 3.4 checks
+no lease in a transaction) would stop the coordination of the whole stream:
+
+- a leader candidate key not on the lease its name gives (none, or another):
+  :func:`partq.coordinator.store.codec.decode_candidate` makes it malformed, so it never
+  leads; the leader deletes it (:func:`remove_candidates`), naming it;
 
 - a claim not on its member's lease (:func:`partq.coordinator.leader.policy.forged_claims`): on no
   lease it would never go; every reader already ignores it;
@@ -38,9 +43,10 @@ from partq.coordinator.store.group import Claim, Group
 from partq.coordinator.store.mirror import GroupMirror
 from partq.producer.contract import StreamSpec
 
+from partq.kernel import keys
 from partq.kernel.errors import EtcdCompacted, EtcdPermissionDenied, EtcdUnavailable
 
-__all__ = ["Refusals", "remove_claims", "remove_parked", "remove_unbound"]
+__all__ = ["Refusals", "remove_candidates", "remove_claims", "remove_parked", "remove_unbound"]
 
 log = logging.getLogger("partq.coordinator")
 
@@ -85,6 +91,8 @@ def _delete(
     try:
         if kind == "claim":
             return group.remove_claim(fence, int(name), revision)
+        if kind == "leader":
+            return group.remove_candidate(fence, name, revision)
         return group.remove_parked(fence, name, revision)
     except EtcdPermissionDenied as e:
         if refusals.refused(kind, name, revision):
@@ -131,6 +139,27 @@ def remove_claims(group: Group, fence: Fence, refusals: Refusals, mirror: GroupM
     for p, claim in sorted(mirror.forged.items()):
         why = "not on its member's lease, so written outside partq with a consumer's credentials"
         _delete_claim(group, fence, refusals, mirror, p, claim, why)
+
+
+def remove_candidates(
+    group: Group, fence: Fence, refusals: Refusals, forged: dict[str, int]
+) -> None:
+    """Delete the leader candidate keys in ``forged`` (name -> revision; each deleted one
+    taken out): not on the lease their name gives, so put outside partq. None of them
+    leads (:func:`partq.coordinator.store.codec.decode_candidate`), but on no lease one
+    would stay for ever, and the operator would not know why."""
+    for name, revision in sorted(forged.items()):
+        if not _delete(group, fence, refusals, "leader", name, revision):
+            continue  # changed since (the watch brings it), refused, or we no longer lead
+        del forged[name]
+        metrics.FORGED_REMOVED.labels(group.stream, "leader").inc()
+        log.warning(
+            "%s: deleted the leader candidate key %s%s: not on the lease its name gives, so "
+            "written outside partq with some identity's credentials; it never led",
+            group.stream,
+            keys.leader_prefix(group.stream),
+            name,
+        )
 
 
 def remove_unbound(

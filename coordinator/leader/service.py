@@ -156,6 +156,7 @@ class StreamCoordinator(threading.Thread):
         self._watch_id: int | None = None  # this campaign's watch of the group keys
         self._unverified: dict[str, int] = {}  # parked records to check: key id -> revision
         self._unbound: dict[int, tuple[int, float]] = {}  # partition -> (revision, deadline)
+        self._forged_candidates: dict[str, int] = {}  # leader keys not on their lease -> rev
         self._refusals = forged.Refusals()  # forged keys etcd would not let us delete
         self.history = History()  # for the status page: rebalances, handoffs, depth rates
         self._settle_at: float | None = None
@@ -287,6 +288,11 @@ class StreamCoordinator(threading.Thread):
         if state.spec != self.spec:
             raise NotLeader(f"{self.stream}: its spec changed to {state.spec}")
         self.mirror = GroupMirror.of(state)
+        self._forged_candidates = {
+            m.key.rsplit("/", 1)[1]: m.revision
+            for m in state.malformed.values()
+            if m.kind == "leader"
+        }
         self.history.seed({p: c.member for p, c in state.claims.items()})
         if self.mirror.candidates.get(fence.name) != fence.revision:
             raise NotLeader(f"{self.stream}: our candidate key {fence.key} is gone")
@@ -404,6 +410,11 @@ class StreamCoordinator(threading.Thread):
                 self._unverified[event.name] = event.revision
         if event.kind == "claim":
             self.history.claim(event.partition, self.mirror.claims.get(event.partition))
+        if event.kind == "leader":  # one not on its lease never leads; the leader deletes it
+            if event.malformed is not None:
+                self._forged_candidates[event.name] = event.revision
+            else:
+                self._forged_candidates.pop(event.name, None)
         fence = self.election.fence
         match event:
             case WatchEvent(kind="member", value=Member(leaving=True)):
@@ -544,9 +555,11 @@ class StreamCoordinator(threading.Thread):
         self.loads = loads.smooth(self.loads or {}, measured)  # rates are noisy: an average
 
     def _remove_forged_claims(self) -> None:
-        """Delete the claims partq never writes (:mod:`partq.coordinator.leader.forged`)."""
+        """Delete the claims and leader candidates partq never writes
+        (:mod:`partq.coordinator.leader.forged`)."""
         fence = self.election.fence
         assert fence is not None
+        forged.remove_candidates(self.group, fence, self._refusals, self._forged_candidates)
         forged.remove_claims(self.group, fence, self._refusals, self.mirror)
         forged.remove_unbound(
             self.group,

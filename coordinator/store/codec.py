@@ -757,9 +757,15 @@ def decode_standby(_stream: str, _name: str, raw: bytes | str, _lease: int) -> S
     return Standby(_id(_object(raw), "member"))
 
 
-def decode_candidate(_stream: str, name: str, raw: bytes | str, _lease: int) -> Candidate:
+def decode_candidate(_stream: str, name: str, raw: bytes | str, lease: int) -> Candidate:
+    """A candidate on the lease its name gives; one on no lease or another lease was not
+    put by a campaign (:meth:`partq.coordinator.store.group.Group.stand`) and never leads:
+    on no lease it would never go."""
     if raw not in (b"", ""):
         raise MalformedValue("a leader candidate's value is empty")
+    if lease != int(name, 16):
+        on = f"on lease {lease:016x}" if lease else "on no lease"
+        raise MalformedValue(f"a leader candidate is on the lease its name gives, not {on}")
     return Candidate(int(name, 16))
 
 

@@ -506,6 +506,10 @@ class Group:
         """Delete the claim on ``partition`` if it is still at ``revision`` and we lead."""
         return self._remove(fence, keys.claim(self.stream, partition), revision)
 
+    def remove_candidate(self, fence: Fence, name: str, revision: int) -> bool:
+        """Delete another leader candidate key if it is still at ``revision`` and we lead."""
+        return self._remove(fence, keys.leader_prefix(self.stream) + name, revision)
+
     def remove_parked(self, fence: Fence, key_id: str, revision: int) -> bool:
         """Delete a parked record if it is still at ``revision`` and we lead."""
         return self._remove(fence, keys.parked(self.stream, key_id), revision)

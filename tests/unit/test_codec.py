@@ -164,9 +164,11 @@ def test_a_claim_without_priority_is_written_as_before() -> None:
 
 @given(st.integers(1, 2**64 - 1))
 def test_a_leader_candidate_round_trips(lease: int) -> None:
-    assert kinds.decode("leader", STREAM, f"{lease:016x}", codec.encode_candidate()) == Candidate(
-        lease
-    )
+    name = f"{lease:016x}"
+    assert kinds.decode("leader", STREAM, name, codec.encode_candidate(), lease) == Candidate(lease)
+    for other in (0, lease ^ 1):  # issue 43, item 5: on no lease, or not its own
+        with pytest.raises(MalformedValue, match="on the lease its name gives"):
+            kinds.decode("leader", STREAM, name, codec.encode_candidate(), other)
 
 
 @given(

@@ -6,6 +6,7 @@ StreamCoordinator threads, with a short settle, against one in-memory etcd.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -404,3 +405,25 @@ def test_a_watch_behind_a_compaction_resyncs_from_a_fresh_read_in_the_same_campa
     # Then it reads the group again and watches on, still leading on the same candidate key
     eventually("balance", lambda: env.counts() == {"a": 4, "b": 4})
     assert leader.election.fence == fence and leader.leading.is_set()
+
+
+@pytest.mark.parametrize("on", ["no lease", "another lease"])
+def test_a_leader_candidate_not_on_its_own_lease_never_leads_and_the_leader_deletes_it(
+    env: Env, on: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 43, item 5: a lease-less leader/ffffffffffffffff led for ever, and nothing said why."""
+    # Given a candidate key put before any coordinator, with the lowest create revision,
+    # on no lease, or on a lease its name does not give (a consumer's, say)
+    forged = keys.leader_prefix(env.stream) + "ffffffffffffffff"
+    env.fake.put(forged, "", lease=None if on == "no lease" else env.fake.lease(30))
+    # When a coordinator campaigns
+    with caplog.at_level(logging.WARNING):
+        coordinator = env.start()
+        # Then it leads, assigns, deletes the forged key and names it in one line
+        assert coordinator.leading.wait(5)
+        env.join("a")
+        eventually("an assignment", lambda: env.counts() == {"a": P})
+        eventually("deleted", lambda: env.fake.get(forged)[0] is None)
+    named = [r.getMessage() for r in caplog.records if forged in r.getMessage()]
+    deleted = [line for line in named if "deleted the leader candidate key" in line]
+    assert len(deleted) == 1 and "\n" not in deleted[0], named
