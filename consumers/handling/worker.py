@@ -236,7 +236,8 @@ class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
                 return  # the watchdog gave up on the handler: nothing more of this partition
 
     def _more_in_hand(self) -> bool:
-        """The next item is in the inbox, no STOP on its way: it will send a held ack."""
+        """The next item is in the inbox, no STOP on its way (``stop`` sets ``stopped``
+        first): it ends in an ack, a broker request or END, which send a held ack."""
         return not self.inbox.empty() and not self.stopped.is_set()
 
     def _process(self, delivery: Delivery) -> bool:
