@@ -102,13 +102,6 @@ class Broker(threading.Thread):
         connection = self._connection
         if connection is None or not connection.is_open or connection is self._fenced:
             return False
-        if self._acks.claim():  # held acks go before anything asked after them
-            request = fn
-
-            def fn() -> None:
-                self._send_acks()
-                request()
-
         try:
             connection.ioloop.add_callback_threadsafe(fn)
         except Exception:
@@ -154,13 +147,10 @@ class Broker(threading.Thread):
         """After ``Emptied``: cancel ``partition``, send its held acks, report it drained."""
         self._call_or_lost(partition, lambda: self._channels.cut(partition))
 
-    def ack(self, partition: int, channel: Channel, delivery_tag: int, more: bool = False) -> None:
+    def ack(self, partition: int, channel: Channel, delivery_tag: int) -> None:
         """Queue an ack; the I/O loop sends every ack queued by then in one callback (in
-        the order queued, so before anything a worker asks for after its acks). ``more``:
-        the worker has more deliveries in hand, so the ack may be held (``AckQueue``)."""
-        if self._acks.put(partition, channel, delivery_tag, more) and not self._call(
-            self._send_acks
-        ):
+        the order queued, so before anything a worker asks for after its acks)."""
+        if self._acks.put(partition, channel, delivery_tag) and not self._call(self._send_acks):
             self._acks.drop()  # disconnected: those channels are gone anyway
 
     def close_channel(self, partition: int, channel: Channel) -> None:

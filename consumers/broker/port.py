@@ -235,11 +235,7 @@ class BrokerPort(Protocol):
         """After ``Emptied``: cancel, send the held acks, ``Drained``."""
         ...
 
-    def ack(self, partition: int, channel: Channel, delivery_tag: int, more: bool = False) -> None:
-        """Ack a handled delivery. ``more``: the worker has more deliveries of the partition
-        in hand, so the ack may be held back to go with theirs (never past the worker's
-        next request, or a delivery it gives back)."""
-        ...
+    def ack(self, partition: int, channel: Channel, delivery_tag: int) -> None: ...
 
     def close_channel(self, partition: int, channel: Channel) -> None:
         """A worker left a delivery unhandled: close its channel (the broker requeues it)."""

@@ -169,11 +169,6 @@ class KeyedWorker(Worker):
         self._first = True  # the dispatcher's: the first start after a handoff jumps the pool
         self._m_in_flight = metrics.IN_FLIGHT.labels(*self._labels, str(self.partition))
 
-    def _more_in_hand(self) -> bool:
-        """Never: the pool's acks are not held (the dispatcher may wait on an empty inbox
-        with nothing left to ack them with)."""
-        return False
-
     def _run(self) -> None:
         if self.previous is not None:
             self.previous.join()  # never a key in two handlers of this process

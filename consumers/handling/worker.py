@@ -235,11 +235,6 @@ class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
             if not self._process(item):
                 return  # the watchdog gave up on the handler: nothing more of this partition
 
-    def _more_in_hand(self) -> bool:
-        """The next item is in the inbox, no STOP on its way (``stop`` sets ``stopped``
-        first): it ends in an ack, a broker request or END, which send a held ack."""
-        return not self.inbox.empty() and not self.stopped.is_set()
-
     def _process(self, delivery: Delivery) -> bool:
         """Everything that happens to one delivery, up to its ack (or giving it back); the
         one per-message path of both workers. False once the handler timed out: nothing
@@ -260,8 +255,7 @@ class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
             )
         outcome = self._handle(delivery)
         if outcome is Outcome.ACK:
-            more = self._more_in_hand()  # then the ack may wait to go with theirs
-            self.broker.ack(self.partition, delivery.channel, delivery.delivery_tag, more)
+            self.broker.ack(self.partition, delivery.channel, delivery.delivery_tag)
         elif outcome is Outcome.KEEP:
             self._give_back(delivery)
         return outcome is not Outcome.TIMED_OUT

@@ -164,7 +164,7 @@ class StubBroker:
             channel = self.channels.pop(partition, None)
         self.sink(ChannelLost(partition) if channel is None else Drained(partition))
 
-    def ack(self, partition: int, channel: Channel, delivery_tag: int, more: bool = False) -> None:
+    def ack(self, partition: int, channel: Channel, delivery_tag: int) -> None:
         if channel.is_open:  # on a closed one the broker has requeued the delivery already
             with self._lock:
                 self._acked.setdefault(partition, []).append(delivery_tag)

@@ -345,13 +345,13 @@ def test_a_dead_worker_turns_readyz_false_and_the_member_leaves_and_exits(env: E
         acks = 0
         real_ack = c1.consumer.broker.ack
 
-        def failing_ack(p: int, channel: Any, tag: int, more: bool = False) -> None:
+        def failing_ack(p: int, channel: Any, tag: int) -> None:
             nonlocal acks
             if p == partition:
                 acks += 1
                 if acks == 4:
                     raise RuntimeError("injected: the ack failed")
-            real_ack(p, channel, tag, more)
+            real_ack(p, channel, tag)
 
         c1.consumer.broker.ack = failing_ack  # type: ignore[method-assign]
         try:

@@ -15,8 +15,7 @@ from typing import Any
 
 import pika.exceptions
 import pytest
-from partq.consumers.broker import acks
-from partq.consumers.broker.acks import ACK_BATCH, ACK_LINGER, AckQueue
+from partq.consumers.broker.acks import AckQueue
 from partq.consumers.broker.channels import Channels
 from partq.consumers.broker.port import (
     Activated,
@@ -579,55 +578,3 @@ def test_a_standby_is_given_back_by_aborting_its_own_connection_never_by_a_cance
     # and once its channel closes, a subscribe of the partition may follow
     standby.close()
     assert edge.events[-1] == StandbyLost(2)
-
-
-def test_a_busy_workers_acks_are_held_until_a_batch_or_its_last() -> None:
-    # Given an ack queue and a worker with more deliveries in hand
-    queue = AckQueue()
-    channel = object()
-    # When it acks with more in hand, fewer than a batch
-    scheduled = [queue.put(3, channel, tag, more=True) for tag in range(1, ACK_BATCH)]  # type: ignore[arg-type]
-    # Then no send is scheduled: they are held
-    assert not any(scheduled)
-    # And the ack that fills the batch schedules one, which sends them all as one run
-    assert queue.put(3, channel, ACK_BATCH, more=True)  # type: ignore[arg-type]
-    [(partition, _, tags)] = queue.take()
-    assert (partition, tags) == (3, list(range(1, ACK_BATCH + 1)))
-
-
-def test_an_ack_without_more_or_a_request_sends_what_is_held() -> None:
-    queue = AckQueue()
-    channel = object()
-    assert not queue.put(1, channel, 1, more=True)  # type: ignore[arg-type]
-    # a worker's next request claims the held acks: they are sent before it
-    assert queue.claim()
-    assert not queue.claim()  # once
-    assert [tags for _, _, tags in queue.take()] == [[1]]
-    # the last ack of a worker (nothing more in hand) schedules at once
-    assert not queue.put(1, channel, 2, more=True)  # type: ignore[arg-type]
-    assert queue.put(1, channel, 3)  # type: ignore[arg-type]
-    assert [tags for _, _, tags in queue.take()] == [[2, 3]]
-
-
-def test_a_held_ack_waits_no_longer_than_the_linger(monkeypatch: pytest.MonkeyPatch) -> None:
-    queue = AckQueue()
-    channel = object()
-    clock = [100.0]
-    monkeypatch.setattr(acks.time, "monotonic", lambda: clock[0])
-    assert not queue.put(1, channel, 1, more=True)  # type: ignore[arg-type]
-    clock[0] += 2 * ACK_LINGER
-    assert queue.put(1, channel, 2, more=True)  # type: ignore[arg-type]
-
-
-def test_a_send_leaves_another_partitions_held_acks_until_a_claim() -> None:
-    queue = AckQueue()
-    channel = object()
-    # Given partition 1's worker holding an ack, and partition 2's last ack due
-    assert not queue.put(1, channel, 10, more=True)  # type: ignore[arg-type]
-    assert queue.put(2, channel, 20)  # type: ignore[arg-type]
-    # Then the send takes partition 2's alone
-    assert [(p, tags) for p, _, tags in queue.take()] == [(2, [20])]
-    # And a worker's request (a claim) sends partition 1's held one before it
-    assert queue.claim()
-    assert [(p, tags) for p, _, tags in queue.take()] == [(1, [10])]
-    assert queue.take() == []

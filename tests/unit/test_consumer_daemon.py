@@ -602,7 +602,7 @@ def test_a_partition_waiting_for_a_park_makes_the_member_unready_until_it_parks(
 def test_a_failed_worker_makes_the_member_leave_and_exit_4(env: Env) -> None:
     c1 = consuming(env, "c1", 0, 1)
 
-    def failing_ack(partition: int, channel: Any, tag: int, more: bool = False) -> None:
+    def failing_ack(partition: int, channel: Any, tag: int) -> None:
         raise RuntimeError("injected: the ack failed")
 
     c1.broker.ack = failing_ack  # type: ignore[method-assign]

@@ -34,7 +34,7 @@ class Broker:
         self.closed: list[int] = []
         self.finished = threading.Event()
 
-    def ack(self, partition: int, channel: Any, tag: int, more: bool = False) -> None:
+    def ack(self, partition: int, channel: Any, tag: int) -> None:
         assert partition == PARTITION
         self.acked.append(tag)
 
@@ -274,7 +274,7 @@ def test_a_worker_that_fails_outside_the_handler_reports_it(
     caplog.set_level(logging.ERROR, logger="partq.consumer.worker")
     run = Run()
 
-    def broken_ack(partition: int, channel: Any, tag: int, more: bool = False) -> None:
+    def broken_ack(partition: int, channel: Any, tag: int) -> None:
         raise RuntimeError("the ack failed")
 
     run.broker.ack = broken_ack  # type: ignore[method-assign]
