@@ -104,9 +104,6 @@ __all__ = [
     "run",
 ]
 
-# every public name but the version is imported on first use
-assert sorted([*_HOMES, "__version__"]) == sorted(__all__)
-
 
 def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)

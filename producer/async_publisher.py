@@ -302,8 +302,8 @@ class AsyncProducer:
                     waiter.set_result(future._result)
                 else:
                     _settle_one(future, waiter)
-        # Room for a few messages at least, so that a full window does not wake a publisher
-        # for every confirm frame
+        # Room for a few messages at least, so that a full window does not wake a publisher for
+        # every confirm frame
         while self._space and len(self._waiting) <= self._low_water:
             space = self._space.popleft()
             if not space.done():

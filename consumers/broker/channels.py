@@ -120,9 +120,8 @@ class _Sub:
     generation: int = 0
     tag: str | None = None
     unacked: deque[int] = field(default_factory=deque)  # handed on, not acked: in order
-    # the deliveries' pace, for the drain's quiet rule (partq.consumers.state.window.Pace): the
-    # last one's
-    # monotonic time and the mean gap between them (an exponential average, 1/8 per delivery)
+    # the deliveries' pace, for the drain's quiet rule (partq.consumers.state.window.Pace): the last
+    # one's monotonic time and the mean gap between them (an exponential average, 1/8 per delivery)
     last: float = field(default_factory=time.monotonic)
     gap: float = w.IDLE
     # a drain's end is reported after a round trip (``ReportDrained``): until then its

@@ -116,8 +116,7 @@ class Partitions:
         self._resync = resync
         self.session: Session | None = None  # the member's current session (None: none)
         # planned handoffs by consumer priority (partq.consumers.state.priority): the setting
-        # allows it and the broker switches; set by the daemon on each connection, before
-        # joining
+        # allows it and the broker switches; set by the daemon on each connection, before joining
         self.priority = False
         self.leaving = False  # the member is stopping: nothing counts as assigned to it
         self.mirror = GroupMirror()

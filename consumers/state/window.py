@@ -38,8 +38,7 @@ a cancel with credit left, after :data:`FILL_WAIT` seconds, warned about. A queu
 takes no fillers (``Unfilled``: a stream declared by partq 0.2.0, a shrink's retired
 queue) is cancelled as before: a partition whose recent pace (:class:`Pace`, from the
 shell) would fill the window within :data:`IDLE` seconds is not taken for quiet before it
-has been idle that long, a trickle not before :data:`MAX_HOLD` seconds (docs/history.md,
-"The quiet cancel's returns").
+has been idle that long, a trickle not before :data:`MAX_HOLD` seconds.
 (3) After CancelOk, a round trip (``Barrier``) lets any delivery sent before it arrive; END
 follows them to the worker, which handles and acks everything, then ``Finish``: the held
 acks go (``AckEach``) and, after one more round trip, the partition is drained.
@@ -144,13 +143,12 @@ __all__ = [
 QUIET = 0.25  # no delivery for this long while acks are held: nothing is in flight
 # ... unless the partition's pace would fill the window within IDLE seconds: then only this
 # long without a delivery counts. A cancel with credit left has what is in flight returned by
-# a quorum queue's channel, late under load; a producer stalled 0.21 s (load 14) resumed into
-# such a cancel and 38 returns came back behind newer messages (docs/history.md).
+# a quorum queue's channel, late under load: a producer that stalls and resumes into such a
+# cancel can have the returns come back behind newer messages.
 IDLE = 1.0
 # ... and a partition whose window has not filled by then (a steady trickle) is cancelled
 # anyway. A shorter hold let a return reach the queue after the next owner was served
-# (docs/history.md, "A shorter `_MAX_HOLD`"), so a trickling partition's handoff waits up
-# to 5 s.
+# so a trickling partition's handoff waits up to 5 s.
 MAX_HOLD = 5.0
 # With fillers: a window they have not filled this long after they went is cancelled anyway.
 FILL_WAIT = 5.0
@@ -280,7 +278,7 @@ def _quiet(
     ready. Quiet with messages ready means the broker has no credit for us *yet*: acks
     sent before the hold are not applied (a loaded broker lags), and once they are, it
     delivers again. Cancelling then returns those deliveries, and the next owner may be
-    served before the returns are applied, and a key is reordered (docs/history.md). So
+    served before the returns are applied, and a key is reordered. So
     only an empty queue counts as quiet; and for a partition whose pace fills the credit
     left within :data:`IDLE` seconds, only that long without a delivery: a producer that
     paused for less resumes into our window, which fills (no credit left to race). A timer

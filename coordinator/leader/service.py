@@ -401,8 +401,7 @@ class StreamCoordinator(threading.Thread):
         """Mirror one change, and react to what is about the campaign itself."""
         self.mirror.apply(event)
         # the leader checks who wrote a parked record (partq.coordinator.leader.forged); a
-        # follower's
-        # list would be replaced when it comes to lead (_update_leadership)
+        # follower's list would be replaced when it comes to lead (_update_leadership)
         if event.kind == "parked" and self.leading.is_set():
             if event.value is None:
                 self._unverified.pop(event.name, None)

@@ -682,8 +682,7 @@ def spec_name(name: str) -> str:
     return name
 
 
-# The request grammar, parsed here and only here; :attr:`Rebalance.name` and its siblings
-# write it.
+# The request grammar, parsed here and only here; :attr:`Rebalance.name` and its siblings write it.
 _REQUEST_NAME = re.compile(
     r"(?P<rebalance>rebalance)|(?P<every>pause)"
     r"|move-(?P<move>0|[1-9][0-9]{0,4})|pause-(?P<pause>0|[1-9][0-9]{0,4})|drain-(?P<drain>.*)",

@@ -104,8 +104,8 @@ def target(url: AmqpURL) -> AmqpTarget:
     return url if isinstance(url, AmqpTarget) else AmqpTarget(url)
 
 
-# a comma before a scheme (or another comma, or the end) separates entries: one inside a
-# password does not
+# a comma before a scheme (or another comma, or the end) separates entries: one inside a password
+# does not
 _LIST = re.compile(r"\s*,(?=[\s,]*(?:amqps?://|$))\s*")
 
 

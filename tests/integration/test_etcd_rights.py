@@ -350,8 +350,8 @@ def test_a_parked_record_for_a_partition_not_held_is_ignored_and_removed(site: S
         took = publish_and_wait(site, group, fleet, [key])
         assert "deleted the parked record of key" in fleet.procs[0].log.read_text()
         # (a member whose watch saw the record before the leader deleted it ignored it: c-1
-        # always, it names c-1 on a partition c-1 does not hold; c-2 unless the delete came
-        # first on a busy machine)
+        # always, it names c-1 on a partition c-1 does not hold; c-2 unless the delete came first on
+        # a busy machine)
         logs = {m: Path(fleet.tmp / f"{m}.log").read_text() for m in MEMBERS}
         ignored = [
             m for m, text in logs.items() if f"ignoring the parked record of key {key} " in text

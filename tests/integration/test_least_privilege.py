@@ -429,8 +429,8 @@ def test_the_admin_role_alone_can_resize_and_the_operator_role_cannot(site: Site
         str(site.rabbit.install.program("rabbitmqctl", site.tmp)), extra=dict(site.rabbit.env),
     )  # fmt: skip
     site.partq("admin", "stream", "create", STREAM, "--partitions", str(PARTITIONS))
-    # When the operator asks for a resize / Then etcd refuses its record, in one line, and
-    # nothing changed
+    # When the operator asks for a resize / Then etcd refuses its record, in one line, and nothing
+    # changed
     refused = site.partq("operator", "stream", "resize", STREAM, "-p", "8", fails=True)
     assert "permission denied" in refused.lower() and len(refused.strip().splitlines()) == 1
     assert f"stream {STREAM}: {PARTITIONS} partitions, quorum" in site.partq(

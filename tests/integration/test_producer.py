@@ -743,8 +743,8 @@ def test_body_above_max_message_size_fails_that_future_alone(
     publish_counts: collections.Counter[str],
 ) -> None:
     # Given a producer, and a body one byte above the broker's max_message_size
-    # (by default 128 MiB on 3.x, 16 MiB on 4.0: the broker reads all of it, then closes
-    # the channel)
+    # (by default 128 MiB on 3.x, 16 MiB on 4.0: the broker reads all of it, then closes the
+    # channel)
     spec = make_stream(P, "classic")
     limit = broker_max_message_size(rabbitmqctl)
     assert limit <= 256 * 1024 * 1024, f"max_message_size {limit} is too large to test here"

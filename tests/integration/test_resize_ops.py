@@ -255,8 +255,8 @@ def test_shrink_12_to_8_deletes_the_retired_queues_only_once_empty(
     assert state.phase is Phase.RETIRED and state.deleted == frozenset(range(8, 12))
     with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
         assert depths(connection, spec, 12) == [0] * 8 + [None] * 4
-    # and a producer's witness check (no queue beyond the spec) passes again, and describe
-    # shows no resize running
+    # and a producer's witness check (no queue beyond the spec) passes again, and describe shows no
+    # resize running
     description = admin.describe(registry, rabbitmq, spec.name)
     assert description.beyond == [] and description.resize == state
     # And the next resize's record takes this one's drained keys with it

@@ -62,8 +62,8 @@ class World:
     hold: str = "queue"
     window: int = 4
     # what happened, for the tests' statistics: publishes returned, consumers that waited at
-    # a gate (or went past one, holding by key), leader deaths that lost a result the broker
-    # had already carried out
+    # a gate (or went past one, holding by key), leader deaths that lost a result the broker had
+    # already carried out
     seen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEEN, 0))
 
     @classmethod

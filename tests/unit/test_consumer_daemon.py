@@ -258,8 +258,7 @@ def test_a_partition_assigned_back_while_draining_is_kept_without_a_cancel(env: 
     # Given c1 consuming partition 0 with c3 its hot standby, and a broker that lets the
     # test answer (seen after a takeover: the leader moved the partition away and back
     # within 15 ms; c1 cancelled, released, claimed and subscribed again, and c3, standing
-    # by behind c1 meanwhile, was activated by that cancel and gave a window back out of
-    # order)
+    # by behind c1 meanwhile, was activated by that cancel and gave a window back out of order)
     c1 = consuming(env, "c1", 0)
     env.fake.put(keys.standby(env.stream, 0), codec.encode_standby("c3"))
     c1.broker.auto = False
@@ -646,8 +645,8 @@ def test_a_deleted_stream_stops_everything_and_another_partition_count_exits_5(
 
 
 def test_a_member_reports_what_it_handled_per_partition(env: Env) -> None:
-    # Given a member reporting its load every 0.2 s, consuming partitions 1 and 3, and every
-    # report it puts collected
+    # Given a member reporting its load every 0.2 s, consuming partitions 1 and 3, and every report
+    # it puts collected
     reports: list[codec.LoadReport] = []
 
     def collect(response: Any) -> None:

@@ -149,8 +149,8 @@ def test_a_swap_counts_two_moves() -> None:
     two = spread(4, weights, current, loads, max_moves=2)
 
     # Then one move cannot help enough (400 to b: 500/800, a win of 100, under half of the
-    # mean partition's 325), while a swap gives 700/600 (500 for 300: the lowest numbers of
-    # the two best swaps)
+    # mean partition's 325), while a swap gives 700/600 (500 for 300: the lowest numbers of the two
+    # best swaps)
     assert one == current
     assert member_loads(two, loads, weights) == {"a": 700.0, "b": 600.0}
 

@@ -14,8 +14,8 @@ from tests.fakes.etcd import FakeEtcd
 
 
 def test_status_says_a_lease_less_claim_is_ignored_and_deleted_not_that_it_expires() -> None:
-    # Given a member b on its lease, and two claims in b's name: one on no lease, one on a
-    # lease no member holds
+    # Given a member b on its lease, and two claims in b's name: one on no lease, one on a lease no
+    # member holds
     fake = FakeEtcd()
     registry = Registry(fake, "fake")
     registry.create(StreamSpec("orders", 4))

@@ -230,8 +230,8 @@ def test_a_grow_then_a_shrink_keep_every_keys_order_under_load(
     sent, records = audited(load, fleet)
     # (How many publishes the cuts returned, printed below, depends on whether the
     # producer's watch saw each switch before its next publish: CI on 4.0.5 once had all 60
-    # at the grow and none at the shrink. The cut-off test below makes returns happen and
-    # checks their order.)
+    # at the grow and none at the shrink. The cut-off test below makes returns happen and checks
+    # their order.)
     moved = {r["key"] for r in records if r["partition"] >= 6}
     print(
         f"\n{len(sent)} sent, {len(records)} handled, {len(moved)} keys in added partitions, "
