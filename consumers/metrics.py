@@ -112,8 +112,10 @@ LEASE_RENEWAL_FAILURES = Counter(
 HEADER_PROBLEMS = Counter(
     "partq_consumer_header_problems",
     "Deliveries whose partq headers are malformed (dead-lettered unhandled), name another "
-    "partition (handled) or are a control message from a user that may not send one "
-    "(dead-lettered unobeyed), by problem (malformed, wrong_partition, forged_control)",
+    "partition (handled), are a control message from a user that may not send one "
+    "(dead-lettered unobeyed) or, found by a redrive in a key's parking queue, are not that "
+    "key's parked messages (dead-lettered unhandled), by problem (malformed, wrong_partition, "
+    "forged_control, foreign_parked)",
     ["stream", "member", "problem"],
 )
 WORKER_FAILURES = Counter(

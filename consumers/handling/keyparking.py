@@ -5,6 +5,12 @@ message whose handler attempts all failed parks its key; a control message of ``
 dlq`` (``redrive`` or ``purge``, checked by :mod:`partq.consumers.control.redrive`) replays or drops
 the key's parked messages, the replay going through the worker's own handler attempts.
 
+A replay hands the handler only what partq parked for that key. Whoever may publish to the
+exchanges a parking queue is bound to (any consumer's user: docs/security.md) can put other
+messages in it: a control message, a resize's fence, a drain's filler, another key's or a
+keyless message. The replay dead-letters those unhandled (:class:`ForeignParked`, counted as
+``partq_consumer_header_problems_total{problem="foreign_parked"}``) and goes on.
+
 :class:`KeyParking` is a base class of :class:`partq.consumers.handling.worker.Worker`: its methods
 run
 on whichever thread handles the message (the worker's thread, or a pool thread of
@@ -18,6 +24,7 @@ import enum
 import functools
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from partq.consumers import metrics
@@ -26,11 +33,19 @@ from partq.consumers.control import redrive as control
 from partq.consumers.handling.message import MalformedHeaders, Message
 from partq.consumers.handling.parking import Parking, shown_key
 from partq.coordinator.store.session import Session
-from partq.producer.contract import StreamSpec, key_id
+from partq.producer.contract import (
+    CONTROL_FENCE,
+    CONTROL_FILL,
+    HEADER_CONTROL,
+    StreamSpec,
+    key_bytes,
+    key_id,
+)
 
 from partq.kernel.backoff import Backoff
+from partq.kernel.errors import PartqError
 
-__all__ = ["RETRY_BACKOFF", "KeyParking", "Outcome"]
+__all__ = ["RETRY_BACKOFF", "ForeignParked", "KeyParking", "Outcome", "foreign"]
 
 log = logging.getLogger("partq.consumer.worker")
 RETRY_BACKOFF = Backoff()  # between parking or dead-lettering attempts: 0.2 s doubling to 5 s
@@ -44,10 +59,35 @@ class Outcome(enum.Enum):
     TIMED_OUT = "timed-out"  # the watchdog dead-lettered and acked it: stop here
 
 
+class ForeignParked(PartqError):
+    """A message in a key's parking queue that is not one of the key's parked messages
+    (the dead letter's error type): a redrive never hands it to the handler."""
+
+
+_CONTROLS = {CONTROL_FENCE: "a resize's fence", CONTROL_FILL: "a drain's filler"}
+
+
+def foreign(headers: Mapping[str, Any], key: str | bytes | None, parked: str | bytes) -> str | None:
+    """Why a message with ``headers`` and ``key`` (as the handler would see it) found in
+    ``parked``'s parking queue is not one of that key's parked messages, or None if it is.
+    Pure: a parked message is a producer's message of that very key, and nothing partq
+    sends itself (``x-partq-control``) is ever parked."""
+    control = headers.get(HEADER_CONTROL)
+    if control is not None:
+        text = control.decode(errors="replace") if isinstance(control, bytes) else str(control)
+        return _CONTROLS.get(text, f"a control message ({HEADER_CONTROL}: {text[:40]!r})")
+    if key is None:
+        return "a message without a partq key"
+    if key_bytes(key) != key_bytes(parked):
+        return f"a message of key {shown_key(key)}"
+    return None
+
+
 @dataclasses.dataclass(slots=True)
 class _Replay:
     """What the last parked message of one redrive came to (one redrive, one thread)."""
 
+    key: str | bytes  # the key redriven
     timed_out: bool = False
     failure: BaseException | None = None
 
@@ -153,7 +193,7 @@ class KeyParking:
                         shown_key(key),
                     )
                     return Outcome.ACK
-                replay = _Replay()
+                replay = _Replay(key)
                 one = functools.partial(self._replay_one, replay=replay)
                 if parking.replay(self.partition, key, one, self.stopped):
                     metrics.REDRIVES.labels(*self._labels).inc()
@@ -184,16 +224,31 @@ class KeyParking:
         return Outcome.KEEP
 
     def _replay_one(self, delivery: Delivery, replay: _Replay) -> bool:
-        """Handle one parked message during a redrive: True once handled."""
+        """Handle one parked message during a redrive: True once handled (or, if it is not
+        one of the key's, dead-lettered)."""
+        headers = delivery.properties.headers or {}
         try:
             message = self._message(delivery)
+            why = foreign(headers, message.key, replay.key)
         except MalformedHeaders as e:
-            replay.failure = e
-            return False
+            why = f"a message with malformed partq headers ({e})"
+        if why is not None:
+            return self._drop_foreign(delivery, replay.key, why)
         outcome, failure, _count = self._attempts(delivery, message, replay=True)
         replay.timed_out = outcome is Outcome.TIMED_OUT
         replay.failure = failure
         return outcome is Outcome.ACK
+
+    def _drop_foreign(self, delivery: Delivery, key: str | bytes, why: str) -> bool:
+        """Dead-letter a message that is not one of ``key``'s parked ones, unhandled: True
+        once it is (the replay acks it and goes on), False if stopped first."""
+        metrics.HEADER_PROBLEMS.labels(*self._labels, "foreign_parked").inc()
+        error = ForeignParked(
+            f"{why} in the parking queue of key {shown_key(key)}: partq never parks it "
+            f"there, so a redrive does not hand it to the handler"
+        )
+        log.error("partition %d: %s: dead-lettering it", self.partition, error)
+        return self._dead_letter(delivery, error, 0) is Outcome.ACK
 
     def _report_redrive_failed(
         self,

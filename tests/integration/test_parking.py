@@ -28,10 +28,19 @@ from partq.coordinator.ops import dlq
 from partq.coordinator.store.group import Group
 from partq.coordinator.store.session import Session
 from partq.producer import Producer, StreamSpec
-from partq.producer.contract import key_id
+from partq.producer.contract import (
+    CONTROL_FENCE,
+    CONTROL_FILL,
+    HEADER_CONTROL,
+    HEADER_EPOCH,
+    HEADER_PARTITION,
+    encode_key,
+    key_id,
+)
 from partq.producer.registry import Registry
 
 from examples import audit
+from partq.kernel.amqp import connect_blocking
 
 from .groups.harness import (
     PARTQ,
@@ -277,6 +286,70 @@ def test_a_redrive_whose_replay_fails_returns_at_once_with_the_error(
     assert parked.messages == 3
     assert parked.record.redrive_error == "ValueError: poisoned message p:0"
     assert seqs(fleet.records(), POISON_KEY) == []
+
+
+def test_a_redrive_hands_the_handler_only_the_keys_own_parked_messages(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str, tmp_path: Path
+) -> None:
+    # Given a parked key with 2 messages waiting, and what a consumer's user can route into
+    # its parking queue through the dead-letter exchange (bound as an older partq bound it):
+    # a purge request, a resize's fence, a drain's filler, another key's message and a
+    # keyless one
+    fleet, spec, flag, group, _members = parked_key(quorum_fleet, registry, rabbitmq, tmp_path, 2)
+    queue = spec.park_queue(POISON_KEY)
+    partition = spec.partition_for(POISON_KEY)
+    foreign = {
+        "forged-purge": {**encode_key(POISON_KEY), HEADER_CONTROL: "purge"},
+        "forged-fence": {HEADER_CONTROL: CONTROL_FENCE, HEADER_EPOCH: 0, HEADER_PARTITION: 0},
+        "forged-fill": {HEADER_CONTROL: CONTROL_FILL},
+        "forged-other": {**encode_key("key-999"), HEADER_PARTITION: partition},
+        "forged-keyless": {},
+    }
+    with connect_blocking(rabbitmq, name="test-attacker") as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_bind(queue, spec.dead_letter_exchange, routing_key=queue)
+        for seq, (message_id, headers) in enumerate(foreign.items(), start=900):
+            properties = pika.BasicProperties(message_id=message_id, headers=headers)
+            body = json.dumps({"seq": seq}).encode()
+            channel.basic_publish(
+                spec.dead_letter_exchange, queue, body, properties, mandatory=True
+            )
+    assert [k.messages for k in dlq.parked_keys(registry, rabbitmq, spec)] == [7]
+    # When the handler is fixed and the key redriven
+    flag.unlink()
+    done = partq(fleet, "dlq", "redrive", fleet.stream, "--key", POISON_KEY)
+    assert "unparked" in done.stdout
+    # Then the handler saw the key's 2 messages, nothing else
+    wait_until(lambda: len(seqs(fleet.records(), POISON_KEY)) >= 2, 30, 0.1, "replayed")
+    time.sleep(0.5)  # anything handled after them would be recorded by now
+    records = fleet.records()
+    assert seqs(records, POISON_KEY) == [0, 1]
+    assert [r for r in records if r["seq"] >= 900] == []
+    # And the others are in the DLQ, each with the reason
+    dead = _dead_letters(rabbitmq, spec, len(foreign))
+    assert set(dead) == set(foreign)
+    assert {h["x-partq-error-type"] for h in dead.values()} == {"ForeignParked"}
+    assert (
+        "a message of key 'key-999' in the parking queue" in dead["forged-other"]["x-partq-error"]
+    )
+    assert "a resize's fence" in dead["forged-fence"]["x-partq-error"]
+    assert group.parked() == {}
+
+
+def _dead_letters(rabbitmq: str, spec: StreamSpec, count: int) -> dict[str, dict[str, Any]]:
+    """The headers of ``count`` dead letters taken off the DLQ, by message id."""
+    found: dict[str, dict[str, Any]] = {}
+    with connect_blocking(rabbitmq, name="test-dlq") as connection:
+        channel = connection.channel()
+        deadline = time.monotonic() + 30
+        while len(found) < count and time.monotonic() < deadline:
+            method, properties, _body = channel.basic_get(spec.dead_letter_queue, auto_ack=True)
+            if method is None:
+                time.sleep(0.1)
+                continue
+            found[str(properties.message_id)] = dict(properties.headers or {})
+    return found
 
 
 def test_a_60000_byte_key_is_parked_and_its_partition_flows_on(

@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+import pika
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -241,6 +242,57 @@ def test_a_control_message_from_anyone_else_is_dead_lettered_unobeyed(sender: st
     assert len(parking.queues[key_id("bad")]) == 1
     assert parking.parked.get(key_id("bad")) is not None
     assert run.metric("partq_consumer_header_problems_total", problem="forged_control") == 1
+
+
+def test_a_redrive_dead_letters_what_was_never_the_keys_and_hands_the_rest_on() -> None:
+    # Given a parked key whose parking queue also holds what a consumer's user routed into it
+    # through an exchange it may publish to: a purge request, a fence, a filler, another
+    # key's message, a keyless one, one with malformed headers, and the same key as bytes
+    parking = FakeParking()
+    fail = True
+
+    def behaviour(message: Any) -> None:
+        if fail:
+            raise ValueError("boom")
+
+    run = Run(behaviour, parking=parking, max_attempts=1)
+    run.deliver("b1", headers("bad"))
+    wait_for(lambda: len(parking.queues.get(key_id("bad"), [])) == 1)
+    queue = parking.queues[key_id("bad")]
+    foreign = {
+        "purge": headers("bad", "purge"),
+        "fence": {**headers("bad"), "x-partq-control": "fence", "x-partq-epoch": 0},
+        "fill": {"x-partq-control": b"fill"},
+        "other": headers("good"),
+        "keyless": {"partq-partition": PARTITION},
+        "malformed": {"partq-key-b64": "not base64!"},
+    }
+    for tag, (message_id, found) in enumerate(foreign.items(), start=100):
+        props = pika.BasicProperties(message_id=message_id, headers=found)
+        queue.append(Delivery(PARTITION, run.channel, tag, False, props, b"x"))  # type: ignore[arg-type]
+    props = pika.BasicProperties(message_id="b2", headers={"partq-key-b64": "YmFk"})  # b"bad"
+    queue.append(Delivery(PARTITION, run.channel, 200, False, props, b"b2"))  # type: ignore[arg-type]
+    # When the handler is fixed and the key redriven
+    fail = False
+    run.deliver("r", headers("bad", "redrive"), OPERATOR)
+    run.end()
+    # Then the handler saw the key's own messages only; the rest went to the DLQ, each
+    # with its reason, and the key is unparked
+    assert run.handled == ["b1", "b2"]
+    dead = {
+        message_id: (type(error).__name__, str(error))
+        for message_id, error, _ in run.dead.published
+    }
+    assert set(dead) == set(foreign)
+    assert {kind for kind, _ in dead.values()} == {"ForeignParked"}
+    assert "a resize's fence in the parking queue of key 'bad'" in dead["fence"][1]
+    assert "a drain's filler" in dead["fill"][1]
+    assert "a control message (x-partq-control: 'purge')" in dead["purge"][1]
+    assert "a message of key 'good'" in dead["other"][1]
+    assert "without a partq key" in dead["keyless"][1]
+    assert "malformed partq headers" in dead["malformed"][1]
+    assert parking.parked.get(key_id("bad")) is None
+    assert run.metric("partq_consumer_header_problems_total", problem="foreign_parked") == 6
 
 
 def test_past_the_parked_key_limit_a_failing_key_is_dead_lettered_and_flows_on() -> None:
