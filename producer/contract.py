@@ -56,6 +56,7 @@ __all__ = [
     "key_from_id",
     "key_id",
     "long_key_id",
+    "park_exchange",
     "park_queue",
     "park_queue_pattern",
     "partition_for",
@@ -163,7 +164,7 @@ def validate_stream_name(name: str) -> str:
 # reach the other's (RabbitMQ permissions are regular expressions over names).
 _PARTITION_SUFFIX = r"p\d{5}"  # queue_name's ending
 _PARK_SUFFIX = r"park\.[0-9a-f]{16}"  # park_queue's
-_RESERVED_SUFFIX = re.compile(rf"\.(?:{_PARTITION_SUFFIX}|dlq|dlx|{_PARK_SUFFIX})$")
+_RESERVED_SUFFIX = re.compile(rf"\.(?:{_PARTITION_SUFFIX}|dlq|dlx|park|{_PARK_SUFFIX})$")
 
 
 def check_partition_count(partitions: object) -> int:
@@ -184,10 +185,12 @@ def refuse_overlap(name: str) -> str:
         return name
     other, suffix = name[: found.start()], found.group()[1:]
     kind = {"dlq": "dead-letter queue", "dlx": "dead-letter exchange"}.get(suffix)
+    kind = kind or ("parking exchange" if suffix == "park" else None)
     kind = kind or ("parking queue" if suffix.startswith("park.") else "partition queue")
     raise InvalidStreamName(
         f"stream name {name!r} overlaps stream {other!r}: {_PREFIX}.{name} is the name of "
-        f"its {kind}; pick a name that does not end in .pNNNNN, .dlq, .dlx or .park.<16 hex>"
+        f"its {kind}; pick a name that does not end in .pNNNNN, .dlq, .dlx, .park or "
+        f".park.<16 hex>"
     )
 
 
@@ -269,6 +272,17 @@ def park_queue(stream: str, key: str | bytes) -> str:
     """The parking queue of one key, e.g. ``partq.orders.park.3f0c9a1b2d4e5f60``."""
     digest = hashlib.sha256(key_bytes(key)).hexdigest()[:16]
     return f"{_PREFIX}.{stream}.park.{digest}"
+
+
+def park_exchange(stream: str) -> str:
+    """The exchange consumers park messages through (each parking queue bound to it under
+    its own name).
+
+    Not the dead-letter exchange: binding to an exchange needs *read* on it, and a consumer
+    that could bind to the dead-letter exchange could bind a queue of its own under the
+    DLQ's routing key and be copied every dead letter (docs/security.md).
+    """
+    return f"{_PREFIX}.{stream}.park"
 
 
 def dead_letter_exchange(stream: str) -> str:
@@ -381,6 +395,10 @@ class StreamSpec:
 
     def park_queue(self, key: str | bytes) -> str:
         return park_queue(self.name, key)
+
+    @property
+    def park_exchange(self) -> str:
+        return park_exchange(self.name)
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {

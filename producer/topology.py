@@ -55,9 +55,10 @@ log = logging.getLogger("partq.amqp")
 
 
 def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> None:
-    """Declare the exchange, the P single-active-consumer queues and the dead-letter queue,
-    each partition bound under the spec's epoch (``partq.producer.layout``), and to the
-    dead-letter exchange under its name (for drains' fillers).
+    """Declare the exchange, the P single-active-consumer queues, the dead-letter queue and
+    exchange and the parking exchange (consumers bind parking queues to it), each partition
+    bound under the spec's epoch (``partq.producer.layout``), and to the dead-letter
+    exchange under its name (for drains' fillers).
 
     Idempotent. A queue that exists with other arguments is reported, not replaced.
     """
@@ -65,6 +66,7 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
     channel.exchange_declare(spec.exchange, exchange_type="direct", durable=True)
     channel = _declare_dead_letter_queue(connection, channel, spec)
     channel.exchange_declare(spec.dead_letter_exchange, exchange_type="direct", durable=True)
+    channel.exchange_declare(spec.park_exchange, exchange_type="direct", durable=True)
     channel.queue_bind(
         spec.dead_letter_queue, spec.dead_letter_exchange, routing_key=spec.dead_letter_queue
     )
@@ -294,4 +296,5 @@ def delete_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> None
     channel.queue_delete(spec.dead_letter_queue)
     channel.exchange_delete(spec.exchange)
     channel.exchange_delete(spec.dead_letter_exchange)
+    channel.exchange_delete(spec.park_exchange)
     channel.close()

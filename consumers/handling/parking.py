@@ -1,16 +1,21 @@
 """Per-key parking (``on_failure = park``): a key whose message exhausted its retries waits.
 
-That message and every later message of its key go, in order, to the key's own parking
-queue (``partq.S.park.<hash>``, bound to the stream's dead-letter exchange) while other
-keys flow on; the key's record in etcd (``parked/<key id>``) makes every later owner of the
-partition park it too. ``partq dlq redrive`` publishes a *control message* into the key's
-partition; the partition's worker, the only writer of the parking queue, replays the queue
-through the handler in order, ahead of everything newer of that key (queued behind the
-control message), then deletes the record and the queue. ``partq dlq purge`` does the same
-without the handler. A crash anywhere leaves the control message or the parked message
-unacked: the next owner goes on where it stopped; nothing is lost or copied by the replay.
-An owner killed between parking a message and acking it leaves it to be parked twice; the
-replay drops the second copy (same message id and body).
+That message and every later message of its key go, in order, to the key's own parking queue
+(``partq.S.park.<hash>``, bound under its name to the stream's parking exchange
+``partq.S.park``) while other keys flow on; the key's record in etcd (``parked/<key id>``)
+makes every later owner of the partition park it too. ``partq dlq redrive`` publishes a
+*control message* into the key's partition; the partition's worker, the only writer of the
+parking queue, replays the queue through the handler in order, ahead of everything newer of
+that key (queued behind the control message), then deletes the record and the queue. ``partq
+dlq purge`` does the same without the handler. A crash anywhere leaves the control message
+or the parked message unacked: the next owner goes on where it stopped; nothing is lost or
+copied by the replay. An owner killed between parking a message and acking it leaves it to
+be parked twice; the replay drops the second copy (same message id and body).
+
+Not through the dead-letter exchange: binding to it needs *read* on it, which would let a
+consumer's user bind a queue under the DLQ's routing key (docs/security.md). A stream made
+by an older partq has no parking exchange: it is declared if the user may, else parking
+goes through the dead-letter exchange as before. A replay reads a queue by name.
 
 At most :data:`MAX_PARKED_KEYS` keys of a stream are parked (each has a queue): past that, a
 key whose message exhausts its retries is not parked; the message goes to the dead-letter
@@ -24,12 +29,12 @@ message ahead of the parked ones.
 
 Threads. Parking runs on the partition workers' threads (a keyed worker's pool threads),
 several at once. :class:`Parking`'s lock serialises its one blocking AMQP connection and
-channel (``_connection``, ``_channel``, ``_declared``); a redrive replays on a connection
-of its own. :class:`ParkedKeys` (:mod:`partq.consumers.handling.parkedkeys`) is written by the
-controller and by the workers, and read by both, under its lock.
-:class:`ParkStalls` is written by the workers and read by the controller (``/readyz``,
-load reports) under its lock; ``on_change``, called outside it, queues a ``ParkStall``
-event for the controller. etcd is reached through ``Group``, whose only state is locked.
+channel (``_connection``, ``_channel``, ``_declared``, ``_exchange``); a redrive replays on
+a connection of its own. :class:`ParkedKeys` (:mod:`partq.consumers.handling.parkedkeys`) is
+written by the controller and by the workers, and read by both, under its lock.
+:class:`ParkStalls` is written by the workers and read by the controller (``/readyz``, load
+reports) under its lock; ``on_change``, called outside it, queues a ``ParkStall`` event for
+the controller. etcd is reached through ``Group``, whose only state is locked.
 """
 
 from __future__ import annotations
@@ -224,6 +229,8 @@ class Parking:
         self._connection: pika.BlockingConnection | None = None
         self._channel: Any = None
         self._declared: set[str] = set()
+        self._exchange: str | None = None  # what this connection parks through, once known
+        self._warned = False
 
     def close(self) -> None:
         with self._lock:
@@ -288,13 +295,47 @@ class Parking:
             )
 
     def _publish(self, channel: Any, queue: str, body: bytes, properties: Any) -> None:
+        if self._exchange is None:
+            self._exchange = self._park_exchange(channel)
+            channel = self._channel  # a refused declare closed the one it was made on
         if queue not in self._declared:
             channel.queue_declare(queue, durable=True, arguments=park_queue_arguments(self.spec))
-            channel.queue_bind(queue, self.spec.dead_letter_exchange, routing_key=queue)
+            channel.queue_bind(queue, self._exchange, routing_key=queue)
             self._declared.add(queue)
-        channel.basic_publish(
-            self.spec.dead_letter_exchange, queue, body, properties, mandatory=True
-        )
+        channel.basic_publish(self._exchange, queue, body, properties, mandatory=True)
+
+    def _park_exchange(self, channel: Any) -> str:
+        """The exchange to park through: the stream's parking exchange, declared if absent
+        and this user may (idempotent); else, for a stream made by an older partq, the
+        dead-letter exchange, as that partq parked (the lock is held)."""
+        exchange = self.spec.park_exchange
+        try:
+            channel.exchange_declare(exchange, passive=True)  # needs no right
+            return exchange
+        except pika.exceptions.ChannelClosedByBroker as e:
+            if e.reply_code != 404:
+                raise
+        self._channel = None
+        self._open()
+        try:
+            self._channel.exchange_declare(exchange, exchange_type="direct", durable=True)
+            return exchange
+        except pika.exceptions.ChannelClosedByBroker as e:
+            if e.reply_code != 403:  # ACCESS_REFUSED: no configure right on it
+                raise
+        self._channel = None
+        self._open()
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "stream %s has no parking exchange %s (created by an older partq) and this "
+                "user may not declare it: parking through the dead-letter exchange; run "
+                "`partq stream create %s` again to add it",
+                self.spec.name,
+                exchange,
+                self.spec.name,
+            )
+        return self.spec.dead_letter_exchange
 
     # -- replaying -------------------------------------------------------------------------
 
@@ -402,12 +443,14 @@ class Parking:
         if self._connection is None or not self._connection.is_open:
             self._connection = connect_blocking(self.url, name=f"partq-park-{self.member}")
             self._declared.clear()
+            self._exchange = None
         self._channel = self._connection.channel()
         self._channel.confirm_delivery()
 
     def _drop(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
         self._declared.clear()
+        self._exchange = None
         if connection is not None and connection.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError):
                 connection.close()

@@ -8,8 +8,9 @@ component      etcd (under /partq/v1/streams/S/)           RabbitMQ (configure /
 =============  ==========================================  ===================================
 producer       read ``spec`` and ``resize``                - / exchange ``partq.S`` / -
 consumer       read all; write ``members/ID`` (or          parking queues ``partq.S.park.*`` /
-               ``members/``), ``claims/``, ``parked/``       ``partq.S.dlx`` and parking queues /
-               and ``drained/`` (a resize's fences)          partition and parking queues, dlx
+               ``members/``), ``claims/``, ``parked/``       ``partq.S.dlx``, ``partq.S.park`` and
+               and ``drained/`` (a resize's fences)          parking queues / partition and
+                                                           parking queues, ``partq.S.park``
 coordinator    read all; write ``assignment/``,            - / - / -   (queue depths are
                ``leader/``, ``requests/`` (clears them),     passive declares: no rights)
                ``/partq/v1/policy/S/``
@@ -43,6 +44,7 @@ from partq.producer.contract import (
     dead_letter_exchange,
     dead_letter_queue,
     exchange_name,
+    park_exchange,
     park_queue_pattern,
     queue_pattern,
     refuse_overlap,
@@ -112,10 +114,12 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
     queues = queue_pattern(stream)
     parking = park_queue_pattern(stream)  # declared, bound, read and deleted by consumers
     dlx = _exactly(dead_letter_exchange(stream))
+    park = _exactly(park_exchange(stream))  # parking queues are bound to it: binding reads it
     consumer_amqp = AmqpRights(
         configure=parking,
-        write=_either(dlx, parking),
-        read=_either(queues, parking, dlx),  # binding to the dlx reads it
+        write=_either(dlx, park, parking),
+        # no read on the dlx: it could bind a queue under the DLQ's routing key
+        read=_either(queues, parking, park),
     )
     claims = EtcdRight("readwrite", keys.claims(stream), prefix=True)
     parked = EtcdRight("readwrite", keys.parked_keys(stream), prefix=True)
@@ -173,9 +177,14 @@ def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
 
 
 def _admin_pattern(stream: str, queues: str) -> str:
-    """The stream's exchange, dead-letter exchange and queue, its partition and parking queues
-    (``stream delete`` deletes the parking queues)."""
-    fixed = _exactly(exchange_name(stream), dead_letter_exchange(stream), dead_letter_queue(stream))
+    """The stream's exchange, dead-letter exchange and queue, parking exchange, its partition
+    and parking queues (``stream delete`` deletes the parking queues)."""
+    fixed = _exactly(
+        exchange_name(stream),
+        dead_letter_exchange(stream),
+        dead_letter_queue(stream),
+        park_exchange(stream),
+    )
     return f"{fixed}|{queues}|{park_queue_pattern(stream)}"
 
 

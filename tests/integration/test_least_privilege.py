@@ -356,11 +356,22 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
             channel = connection.channel()
             dlx = f"partq.{STREAM}.dlx"
             assert _refused(lambda: channel.queue_bind(partition, dlx, routing_key="x")) == 403
-        # ... and what RabbitMQ cannot refuse it, as docs/security.md says: purging the
-        # queues it reads (read includes purge), declaring and deleting any parking queue
-        # (configure covers both), publishing into the DLQ and parking queues (the dlx)
+        # ... nor copying every dead letter into a parking queue (or the parking exchange):
+        # it may not bind anything to the dead-letter exchange, whose read right it lacks
         spare = park_queue(STREAM, "nobody")
         assert declare("c-1", spare) == 0
+        with _amqp(site, "c-1") as connection:
+            dlx, dlq, park = (f"partq.{STREAM}.{name}" for name in ("dlx", "dlq", "park"))
+            channel = connection.channel()
+            assert _refused(lambda: channel.queue_bind(spare, dlx, routing_key=dlq)) == 403
+            channel = connection.channel()
+            assert _refused(lambda: channel.exchange_bind(park, dlx, routing_key=dlq)) == 403
+            channel = connection.channel()
+            assert _refused(lambda: channel.queue_bind(spare, park, routing_key=spare)) == 0
+        # ... and what RabbitMQ cannot refuse it, as docs/security.md says: purging the
+        # queues it reads (read includes purge), declaring and deleting any parking queue
+        # (configure covers both), publishing into the DLQ (the dlx) and parking queues
+        # (the parking exchange)
         assert delete("c-1", spare) == 0
         assert purge("c-1", partition) == 0  # every message is handled: nothing is lost here
         forged = _dead_letters(site)  # the one that publish("c-1", dlx, dlq) put there

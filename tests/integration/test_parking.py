@@ -37,6 +37,7 @@ from partq.producer.contract import (
     encode_key,
     key_id,
 )
+from partq.producer.queue_arguments import park_queue_arguments
 from partq.producer.registry import Registry
 
 from examples import audit
@@ -230,6 +231,49 @@ def test_a_copy_parked_twice_by_a_crash_is_replayed_once(
         handled: list[bytes] = []
         stopped = threading.Event()
         assert parking.replay(partition, POISON_KEY, lambda d: not handled.append(d.body), stopped)
+        assert [json.loads(b)["seq"] for b in handled] == [0, 1]
+        assert group.parked() == {}
+    finally:
+        parking.close()
+        session.close(revoke=True)
+
+
+def test_a_stream_made_before_the_parking_exchange_parks_and_replays_through_it(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str
+) -> None:
+    # Given a stream as an older partq made it: no parking exchange, and a parking queue
+    # bound to the dead-letter exchange holding one parked message
+    fleet = quorum_fleet(P, "park")
+    spec = StreamSpec(fleet.stream, P, "quorum", on_failure="park")
+    queue = spec.park_queue(POISON_KEY)
+    headers = {**encode_key(POISON_KEY), "x-partq-parked": "failed"}
+    with connect_blocking(rabbitmq, name="test-older-partq") as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.exchange_delete(spec.park_exchange)
+        channel.queue_declare(queue, durable=True, arguments=park_queue_arguments(spec))
+        channel.queue_bind(queue, spec.dead_letter_exchange, routing_key=queue)
+        properties = pika.BasicProperties(message_id="p:0", headers=headers)
+        channel.basic_publish(spec.dead_letter_exchange, queue, b'{"seq": 0}', properties)
+    group = Group(registry.client, registry.where, fleet.stream)
+    parking = Parking(rabbitmq, spec, "m", group, ParkedKeys())
+    session = Session(registry.client, registry.where, ttl=30)
+    try:
+        partition = spec.partition_for(POISON_KEY)
+        group.join(session, "m")
+        assert group.claim(partition, "m", session)
+        # When this partq parks the key's next message (its user may declare the exchange)
+        props = pika.BasicProperties(message_id="p:1", headers=encode_key(POISON_KEY))
+        delivery = Delivery(partition, None, 1, False, props, b'{"seq": 1}')  # type: ignore[arg-type]
+        parking.park(delivery, POISON_KEY, ValueError("poisoned"), 1, session)
+        # Then the parking exchange exists again and holds the queue's binding; the replay
+        # hands over both messages, in order, whichever exchange fed them
+        with connect_blocking(rabbitmq, name="test-check") as connection:
+            connection.channel().exchange_declare(spec.park_exchange, passive=True)
+        handled: list[bytes] = []
+        assert parking.replay(
+            partition, POISON_KEY, lambda d: not handled.append(d.body), threading.Event()
+        )
         assert [json.loads(b)["seq"] for b in handled] == [0, 1]
         assert group.parked() == {}
     finally:

@@ -11,6 +11,7 @@ from partq.producer.contract import (
     dead_letter_exchange,
     dead_letter_queue,
     exchange_name,
+    park_exchange,
     queue_name,
 )
 
@@ -91,6 +92,7 @@ def test_bad_stream_or_member_is_refused() -> None:
         ("orders.dlq", "partq.orders.dlq is the name of its dead-letter queue"),
         ("orders.dlx", "partq.orders.dlx is the name of its dead-letter exchange"),
         ("orders.park.0123456789abcdef", "is the name of its parking queue"),
+        ("orders.park", "partq.orders.park is the name of its parking exchange"),
     ],
 )
 def test_a_stream_named_as_another_streams_queue_gets_no_roles(name: str, conflict: str) -> None:
@@ -108,10 +110,10 @@ def test_names_that_overlap_nothing_get_roles(name: str) -> None:
 
 def test_no_two_streams_rights_reach_each_others_names() -> None:
     # Given streams whose names extend each other (not by a reserved suffix)
-    names = ["orders", "orders.eu", "orders.p1", "orders.park", "orders.park.x", "orders.d"]
+    names = ["orders", "orders.eu", "orders.p1", "orders.parks", "orders.park.x", "orders.d"]
     resources = {
         n: {exchange_name(n), dead_letter_exchange(n), dead_letter_queue(n), queue_name(n, 1)}
-        | {f"partq.{n}.park.0123456789abcdef"}
+        | {park_exchange(n), f"partq.{n}.park.0123456789abcdef"}
         for n in names
     }
     # Then no role of one stream may touch a name of another
