@@ -86,6 +86,7 @@ class Resizer:
     _revision: int = field(default=0, init=False)  # the record's mod revision, ours last
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _etcd_away: bool = field(default=False, init=False)  # the last read of drained keys failed
+    _kept: set[int] = field(default_factory=set, init=False)  # retired queues found not empty
 
     @property
     def phase(self) -> str:
@@ -233,11 +234,18 @@ class Resizer:
                 return resize.Switched()
             case resize.Delete(partition):
                 left = topology.delete_if_empty(connection, spec, partition)
-                if left is None:
-                    return resize.Deleted(partition)
                 queue = queue_name(self.stream, partition)
-                log.warning("%s: retired queue %s is not empty or still consumed (%d messages): "
-                            "kept, tried again", self.stream, queue, left)  # fmt: skip
+                if left is None:
+                    if partition in self._kept:  # the end of the warning below
+                        self._kept.discard(partition)
+                        log.info("%s: retired queue %s is empty now: deleted", self.stream, queue)
+                    return resize.Deleted(partition)
+                # tried again each round (``interval``): said once, until it is deleted
+                level = logging.DEBUG if partition in self._kept else logging.WARNING
+                self._kept.add(partition)
+                log.log(level, "%s: retired queue %s is not empty or still consumed (%d "
+                        "messages): kept, tried again until it is empty", self.stream, queue,
+                        left)  # fmt: skip
                 return resize.NotEmpty(partition)
         raise AssertionError(f"unknown action {action!r}")
 

@@ -116,6 +116,19 @@ class _Missing(Exception):
     """The stream's spec is gone or unreadable: not ready until it is back."""
 
 
+def _spec_changed(old: StreamSpec | None, new: StreamSpec) -> str:
+    """What changed of a stream's spec, for people: ``its spec changed: partitions 12 -> 24,
+    epoch 0 -> 1`` (the log line names the stream; the version follows the epoch)."""
+    if old is None:
+        return f"its spec changed to {new.partitions} partitions"
+    changes = [
+        f"{f.name} {getattr(old, f.name)} -> {getattr(new, f.name)}"
+        for f in dataclasses.fields(new)
+        if f.name != "version" and getattr(old, f.name) != getattr(new, f.name)
+    ]
+    return "its spec changed: " + (", ".join(changes) or "rewritten")
+
+
 class StreamCoordinator(threading.Thread):
     """Campaigns for, and while leading coordinates, one stream, until :meth:`stop`.
 
@@ -286,7 +299,7 @@ class StreamCoordinator(threading.Thread):
         if state.spec is None:  # deleted (or garbled) since we read it
             raise _Missing(f"stream {self.stream!r} was deleted")
         if state.spec != self.spec:
-            raise NotLeader(f"{self.stream}: its spec changed to {state.spec}")
+            raise NotLeader(_spec_changed(self.spec, state.spec))
         self.mirror = GroupMirror.of(state)
         self._forged_candidates = {
             m.key.rsplit("/", 1)[1]: m.revision
@@ -295,7 +308,7 @@ class StreamCoordinator(threading.Thread):
         }
         self.history.seed({p: c.member for p, c in state.claims.items()})
         if self.mirror.candidates.get(fence.name) != fence.revision:
-            raise NotLeader(f"{self.stream}: our candidate key {fence.key} is gone")
+            raise NotLeader(f"our candidate key {fence.key} is gone")
         self._watch_id = self.group.watch(state.revision, self._watched)
 
     def _resync(self, why: EtcdCompacted) -> None:
@@ -421,9 +434,9 @@ class StreamCoordinator(threading.Thread):
             case WatchEvent(kind="member"):
                 self._settle_at = time.monotonic() + self.config.settle
             case WatchEvent(kind="leader", value=None) if fence and event.name == fence.name:
-                raise NotLeader(f"{self.stream}: our candidate key {fence.key} is gone")
+                raise NotLeader(f"our candidate key {fence.key} is gone")
             case WatchEvent(kind="spec", value=StreamSpec() as spec) if spec != self.spec:
-                raise NotLeader(f"{self.stream}: its spec changed to {spec}")
+                raise NotLeader(_spec_changed(self.spec, spec))
             case WatchEvent(kind="spec", value=None, malformed=malformed):
                 why = f"its spec is malformed: {malformed}" if malformed else ""
                 raise _Missing(why or f"stream {self.stream!r} was deleted")
@@ -479,7 +492,7 @@ class StreamCoordinator(threading.Thread):
         """A fenced write that did less than ``asked`` found another leader: step down."""
         if len(done) < len(asked):
             self._step_down()
-            raise NotLeader(f"{self.stream}: lost leadership while {what}")
+            raise NotLeader(f"lost leadership while {what}")
 
     def _lead(self, event: CoordinatorEvent) -> None:
         """Carry out the operator requests, then (once settled) the automatic step."""

@@ -220,6 +220,8 @@ class Description:
             "name": self.spec.name,
             "partitions": self.spec.partitions,
             "queue_type": self.spec.queue_type,
+            "replicas": self.spec.replicas,
+            "on_failure": self.spec.on_failure,
             "exchange": self.spec.exchange,
             "dead_letter_queue": self.spec.dead_letter_queue,
             "queues": [_queue_dict(q) for q in self.queues],

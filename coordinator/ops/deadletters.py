@@ -19,6 +19,11 @@ redrive only once the broker confirmed the copy published into the partition: at
 once, never lost); the others go back in order when the channel closes. It acts only on the
 messages that were in the queue when it began, so a redriven message that fails again and
 comes back is left for the next run.
+
+Both look at a window of the queue's head (``WINDOW`` by default, at most ``MAX_PREFETCH``):
+the messages a keyed redrive or purge passes over stay unacked in front, in order, so what
+it looks at is the window plus what it acted on. :class:`Read` and :class:`Acted` say how
+many it looked at of how many, so a command can say so rather than speak for the rest.
 """
 
 from __future__ import annotations
@@ -53,12 +58,10 @@ from pika.adapters.blocking_connection import BlockingChannel
 from partq.kernel.amqp import MAX_PREFETCH, AmqpURL, blocking_connection
 from partq.kernel.errors import MessageNacked, MessageUnroutable, UsageError
 
-__all__ = ["WINDOW", "Acted", "DeadLetter", "Read", "act", "letter_from", "read"]
+__all__ = ["MAX_PREFETCH", "WINDOW", "Acted", "DeadLetter", "Read", "act", "letter_from", "read"]
 
 Action = Literal["redrive", "purge"]
-WINDOW = (
-    10_000  # messages held at once (a prefetch count is at most partq.kernel.amqp.MAX_PREFETCH)
-)
+WINDOW = 10_000  # messages held at once by default (a prefetch count is at most MAX_PREFETCH)
 _WAIT = 10.0  # seconds to wait for a window's next delivery before giving up on it
 _ALONE_CHECKS, _ALONE_INTERVAL = 25, 0.2  # wait up to 5 s for another reader to go away
 
@@ -191,6 +194,11 @@ class Read:
     depth: int  # messages ready in the queue when the read began
     letters: tuple[DeadLetter, ...]  # the first min(depth, window), head first
 
+    @property
+    def complete(self) -> bool:
+        """Whether every message of the queue was looked at."""
+        return len(self.letters) >= self.depth
+
 
 Taken = list[tuple[Any, pika.BasicProperties, bytes]]  # (Basic.Deliver, properties, body)
 
@@ -255,8 +263,16 @@ def read(amqp_url: AmqpURL, spec: StreamSpec, window: int = WINDOW) -> Read:
 @dataclass(frozen=True, slots=True)
 class Acted:
     done: int  # redriven (confirmed in their partitions) or purged
-    kept: int  # left in the queue: other keys', and those that name no partition
-    unroutable: int  # of those kept: no key and no partition, or a refused control request
+    kept: int  # of the messages there when it began, those still in the queue
+    unroutable: int  # of those looked at and kept: no key and no partition, or a refused
+    # control request
+    depth: int = 0  # messages in the queue when it began
+    looked: int = 0  # of those, the first ``looked`` were looked at (the rest were not)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every message that was in the queue was looked at."""
+        return self.looked >= self.depth
 
 
 def act(
@@ -267,13 +283,16 @@ def act(
     window: int = WINDOW,
 ) -> Acted:
     """Redrive (publish into its partition, confirmed, then ack) or purge (ack) every dead
-    letter of ``key`` (None: all) that is in the queue now, in queue order."""
-    done = unroutable = 0
+    letter of ``key`` (None: all) among those in the queue now, in queue order, looking at
+    the first ``window`` it keeps (plus those it acts on): :attr:`Acted.looked` says how
+    many it looked at."""
+    done = unroutable = held = 0
     queue = spec.dead_letter_queue
     with blocking_connection(amqp_url, name=f"partq-dlq-{action}") as connection:
         out = connection.channel()
         out.confirm_delivery()
-        left = int(out.queue_declare(queue, passive=True).method.message_count)  # the originals
+        depth = int(out.queue_declare(queue, passive=True).method.message_count)
+        left = depth  # of the originals, those still in the queue
         for _ in range(left + 1):  # each round acts on at least one message, or stops
             acted = held = unroutable = 0
             with _window(connection, queue, min(left, window)) as (channel, _, taken):
@@ -292,7 +311,8 @@ def act(
             left -= acted
             if acted == 0 or held >= left:  # what remains of the originals is kept
                 break
-    return Acted(done, left, unroutable)
+    # the messages kept stay at the head, in order: the last window held all of them
+    return Acted(done, left, unroutable, depth, min(depth, done + held))
 
 
 def _publish(

@@ -21,7 +21,7 @@ from partq.producer.queue_probes import QueueStats, queue_stats
 from partq.producer.registry import Registry
 
 from partq.kernel.amqp import AmqpURL, blocking_connection
-from partq.kernel.errors import BrokerUnavailable, PartqError
+from partq.kernel.errors import BrokerRefused, BrokerUnavailable, PartqError
 
 __all__ = ["beyond_lines", "malformed_lines", "per_second", "render_html", "snapshot_status"]
 
@@ -34,7 +34,8 @@ def snapshot_status(
     depths: Callable[[StreamSpec], list[QueueStats]] | None = None,
 ) -> dict[str, Any]:
     """The report; queue stats from ``depths`` (a daemon's cached source, whose errors
-    propagate) or else from one short-lived connection (depths left out if it fails)."""
+    propagate) or else from one short-lived connection (depths left out if RabbitMQ cannot
+    be reached; raised if it refused the login or a queue)."""
     spec = registry.read_spec(stream)
     group = Group(registry.client, registry.where, stream, report=False)
     state = group.snapshot()
@@ -47,6 +48,8 @@ def snapshot_status(
         try:
             with blocking_connection(amqp_url, name="partq-status") as connection:
                 found = queue_stats(connection, spec, beyond=True)
+        except BrokerRefused:
+            raise  # not an outage: the user has to fix the login or the rights
         except BrokerUnavailable:
             pass
     return _report(spec, state, handled, found, now)

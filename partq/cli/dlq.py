@@ -39,7 +39,7 @@ def _when(at: float) -> str:
 
 def _letter_row(d: deadletters.DeadLetter) -> str:
     failed = "?" if d.failed_ms is None else _when(d.failed_ms / 1000)
-    error = ((d.error or "").splitlines() or [d.error_type or "?"])[-1]  # "ValueError: why"
+    error = _error_line(d.error_type, d.error)
     attempts = "?" if d.attempts is None else str(d.attempts)
     partition = "?" if d.partition is None else str(d.partition)
     return printable(
@@ -65,13 +65,43 @@ _DEAD_LETTERS = click.option(
     is_flag=True,
     help="Act on the dead-letter queue's messages instead of parked keys.",
 )
+_LOOK = click.option(
+    "--limit",
+    type=click.IntRange(1, deadletters.MAX_PREFETCH),
+    default=deadletters.WINDOW,
+    show_default=True,
+    help="Dead letters to look at, from the head of the queue (the output says if there "
+    "were more).",
+)
+
+
+def _looked_at(looked: int, depth: int, queue: str) -> str:
+    """The line saying a command looked at only part of the dead-letter queue."""
+    more = (
+        f"use --limit N (at most {deadletters.MAX_PREFETCH:,}) to look at more"
+        if looked < deadletters.MAX_PREFETCH
+        else "redrive or purge the ones in front first to reach the rest"
+    )
+    return (
+        f"looked at the first {looked:,} of {depth:,} dead letters in {queue}; the other "
+        f"{depth - looked:,} were not looked at: {more}"
+    )
+
+
+def _error_line(error_type: str | None, error: str | None) -> str:
+    """A failure as Python prints it ("ValueError: why"): the error text already names its
+    type when a consumer wrote it."""
+    last = ((error or "").splitlines() or [""])[-1]
+    if error_type and not last.startswith(f"{error_type}:") and last != error_type:
+        return f"{error_type}: {last}" if last else error_type
+    return last or "?"
 
 
 @dlq_group.command("list")
 @click.argument("stream")
 @click.option(
     "--limit",
-    type=click.IntRange(0, deadletters.WINDOW),
+    type=click.IntRange(0, deadletters.MAX_PREFETCH),
     default=100,
     show_default=True,
     help="Dead letters to show, from the head of the queue.",
@@ -115,39 +145,45 @@ def list_(ctx: Context, stream: str, limit: int, as_json: bool) -> None:
         click.echo(_LETTER_HEADING)
         for d in read.letters:
             click.echo(_letter_row(d))
-        if read.depth > len(read.letters):
-            click.echo(f"... {read.depth - len(read.letters)} more (--limit)")
+        if not read.complete:
+            click.echo(f"... {_looked_at(len(read.letters), read.depth, spec.dead_letter_queue)}")
 
 
 @dlq_group.command()
 @click.argument("stream")
 @click.option("--key", "-k", "key_text", required=True, help="The key (b64:<base64> if binary).")
+@_LOOK
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_context
-def show(ctx: Context, stream: str, key_text: str, as_json: bool) -> None:
+def show(ctx: Context, stream: str, key_text: str, limit: int, as_json: bool) -> None:
     """One key of STREAM: why it was parked, by whom, and what waits; and its dead letters
-    among the first 10,000 of the queue (left there, in order)."""
+    among the first --limit of the queue (left there, in order)."""
     spec = ctx.registry().read_spec(stream)
     key = _key(key_text)
     assert key is not None
     found = dlq.parked_keys(ctx.registry(), ctx.settings.amqp, spec, key)
-    read = deadletters.read(ctx.settings.amqp, spec)
+    read = deadletters.read(ctx.settings.amqp, spec, limit)
     letters = [d for d in read.letters if d.matches(key)]
+    queue = spec.dead_letter_queue
     if not found and not letters:
-        raise click.UsageError(
-            f"key {key_text!r} is neither parked in {stream} nor among the first "
-            f"{len(read.letters)} of its {read.depth} dead letters"
-        )
+        among = f"its {read.depth:,} dead letters"
+        if not read.complete:
+            among = f"the {_looked_at(len(read.letters), read.depth, queue)}"
+        raise click.UsageError(f"key {key_text!r} is neither parked in {stream} nor among {among}")
     doc = found[0].to_dict() if found else {"key": key_text, "parked": False}
     if as_json:
+        doc["dead_letters"] = read.depth
+        doc["dead_letters_looked_at"] = len(read.letters)
         doc["dead_letter_messages"] = [d.to_dict() for d in letters]
         click.echo(json.dumps(doc, indent=2))
         return
     if found:
         doc["parked_at"] = _when(found[0].record.at) + " UTC"
     for name, value in doc.items():
-        click.echo(printable(f"{name:>11}: {value}"))
-    click.echo(f"dead letters of this key in {spec.dead_letter_queue}: {len(letters)}")
+        if name != "redrive_error" or value is not None:  # None: no redrive failed
+            click.echo(printable(f"{name:>11}: {value}"))
+    among = "" if read.complete else f" among the first {len(read.letters):,}"
+    click.echo(f"dead letters of this key{among} in {queue}: {len(letters)}")
     for d in letters:
         failed = "?" if d.failed_ms is None else _when(d.failed_ms / 1000) + " UTC"
         click.echo(
@@ -156,7 +192,9 @@ def show(ctx: Context, stream: str, key_text: str, as_json: bool) -> None:
                 f"failed {failed} on {d.member}, message id {d.message_id}, {d.size} bytes"
             )
         )
-        click.echo(printable(f"    {d.error_type}: {d.error}"))
+        click.echo(printable(f"    {_error_line(d.error_type, d.error)}"))
+    if not read.complete:
+        click.echo(_looked_at(len(read.letters), read.depth, queue))
 
 
 @dlq_group.command()
@@ -164,9 +202,10 @@ def show(ctx: Context, stream: str, key_text: str, as_json: bool) -> None:
 @_ONE_KEY
 @_TIMEOUT
 @_DEAD_LETTERS
+@_LOOK
 @pass_context
 def redrive(
-    ctx: Context, stream: str, key_text: str | None, timeout: float, dead_letters: bool
+    ctx: Context, stream: str, key_text: str | None, timeout: float, dead_letters: bool, limit: int
 ) -> None:
     """Replay parked keys through the handler, in order, ahead of anything newer; unpark them.
 
@@ -178,10 +217,12 @@ def redrive(
     from the queue only once the broker confirmed its copy. They go to the BACK of the
     partition: behind any newer message of the same key already there, which is then
     handled first. An interrupted run is safe to run again (a message confirmed but not
-    yet removed is published twice). Dead letters that arrive during the run stay.
+    yet removed is published twice). Dead letters that arrive during the run stay. With
+    --key, it looks at the first --limit dead letters it keeps (and says so if there were
+    more).
     """
     if dead_letters:
-        _act_on_dead_letters(ctx, stream, key_text, "redrive")
+        _act_on_dead_letters(ctx, stream, key_text, "redrive", limit)
         return
     _act(ctx, stream, key_text, "redrive", timeout)
 
@@ -192,14 +233,22 @@ def redrive(
 @click.option("--yes", is_flag=True, help="Yes, delete the messages.")
 @_TIMEOUT
 @_DEAD_LETTERS
+@_LOOK
 @pass_context
 def purge(
-    ctx: Context, stream: str, key_text: str | None, yes: bool, timeout: float, dead_letters: bool
+    ctx: Context,
+    stream: str,
+    key_text: str | None,
+    yes: bool,
+    timeout: float,
+    dead_letters: bool,
+    limit: int,
 ) -> None:
     """Delete parked messages (and, without --key, every dead letter); the keys flow again.
 
     With --dead-letters: delete only dead letters (of --key, or all); the others stay, in
-    order.
+    order. With --key, it looks at the first --limit dead letters it keeps (and says so if
+    there were more).
     """
     if not yes:
         what = (
@@ -211,7 +260,7 @@ def purge(
             what = f"key {key_text!r}'s dead letters" if key_text else "every dead letter"
         raise click.UsageError(f"this deletes {what} of {stream}: add --yes")
     if dead_letters:
-        _act_on_dead_letters(ctx, stream, key_text, "purge")
+        _act_on_dead_letters(ctx, stream, key_text, "purge", limit)
         return
     _act(ctx, stream, key_text, "purge", timeout)
     if key_text is None:
@@ -222,19 +271,20 @@ def purge(
 
 
 def _act_on_dead_letters(
-    ctx: Context, stream: str, key_text: str | None, action: dlq.Action
+    ctx: Context, stream: str, key_text: str | None, action: dlq.Action, limit: int
 ) -> None:
     spec = ctx.registry().read_spec(stream)
-    acted = deadletters.act(ctx.settings.amqp, spec, action, _key(key_text))
+    acted = deadletters.act(ctx.settings.amqp, spec, action, _key(key_text), limit)
     whose = f"key {key_text!r}" if key_text else "every key"
     where = " into their partitions" if action == "redrive" else ""
     done = {"redrive": "redriven", "purge": "purged"}[action]
-    click.echo(
-        printable(
-            f"{stream}: {acted.done} dead letters of {whose} {done}{where}; "
-            f"{acted.kept} left in {spec.dead_letter_queue}"
-        )
+    queue = spec.dead_letter_queue
+    rest = (
+        f"{acted.kept:,} left in {queue}"
+        if acted.complete
+        else _looked_at(acted.looked, acted.depth, queue)
     )
+    click.echo(printable(f"{stream}: {acted.done:,} dead letters of {whose} {done}{where}; {rest}"))
     if acted.unroutable:
         raise click.ClickException(
             f"{acted.unroutable} dead letters cannot be redriven (no key and no partition, or "

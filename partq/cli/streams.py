@@ -212,6 +212,8 @@ def list_(ctx: Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([json.loads(s.to_json()) for s in specs], indent=2))
         return
+    if not specs:
+        click.echo("no streams: create one with `partq stream create NAME -p N`")
     for spec in specs:
         click.echo(f"{spec.name}\t{spec.partitions}\t{spec.queue_type}")
 

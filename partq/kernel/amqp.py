@@ -37,7 +37,7 @@ import pika
 import pika.credentials
 import pika.exceptions
 
-from partq.kernel.errors import BrokerUnavailable, UsageError
+from partq.kernel.errors import BrokerRefused, BrokerUnavailable, UsageError
 
 __all__ = [
     "DEFAULT_AMQP_URL",
@@ -351,7 +351,10 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 def unavailable(url: AmqpURL, error: BaseException) -> BrokerUnavailable:
     """One line saying why RabbitMQ at ``url`` could not be used, and what to set."""
     failure = _Failure(target(url), tuple(_chain(error)), type(error).__name__)
-    why = _untrusted(failure) or _refused(failure) or _tls_failed(failure)
+    refused = _refused(failure)
+    if refused is not None:
+        return BrokerRefused(refused)
+    why = _untrusted(failure) or _tls_failed(failure)
     return BrokerUnavailable(
         why
         or f"cannot reach {failure.at}: is it running? (set PARTQ_AMQP_URL or --amqp-url) "
@@ -406,12 +409,14 @@ def _refused(f: _Failure) -> str | None:
     if f.found(pika.exceptions.ProbableAuthenticationError) or (
         "ACCESS_REFUSED - Login was refused" in f.text
     ):
-        how = (
-            "check the client certificate (EXTERNAL auth: its CN must be a RabbitMQ user)"
-            if f.where.tls.external_auth
-            else "check the user and password in PARTQ_AMQP_URL (or PARTQ_AMQP_PASSWORD_FILE)"
+        if f.where.tls.external_auth:
+            how = "check the client certificate (EXTERNAL auth: its CN must be a RabbitMQ user)"
+            return f"{f.at}: authentication failed: {how}"
+        user = unquote(urlsplit(f.where.url).username or "guest")  # pika's default user
+        return (
+            f"{f.at}: authentication failed: RabbitMQ refused the login of user {user!r}: "
+            "check the user and password in PARTQ_AMQP_URL (or PARTQ_AMQP_PASSWORD_FILE)"
         )
-        return f"{f.at}: authentication failed: {how}"
     if f.found(pika.exceptions.AuthenticationError):
         return f"{f.at}: authentication failed: {f.detail}"
     if f.found(pika.exceptions.ProbableAccessDeniedError):

@@ -11,6 +11,7 @@
     ├── StreamNotFound             no spec in etcd: create the stream first
     ├── MalformedValue             a value in etcd is not what partq writes (also a ValueError)
     ├── BrokerUnavailable        ↻ RabbitMQ cannot be reached or refused us
+    │   └── BrokerRefused        ↻ it refused the login, the virtual host or a resource
     ├── EtcdError                  etcd did not do what was asked
     │   ├── EtcdUnavailable      ↻ etcd cannot be reached, or timed out
     │   ├── EtcdCompacted        ↻ the revision asked for is compacted away: read afresh
@@ -47,6 +48,7 @@ from typing import ClassVar
 __all__ = [
     "EXIT_FAILURE",
     "EXIT_USAGE",
+    "BrokerRefused",
     "BrokerUnavailable",
     "ConnectionLost",
     "EtcdAuthFailed",
@@ -113,6 +115,12 @@ class MalformedValue(PartqError, ValueError):
 
 class BrokerUnavailable(PartqError):
     retryable = True
+
+
+class BrokerRefused(BrokerUnavailable):
+    """RabbitMQ answered and refused: the login, the virtual host or a queue. Still retried
+    by the daemons (an operator may fix the user while they wait); a one-shot command such
+    as ``partq status`` says so instead of carrying on without the broker."""
 
 
 class PublishFailed(PartqError):

@@ -288,6 +288,13 @@ _SKIP_FAILED = 2.0  # seconds a failed endpoint of a list is passed over
 # partq process reads etcd again within about a second of its return.
 # (gRPC takes its min_reconnect_backoff as the shortest connect timeout too: left alone.)
 _RECONNECT = [("grpc.max_reconnect_backoff_ms", 1000)]
+# A stream's group is read with one range request (the status, `stream delete`, a leader's
+# snapshot): at the top of the partition range (MAX_PARTITIONS) its assignment, claim and
+# standby keys take about 22 MB, and up to about 110 MB with 253-character member ids and
+# stream names, far over gRPC's default 4 MB (docs/benchmarks.md, "etcd reads of a large
+# stream"). The limit is a ceiling on what one answer may hold, not a buffer.
+_MAX_RECEIVE = 256 * 1024 * 1024
+_CHANNEL = [*_RECONNECT, ("grpc.max_receive_message_length", _MAX_RECEIVE)]
 
 
 def _retrying(fn: Callable[..., T], endpoints: int, *args: Any, **kwargs: Any) -> T:
@@ -666,7 +673,7 @@ def connect(settings: Settings) -> Client:
     skip = _SKIP_FAILED if len(settings.endpoints) > 1 else 0.0
     endpoints = [
         etcd3.Endpoint(
-            host, port, secure=creds is not None, creds=creds, time_retry=skip, opts=_RECONNECT
+            host, port, secure=creds is not None, creds=creds, time_retry=skip, opts=_CHANNEL
         )
         for host, port, _tls in settings.endpoints
     ]
@@ -769,10 +776,31 @@ def translate(error: BaseException, where: str) -> EtcdError:
         tls = _tls_problem(details, identity, where)
         if tls is not None:
             return tls
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return _exhausted(details, where, f"{op} {key}" if op and key else op or "a call")
     return EtcdUnavailable(
         f"cannot reach etcd at {where}: is it running? (set PARTQ_ETCD_ENDPOINTS or "
         f"--etcd-endpoints) ({detail})"
     )
+
+
+def _exhausted(details: str, where: str, what: str) -> EtcdError:
+    """RESOURCE_EXHAUSTED: an answer over the client's receive limit, etcd out of space
+    (its NOSPACE alarm) or etcd shedding load; etcd itself is reachable."""
+    size = re.search(r"larger than max \((\d+) vs\. (\d+)\)", details)
+    if size is not None:
+        prefix = what.split(" ", 1)[-1] if " " in what else "the prefix"
+        return EtcdError(
+            f"etcd at {where} answered {what} with {size.group(1)} bytes, more than the "
+            f"{size.group(2)} this partq accepts: count the keys there with `etcdctl get "
+            f"--prefix --keys-only {prefix} | wc -l` and delete those partq did not write"
+        )
+    if "space exceeded" in details:
+        return EtcdError(
+            f"etcd at {where} is out of space ({details}): compact and defragment it, then "
+            "`etcdctl alarm disarm` (or raise its --quota-backend-bytes)"
+        )
+    return EtcdUnavailable(f"etcd at {where} is overloaded and refused {what} ({details})")
 
 
 def _narrow_right(op: str, key: str | None) -> str:

@@ -12,6 +12,7 @@ empties the queue.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -19,13 +20,20 @@ from typing import Any
 
 import pika
 import pytest
-from partq.coordinator.ops import deadletters, dlq
+from partq.coordinator.ops import admin, deadletters, dlq
 from partq.coordinator.store.group import Group
 from partq.producer import Producer, StreamSpec
-from partq.producer.contract import QueueType
+from partq.producer.contract import (
+    HEADER_ERROR,
+    HEADER_ERROR_TYPE,
+    HEADER_FAILED_PARTITION,
+    QueueType,
+    encode_key,
+)
 from partq.producer.registry import Registry
 
 from partq.kernel.errors import UsageError
+from partq.kernel.settings import Settings
 
 from .groups.harness import PARTQ, ROOT, Fleet, balanced, wait_until
 
@@ -165,3 +173,62 @@ def test_a_second_reader_is_refused_while_one_holds_the_queue(
             deadletters.read(rabbitmq, spec)
         holder.close()
     assert dlq.dead_letter_depth(rabbitmq, spec) == 2
+
+
+def test_a_command_that_looks_at_part_of_the_queue_says_how_much(
+    registry: Registry, settings: Settings, rabbitmq: str, stream_name: str
+) -> None:
+    # Given 50 dead letters, every fifth of key "k" (10 of them), and commands looking at
+    # 20 at most (--limit: the same logic as the default of 10,000, on a small queue). A
+    # classic queue: the order of what a keyed command gives back is not this test's subject
+    spec = StreamSpec(stream_name, P, "classic", on_failure="dead-letter")
+    admin.create_stream(registry, rabbitmq, spec)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PARTQ_")}
+    environ |= {"PARTQ_ETCD_ENDPOINTS": settings.etcd_endpoints, "PARTQ_AMQP_URL": rabbitmq}
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [str(PARTQ), "dlq", *args], env=environ, cwd=ROOT, capture_output=True,
+            text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    try:
+        with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            for i in range(50):
+                headers = {
+                    **encode_key("k" if i % 5 == 0 else f"other-{i}"),
+                    HEADER_ERROR_TYPE: "ValueError",
+                    HEADER_ERROR: "ValueError: poison key",
+                    HEADER_FAILED_PARTITION: 0,
+                }
+                properties = pika.BasicProperties(headers=headers, message_id=str(i))
+                channel.basic_publish(spec.dead_letter_exchange, spec.dead_letter_queue, b"x",
+                                      properties)  # fmt: skip
+        looked = "looked at the first 20 of 50 dead letters in " + spec.dead_letter_queue
+        # When the key is shown, looking at 20
+        shown = run("show", stream_name, "--key", "k", "--limit", "20")
+        # Then it counts the key's among those 20, and says the other 30 were not looked at
+        assert "dead letters of this key among the first 20 in" in shown
+        assert shown.count("ValueError: poison key") == 4
+        assert f"{looked}; the other 30 were not looked at: use --limit N" in shown
+        doc = json.loads(run("show", stream_name, "--key", "k", "--limit", "20", "--json"))
+        assert (doc["dead_letters"], doc["dead_letters_looked_at"]) == (50, 20)
+        # When the key's dead letters are purged, looking at 20 it keeps
+        purged = run("purge", stream_name, "--dead-letters", "--key", "k", "--limit", "20",
+                     "--yes")  # fmt: skip
+        # Then it says how many it looked at (the 20 kept and the 5 purged), claiming no count
+        # of what is left of the key
+        assert "5 dead letters of key 'k' purged; looked at the first 25 of 50" in purged
+        assert "left" not in purged
+        # When it looks at the whole queue
+        purged = run("purge", stream_name, "--dead-letters", "--key", "k", "--yes")
+        # Then the rest of the key's go, and what is left is counted
+        assert f"5 dead letters of key 'k' purged; 40 left in {spec.dead_letter_queue}" in purged
+        letters = deadletters.read(rabbitmq, spec).letters
+        assert [d.message_id for d in letters] == [str(i) for i in range(50) if i % 5]
+    finally:
+        admin.delete(registry, rabbitmq, stream_name)

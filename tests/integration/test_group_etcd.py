@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import tempfile
 import threading
@@ -13,9 +14,10 @@ from typing import Any
 
 import pytest
 from partq.coordinator.leader.service import CoordinatorConfig, StreamCoordinator
+from partq.coordinator.ops.status import snapshot_status
 from partq.coordinator.store.group import Group, WatchEvent
 from partq.coordinator.store.session import Session
-from partq.producer.contract import StreamSpec
+from partq.producer.contract import MAX_PARTITIONS, StreamSpec
 from partq.producer.registry import Registry
 
 from partq.kernel import keys
@@ -23,6 +25,7 @@ from partq.kernel.errors import EtcdUnavailable, MemberIdTaken, NotLeader
 from partq.kernel.etcd import connect
 from partq.kernel.local import LocalEtcd
 from partq.kernel.settings import Settings
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration]
 
@@ -172,6 +175,66 @@ def test_a_deposed_leader_cannot_write_the_assignment(
         with pytest.raises(NotLeader):
             leader._write({0: "someone"}, "test")
         assert 0 not in Group(registry.client, "test", stream_name).snapshot().assignment
+    finally:
+        leader.stop()
+        leader.join(10)
+        registry.delete(stream_name)
+
+
+@pytest.mark.slow
+def test_the_whole_partition_range_is_read_back_by_status_and_delete(
+    registry: Registry, rabbitmq: str, stream_name: str
+) -> None:
+    # Given a stream at the top of the partition range, every partition assigned to a live
+    # member and with a hot standby, as a leader writes them (long member ids: a large answer)
+    registry.create(StreamSpec(stream_name, MAX_PARTITIONS))
+    group = Group(registry.client, "test", stream_name)
+    session = Session(registry.client, "test", ttl=30)
+    owner = "m" * 200
+    try:
+        group.join(session, owner)
+        fence = group.stand(session)
+        assert len(group.assign(fence, dict.fromkeys(range(MAX_PARTITIONS), owner))) == (
+            MAX_PARTITIONS
+        )
+        changes = [(p, "s" * 200) for p in range(MAX_PARTITIONS)]
+        assert len(group.name_standbys(fence, changes)) == MAX_PARTITIONS
+        # When `partq status` reads it (its etcd part: depths from RabbitMQ left out)
+        report = snapshot_status(registry, rabbitmq, stream_name, depths=lambda _spec: [])
+        # Then every partition is there, with its owner
+        assert report["partitions"] == MAX_PARTITIONS
+        assert report["assignment"] == {str(p): owner for p in range(MAX_PARTITIONS)}
+        # And `partq stream delete` reads its parked keys and deletes every key
+        assert group.parked() == {}
+    finally:
+        session.close()
+        registry.delete(stream_name)
+    assert list(registry.client.get_prefix(keys.stream_prefix(stream_name))) == []
+
+
+def test_a_changed_spec_is_logged_once_per_stream_in_words(
+    registry: Registry, stream_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a leading coordinator of a 4-partition stream
+    registry.create(StreamSpec(stream_name, 4))
+    leader = StreamCoordinator(registry, stream_name, CoordinatorConfig(settle=0.1, ttl=2))
+    caplog.set_level(logging.INFO, logger="partq")
+    leader.start()
+    try:
+        assert leader.leading.wait(10)
+        # When its spec changes (a resize's switch: 6 partitions in epoch 1)
+        changed = StreamSpec(stream_name, 6, version=2, epoch=1)
+        registry.client.put(keys.spec(stream_name), changed.to_json())
+
+        def lines() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "spec changed" in r.getMessage()]
+
+        wait_until(lines, 10, 0.05, "the change logged")
+        # Then one line names the stream once and says what changed, in words
+        line = lines()[0]
+        assert line.startswith(f"{stream_name}: its spec changed: partitions 4 -> 6")
+        assert "epoch 0 -> 1" in line
+        assert f"{stream_name}: {stream_name}" not in line and "StreamSpec(" not in line
     finally:
         leader.stop()
         leader.join(10)

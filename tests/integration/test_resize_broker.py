@@ -16,14 +16,18 @@ RabbitMQ that behaves otherwise fails here first:
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 
 import pika
 import pika.exceptions
 import pytest
+from partq.coordinator.leader import resize
+from partq.coordinator.leader.resizer import Resizer
 from partq.producer.contract import StreamSpec
 from partq.producer.layout import Layout, Resize
+from partq.producer.registry import Registry
 from partq.producer.topology import declare_stream, delete_stream, unbind_fillers
 
 from tests.polling import wait_until
@@ -214,3 +218,35 @@ def test_returns_are_a_suffix_and_nothing_lands_behind_the_fence(
     assert stored == list(range(len(stored)))
     # and every other message came back to the producer, in the order it was sent
     assert publisher.returned == list(range(len(stored), publisher.sent))
+
+
+def test_a_retired_queue_kept_for_a_message_is_logged_once_then_once_deleted(
+    spec: StreamSpec,
+    connection: pika.BlockingConnection,
+    registry: Registry,
+    rabbitmq: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a shrink's retired queue holding one message
+    queue = spec.queue(1)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.basic_publish("", queue, b"late")
+    resizer = Resizer(registry, rabbitmq, spec.name)
+    caplog.set_level(logging.DEBUG, logger="partq")
+
+    def said(level: int) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == level and queue in r.message]
+
+    # When the resize tries to delete it, round after round
+    for _ in range(5):
+        assert resizer._do(connection, spec, "guest", resize.Delete(1)) == resize.NotEmpty(1)
+    # Then it warns once, the retries said at debug only
+    assert len(said(logging.WARNING)) == 1 and "not empty" in said(logging.WARNING)[0]
+    assert len(said(logging.DEBUG)) == 4
+    # When the message is gone and it is tried again
+    channel.queue_purge(queue)
+    assert resizer._do(connection, spec, "guest", resize.Delete(1)) == resize.Deleted(1)
+    # Then one line says it is deleted
+    assert said(logging.INFO) == [f"{spec.name}: retired queue {queue} is empty now: deleted"]
+    assert len(said(logging.WARNING)) == 1

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -296,3 +297,45 @@ def test_passwords_never_appear_in_any_output(partq: Run, created: StreamSpec) -
     assert "`ps`" in warning and "PARTQ_AMQP_URL_FILE" in warning
     assert len(error) == 1 and error[0].startswith("partq: error: cannot reach RabbitMQ")
     assert runs["bad scheme"].returncode == 2
+
+
+def test_status_with_a_password_rabbitmq_refuses_says_so_and_exits_1(
+    partq: Run, created: StreamSpec, rabbitmq: str
+) -> None:
+    # Given the machine's RabbitMQ URL with a wrong password
+    parts = urllib.parse.urlsplit(rabbitmq)
+    user = parts.username or "guest"
+    wrong = parts._replace(netloc=f"{user}:{SECRET}@{parts.hostname}:{parts.port or 5672}")
+    # When `partq status` runs with it
+    result = partq("status", created.name, env={"PARTQ_AMQP_URL": urllib.parse.urlunsplit(wrong)})
+    # Then it exits 1 with one line: RabbitMQ refused the login, of which user, at which URL,
+    # the password left out
+    assert result.returncode == 1, result.stdout
+    assert_one_line_error(
+        result, "authentication failed", f"refused the login of user {user!r}", f"{user}:***@"
+    )
+    assert SECRET not in result.stdout + result.stderr
+
+
+def test_describe_json_has_what_the_text_form_shows(partq: Run, stream: str) -> None:
+    # Given a stream that dead-letters
+    created = partq("stream", "create", stream, "-p", "2", "--on-failure", "dead-letter")
+    assert created.returncode == 0, created.stderr
+    # When it is described as text and as JSON
+    text = partq("stream", "describe", stream)
+    doc = describe(partq, stream)
+    # Then both say what it does on failure
+    assert "on failure dead-letter" in text.stdout
+    assert doc["on_failure"] == "dead-letter"
+
+
+def test_list_says_so_when_there_is_no_stream(partq: Run) -> None:
+    # Given an etcd holding no stream
+    with LocalEtcd() as empty:
+        # When the streams are listed
+        result = partq("stream", "list", env={"PARTQ_ETCD_ENDPOINTS": empty.endpoint})
+        as_json = partq("stream", "list", "--json", env={"PARTQ_ETCD_ENDPOINTS": empty.endpoint})
+    # Then it says there are none and exits 0 (JSON: an empty list)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "no streams: create one with `partq stream create NAME -p N`"
+    assert json.loads(as_json.stdout) == []

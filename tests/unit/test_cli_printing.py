@@ -98,3 +98,21 @@ def test_dlq_list_escapes_parked_keys_and_errors(
     assert out.count(SHOWN) >= 7
     # And the error is Python's line for it, its type named once
     assert "ValueError: ValueError" not in out
+
+
+def test_dlq_show_names_an_error_type_once_and_no_absent_redrive_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a parked key whose redrive never failed, and its dead letter whose error line is
+    # Python's own ("ValueError: poison key", as a consumer writes it)
+    record = Parked(key_id("k"), 0, "ValueError: poison key", "ValueError", "m1", "c1", 1.0)
+    found = [dlq.ParkedKey(record, "q", 1)]
+    monkeypatch.setattr(partq.cli.dlq.dlq, "parked_keys", lambda *_a, **_k: found)
+    letter = DeadLetter(0, "k", 1, "ValueError", "ValueError: poison key", 1, 1, "c1", "m2", 3, 0)
+    monkeypatch.setattr(partq.cli.dlq.deadletters, "read", lambda *_a, **_k: Read(1, (letter,)))
+    # When dlq show prints the key
+    assert main(["dlq", "show", "s", "--key", "k"]) == 0
+    out = capsys.readouterr().out
+    # Then the error's type is named once, and nothing is said of a redrive error
+    assert "ValueError: poison key" in out and "ValueError: ValueError" not in out
+    assert "redrive_error" not in out and "None" not in out

@@ -130,6 +130,27 @@ def test_not_reachable_is_still_is_it_running() -> None:
     assert text.startswith("EtcdUnavailable: ") and "is it running?" in text
 
 
+def test_resource_exhausted_says_what_ran_out_not_is_it_running() -> None:
+    # Given gRPC's RESOURCE_EXHAUSTED for an answer over the client's receive limit
+    too_big = failed(
+        Code.RESOURCE_EXHAUSTED,
+        "Received message larger than max (6815776 vs. 4194304)",
+        op="read",
+        key="/partq/v1/streams/shop/",
+    )
+    # Then the line says the answer was too large, for which read, and what to do
+    assert "is it running" not in too_big
+    assert too_big.startswith("EtcdError: ") and "6815776 bytes" in too_big
+    assert "read /partq/v1/streams/shop/" in too_big and "etcdctl get --prefix" in too_big
+    # And etcd's own exhaustion: out of space (final) and overloaded (tried again)
+    full = failed(Code.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded")
+    assert full.startswith("EtcdError: ") and "etcdctl alarm disarm" in full
+    busy = translate(CallFailed(Code.RESOURCE_EXHAUSTED, "etcdserver: too many requests",
+                                PASSWORD_USER), WHERE)  # fmt: skip
+    assert type(busy) is EtcdUnavailable and "is it running" not in str(busy)
+    assert "too many requests" in str(busy)
+
+
 def test_a_refusal_is_not_retryable_and_an_outage_is() -> None:
     # Given each way etcd refuses us, translated at the edge
     denied = translate(CallFailed(Code.PERMISSION_DENIED, "etcdserver: permission denied",
