@@ -39,6 +39,7 @@ __all__ = [
     "HEADER_MEMBER",
     "HEADER_PARTITION",
     "HEADER_PUBLISHED_MS",
+    "HEADER_SEAL",
     "MAX_PARTITIONS",
     "ON_FAILURE",
     "QUORUM_DELIVERY_LIMIT",
@@ -65,6 +66,7 @@ __all__ = [
     "refuse_control_headers",
     "refuse_overlap",
     "role_name",
+    "seal_digest",
     "validate_stream_name",
 ]
 
@@ -98,6 +100,10 @@ CONTROL_FENCE = "fence"
 # unhandled); this header only names it to a person looking at a queue.
 CONTROL_FILL = "fill"
 HEADER_EPOCH = "x-partq-epoch"
+# A fence's seal: a random token the resize publishes only in the fence and records in
+# etcd only as its digest (seal_digest), so a drained record carrying it was written by
+# whoever consumed the fence, never forged from what etcd shows (docs/resize.md).
+HEADER_SEAL = "x-partq-seal"
 # Written on a dead letter by the consumer that gave up on it (consumers/handling/worker.py): why,
 # after how many handler attempts, from which partition, by which member, when (ms).
 HEADER_ERROR = "x-partq-error"
@@ -454,3 +460,8 @@ class StreamSpec:
                 f"{configured} were configured here: fix the configuration "
                 f"(partitions are fixed when a stream is created)"
             )
+
+
+def seal_digest(seal: str) -> str:
+    """What etcd keeps of a fence's seal (:data:`HEADER_SEAL`): its SHA-256, in hex."""
+    return hashlib.sha256(seal.encode("utf-8", errors="replace")).hexdigest()

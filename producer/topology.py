@@ -23,6 +23,7 @@ from partq.producer.contract import (
     HEADER_CONTROL,
     HEADER_EPOCH,
     HEADER_PARTITION,
+    HEADER_SEAL,
     StreamSpec,
     fence_routing_key,
     queue_name,
@@ -178,13 +179,19 @@ def unbind_layout(connection: pika.BlockingConnection, spec: StreamSpec, layout:
 
 
 def publish_fence(
-    connection: pika.BlockingConnection, spec: StreamSpec, epoch: int, partition: int, sender: str
+    connection: pika.BlockingConnection,
+    spec: StreamSpec,
+    epoch: int,
+    partition: int,
+    sender: str,
+    seal: str,
 ) -> None:
     """Publish, confirmed, the fence that ends ``epoch`` in ``partition``'s queue: through
     the stream's exchange on ``fence.E.q``, bound only for the moment (bind, publish,
-    unbind; each idempotent), with partq's control header and the epoch. ``sender`` is
-    the user the connection logged in as (the message's ``user_id``, which RabbitMQ
-    checks, so a consumer can tell a fence from a forged one)."""
+    unbind; each idempotent), with partq's control header, the epoch and ``seal`` (what
+    the drained record of whoever handles it must carry). ``sender`` is the user the
+    connection logged in as (the message's ``user_id``, which RabbitMQ checks, so a
+    consumer can tell a fence from a forged one)."""
     queue, routing_key = queue_name(spec.name, partition), fence_routing_key(epoch, partition)
     channel = connection.channel()
     channel.confirm_delivery()
@@ -192,7 +199,12 @@ def publish_fence(
     properties = pika.BasicProperties(
         delivery_mode=2,
         message_id=f"partq-fence-{epoch}-{partition}-{uuid.uuid4().hex}",
-        headers={HEADER_CONTROL: CONTROL_FENCE, HEADER_EPOCH: epoch, HEADER_PARTITION: partition},
+        headers={
+            HEADER_CONTROL: CONTROL_FENCE,
+            HEADER_EPOCH: epoch,
+            HEADER_PARTITION: partition,
+            HEADER_SEAL: seal,
+        },
         app_id="partq",
         user_id=sender,
         timestamp=int(time.time()),

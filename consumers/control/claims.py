@@ -22,7 +22,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from partq.consumers.state.handoff import Event, Holder
-from partq.coordinator.store.group import Claim, Member
+from partq.coordinator import metrics
+from partq.coordinator.store.group import Claim, Member, WatchEvent
 from partq.coordinator.store.session import Session
 
 from partq.kernel.errors import EtcdPermissionDenied, EtcdUnavailable
@@ -56,6 +57,38 @@ class Claims:
             return Holder.NOBODY
         session = self._p.session
         return Holder.ME if session and claim.lease == session.id else Holder.OTHER
+
+    def disowned(self, event: WatchEvent) -> bool:
+        """Whether ``event`` puts a claim on our lease that we did not write and that no
+        previous owner handed us: a takeover (only a standby writes its own), or one for a
+        partition not assigned to us. etcd 3.4 lets any role put on any lease inside a
+        transaction, so such a claim can come from another member's credentials; it would
+        keep the partition from its owner and its standby. Deleted (if it is still on our
+        lease), logged and counted, and never taken for a grant."""
+        p = self._p
+        claim, session = event.value, p.session
+        if not isinstance(claim, Claim) or session is None or claim.lease != session.id:
+            return False
+        partition = event.partition
+        if event.revision <= p.mirror.claim_writes.get(partition, 0):
+            return False  # our own write's echo
+        ours = p.mirror.assignment.get(partition) == p.member == claim.member
+        if ours and not claim.takeover:
+            return False  # a hand-over to us
+        log.warning(
+            "partition %d: deleting a claim on our lease that we did not write (%s, naming "
+            "%s): written with another identity's credentials",
+            partition,
+            f"a takeover from {claim.taken_from}" if claim.takeover else "not assigned to us",
+            claim.member,
+        )
+        metrics.FORGED_REMOVED.labels(p.spec.name, "claim").inc()
+        try:
+            p.group.release(partition, session)
+        except EtcdUnavailable as e:  # then a resync reads it again: released as granted
+            log.warning("partition %d: cannot delete it yet: %s", partition, e)
+            self._resync()
+        return True
 
     def claim(self, partition: int) -> Event:
         p = self._p

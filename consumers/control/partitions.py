@@ -45,7 +45,7 @@ from partq.consumers.control.events import SettleTakeover, StopYielding
 from partq.consumers.control.slot import PartitionSlot, WorkerView
 from partq.consumers.control.takeovers import Standbys
 from partq.consumers.control.yielding import Yielding
-from partq.consumers.handling.parkedkeys import written_by_holder
+from partq.consumers.handling.parkedkeys import disowned, written_by_holder
 from partq.consumers.handling.parking import Parking
 from partq.consumers.handling.worker import Worker
 from partq.consumers.state.handoff import Command, Event, Holder, Phase, State
@@ -173,8 +173,15 @@ class Partitions:
 
     def apply(self, event: WatchEvent) -> None:
         """Mirror one change and act on the partitions it concerns."""
+        if event.kind == "claim" and self.claims.disowned(event):
+            return  # on our lease in our name, but not ours: deleted, never granted to us
         if event.kind == "parked" and self.parking is not None:
             record = event.value if isinstance(event.value, Parked) else None
+            holds = record is not None and self.claims.holder(record.partition) is Holder.ME
+            if record is not None and disowned(
+                self.group, self.parking.parked, self.member, holds, record, event.revision
+            ):
+                return
             if record is None or written_by_holder(
                 self.mirror, record, event.revision, self.spec.partitions
             ):

@@ -6,7 +6,10 @@ fence (:meth:`partq.producer.layout.Resize.gate`): every message of the key publ
 old layout is handled then. :class:`ResizeGate` knows the resize from its etcd record
 (``keys.resize``, ``partq.coordinator.leader.resize.encode``) and which old partitions handled their
 fence from the drained keys (``keys.drained``, written here by whichever member handled
-the fence, and listed in the record by the leader); it answers :meth:`ResizeGate.waits_for`
+the fence, and listed in the record by ``partq stream resize``); a drained key counts only
+if it carries the seal of its partition's fence, whose digest the record holds (anyone
+with a consumer's credentials can write a drained key, only the fence's consumer knows
+the seal); it answers :meth:`ResizeGate.waits_for`
 per delivery, and wakes whoever waits when a gate opens. Old-layout messages are never
 gated; a message of a layout newer than any resize read yet waits for its record.
 
@@ -23,6 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from partq.coordinator import metrics
 from partq.coordinator.leader import resize
 from partq.coordinator.store import codec
 from partq.producer.layout import parse_routing_key
@@ -53,6 +57,10 @@ class ResizeGate:
         self._record: resize.State | None = None
         self._revision = 0  # of the record read
         self._drained: dict[int, set[int]] = {}  # epoch -> old partitions that handled its fence
+        # epoch -> old partition -> (seal, member) of its drained record, believed only
+        # when the record holds the seal's digest (_sealed); those not, once logged
+        self._seals: dict[int, dict[int, tuple[str, str]]] = {}
+        self._unsealed: set[tuple[int, str, str]] = set()
         self._epoch = epoch  # the spec's: a resize up to it is done if no record says otherwise
         self._loaded = False  # the record and the drained keys were read once
         self._listeners: list[Callable[[], None]] = []
@@ -82,8 +90,8 @@ class ResizeGate:
             drained = list(self.client.get_prefix(self._prefix))
         if raw is not None:
             self._put_record(raw, int(meta.mod_revision))
-        for _value, kv in drained:
-            self._put_drained(kv.key.decode(errors="replace"))
+        for value, kv in drained:
+            self._put_drained(kv.key.decode(errors="replace"), value)
         with self._changed:
             self._loaded = True
         self._tell()
@@ -113,7 +121,7 @@ class ResizeGate:
             if key == keys.resize(self.stream):
                 self._put_record(event.value, int(event.mod_revision))
             else:
-                self._put_drained(key)
+                self._put_drained(key, event.value)
         self._tell()
 
     def _put_record(self, raw: bytes, revision: int) -> None:
@@ -128,15 +136,40 @@ class ResizeGate:
             self._record, self._revision = state, revision
             self._drained.setdefault(state.resize.old.epoch, set()).update(state.drained)
 
-    def _put_drained(self, key: str) -> None:
+    def _put_drained(self, key: str, raw: bytes) -> None:
         if not key.startswith(self._prefix):
             return
+        name = key[len(self._prefix) :]
         try:
-            epoch, partition = codec.parse_drained_name(key[len(self._prefix) :])
-        except MalformedValue:
-            return  # not a name partq writes (keys.drained): it records no fence
+            found = codec.decode_drained(self.stream, name, raw, 0)
+        except MalformedValue as e:
+            log.warning("stream %s: ignoring the drained key %s: %s", self.stream, name, e)
+            metrics.MALFORMED_VALUES.labels(self.stream, "drained").inc()
+            return  # not what partq writes (keys.drained): it records no fence
         with self._changed:
-            self._drained.setdefault(epoch, set()).add(partition)
+            self._seals.setdefault(found.epoch, {})[found.partition] = (found.seal, found.member)
+
+    def _sealed(self, record: resize.State, partition: int) -> bool:
+        """Whether old ``partition`` has a drained record carrying a seal of its fence
+        (:meth:`partq.coordinator.leader.resize.State.sealed_by`); one that does not is
+        logged and counted once."""
+        seal, member = self._seals.get(record.resize.old.epoch, {}).get(partition, ("", ""))
+        if not member:
+            return False
+        if record.sealed_by(partition, seal):
+            return True
+        if (partition, seal, member) not in self._unsealed:
+            self._unsealed.add((partition, seal, member))
+            metrics.MALFORMED_VALUES.labels(self.stream, "drained").inc()
+            log.warning(
+                "stream %s: ignoring the drained record of old partition %d naming %s: it "
+                "carries no seal of that partition's fence, so it was written with a "
+                "consumer's credentials without handling the fence",
+                self.stream,
+                partition,
+                member,
+            )
+        return False
 
     def _tell(self) -> None:
         with self._changed:
@@ -174,7 +207,7 @@ class ResizeGate:
             gate = None if key is None else change.gate(key)
             if gate is None or gate in self._drained.get(change.old.epoch, ()):
                 return None
-            return gate
+            return None if self._sealed(record, gate) else gate
 
     def wait(self, routing_key: str, key: str | bytes | None, give_up: Callable[[], bool]) -> bool:
         """Until a delivery may be handled (True) or ``give_up()`` says so (False)."""
@@ -195,10 +228,10 @@ class ResizeGate:
             if listener in self._listeners:
                 self._listeners.remove(listener)
 
-    def drained(self, epoch: int, partition: int) -> None:
-        """Old ``partition`` handled the fence of ``epoch``: recorded in etcd (not on a
-        lease: it stays true), then here. Raises :class:`EtcdError`."""
-        value = codec.encode_drained(self.member)
+    def drained(self, epoch: int, partition: int, seal: str) -> None:
+        """Old ``partition`` handled the fence of ``epoch``, sealed ``seal``: recorded in
+        etcd (not on a lease: it stays true), then here. Raises :class:`EtcdError`."""
+        value = codec.encode_drained(self.member, seal)
         with etcd_errors(self.where):
             self.client.put(keys.drained(self.stream, epoch, partition), value)
         with self._changed:

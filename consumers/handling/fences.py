@@ -29,6 +29,7 @@ from partq.producer.contract import (
     CONTROL_FENCE,
     HEADER_CONTROL,
     HEADER_EPOCH,
+    HEADER_SEAL,
     decode_key,
     fence_routing_key,
 )
@@ -106,11 +107,13 @@ class ResizeSteps:
             metrics.HEADER_PROBLEMS.labels(*self._labels, "forged_control").inc()
             log.error("partition %d: %s: dead-lettering it", self.partition, forged)
             return self._dead_letter(delivery, forged, 0)
+        seal = (delivery.properties.headers or {}).get(HEADER_SEAL, "")
+        seal = seal.decode(errors="replace") if isinstance(seal, bytes) else str(seal)
         gate = self.resize
         delays = keyparking.RETRY_BACKOFF.delays()
         while gate is not None and not self.stopped.is_set():
             try:
-                gate.drained(epoch, self.partition)
+                gate.drained(epoch, self.partition, seal)
                 break
             except EtcdError as e:
                 log.warning("partition %d: cannot record its fence yet: %s", self.partition, e)

@@ -16,11 +16,15 @@ from __future__ import annotations
 import logging
 import threading
 
+from partq.coordinator import metrics
 from partq.coordinator.leader import policy
 from partq.coordinator.store.codec import Parked
+from partq.coordinator.store.group import Group
 from partq.coordinator.store.mirror import GroupMirror
 
-__all__ = ["ParkedKeys", "written_by_holder"]
+from partq.kernel.errors import EtcdUnavailable
+
+__all__ = ["ParkedKeys", "disowned", "written_by_holder"]
 
 log = logging.getLogger("partq.consumer.parking")
 
@@ -34,6 +38,18 @@ class ParkedKeys:
         self._lock = threading.Lock()
         self._records: dict[str, Parked] = {}
         self._revisions: dict[str, int] = {}
+        self._expected: set[str] = set()  # keys whose record our workers write (expect)
+
+    def expect(self, name: str) -> None:
+        """A worker of ours is about to write key ``name``'s record: a watched record of it
+        in our name is ours (``ours``), not one put with another identity's credentials."""
+        with self._lock:
+            self._expected.add(name)
+
+    def ours(self, name: str) -> bool:
+        """Whether our workers wrote (or are writing) key ``name``'s record."""
+        with self._lock:
+            return name in self._expected
 
     def reset(self, records: dict[str, Parked], revision: int) -> None:
         """A snapshot at ``revision``; our own writes after it stand."""
@@ -51,6 +67,7 @@ class ParkedKeys:
     def _set(self, name: str, record: Parked | None, revision: int) -> None:
         self._revisions[name] = revision
         if record is None:
+            self._expected.discard(name)
             self._records.pop(name, None)
         else:
             self._records[name] = record
@@ -91,3 +108,27 @@ def written_by_holder(mirror: GroupMirror, record: Parked, revision: int, partit
             record.member,
         )
     return ok
+
+
+def disowned(
+    group: Group, parked: ParkedKeys, member: str, holds: bool, record: Parked, revision: int
+) -> bool:
+    """Whether ``record`` (put at ``revision``), in ``member``'s name (ours) and of a
+    partition we hold (``holds``), is one our workers never wrote: put with another
+    identity's credentials, it would park a key of ours unhandled. Deleted (if still at
+    ``revision``), logged and counted, and never believed. (Of a partition held by another,
+    its redrive may rewrite a record we wrote before: not ours to judge.)"""
+    if record.member != member or not holds or parked.ours(record.key_id):
+        return False
+    log.warning(
+        "deleting the parked record of key %s (partition %d) in our name: we never wrote "
+        "it, so it was put with another identity's credentials",
+        record.key_text,
+        record.partition,
+    )
+    metrics.FORGED_REMOVED.labels(group.stream, "parked").inc()
+    try:
+        group.disown_parked(record.key_id, revision)
+    except EtcdUnavailable as e:  # ignored all the same; the leader judges it too
+        log.warning("cannot delete it yet: %s", e)
+    return True

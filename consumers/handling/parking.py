@@ -8,14 +8,11 @@ makes every later owner of the partition park it too. ``partq dlq redrive`` publ
 parking queue, replays the queue through the handler in order, ahead of everything newer of
 that key (queued behind the control message), then deletes the record and the queue. ``partq
 dlq purge`` does the same without the handler. A crash anywhere leaves the control message
-or the parked message unacked: the next owner goes on where it stopped; nothing is lost or
-copied by the replay. An owner killed between parking a message and acking it leaves it to
-be parked twice; the replay drops the second copy (same message id and body).
+or the parked message unacked: the next owner goes on where it stopped; nothing is lost, and
+a message parked twice (its owner killed before the ack) is replayed once.
 
-Not through the dead-letter exchange: binding to it needs *read* on it, which would let a
-consumer's user bind a queue under the DLQ's routing key (docs/security.md). A stream made
-by an older partq has no parking exchange: it is declared if the user may, else parking
-goes through the dead-letter exchange as before. A replay reads a queue by name.
+Not through the dead-letter exchange, whose *read* right would let a consumer copy the DLQ
+(docs/security.md); an older partq's stream parks through it until ``partq.S.park`` exists.
 
 At most :data:`MAX_PARKED_KEYS` keys of a stream are parked (each has a queue): past that, a
 key whose message exhausts its retries is not parked; the message goes to the dead-letter
@@ -264,6 +261,7 @@ class Parking:
                 time.time(),
                 long_key=key_bytes(key) if long_key_id(name) else b"",
             )
+            self.parked.expect(name)  # so the watch's echo is known as ours
             revision = self.group.park(record, session)
             self.parked.apply(name, record, revision)
         headers = dict(delivery.properties.headers or {})
@@ -305,9 +303,8 @@ class Parking:
         channel.basic_publish(self._exchange, queue, body, properties, mandatory=True)
 
     def _park_exchange(self, channel: Any) -> str:
-        """The exchange to park through: the stream's parking exchange, declared if absent
-        and this user may (idempotent); else, for a stream made by an older partq, the
-        dead-letter exchange, as that partq parked (the lock is held)."""
+        """The stream's parking exchange, declared if absent and this user may; else (an older
+        partq's stream) the dead-letter exchange, as that partq parked. The lock is held."""
         exchange = self.spec.park_exchange
         try:
             channel.exchange_declare(exchange, passive=True)  # needs no right
@@ -327,14 +324,10 @@ class Parking:
         self._open()
         if not self._warned:
             self._warned = True
-            log.warning(
-                "stream %s has no parking exchange %s (created by an older partq) and this "
-                "user may not declare it: parking through the dead-letter exchange; run "
-                "`partq stream create %s` again to add it",
-                self.spec.name,
-                exchange,
-                self.spec.name,
-            )
+            log.warning("stream %s has no parking exchange %s (an older partq's) and this user "
+                        "may not declare it: parking through the dead-letter exchange; run "
+                        "`partq stream create %s` again to add it", self.spec.name, exchange,
+                        self.spec.name)  # fmt: skip
         return self.spec.dead_letter_exchange
 
     # -- replaying -------------------------------------------------------------------------
@@ -350,7 +343,6 @@ class Parking:
         then delete the record and the queue. False (the key stays parked) when ``handle``
         fails (its message stays at the head) or ``stopped`` is set."""
         queue = self.spec.park_queue(key)
-        name = key_id(key)
         with self._lock:
             connection = connect_blocking(self.url, name=f"partq-redrive-{self.member}")
         try:
@@ -385,7 +377,7 @@ class Parking:
                 return False
             log.info(
                 "key %s: %d parked messages replayed (%d copies left by a crash dropped)",
-                name,
+                shown_key(key),
                 replayed,
                 copies,
             )
@@ -406,6 +398,7 @@ class Parking:
             return
         reason = "".join(traceback.format_exception_only(error)).strip() if error else "failed"
         failed = dataclasses.replace(record, redrive=request or "?", redrive_error=reason[:2000])
+        self.parked.expect(failed.key_id)
         revision = self.group.report_redrive_failed(failed)
         if revision:
             self.parked.apply(name, failed, revision)

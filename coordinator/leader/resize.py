@@ -33,12 +33,13 @@ counts no message in it; a queue found not empty stays (``NotEmpty``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-from partq.producer.contract import MAX_PARTITIONS
+from partq.producer.contract import MAX_PARTITIONS, seal_digest
 from partq.producer.layout import Layout, Resize
 
 from partq.kernel.errors import MalformedValue, UsageError
@@ -77,6 +78,8 @@ __all__ = [
 ]
 
 VERSION = 1
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_MAX_SEALS = 64  # fences of one old queue: one each run of the command that fenced it
 
 
 class Phase(Enum):
@@ -217,10 +220,19 @@ class State:
     deleted: frozenset[int] = frozenset()
     # retired queues the broker would not delete (messages in them): retried on Resumed
     not_empty: frozenset[int] = frozenset()
+    # (old partition, seal_digest) of each fence published; None in a record written by a
+    # partq that sealed no fence (any drained record of it is believed)
+    seals: frozenset[tuple[int, str]] | None = frozenset()
 
     @property
     def running(self) -> bool:
         return self.phase is not Phase.RETIRED
+
+    def sealed_by(self, partition: int, seal: str) -> bool:
+        """Whether a drained record of old ``partition`` carrying ``seal`` was written by
+        whoever consumed one of its fences: only they saw the seal, which etcd keeps as a
+        digest. Any other was put with a consumer's credentials and is not believed."""
+        return self.seals is None or (partition, seal_digest(seal)) in self.seals
 
 
 def begin(
@@ -430,6 +442,7 @@ def encode(state: State) -> str:
             "drained": sorted(state.drained),
             "deleted": sorted(state.deleted),
             "not_empty": sorted(state.not_empty),
+            **({} if state.seals is None else {"seals": sorted(map(list, state.seals))}),
         },
         sort_keys=True,
     )
@@ -449,6 +462,7 @@ def decode(raw: str | bytes) -> State:
             drained=_partitions(doc["drained"], change.old.partitions),
             deleted=_partitions(doc["deleted"], change.old.partitions),
             not_empty=_partitions(doc["not_empty"], change.old.partitions),
+            seals=_seals(doc["seals"], change.old.partitions) if "seals" in doc else None,
         )
     except (ValueError, KeyError, TypeError) as e:  # UsageError is a ValueError
         raise MalformedValue(f"malformed resize record: {e!r}") from None
@@ -458,6 +472,19 @@ def _layout(doc: Any) -> Layout:
     if not isinstance(doc, dict) or set(doc) != {"epoch", "partitions"}:
         raise ValueError(f"a layout is {{epoch, partitions}}, not {doc!r}")
     return Layout(doc["partitions"], doc["epoch"])
+
+
+def _seals(doc: Any, below: int) -> frozenset[tuple[int, str]]:
+    if not isinstance(doc, list) or len(doc) > _MAX_SEALS * below:
+        raise ValueError(f"not a list of at most {_MAX_SEALS} seals a partition: {doc!r:.100}")
+    return frozenset(_seal(pair, below) for pair in doc)
+
+
+def _seal(pair: Any, below: int) -> tuple[int, str]:
+    ok = isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int
+    if not ok or not 0 <= pair[0] < below or not _DIGEST.fullmatch(str(pair[1])):
+        raise ValueError(f"a seal is [partition below {below}, sha256 hex], not {pair!r:.100}")
+    return pair[0], pair[1]
 
 
 def _partitions(doc: Any, below: int) -> frozenset[int]:

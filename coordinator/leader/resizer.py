@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -38,9 +39,9 @@ from etcd3.utils import prefix_range_end
 from partq.coordinator.leader import resize
 from partq.coordinator.leader.resize import Action, Event, Phase, State
 from partq.coordinator.ops.dlq import sender
-from partq.coordinator.store.codec import partition_name
+from partq.coordinator.store import codec
 from partq.producer import topology
-from partq.producer.contract import MAX_PARTITIONS, StreamSpec, queue_name
+from partq.producer.contract import MAX_PARTITIONS, StreamSpec, queue_name, seal_digest
 from partq.producer.registry import Registry
 
 from partq.kernel import keys
@@ -81,12 +82,15 @@ class Resizer:
     maximum: int = MAX_PARTITIONS
     interval: float = 0.25  # seconds between looks while waiting for the consumers
     written: Callable[[State], None] | None = None
+    seal: Callable[[], str] = field(default=lambda: secrets.token_hex(16))  # a fence's seal
     state: State | None = field(default=None, init=False)
     resumed: bool = field(default=False, init=False)  # start() found it running
     _revision: int = field(default=0, init=False)  # the record's mod revision, ours last
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _etcd_away: bool = field(default=False, init=False)  # the last read of drained keys failed
     _kept: set[int] = field(default_factory=set, init=False)  # retired queues found not empty
+    # the drained records without a seal of ours logged, by (partition, revision)
+    _unsealed: set[tuple[int, int]] = field(default_factory=set, init=False)
 
     @property
     def phase(self) -> str:
@@ -224,7 +228,11 @@ class Resizer:
                 topology.unbind_fillers(connection, spec, self.state.resize.retired)
                 return resize.Cut()
             case resize.Fence(epoch, partition):
-                topology.publish_fence(connection, spec, epoch, partition, user)
+                seal = self.seal()  # in the fence only; etcd keeps its digest
+                assert self.state is not None and self.state.seals is not None
+                seals = self.state.seals | {(partition, seal_digest(seal))}
+                self._write(dataclasses.replace(self.state, seals=seals))
+                topology.publish_fence(connection, spec, epoch, partition, user, seal)
                 return resize.Fenced(partition)
             case resize.Bind(layout):
                 topology.bind_layout(connection, spec, layout)
@@ -284,10 +292,22 @@ class Resizer:
         with etcd_errors(self.registry.where):
             found = list(self.registry.client.get_prefix(prefix))
         events: list[Event] = []
-        for _value, meta in found:
+        for value, meta in found:
             name = meta.key.decode("utf-8", errors="replace")[len(prefix) :]
             with contextlib.suppress(MalformedValue):  # not a drained key: not ours to read
-                events.append(resize.Drained(epoch, partition_name(name)))
+                drained = codec.decode_drained(self.stream, f"{epoch}/{name}", value, 0)
+                if state.sealed_by(drained.partition, drained.seal):
+                    events.append(resize.Drained(epoch, drained.partition))
+                elif (drained.partition, int(meta.mod_revision)) not in self._unsealed:
+                    self._unsealed.add((drained.partition, int(meta.mod_revision)))
+                    log.warning(
+                        "%s: ignoring the drained record of old partition %d naming %s: it "
+                        "carries no seal of a fence of this resize, so it was written with a "
+                        "consumer's credentials without handling the fence",
+                        self.stream,
+                        drained.partition,
+                        drained.member,
+                    )
         return events
 
     def _stuck(self, until: Phase, timeout: float) -> str:

@@ -468,8 +468,13 @@ class StreamCoordinator(threading.Thread):
         """The spec as far as assigning goes: during a shrink, with the retired partitions
         still draining (:func:`partq.coordinator.leader.resize.served`)."""
         assert self.spec is not None
-        drained = ((d.epoch, d.partition) for d in self.mirror.drained.values())
-        count = resize.served(self.spec.partitions, self.mirror.resize, drained)
+        record = self.mirror.resize
+        drained = (  # believed only with their fence's seal (resize.State.sealed_by)
+            (d.epoch, d.partition)
+            for d in self.mirror.drained.values()
+            if record is None or record.sealed_by(d.partition, d.seal)
+        )
+        count = resize.served(self.spec.partitions, record, drained)
         if count == self.spec.partitions:
             return self.spec
         return dataclasses.replace(self.spec, partitions=count)

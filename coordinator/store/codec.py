@@ -38,9 +38,10 @@ key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)          
                                       base64url, or ``sha256.<hex>`` for a key over
                                       1,536 bytes, whose value then holds ``"key"``
                                       (base64)
-``drained/<epoch>/<partition:05d>``   ``{"v": 1, "member"}``: old ``partition``'s      Drained
-                                      consumer handled the fence of resize epoch
-                                      ``epoch`` (not on a lease)
+``drained/<epoch>/<partition:05d>``   ``{"v": 1, "member", "seal"}``: old             Drained
+                                      ``partition``'s consumer handled the fence of
+                                      resize epoch ``epoch``, whose seal it carries
+                                      (not on a lease)
 ``spec``                              :meth:`StreamSpec.to_json`                       StreamSpec
 ``resize``                            ``{"v": 1, "old", "new": {"epoch",                resize.State
                                       "partitions"}, "phase", "fenced", "drained",
@@ -144,6 +145,8 @@ MEMBER_ID_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,252}"
 _MEMBER_ID = re.compile(MEMBER_ID_PATTERN)
 _PARTITION = re.compile(r"[0-9]{5}")
 _LEASE = re.compile(r"[0-9a-f]{16}")
+_SEAL = re.compile(r"[0-9a-f]{32}")
+MAX_PRIORITY: Final = 2**31 - 1  # a claim's consumer priority (RabbitMQ's x-priority)
 # unpadded base64url of a message key, or a long key's digest (partq.producer.contract.key_id)
 _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,2048}|sha256\.[0-9a-f]{64}")
 
@@ -346,6 +349,7 @@ class Drained:
     epoch: int
     partition: int
     member: str  # who handled the fence
+    seal: str = ""  # the fence's HEADER_SEAL (none from a partq that sealed no fence)
 
 
 Value = (
@@ -461,8 +465,8 @@ def encode_standby(member: str) -> str:
     return _dumps(member=validate_member_id(member))
 
 
-def encode_drained(member: str) -> str:
-    return _dumps(member=validate_member_id(member))
+def encode_drained(member: str, seal: str) -> str:
+    return _dumps(member=validate_member_id(member), seal=_seal(seal))
 
 
 def encode_parked(parked: Parked) -> str:
@@ -746,7 +750,7 @@ def decode_claim(_stream: str, _name: str, raw: bytes | str, lease: int) -> Clai
         _number(doc, "at"),
         takeover,
         source,
-        _int(doc, "priority", 0) if "priority" in doc else 0,
+        _priority(doc) if "priority" in doc else 0,
         _flag(doc, "sealed"),
         _flag(doc, "live"),
     )
@@ -816,12 +820,30 @@ def decode_drained(_stream: str, name: str, raw: bytes | str, _lease: int) -> Dr
     """A resize's fence handled (written by ``partq.consumers.control.resizing``:
     ``{"member"}``)."""
     epoch, partition = parse_drained_name(name)
-    return Drained(epoch, partition, _id(_object(raw), "member"))
+    doc = _object(raw)
+    return Drained(
+        epoch, partition, _id(doc, "member"), _seal(_str(doc, "seal")) if "seal" in doc else ""
+    )
 
 
 def decode_resize(_stream: str, _name: str, raw: bytes | str, _lease: int) -> ResizeState:
     """A resize's record (:func:`partq.coordinator.leader.resize.decode`)."""
     return resize.decode(raw)
+
+
+def _priority(doc: dict[str, Any]) -> int:
+    """A claim's consumer priority: RabbitMQ's ``x-priority`` is a signed 32-bit integer."""
+    priority = _int(doc, "priority", 0)
+    if priority > MAX_PRIORITY:
+        raise MalformedValue(f"'priority' is not at most {MAX_PRIORITY}: {_shown(priority)}")
+    return priority
+
+
+def _seal(seal: str) -> str:
+    """A fence's seal as a resize makes them (32 hex digits)."""
+    if not _SEAL.fullmatch(seal):
+        raise MalformedValue(f"a fence's seal is 32 hex digits, not {_shown(seal)}")
+    return seal
 
 
 def _long_key(name: str, doc: dict[str, Any]) -> bytes:

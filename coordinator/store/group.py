@@ -514,6 +514,16 @@ class Group:
         """Delete a parked record if it is still at ``revision`` and we lead."""
         return self._remove(fence, keys.parked(self.stream, key_id), revision)
 
+    def disown_parked(self, key_id: str, revision: int) -> bool:
+        """Delete a parked record in our name that we never wrote, if it is still at
+        ``revision`` (a consumer may delete under ``parked/``)."""
+        key, t = keys.parked(self.stream, key_id), self.client.transactions
+        with etcd_errors(self.where):
+            ok, _ = self.client.transaction(
+                compare=[t.mod(key) == revision], success=[t.delete(key)], failure=[]
+            )
+        return bool(ok)
+
     def _remove(self, fence: Fence, key: str, revision: int) -> bool:
         t = self.client.transactions
         with etcd_errors(self.where):
@@ -651,6 +661,7 @@ class Group:
             except MalformedValue as e:
                 if self.report and _reported.first(key, int(meta.mod_revision)):
                     log.warning("malformed load report at %s: %s; ignoring it", key, e)
+                    metrics.MALFORMED_VALUES.labels(self.stream, "load").inc()
                 continue
             out[report.member] = report
         return out

@@ -13,116 +13,43 @@ messages flow.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import secrets
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from partq.coordinator.ops import grants
 from partq.coordinator.ops.rights import Role, roles
 from partq.coordinator.store import codec
 from partq.coordinator.store.codec import Parked
-from partq.coordinator.store.group import Group
-from partq.producer import Producer
-from partq.producer.contract import key_id, partition_for
-from partq.producer.registry import Registry
+from partq.producer.contract import key_id
 
-from examples import audit
 from partq.kernel import keys
 from partq.kernel.errors import EtcdPermissionDenied
 from partq.kernel.etcd import connect, etcd_errors, lease_is
-from partq.kernel.local import LocalEtcd
-from partq.kernel.settings import Settings
-from tests.conftest import AMQP_URL
-from tests.integration.groups.harness import PARTQ, ROOT, Fleet, balanced
-from tests.pki import loopback_server_tls
+from tests.integration.etcdsite import (
+    MEMBERS,
+    Site,
+    claim_on,
+    etcd_site,
+    keys_of,
+    publish_and_wait,
+    running,
+)
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STREAM = f"er-{uuid.uuid4().hex[:8]}"
-PARTITIONS = 4
-GRACE = 2.0  # coordinator --unbound-grace
-MEMBERS = ("c-1", "c-2")
+GRACE = 2.0  # coordinator --unbound-grace (etcdsite.running's)
 ROLES = {r.name: r for r in [*roles(STREAM), *roles(STREAM, MEMBERS)]}  # + the shared one
-
-
-def user(who: str, stream: str = STREAM) -> str:
-    """The etcd user of ``who`` (a component, a member, or root) for ``stream``."""
-    if who == "root":
-        return who
-    return f"partq-{stream}-consumer-{who}" if who in MEMBERS else f"partq-{stream}-{who}"
-
-
-@dataclass
-class Site:
-    tmp: Path
-    ca: Path
-    etcd: LocalEtcd
-    passwords: Path
-
-    def env(self, who: str, stream: str = STREAM) -> dict[str, str]:
-        name = who if who in ROLES else user(who, stream)
-        return {
-            "PARTQ_ETCD_ENDPOINTS": self.etcd.endpoint,
-            "PARTQ_ETCD_CA": str(self.ca),
-            "PARTQ_ETCD_USER": name,
-            "PARTQ_ETCD_PASSWORD_FILE": str(self.passwords / name),
-            "PARTQ_AMQP_URL": os.environ.get("PARTQ_TEST_AMQP_URL", AMQP_URL),
-        }
-
-    def settings(self, who: str, stream: str = STREAM) -> Settings:
-        values = {k.removeprefix("PARTQ_").lower(): v for k, v in self.env(who, stream).items()}
-        return Settings.load(**values)
-
-    def grant(self, found: list[Role]) -> None:
-        """Apply ``found`` as etcd's root, each user with a fresh password file."""
-        for role in found:
-            (self.passwords / role.name).write_text(secrets.token_urlsafe(18) + "\n")
-        root = connect(self.settings("root"))
-        try:
-            grants.apply_etcd(root, found, self.passwords, no_password=False)
-        finally:
-            root.close()
-
-    def partq(self, who: str, *args: str, stream: str = STREAM) -> str:
-        command = [str(PARTQ), *args]
-        env = {**os.environ, **self.env(who, stream), "PYTHONPATH": str(ROOT)}
-        try:
-            return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120,
-                                  check=True).stdout  # fmt: skip
-        except subprocess.CalledProcessError as e:
-            raise AssertionError(f"partq {' '.join(args)}: {e.stderr[-2000:]}") from None
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory, rabbitmq: str) -> Iterator[Site]:
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl CLI")
-    tmp = tmp_path_factory.mktemp("etcd-rights")
-    tls = loopback_server_tls(tmp)
-    passwords = tmp / "passwords"
-    passwords.mkdir()
-    (passwords / "root").write_text(secrets.token_urlsafe(18) + "\n")
-    etcd = LocalEtcd(tls=tls, auth_token_ttl=30)
-    etcd.start()
-    try:
-        etcd.enable_auth((passwords / "root").read_text().strip())
-        site = Site(tmp, tls.ca, etcd, passwords)
-        os.environ.setdefault("PARTQ_TEST_AMQP_URL", rabbitmq)
-        site.grant(list(ROLES.values()))
-        yield site
-    finally:
-        etcd.stop()
+    with etcd_site(tmp_path_factory.mktemp("etcd-rights"), rabbitmq, list(ROLES.values())) as s:
+        yield s
 
 
 # -- every role, every kind of key: what etcd allows is what the rights say --------------
@@ -177,7 +104,7 @@ def test_each_role_may_do_exactly_what_its_rights_say(site: Site) -> None:
     seen: dict[tuple[str, str, str], bool] = {}
     expected: dict[tuple[str, str, str], bool] = {}
     for name, role in sorted(ROLES.items()):
-        client = connect(site.settings(name))
+        client = connect(site.settings(name, STREAM))
         try:
             for what, key in PROBES.items():
                 for op in ("get", "put", "delete"):
@@ -199,7 +126,7 @@ def test_each_role_may_do_exactly_what_its_rights_say(site: Site) -> None:
 
 def test_a_consumer_cannot_put_anything_on_another_members_lease(site: Site) -> None:
     # Given: c-2's member key on c-2's lease
-    c1, c2 = connect(site.settings("c-1")), connect(site.settings("c-2"))
+    c1, c2 = connect(site.settings("c-1", STREAM)), connect(site.settings("c-2", STREAM))
     try:
         lease = c2.lease(30)
         with etcd_errors("test"):
@@ -231,74 +158,6 @@ def test_a_consumer_cannot_put_anything_on_another_members_lease(site: Site) -> 
 # -- what those rights still allow, and what the readers make of it ----------------------
 
 
-def _keys_of(partition: int, count: int) -> list[str]:
-    found = [f"k{i}" for i in range(10_000) if partition_for(f"k{i}", PARTITIONS) == partition]
-    return found[:count]
-
-
-@contextlib.contextmanager
-def running(site: Site, stream: str) -> Iterator[tuple[Group, Fleet, Any]]:
-    """``stream`` created, balanced over c-1 and c-2 with a coordinator, each on its own
-    identity: (the admin's view of the group, the coordinator's fleet, c-1's etcd client).
-    """
-    site.grant(roles(stream, MEMBERS))
-    site.partq("admin", "stream", "create", stream, "--partitions", str(PARTITIONS), stream=stream)
-    record = site.tmp / f"{stream}.jsonl"
-    tmp = site.tmp / stream
-    tmp.mkdir()
-    fleets = [
-        Fleet(stream, tmp, site.etcd.endpoint, "", record, env=site.env(who, stream))
-        for who in ("coordinator", *MEMBERS)
-    ]
-    admin = Registry.connect(site.settings("admin", stream))
-    hostile = connect(site.settings("c-1", stream))
-    try:
-        fleets[0].coordinator(ttl=3, extra=("--unbound-grace", str(GRACE)))
-        for fleet, member in zip(fleets[1:], MEMBERS, strict=True):
-            fleet.consumer(member, ttl=3)
-        group = Group(admin.client, admin.where, stream)
-        wait_until(lambda: balanced(group, PARTITIONS, set(MEMBERS)), 60, 0.2, "balanced")
-        yield group, fleets[0], hostile
-    except AssertionError:
-        print("\n".join(f.logs() for f in fleets))
-        raise
-    finally:
-        hostile.close()
-        for fleet in fleets:
-            fleet.close()
-        admin.close()
-        site.partq("admin", "stream", "delete", stream, "--yes", stream=stream)
-
-
-def publish_and_wait(site: Site, group: Group, fleet: Fleet, keys_: list[str]) -> float:
-    """Publish 5 messages of each key; seconds until all are handled, in order, by c-2."""
-    sent = {(k, n) for k in keys_ for n in range(5)}
-    settings = site.settings("producer", group.stream)
-    producer = Registry.connect(settings)
-    began = time.monotonic()
-    with Producer(group.stream, amqp_url=settings.amqp, etcd=producer) as p:
-        for key, n in sorted(sent, key=lambda s: (s[1], s[0])):
-            p.publish(key, json.dumps({"key": key, "seq": n}).encode(), message_id=f"{key}:{n}")
-        p.flush(30)
-    producer.close()
-
-    def handled() -> set[tuple[str, int]]:
-        return {(r["key"], r["seq"]) for r in fleet.records()} if fleet.record.exists() else set()
-
-    wait_until(lambda: handled() >= sent, 30, 0.1, "the victim partition's messages")
-    took = time.monotonic() - began
-    records = fleet.records()
-    assert {r["member"] for r in records if (r["key"], r["seq"]) in sent} == {"c-2"}
-    assert audit.order_violations(records) == []
-    return took
-
-
-def claim_on(group: Group, partition: int) -> int:
-    """The lease the partition's claim is on (-1: no claim)."""
-    raw, meta = group.client.get(keys.claim(group.stream, partition))
-    return -1 if raw is None else int(meta.lease_id)
-
-
 def test_a_lease_less_claim_in_another_members_name_stops_nothing(site: Site) -> None:
     with running(site, f"{STREAM}-c") as (group, fleet, hostile):
         state = group.snapshot()
@@ -312,7 +171,7 @@ def test_a_lease_less_claim_in_another_members_name_stops_nothing(site: Site) ->
         # leader deletes it) and the partition's messages are handled by c-2
         wait_until(lambda: claim_on(group, victim) == c2_lease, 20, 0.05, "c-2's claim back")
         back = time.monotonic() - began
-        took = publish_and_wait(site, group, fleet, _keys_of(victim, 5))
+        took = publish_and_wait(site, group, fleet, keys_of(victim, 5))
         # When: they put one in c-2's name on a lease of their own that holds no member key
         # (honoured, as a departed member's while it drains; only the leader removes it)
         lease = hostile.lease(60)
@@ -327,7 +186,7 @@ def test_a_lease_less_claim_in_another_members_name_stops_nothing(site: Site) ->
         logs = fleet.procs[0].log.read_text()
         assert f"deleted the claim on partition {victim} naming c-2 on lease {lease.id:x}" in logs
         assert GRACE <= again < GRACE + 10
-        took_again = publish_and_wait(site, group, fleet, _keys_of(victim, 5)[:1])
+        took_again = publish_and_wait(site, group, fleet, keys_of(victim, 5)[:1])
         print(
             f"lease-less claim: c-2's claim back after {back:.2f} s, 25 messages handled "
             f"{took:.2f} s after publishing; claim on a spare lease: back after {again:.2f} s "
@@ -341,7 +200,7 @@ def test_a_parked_record_for_a_partition_not_held_is_ignored_and_removed(site: S
         state = group.snapshot()
         victim = min(p for p, owner in state.assignment.items() if owner == "c-2")
         # When: c-1's credentials park a key of c-2's partition, in c-1's name
-        key = _keys_of(victim, 1)[0]
+        key = keys_of(victim, 1)[0]
         forged = Parked(key_id(key), victim, "forged", "X", "m", "c-1", 1.0)
         with etcd_errors("test"):
             hostile.put(keys.parked(group.stream, forged.key_id), codec.encode_parked(forged))

@@ -33,10 +33,12 @@ from partq.producer.contract import (
     CONTROL_FENCE,
     HEADER_CONTROL,
     HEADER_EPOCH,
+    HEADER_SEAL,
     QueueType,
     StreamSpec,
     fence_routing_key,
     queue_name,
+    seal_digest,
 )
 from partq.producer.layout import Layout
 from partq.producer.queue_probes import check_partition_queues, queue_stats
@@ -52,6 +54,7 @@ pytestmark = [pytest.mark.integration]
 
 PARTQ = str(Path(sys.executable).with_name("partq"))
 OLD = 2  # old-layout messages put in each old queue before the resize
+SEAL = "5e" * 16  # the seal of every fence the tests' resizes publish
 Run = Callable[..., subprocess.CompletedProcess[str]]
 Message = tuple[str, dict[str, Any], bytes]  # routing key, headers, body
 
@@ -156,15 +159,19 @@ def resized(
     """A stream of ``sizes[0]`` partitions, messages in each queue, resized to ``sizes[1]``
     up to the switch: its first spec, and the resizer (to go on with)."""
     spec = made(sizes[0], queue_type)
-    resizer = Resizer(registry, rabbitmq, spec.name, interval=0.05)
+    resizer = Resizer(registry, rabbitmq, spec.name, interval=0.05, seal=lambda: SEAL)
     resizer.start(sizes[1])
     assert resizer.run(Phase.SWITCHED, 60).phase is Phase.SWITCHED
     return spec, resizer
 
 
-def record_drained(registry: Registry, stream: str, epoch: int, partitions: range) -> None:
+def record_drained(
+    registry: Registry, stream: str, epoch: int, partitions: range, seal: str = SEAL
+) -> None:
+    """Each of ``partitions``' drained key, as a consumer that handled its fence writes it
+    (with the fence's seal: ``resized()``'s resizer seals every fence with :data:`SEAL`)."""
     for p in partitions:
-        registry.client.put(keys.drained(stream, epoch, p), "{}")
+        registry.client.put(keys.drained(stream, epoch, p), codec.encode_drained("a", seal))
 
 
 def assert_fenced(found: list[Message], partition: int, epoch: int) -> None:
@@ -341,7 +348,8 @@ def test_the_command_killed_mid_way_is_finished_by_the_same_command(
         for p in range(12):
             found = wait_until(lambda p=p: read_all(connection, queue_name(spec.name, p)), 30)
             assert_fenced(found, p, 0)
-            record_drained(registry, spec.name, 0, range(p, p + 1))
+            seal = found[OLD][1][HEADER_SEAL]  # what the consumer of the fence learns
+            record_drained(registry, spec.name, 0, range(p, p + 1), seal)
     # Then it says it continued, and returns once the old layout is retired
     code, out, err = finished(again)
     assert code == 0, err
@@ -412,6 +420,7 @@ def test_the_coordinator_serves_a_shrink_s_old_partitions_until_they_drain(
         eventually("all 12 assigned", lambda: owned() == list(range(12)), 15)
         # When a resize to 8 switches (record, then spec, as `partq stream resize` writes them)
         state, _ = resize.begin(Layout(12), 8, running=None)
+        state = replace(state, seals=frozenset((p, seal_digest(SEAL)) for p in range(12)))
         state = replace(state, phase=Phase.SWITCHED, fenced=frozenset(range(12)))
         registry.client.put(keys.resize(stream_name), resize.encode(state))
         registry.client.put(keys.spec(stream_name), StreamSpec(stream_name, 8, epoch=1).to_json())
@@ -429,7 +438,7 @@ def test_the_coordinator_serves_a_shrink_s_old_partitions_until_they_drain(
         # When 8 and 9's consumer records their fences handled, and the record is not told
         # (the command returned without --wait) / Then they are given up too, by those keys
         for p in (8, 9):
-            registry.client.put(keys.drained(stream_name, 0, p), codec.encode_drained("a"))
+            registry.client.put(keys.drained(stream_name, 0, p), codec.encode_drained("a", SEAL))
         eventually("8 and 9 unassigned", lambda: owned() == list(range(8)), 15)
         # When every old partition drained / Then the stream's 8 partitions alone are assigned
         drained = replace(state, phase=Phase.DRAINED, drained=frozenset(range(12)))

@@ -17,8 +17,16 @@ from partq.consumers.handling.message import Message
 from partq.consumers.handling.runners import HandlerPool
 from partq.coordinator.leader import resize
 from partq.coordinator.store import codec
-from partq.producer.contract import CONTROL_FENCE, HEADER_CONTROL, HEADER_EPOCH, fence_routing_key
+from partq.producer.contract import (
+    CONTROL_FENCE,
+    HEADER_CONTROL,
+    HEADER_EPOCH,
+    HEADER_SEAL,
+    fence_routing_key,
+    seal_digest,
+)
 from partq.producer.layout import Layout
+from prometheus_client import REGISTRY
 
 from partq.kernel import keys
 from tests.fakes.etcd import FakeEtcd
@@ -27,6 +35,8 @@ from tests.unit.test_keyed import _worker as keyed_worker
 from tests.unit.test_worker import PARTITION, SPEC, Broker, Channel, DeadLetters
 
 GROW = Layout(6).resize(12)
+SEAL = "5e" * 16  # every old partition's fence's (what `partq stream resize` publishes)
+SEALS = frozenset((p, seal_digest(SEAL)) for p in range(6))
 MOVED = next(f"k{i}" for i in range(1000) if GROW.gate(f"k{i}") is not None)
 STAYS = next(f"k{i}" for i in range(1000) if GROW.gate(f"k{i}") is None)
 
@@ -44,8 +54,8 @@ def gate(etcd: FakeEtcd) -> Iterator[ResizeGate]:
     made.close()
 
 
-def _switched(etcd: FakeEtcd) -> None:
-    state = resize.State(GROW, resize.Phase.SWITCHED)
+def _switched(etcd: FakeEtcd, seals: frozenset[tuple[int, str]] | None = SEALS) -> None:
+    state = resize.State(GROW, resize.Phase.SWITCHED, seals=seals)
     etcd.put(keys.resize(SPEC.name), resize.encode(state))
 
 
@@ -76,7 +86,7 @@ def test_a_moved_key_waits_for_its_old_partitions_fence(etcd: FakeEtcd, gate: Re
     # When another member records the old partition's fence
     other = ResizeGate(etcd, "fake", SPEC.name, "m2", 0)
     assert old is not None
-    other.drained(0, old)
+    other.drained(0, old, SEAL)
     # Then the gate opens here, pushed by the watch
     assert opened.wait(5)
     assert gate.waits_for("1.7", MOVED) is None
@@ -93,13 +103,54 @@ def test_a_drained_key_named_otherwise_than_partq_names_it_opens_no_gate(
     assert old is not None
     # When drained keys for that partition appear under names partq does not write (the
     # partition not in 5 digits; the epoch with a leading zero)
-    etcd.put(f"{keys.drained_all(SPEC.name)}0/{old}", codec.encode_drained("m2"))
-    etcd.put(f"{keys.drained_all(SPEC.name)}00/{old:05d}", codec.encode_drained("m2"))
+    etcd.put(f"{keys.drained_all(SPEC.name)}0/{old}", codec.encode_drained("m2", SEAL))
+    etcd.put(f"{keys.drained_all(SPEC.name)}00/{old:05d}", codec.encode_drained("m2", SEAL))
     # Then they record no fence: the key still waits
     assert gate.waits_for("1.7", MOVED) == old
     # And the key as partq names it (keys.drained) opens the gate
-    etcd.put(keys.drained(SPEC.name, 0, old), codec.encode_drained("m2"))
+    etcd.put(keys.drained(SPEC.name, 0, old), codec.encode_drained("m2", SEAL))
     assert gate.waits_for("1.7", MOVED) is None
+
+
+def test_a_drained_key_without_its_fences_seal_opens_no_gate_and_is_counted(
+    etcd: FakeEtcd, gate: ResizeGate
+) -> None:
+    # Given a switched grow whose moved key waits for its old partition's fence
+    _switched(etcd)
+    old = GROW.gate(MOVED)
+    assert old is not None
+    before = _malformed("drained")
+    # When a consumer's credentials write the drained key with a seal of their own, or
+    # another partition's (etcd shows only digests: they cannot know the fence's)
+    etcd.put(keys.drained(SPEC.name, 0, old), codec.encode_drained("m2", "0" * 32))
+    # Then it records no fence: the key still waits, and the record is counted once
+    assert gate.waits_for("1.7", MOVED) == old
+    assert gate.waits_for("1.7", MOVED) == old
+    assert _malformed("drained") == before + 1
+    # And the record of whoever handled the fence opens it
+    etcd.put(keys.drained(SPEC.name, 0, old), codec.encode_drained("m2", SEAL))
+    assert gate.waits_for("1.7", MOVED) is None
+
+
+def test_a_resize_recorded_without_seals_believes_its_drained_keys(
+    etcd: FakeEtcd, gate: ResizeGate
+) -> None:
+    # Given a resize whose record an older partq wrote (no seals in it)
+    _switched(etcd, seals=None)
+    old = GROW.gate(MOVED)
+    assert old is not None
+    raw, _meta = etcd.get(keys.resize(SPEC.name))
+    assert raw is not None and b"seals" not in raw
+    # When its drained key is written with any seal, the gate opens
+    etcd.put(keys.drained(SPEC.name, 0, old), codec.encode_drained("m2", "0" * 32))
+    assert gate.waits_for("1.7", MOVED) is None
+
+
+def _malformed(kind: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "partq_etcd_malformed_values_total", {"stream": SPEC.name, "kind": kind}
+    )
+    return value or 0.0
 
 
 def _worker(handler: object, pool: HandlerPool, broker: Broker, gate: ResizeGate) -> KeyedWorker:
@@ -113,7 +164,7 @@ def _delivery(tag: int, key: str, routing_key: str) -> Delivery:
 
 
 def _fence(tag: int, epoch: int = 0) -> Delivery:
-    headers = {HEADER_CONTROL: CONTROL_FENCE, HEADER_EPOCH: epoch}
+    headers = {HEADER_CONTROL: CONTROL_FENCE, HEADER_EPOCH: epoch, HEADER_SEAL: SEAL}
     props = pika.BasicProperties(headers=headers)
     routing_key = fence_routing_key(epoch, PARTITION)
     return Delivery(PARTITION, Channel(), tag, False, props, b"", 0, routing_key)
@@ -180,7 +231,7 @@ def test_with_concurrency_only_the_gated_key_waits(etcd: FakeEtcd, gate: ResizeG
     # And once its old partition records its fence, the moved key goes, in order
     old = GROW.gate(MOVED)
     assert old is not None
-    ResizeGate(etcd, "fake", SPEC.name, "m2", 0).drained(0, old)
+    ResizeGate(etcd, "fake", SPEC.name, "m2", 0).drained(0, old, SEAL)
     worker.inbox.put((END, Channel()))
     assert broker.finished.wait(10)
     assert [m for m, _s, _e in calls.spans] == [f"{STAYS}-2", f"{MOVED}-1", f"{MOVED}-3"]

@@ -27,6 +27,7 @@ import pytest
 from partq.coordinator.leader import resize
 from partq.coordinator.leader.resizer import Resizer
 from partq.coordinator.ops import admin, dlq
+from partq.coordinator.store import codec
 from partq.coordinator.store.group import Group
 from partq.producer import Producer, StreamSpec
 from partq.producer.queue_probes import scan_partition_queues
@@ -384,3 +385,38 @@ def _phase(registry: Registry, stream: str) -> str:
     except Exception:
         return ""
     return resize.decode(raw).phase.value if raw is not None else ""
+
+
+@pytest.mark.slow
+def test_drained_keys_forged_before_a_grow_open_no_gate(
+    quorum_fleet: Callable[..., Fleet], registry: Registry, rabbitmq: str
+) -> None:
+    # Given a stream of 4 partitions, a coordinator, two consumers and an SDK producer
+    fleet = quorum_fleet(4)
+    stream = fleet.stream
+    group = Group(registry.client, registry.where, stream)
+    backlog = Backlog(fleet)
+    fleet.coordinator()
+    fleet.consumer("c1", handler="slow_while")
+    fleet.consumer("c2", handler="slow_while")
+    settle(group, fleet, 4, {"c1", "c2"})
+    owners = group.snapshot().assignment
+    with keyed_load(stream, rabbitmq, registry, "forged-drained") as load:
+        wait_until(lambda: len(fleet.records()) > 1000, 60, 0.1, "the load flowing")
+        # When a consumer's credentials write every old partition's drained key of the
+        # coming resize, in its owner's name, before any fence exists (etcd shows no seal)
+        for p in range(4):
+            forged = codec.encode_drained(owners[p], "0" * 32)
+            registry.client.put(keys.drained(stream, 0, p), forged)
+        # and `partq stream resize --partitions 8 --wait` runs with a backlog in the old
+        # partitions, which a moved key's new messages must wait behind
+        code, out = resized(fleet, 8, backlog)
+        assert code == 0, out + fleet.logs()
+        settle(group, fleet, 8, {"c1", "c2"})
+        flowing(fleet, "flowing at 8")
+    # Then per key every handling is in publish order (the forged keys opened no gate),
+    # nothing is lost, and the consumers said what they ignored
+    sent, records = audited(load, fleet)
+    logs = "".join(p.log.read_text() for p in fleet.procs if p.name in ("c1", "c2"))
+    assert "ignoring the drained record of old partition" in logs
+    print(f"\n{len(sent)} sent, {len(records)} handled; the forged drained keys opened no gate")
