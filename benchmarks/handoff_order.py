@@ -136,6 +136,9 @@ def tree_info() -> dict[str, Any]:
     for rel in (
         "consumers/broker/connection.py",
         "consumers/broker/channels.py",
+        "consumers/broker/drain.py",
+        "consumers/broker/hotstandby.py",
+        "consumers/broker/slots.py",
         "consumers/state/window.py",
         "producer/amqp.py",
         "producer/contract.py",

@@ -8,7 +8,7 @@ anything else is acked tag by tag, so a multiple ack never covers a delivery the
 did not ack.
 
 Threads. :class:`AckQueue` is locked: the workers put, the I/O thread takes. :func:`send`
-runs on the I/O thread (``partq.consumers.broker.channels``).
+runs on the I/O thread (``partq.consumers.broker.drain``).
 """
 
 from __future__ import annotations
