@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass, fields
 from typing import Any
 
+from partq.coordinator.store.codec import MAX_WEIGHT
 from partq.coordinator.store.group import validate_member_id
 
 from partq.kernel import __version__
@@ -143,8 +144,8 @@ class ConsumerConfig:
             validate_member_id(self.member_id)
         else:  # chosen once: every part of the daemon must name the same member
             object.__setattr__(self, "member_id", default_member_id())
-        if self.weight < 1:
-            raise UsageError(f"weight must be at least 1, got {self.weight}")
+        if not 1 <= self.weight <= MAX_WEIGHT:
+            raise UsageError(f"weight must be 1 to {MAX_WEIGHT}, got {self.weight}")
         if not 1 <= self.prefetch <= MAX_PREFETCH:  # a usage error: exit 2, one line
             raise UsageError(
                 f"prefetch must be between 1 and {MAX_PREFETCH} (RabbitMQ's basic.qos takes a "

@@ -311,7 +311,7 @@ class Consumer(BrokerLink, StreamLife, Stopping):
                 if not self.deleted and not self.away:
                     self._grow_early(event)
                     self.partitions.apply(event)
-                    self.membership.leader_seen()
+                    self.membership.saw(event)
             case WatchFailed(error=error):
                 if not self.stopping:
                     log.warning("etcd watch failed: %s; consuming on, resyncing", error)

@@ -11,6 +11,8 @@ down: the controller does nothing else until the member is back.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 
@@ -18,8 +20,9 @@ from partq.consumers import metrics
 from partq.consumers.control.config import ConsumerConfig
 from partq.consumers.control.events import ControllerEvent
 from partq.consumers.control.partitions import Partitions
+from partq.coordinator import metrics as metrics_store
 from partq.coordinator.store.events import LeaseLost, WatchFailed
-from partq.coordinator.store.group import Group, GroupState
+from partq.coordinator.store.group import Group, GroupState, Member, WatchEvent
 from partq.coordinator.store.session import Session
 from partq.producer.contract import StreamSpec
 from partq.producer.registry import Registry
@@ -140,6 +143,46 @@ class Membership:
             NO_LEADER_WARNING,
             self.config.stream,
         )
+
+    def saw(self, event: WatchEvent) -> None:
+        """A watched change: a coordinator leads again (``leader_seen``), and our member
+        key stays ours (``_keep_own``)."""
+        self.leader_seen()
+        changed = event.value is not None or event.malformed is not None  # not deleted
+        if event.kind == "member" and event.name == self.member and changed:
+            self._keep_own(event.value, event.malformed)
+
+    def _keep_own(self, value: object, malformed: str | None) -> None:
+        """Our member key as another identity left it (malformed, or not our weight or
+        process): ours is put back, logged and counted. etcd 3.4 lets a role put on any
+        lease inside a transaction, and the leader would plan by that value."""
+        session = self.session
+        if session is None:
+            return
+        if isinstance(value, Member) and (value.weight, value.pid) == (
+            self.config.weight,
+            os.getpid(),
+        ):
+            return
+        log.warning(
+            "our member key was changed by another identity (%s): putting ours back",
+            malformed or f"weight {getattr(value, 'weight', '?')}",
+        )
+        metrics_store.FORGED_REMOVED.labels(self.config.stream, "member").inc()
+        ours = Member(
+            id=self.member,
+            weight=self.config.weight,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=self.config.version,
+            started=time.time(),
+            leaving=isinstance(value, Member) and value.leaving,
+            priority=self.partitions.priority,
+        )
+        try:
+            self.group.restore_member(ours, session)
+        except EtcdUnavailable as e:
+            log.warning("cannot put our member key back yet: %s", e)
 
     def leader_seen(self) -> None:
         if self.leaderless and self.partitions.mirror.candidates:

@@ -7,7 +7,9 @@ no lease in a transaction) would stop the coordination of the whole stream:
 
 - a leader candidate key not on the lease its name gives (none, or another):
   :func:`partq.coordinator.store.codec.decode_candidate` makes it malformed, so it never
-  leads; the leader deletes it (:func:`remove_candidates`), naming it;
+  leads; nor does one on a lease that holds a member key (a consumer's:
+  ``GroupKeys.foreign_candidates``); the leader deletes both (:func:`remove_candidates`),
+  naming each;
 
 - a claim not on its member's lease (:func:`partq.coordinator.leader.policy.forged_claims`): on no
   lease it would never go; every reader already ignores it;
@@ -154,8 +156,9 @@ def remove_candidates(
         del forged[name]
         metrics.FORGED_REMOVED.labels(group.stream, "leader").inc()
         log.warning(
-            "%s: deleted the leader candidate key %s%s: not on the lease its name gives, so "
-            "written outside partq with some identity's credentials; it never led",
+            "%s: deleted the leader candidate key %s%s: not on a lease of its own (on none, "
+            "on another than its name gives, or on a consumer's), so written outside partq "
+            "with some identity's credentials; it never led",
             group.stream,
             keys.leader_prefix(group.stream),
             name,

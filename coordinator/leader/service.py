@@ -170,6 +170,7 @@ class StreamCoordinator(threading.Thread):
         self._unverified: dict[str, int] = {}  # parked records to check: key id -> revision
         self._unbound: dict[int, tuple[int, float]] = {}  # partition -> (revision, deadline)
         self._forged_candidates: dict[str, int] = {}  # leader keys not on their lease -> rev
+        self._named: dict[int, str] = {}  # the standby keys we wrote while leading
         self._refusals = forged.Refusals()  # forged keys etcd would not let us delete
         self.history = History()  # for the status page: rebalances, handoffs, depth rates
         self._settle_at: float | None = None
@@ -339,6 +340,7 @@ class StreamCoordinator(threading.Thread):
         self.leading.clear()
         self._unbound.clear()  # its deadlines would wake a follower for nothing
         self._refusals.clear()
+        self._named.clear()
         metrics.IS_LEADER.labels(self.stream).set(0)
         self._export_assignment(set())
 
@@ -453,7 +455,8 @@ class StreamCoordinator(threading.Thread):
             self._policy_refused = True
 
     def _update_leadership(self) -> None:
-        leading = self.election.is_leader(self.mirror.candidates)
+        self._forged_candidates.update(self.mirror.foreign_candidates)  # the leader deletes
+        leading = self.election.is_leader({name: r for r, name in self.mirror.leaders})
         if leading and not self.leading.is_set():
             assert self.election.fence is not None
             log.info("%s: leading (candidate %s)", self.stream, self.election.fence.key)
@@ -605,14 +608,21 @@ class StreamCoordinator(threading.Thread):
         changes += [(p, None) for p in sorted(current) if p not in target]
         if not changes:
             return
+        for p, _m in changes:  # the standby is not what we wrote: another identity's
+            if p in self._named and current.get(p) != self._named[p]:
+                metrics.FORGED_REMOVED.labels(self.stream, "standby").inc()
+                log.warning("%s: the standby key of partition %d names %s, not %s as we "
+                            "wrote it: putting ours back", self.stream, p, current.get(p),
+                            self._named[p])  # fmt: skip
         fence = self.election.fence
         assert fence is not None
         written = self.group.name_standbys(fence, changes)
         for p in written:
             if p in target:
-                current[p] = target[p]
+                current[p] = self._named[p] = target[p]
             else:
                 current.pop(p, None)
+                self._named.pop(p, None)
         self._wrote_all(written, [p for p, _ in changes], "writing standbys")
 
     def _carry_out(self, step: policy.Step, request: str | None = None) -> None:

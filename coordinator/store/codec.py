@@ -14,7 +14,7 @@ decodes every value it reads once, here, and treats a malformed one as absent.
 ====================================  ===============================================  ==========
 key under ``/partq/v1/streams/<s>/``  value (JSON object, keys sorted)                 decoded as
 ====================================  ===============================================  ==========
-``members/<member id>``               ``{"v": 1, "id", "weight" (≥ 1), "host", "pid",  Member
+``members/<member id>``               ``{"v": 1, "id", "weight" (1-1000), "host", "pid", Member
                                       "version", "started"}`` (+ ``"leaving": true``
                                       once it announced its stop), on its lease
 ``assignment/<partition:05d>``        ``{"v": 1, "owner": <member id>}``               Assignment
@@ -88,6 +88,7 @@ from partq.kernel.errors import InvalidMemberId, MalformedValue, UsageError
 __all__ = [
     "MAX_NUMBER",
     "MAX_RATE",
+    "MAX_WEIGHT",
     "MEMBER_ID_PATTERN",
     "VERSION",
     "Assignment",
@@ -146,6 +147,7 @@ _MEMBER_ID = re.compile(MEMBER_ID_PATTERN)
 _PARTITION = re.compile(r"[0-9]{5}")
 _LEASE = re.compile(r"[0-9a-f]{16}")
 _SEAL = re.compile(r"[0-9a-f]{32}")
+MAX_WEIGHT: Final = 1000  # a member's weight: its share of the partitions
 MAX_PRIORITY: Final = 2**31 - 1  # a claim's consumer priority (RabbitMQ's x-priority)
 # unpadded base64url of a message key, or a long key's digest (partq.producer.contract.key_id)
 _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,2048}|sha256\.[0-9a-f]{64}")
@@ -416,7 +418,7 @@ def encode_member(member: Member) -> str:
     """A member key's value (``member.lease`` is the key's lease, not part of it)."""
     return _dumps(
         id=validate_member_id(member.id),
-        weight=_count(member.weight, "weight", 1),
+        weight=_weight(_count(member.weight, "weight", 1)),
         host=_text(member.host, "host"),
         pid=_count(member.pid, "pid", 0),
         version=_text(member.version, "version"),
@@ -725,7 +727,7 @@ def decode_member(_stream: str, name: str, raw: bytes | str, lease: int) -> Memb
         raise MalformedValue(f"'id' {doc['id']!r} is not the key's member id {name!r}")
     return Member(
         id=name,
-        weight=_int(doc, "weight", 1),
+        weight=_weight(_int(doc, "weight", 1)),
         lease=lease,
         host=_str(doc, "host"),
         pid=_int(doc, "pid", 0),
@@ -829,6 +831,13 @@ def decode_drained(_stream: str, name: str, raw: bytes | str, _lease: int) -> Dr
 def decode_resize(_stream: str, _name: str, raw: bytes | str, _lease: int) -> ResizeState:
     """A resize's record (:func:`partq.coordinator.leader.resize.decode`)."""
     return resize.decode(raw)
+
+
+def _weight(weight: int) -> int:
+    """A member's weight: at most :data:`MAX_WEIGHT` (``partq consume --weight``)."""
+    if weight > MAX_WEIGHT:
+        raise MalformedValue(f"'weight' is not at most {MAX_WEIGHT}: {_shown(weight)}")
+    return weight
 
 
 def _priority(doc: dict[str, Any]) -> int:

@@ -344,6 +344,14 @@ class Group:
         )
         return ok
 
+    def restore_member(self, member: Member, session: Session) -> bool:
+        """Put ``member`` back at our member key (only while it is on our lease): another
+        identity changed it (etcd 3.4 checks no lease inside a transaction)."""
+        key = keys.member(self.stream, member.id)
+        value = codec.encode_member(member)
+        put = self.client.transactions.put(key, value, lease=session.lease)
+        return self._if_ours(key, session, put)[0]
+
     def leave(self, member_id: str, session: Session) -> None:
         key = keys.member(self.stream, member_id)
         self._if_ours(key, session, self.client.transactions.delete(key))

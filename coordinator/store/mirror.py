@@ -64,8 +64,18 @@ class GroupKeys:
 
     @property
     def leaders(self) -> list[tuple[int, str]]:
-        """The leader candidates as (create revision, name), the leader first."""
-        return sorted((revision, name) for name, revision in self.candidates.items())
+        """The leader candidates as (create revision, name), the leader first; none of
+        :attr:`foreign_candidates`."""
+        foreign = self.foreign_candidates
+        return sorted((r, name) for name, r in self.candidates.items() if name not in foreign)
+
+    @property
+    def foreign_candidates(self) -> dict[str, int]:
+        """Candidates on a lease that holds a member key: a consumer's lease, put inside a
+        transaction (etcd 3.4 checks no lease there). A coordinator campaigns on a lease
+        of its own, so such a key never leads, and the leader deletes it."""
+        leases = {m.lease for m in self.members.values() if m.lease}
+        return {n: r for n, r in self.candidates.items() if int(n, 16) in leases}
 
 
 @dataclass

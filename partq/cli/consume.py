@@ -22,6 +22,7 @@ from partq.consumers.control.daemon import (
 )
 from partq.consumers.control.signals import on_stop_signals
 from partq.consumers.handling.message import load_handler
+from partq.coordinator.store.codec import MAX_WEIGHT
 from partq.kernel.settings import MAX_CONCURRENCY
 
 log = logging.getLogger("partq.cli")
@@ -40,7 +41,7 @@ log = logging.getLogger("partq.cli")
     help="Stable member id (e.g. pod name): ASCII letters, digits, _ . : @ -, starting with a "
     "letter or digit, at most 253 characters [PARTQ_MEMBER_ID].",
 )
-@click.option("--weight", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--weight", type=click.IntRange(min=1, max=MAX_WEIGHT), default=1, show_default=True)
 @click.option("--prefetch", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option(
     "--ttl", type=click.IntRange(min=1), default=5, show_default=True, help="Lease TTL in seconds."

@@ -135,7 +135,7 @@ def keys_of(partition: int, count: int, partitions: int = PARTITIONS) -> list[st
 
 @contextlib.contextmanager
 def running(
-    site: Site, stream: str, *, grace: float = 2.0, ttl: int = 3
+    site: Site, stream: str, *, grace: float = 2.0, ttl: int = 3, coordinator: tuple[str, ...] = ()
 ) -> Iterator[tuple[Group, Fleet, Any]]:
     """``stream`` created, balanced over c-1 and c-2 with a coordinator, each on its own
     identity: (the admin's view of the group, the fleet, c-1's etcd client: the hostile
@@ -155,7 +155,13 @@ def running(
         ports = {who: free_port() for who in ("coordinator", *MEMBERS)}
         fleets[0].coordinator(
             ttl=ttl,
-            extra=("--unbound-grace", str(grace), "--http-port", str(ports["coordinator"])),
+            extra=(
+                "--unbound-grace",
+                str(grace),
+                "--http-port",
+                str(ports["coordinator"]),
+                *coordinator,
+            ),
         )
         for fleet, member in zip(fleets[1:], MEMBERS, strict=True):
             fleet.consumer(member, ttl=ttl, extra=("--http-port", str(ports[member])))

@@ -67,7 +67,7 @@ def test_a_missing_stream_returns_1_with_one_log_line(settings: Settings, stream
 @pytest.mark.parametrize(
     ("config", "named"),
     [
-        ({"weight": 0}, "weight must be at least 1"),
+        ({"weight": 0}, "weight must be 1 to 1000"),
         ({"max_attempts": 0}, "max attempts must be at least 1"),
         ({"prefetch": 70_000}, "prefetch must be between 1 and 65535"),
         ({"member_id": 'evil"x'}, "member id"),
@@ -92,6 +92,6 @@ def test_an_application_s_own_logging_is_kept(settings: Settings, stream_name: s
     done = run_application(settings, stream_name, {"weight": 0}, logging="own-logging")
     # Then the error goes through the application's handler, and partq adds none
     assert done.returncode == 2, done.stderr
-    expected = "app: ERROR weight must be at least 1, got 0 (exit 2)"
+    expected = "app: ERROR weight must be 1 to 1000, got 0 (exit 2)"
     assert done.stdout.splitlines() == [expected], done.stdout
     assert done.stderr == ""

@@ -18,6 +18,7 @@ from partq.producer import (
     queue_pattern,
 )
 from partq.producer.contract import (
+    HEADER_CONTROL,
     HEADER_KEY,
     HEADER_KEY_B64,
     HEADER_PARTITION,
@@ -199,7 +200,8 @@ def test_the_fast_encoder_with_user_headers_gives_pikas_bytes(
 
 
 def _fast_header(name: str, value: Any) -> bool:
-    partqs = {HEADER_KEY, HEADER_KEY_B64, HEADER_PARTITION, HEADER_PUBLISHED_MS}
+    # partq's own names, the control header among them, go to pika's path
+    partqs = {HEADER_KEY, HEADER_KEY_B64, HEADER_PARTITION, HEADER_PUBLISHED_MS, HEADER_CONTROL}
     if name in partqs or not _utf8(name) or len(name.encode()) > 255:
         return False
     if type(value) is int:
