@@ -16,6 +16,8 @@ messages through the SDK, then drained by one consumer process:
 Rate = messages / (last handled − first handled). CPU = the consumer process's CPU
 seconds (user + system, every thread) over that same span, per 10k messages: robust to
 the machine's load, which the table reports (1-minute load average at start and end).
+Broker CPU = the machine's RabbitMQ (the ``rabbitmq`` user's ``beam.smp``) CPU seconds over
+the same span, per 10k messages (whatever else the broker serves then counts too).
 ``--profile DIR`` runs ``py-spy record`` (if installed) on each partq consumer and
 writes raw collapsed stacks there. Uses a private etcd and the machine's RabbitMQ.
 ``benchmarks.groups`` runs the same measurement as its throughput phase.
@@ -77,6 +79,21 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15)
 
 
+def broker_pid() -> int | None:
+    """The machine's RabbitMQ node: the ``rabbitmq`` user's one ``beam.smp`` (None if not one)."""
+    pgrep = ["pgrep", "-u", "rabbitmq", "-f", "beam.smp"]
+    pids = subprocess.run(pgrep, capture_output=True, text=True, check=False).stdout.split()
+    return int(pids[0]) if len(pids) == 1 else None
+
+
+BROKER = broker_pid()
+
+
+def broker_cpu() -> float:
+    """The broker's CPU seconds so far (NaN if it was not found)."""
+    return process_cpu(BROKER) if BROKER is not None else float("nan")
+
+
 def run_partq(
     b: Bench, spec: StreamSpec, n: int, prefetch: int, profile: Path | None = None
 ) -> dict[str, float]:
@@ -98,7 +115,7 @@ def run_partq(
             stderr=subprocess.DEVNULL,
         )
     t_first = t_done = None
-    cpu_first = cpu_done = 0.0
+    cpu_first = cpu_done = broker_first = broker_done = 0.0
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and t_done is None:
         got = 0.0
@@ -106,9 +123,9 @@ def run_partq(
             got = metric_handled(port)
         now = time.time()
         if t_first is None and got > 0:
-            t_first, cpu_first = now, process_cpu(c.pid)
+            t_first, cpu_first, broker_first = now, process_cpu(c.pid), broker_cpu()
         if got >= n:
-            t_done, cpu_done = now, process_cpu(c.pid)
+            t_done, cpu_done, broker_done = now, process_cpu(c.pid), broker_cpu()
         if c.poll() is not None:
             raise RuntimeError(f"partq consumer exited with {c.returncode}")
         time.sleep(0.05)
@@ -123,18 +140,27 @@ def run_partq(
         "total_s": t_done - t0,
         "startup_s": t_first - t0,
         "cpu_per_10k": (cpu_done - cpu_first) / n * 10_000,
+        "broker_cpu_per_10k": (broker_done - broker_first) / n * 10_000,
     }
 
 
 RAW = r"""
-import json, sys, time, pika
+import json, os, sys, time, pika
 url, n, prefetch, queues = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+broker, tick = int(os.environ.get("BROKER_PID") or 0), os.sysconf("SC_CLK_TCK")
+def broker_cpu():
+    if not broker:
+        return float("nan")
+    with open(f"/proc/{broker}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / tick
 conn = pika.BlockingConnection(pika.URLParameters(url))
-state = {"count": 0, "first": None, "cpu": 0.0}
+state = {"count": 0, "first": None, "cpu": 0.0, "broker": 0.0}
 def on_message(ch, method, props, body):
     if state["first"] is None:
         state["first"] = time.time()
         state["cpu"] = time.process_time()
+        state["broker"] = broker_cpu()
     ch.basic_ack(method.delivery_tag)
     state["count"] += 1
 for q in queues:
@@ -144,8 +170,9 @@ for q in queues:
 t0 = time.time()
 while state["count"] < n:
     conn.process_data_events(time_limit=0.1)
-done, cpu = time.time(), time.process_time()
-print(json.dumps({"t0": t0, "first": state["first"], "done": done, "cpu": cpu - state["cpu"]}))
+done, cpu, broker_done = time.time(), time.process_time(), broker_cpu()
+print(json.dumps({"t0": t0, "first": state["first"], "done": done, "cpu": cpu - state["cpu"],
+                  "broker": broker_done - state["broker"]}))
 conn.close()
 """
 
@@ -154,7 +181,8 @@ def run_raw(spec: StreamSpec, n: int, prefetch: int) -> dict[str, float]:
     queues = [spec.queue(p) for p in range(spec.partitions)]
     t0 = time.time()
     argv = [sys.executable, "-c", RAW, AMQP, str(n), str(prefetch), *queues]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
+    env = {**os.environ, "BROKER_PID": str(BROKER or "")}
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True, env=env)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     rate = n / (r["done"] - r["first"])
     return {
@@ -162,6 +190,7 @@ def run_raw(spec: StreamSpec, n: int, prefetch: int) -> dict[str, float]:
         "total_s": r["done"] - t0,
         "startup_s": r["first"] - t0,
         "cpu_per_10k": r["cpu"] / n * 10_000,
+        "broker_cpu_per_10k": r["broker"] / n * 10_000,
     }
 
 
@@ -192,7 +221,8 @@ def throughput(
                     )
                     log(
                         f"throughput {queue_type} prefetch={prefetch} {impl}: "
-                        f"{run[impl]['rate']:.0f} msg/s, cpu {run[impl]['cpu_per_10k']:.3f} s/10k"
+                        f"{run[impl]['rate']:.0f} msg/s, cpu {run[impl]['cpu_per_10k']:.3f} s/10k, "
+                        f"broker cpu {run[impl]['broker_cpu_per_10k']:.3f} s/10k"
                     )
                     b.drop(spec)
                 row["runs"].append(run)
@@ -220,21 +250,24 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"P = 8 stream per run; one consumer process; median of {meta['repeats']} interleaved "
         "runs; CPU = the consumer process's CPU seconds (every thread) per 10k messages",
         "",
-        "| queue type | prefetch | raw pika msg/s | partq msg/s | partq ÷ raw | CPU s/10k raw | CPU s/10k partq | CPU partq ÷ raw |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| queue type | prefetch | raw pika msg/s | partq msg/s | partq ÷ raw | CPU s/10k raw | CPU s/10k partq | CPU partq ÷ raw | broker CPU s/10k raw | broker CPU s/10k partq |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         raw, partq = r["raw"], r["partq"]
         lines.append(
             f"| {r['queue_type']} | {r['prefetch']} | {raw['rate']:,.0f} | {partq['rate']:,.0f} "
             f"| **{r['ratio']:.2f}{TIMES}** | {raw['cpu_per_10k']:.3f} | {partq['cpu_per_10k']:.3f} "
-            f"| {partq['cpu_per_10k'] / raw['cpu_per_10k']:.2f} |"
+            f"| {partq['cpu_per_10k'] / raw['cpu_per_10k']:.2f} "
+            f"| {raw['broker_cpu_per_10k']:.3f} | {partq['broker_cpu_per_10k']:.3f} |"
         )
-    lines += ["", "Every run (msg/s, CPU s/10k):", ""]
+    lines += ["", "Every run (msg/s, CPU s/10k, broker CPU s/10k):", ""]
     for r in rows:
         for impl in ("raw", "partq"):
             cells = [
-                f"{run[impl]['rate']:,.0f} ({run[impl]['cpu_per_10k']:.3f})" for run in r["runs"]
+                f"{run[impl]['rate']:,.0f} ({run[impl]['cpu_per_10k']:.3f}, "
+                f"{run[impl]['broker_cpu_per_10k']:.3f})"
+                for run in r["runs"]
             ]
             lines.append(f"- {r['queue_type']} prefetch {r['prefetch']} {impl}: {', '.join(cells)}")
     return "\n".join(lines)

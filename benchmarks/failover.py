@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("lost", "violations", "overlaps", "redelivered")
         }
         print(
-            f"| {'hot standby (--standby)' if standby else 'lease expiry (default)'} | {len(times)} | "
+            f"| {'hot standby (--standby)' if standby else 'lease expiry (--no-standby)'} | {len(times)} | "
             f"{audit.percentile(times, 50) * 1000:.0f} ms | {audit.percentile(times, 99) * 1000:.0f} ms | "
             f"{max(times, default=float('nan')) * 1000:.0f} ms | {total['lost']} | {total['violations']} | {total['overlaps']} | {total['redelivered']} |"
         )

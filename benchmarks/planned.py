@@ -3,6 +3,7 @@
 
     .venv/bin/python -m benchmarks.planned [--rounds 2] [--rate 2000] [--queue-type quorum] [--concurrency 1]
         [--rabbitmq machine|private|4.0.5] [--handoff drain|auto|both] [--standby | --no-standby]
+        [--handler-delay-ms 0] [--async-handler]
 
 Per round: a fresh P = 12 stream, a coordinator (``--settle 1``), the SDK publishing 100
 keys at ``--rate``, consumers recording with the product's recorder
@@ -177,10 +178,16 @@ def one(
     amqp: str = groups.AMQP,
     handoff: str = "drain",
     coordinator_args: tuple[str, ...] = (),
+    delay_ms: float = 0.0,
+    async_handler: bool = False,
 ) -> dict[str, Any]:
     phases = Phases()
     cpu = jiffies()
+    # each consumer's options: its environment, and the handler (``benchmarks.groups.Bench``)
     env = {"PARTQ_CONCURRENCY": str(concurrency), "PARTQ_HANDOFF": handoff}
+    env["PARTQ_RECORD_SLEEP"] = str(delay_ms / 1000)  # the recorder's handler work
+    if async_handler:
+        env["handler"] = "benchmarks.recording:record_async"  # not an env variable: the option
     run = Run(
         b, "planned", queue_type, ["c1"], rate, amqp=amqp, coordinator_args=coordinator_args,
         **env,
@@ -261,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         help="the coordinator's --standby / --no-standby (default: the product's)",
     )
+    ap.add_argument("--handler-delay-ms", type=float, default=0.0, help="handler work per message")
+    ap.add_argument(
+        "--async-handler", action="store_true", help="an async def recorder (awaits the delay)"
+    )
     args = ap.parse_args(argv)
     standby = () if args.standby is None else ("--standby" if args.standby else "--no-standby",)
     if args.debug:
@@ -285,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 for handoff in handoffs:
                     res = one(
                         b, args.queue_type, args.rate, args.dwell, args.concurrency, amqp,
-                        handoff, standby,
+                        handoff, standby, args.handler_delay_ms, args.async_handler,
                     )  # fmt: skip
                     results[handoff].append(res)
                     summary = {k: len(v) for k, v in res["gaps"].items()}
@@ -302,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\nRabbitMQ {version}, queue type {args.queue_type}, --handoff {handoff}, rate {args.rate:.0f} msg/s, "
             f"P = 12, rounds {args.rounds}, --concurrency {args.concurrency}, "
+            f"handler {'async ' if args.async_handler else ''}{args.handler_delay_ms:g} ms, "
             f"coordinator {' '.join(standby) or 'with the default standbys'}, "
             f"load average {' '.join(f'{x:.2f}' for x in load_before)} → {' '.join(f'{x:.2f}' for x in load_after)}, "
             f"{busy(results[handoff])}\n"

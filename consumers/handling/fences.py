@@ -17,6 +17,7 @@ the gate is the member's, shared by its workers (thread-safe).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 
 from partq.consumers import metrics
@@ -39,6 +40,7 @@ from partq.kernel.errors import EtcdError, PartqError
 __all__ = ["ForgedFence", "ResizeSteps", "is_fence"]
 
 log = logging.getLogger("partq.consumer.worker")
+_SEAL = re.compile(r"[0-9a-f]{32}")  # what `partq stream resize` seals a fence with
 
 
 class ForgedFence(PartqError):
@@ -109,6 +111,8 @@ class ResizeSteps:
             return self._dead_letter(delivery, forged, 0)
         seal = (delivery.properties.headers or {}).get(HEADER_SEAL, "")
         seal = seal.decode(errors="replace") if isinstance(seal, bytes) else str(seal)
+        if not _SEAL.fullmatch(seal):  # none (an older partq's resize) or not one we make:
+            seal = ""  # recorded without, believed only by a resize that sealed no fence
         gate = self.resize
         delays = keyparking.RETRY_BACKOFF.delays()
         while gate is not None and not self.stopped.is_set():

@@ -468,6 +468,9 @@ def encode_standby(member: str) -> str:
 
 
 def encode_drained(member: str, seal: str) -> str:
+    """``seal``: the fence's; "" for a fence that carried none (an older partq's resize)."""
+    if not seal:
+        return _dumps(member=validate_member_id(member))
     return _dumps(member=validate_member_id(member), seal=_seal(seal))
 
 

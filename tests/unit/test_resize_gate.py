@@ -163,8 +163,10 @@ def _delivery(tag: int, key: str, routing_key: str) -> Delivery:
     return Delivery(PARTITION, Channel(), tag, False, props, b"x", 0, routing_key)
 
 
-def _fence(tag: int, epoch: int = 0) -> Delivery:
-    headers = {HEADER_CONTROL: CONTROL_FENCE, HEADER_EPOCH: epoch, HEADER_SEAL: SEAL}
+def _fence(tag: int, epoch: int = 0, seal: str | None = SEAL) -> Delivery:
+    headers: dict[str, object] = {HEADER_CONTROL: CONTROL_FENCE, HEADER_EPOCH: epoch}
+    if seal is not None:
+        headers[HEADER_SEAL] = seal
     props = pika.BasicProperties(headers=headers)
     routing_key = fence_routing_key(epoch, PARTITION)
     return Delivery(PARTITION, Channel(), tag, False, props, b"", 0, routing_key)
@@ -235,4 +237,22 @@ def test_with_concurrency_only_the_gated_key_waits(etcd: FakeEtcd, gate: ResizeG
     worker.inbox.put((END, Channel()))
     assert broker.finished.wait(10)
     assert [m for m, _s, _e in calls.spans] == [f"{STAYS}-2", f"{MOVED}-1", f"{MOVED}-3"]
+    pool.close()
+
+
+@pytest.mark.parametrize("seal", [None, "", "not-a-seal"])
+def test_a_fence_without_a_seal_is_recorded_without_one_and_never_fails_the_worker(
+    etcd: FakeEtcd, gate: ResizeGate, seal: str | None
+) -> None:
+    # Given a fence as an older partq's resize publishes it (no seal), or with a bad one
+    calls, pool, broker = Calls(), HandlerPool(8), Broker()
+    worker = _worker(calls.handler, pool, broker, gate)
+    worker.inbox.put(_fence(1, seal=seal))
+    worker.inbox.put((END, Channel()))
+    # Then it is acked, and its drained key carries no seal (an older resize believes it;
+    # a sealed one does not)
+    assert broker.finished.wait(10)
+    assert broker.acked == [1]
+    raw, _meta = etcd.get(keys.drained(SPEC.name, 0, PARTITION))
+    assert raw is not None and b"seal" not in raw
     pool.close()

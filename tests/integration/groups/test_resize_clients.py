@@ -26,7 +26,14 @@ import pytest
 from partq.coordinator.leader import resize
 from partq.coordinator.store.group import Group
 from partq.producer import Producer, StreamSpec, topology
-from partq.producer.contract import CONTROL_FENCE, HEADER_CONTROL, HEADER_EPOCH, fence_routing_key
+from partq.producer.contract import (
+    CONTROL_FENCE,
+    HEADER_CONTROL,
+    HEADER_EPOCH,
+    HEADER_SEAL,
+    fence_routing_key,
+    seal_digest,
+)
 from partq.producer.registry import Registry
 
 from examples import audit
@@ -84,6 +91,9 @@ def keyed_load(stream: str, rabbitmq: str, registry: Registry, name: str) -> Ite
         producer.close()
 
 
+SEAL = "5e" * 16  # the seal of every fence resize_by_hand publishes
+
+
 def resize_by_hand(
     registry: Registry,
     rabbitmq: str,
@@ -91,8 +101,9 @@ def resize_by_hand(
     partitions: int,
 ) -> StreamSpec:
     """Do what the resize's driver does, in its order; the spec after the switch."""
-    state = resize.State(spec.layout.resize(partitions))
-    change = state.resize
+    change = spec.layout.resize(partitions)
+    seals = frozenset((p, seal_digest(SEAL)) for p in range(change.old.partitions))
+    state = resize.State(change, seals=seals)  # every fence sealed with SEAL
     client = registry.client
     client.put(keys.resize(spec.name), resize.encode(state))
     new_spec = StreamSpec(
@@ -120,7 +131,11 @@ def resize_by_hand(
                 b"",
                 pika.BasicProperties(
                     delivery_mode=2,
-                    headers={HEADER_CONTROL: CONTROL_FENCE, HEADER_EPOCH: change.old.epoch},
+                    headers={
+                        HEADER_CONTROL: CONTROL_FENCE,
+                        HEADER_EPOCH: change.old.epoch,
+                        HEADER_SEAL: SEAL,
+                    },
                 ),
                 mandatory=True,
             )
@@ -133,7 +148,8 @@ def resize_by_hand(
         failure=[],
     )
     assert swapped, "the spec changed under the test"
-    client.put(keys.resize(spec.name), resize.encode(resize.State(change, resize.Phase.SWITCHED)))
+    switched = resize.State(change, resize.Phase.SWITCHED, seals=seals)
+    client.put(keys.resize(spec.name), resize.encode(switched))
     return new_spec
 
 
