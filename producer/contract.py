@@ -53,6 +53,7 @@ __all__ = [
     "encode_key",
     "exchange_name",
     "fence_routing_key",
+    "is_seal",
     "key_bytes",
     "key_from_id",
     "key_id",
@@ -104,6 +105,7 @@ HEADER_EPOCH = "x-partq-epoch"
 # etcd only as its digest (seal_digest), so a drained record carrying it was written by
 # whoever consumed the fence, never forged from what etcd shows (docs/resize.md).
 HEADER_SEAL = "x-partq-seal"
+_SEAL = re.compile(r"[0-9a-f]{32}")
 # Written on a dead letter by the consumer that gave up on it (consumers/handling/worker.py): why,
 # after how many handler attempts, from which partition, by which member, when (ms).
 HEADER_ERROR = "x-partq-error"
@@ -460,6 +462,11 @@ class StreamSpec:
                 f"{configured} were configured here: fix the configuration "
                 f"(partitions are fixed when a stream is created)"
             )
+
+
+def is_seal(text: str) -> bool:
+    """Whether ``text`` is a seal as ``partq stream resize`` makes them (32 hex digits)."""
+    return _SEAL.fullmatch(text) is not None
 
 
 def seal_digest(seal: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable
 
@@ -169,18 +168,16 @@ class Membership:
             malformed or f"weight {getattr(value, 'weight', '?')}",
         )
         metrics_store.FORGED_REMOVED.labels(self.config.stream, "member").inc()
-        ours = Member(
-            id=self.member,
-            weight=self.config.weight,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            version=self.config.version,
-            started=time.time(),
-            leaving=isinstance(value, Member) and value.leaving,
-            priority=self.partitions.priority,
-        )
+        leaving = isinstance(value, Member) and value.leaving
         try:
-            self.group.restore_member(ours, session)
+            self.group.restore_member(
+                session,
+                self.member,
+                self.config.weight,
+                self.config.version,
+                priority=self.partitions.priority,
+                leaving=leaving,
+            )
         except EtcdUnavailable as e:
             log.warning("cannot put our member key back yet: %s", e)
 

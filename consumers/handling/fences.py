@@ -17,7 +17,6 @@ the gate is the member's, shared by its workers (thread-safe).
 from __future__ import annotations
 
 import logging
-import re
 import threading
 
 from partq.consumers import metrics
@@ -33,6 +32,7 @@ from partq.producer.contract import (
     HEADER_SEAL,
     decode_key,
     fence_routing_key,
+    is_seal,
 )
 
 from partq.kernel.errors import EtcdError, PartqError
@@ -40,7 +40,6 @@ from partq.kernel.errors import EtcdError, PartqError
 __all__ = ["ForgedFence", "ResizeSteps", "is_fence"]
 
 log = logging.getLogger("partq.consumer.worker")
-_SEAL = re.compile(r"[0-9a-f]{32}")  # what `partq stream resize` seals a fence with
 
 
 class ForgedFence(PartqError):
@@ -111,7 +110,7 @@ class ResizeSteps:
             return self._dead_letter(delivery, forged, 0)
         seal = (delivery.properties.headers or {}).get(HEADER_SEAL, "")
         seal = seal.decode(errors="replace") if isinstance(seal, bytes) else str(seal)
-        if not _SEAL.fullmatch(seal):  # none (an older partq's resize) or not one we make:
+        if not is_seal(seal):  # none (an older partq's resize) or not one we make:
             seal = ""  # recorded without, believed only by a resize that sealed no fence
         gate = self.resize
         delays = keyparking.RETRY_BACKOFF.delays()

@@ -209,7 +209,23 @@ class Resizer:
             self._etcd_away = False
             return events
         # DRAINED: a queue noted not empty is still pending, so each round tries it again
-        return [self._do(connection, spec, user, action) for action in resize.pending(state)]
+        actions = resize.pending(state)
+        seals = self._seal_fences(actions)
+        return [self._do(connection, spec, user, action, seals) for action in actions]
+
+    def _seal_fences(self, actions: list[Action]) -> dict[int, str]:
+        """A new seal for each fence among ``actions`` (by partition), their digests stored
+        in the record in one write before any is published: the fence alone carries it. A
+        resize an older partq began (its record holds no seals) goes on without."""
+        assert self.state is not None
+        fences = [a.partition for a in actions if isinstance(a, resize.Fence)]
+        if self.state.seals is None:
+            return dict.fromkeys(fences, "")
+        seals = {p: self.seal() for p in fences}
+        if seals:
+            digests = {(p, seal_digest(seal)) for p, seal in seals.items()}
+            self._write(dataclasses.replace(self.state, seals=self.state.seals | digests))
+        return seals
 
     def _do(
         self,
@@ -217,6 +233,7 @@ class Resizer:
         spec: StreamSpec,
         user: str,
         action: Action,
+        seals: dict[int, str],
     ) -> Event:
         match action:
             case resize.Declare(partitions):
@@ -228,11 +245,7 @@ class Resizer:
                 topology.unbind_fillers(connection, spec, self.state.resize.retired)
                 return resize.Cut()
             case resize.Fence(epoch, partition):
-                seal = self.seal()  # in the fence only; etcd keeps its digest
-                assert self.state is not None and self.state.seals is not None
-                seals = self.state.seals | {(partition, seal_digest(seal))}
-                self._write(dataclasses.replace(self.state, seals=seals))
-                topology.publish_fence(connection, spec, epoch, partition, user, seal)
+                topology.publish_fence(connection, spec, epoch, partition, user, seals[partition])
                 return resize.Fenced(partition)
             case resize.Bind(layout):
                 topology.bind_layout(connection, spec, layout)

@@ -81,7 +81,14 @@ from typing import Any, Final
 
 from partq.coordinator.leader import resize
 from partq.coordinator.leader.resize import State as ResizeState
-from partq.producer.contract import MAX_PARTITIONS, StreamSpec, key_from_id, key_id, long_key_id
+from partq.producer.contract import (
+    MAX_PARTITIONS,
+    StreamSpec,
+    is_seal,
+    key_from_id,
+    key_id,
+    long_key_id,
+)
 
 from partq.kernel.errors import InvalidMemberId, MalformedValue, UsageError
 
@@ -146,7 +153,6 @@ MEMBER_ID_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,252}"
 _MEMBER_ID = re.compile(MEMBER_ID_PATTERN)
 _PARTITION = re.compile(r"[0-9]{5}")
 _LEASE = re.compile(r"[0-9a-f]{16}")
-_SEAL = re.compile(r"[0-9a-f]{32}")
 MAX_WEIGHT: Final = 1000  # a member's weight: its share of the partitions
 MAX_PRIORITY: Final = 2**31 - 1  # a claim's consumer priority (RabbitMQ's x-priority)
 # unpadded base64url of a message key, or a long key's digest (partq.producer.contract.key_id)
@@ -402,9 +408,11 @@ def _time(value: float, what: str) -> float:
     return float(value)
 
 
-def _count(value: int, what: str, minimum: int) -> int:
+def _count(value: int, what: str, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{what} must be a whole number of at least {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{what} must be at most {maximum}, got {value!r}")
     return value
 
 
@@ -418,7 +426,7 @@ def encode_member(member: Member) -> str:
     """A member key's value (``member.lease`` is the key's lease, not part of it)."""
     return _dumps(
         id=validate_member_id(member.id),
-        weight=_weight(_count(member.weight, "weight", 1)),
+        weight=_count(member.weight, "weight", 1, MAX_WEIGHT),
         host=_text(member.host, "host"),
         pid=_count(member.pid, "pid", 0),
         version=_text(member.version, "version"),
@@ -730,7 +738,7 @@ def decode_member(_stream: str, name: str, raw: bytes | str, lease: int) -> Memb
         raise MalformedValue(f"'id' {doc['id']!r} is not the key's member id {name!r}")
     return Member(
         id=name,
-        weight=_weight(_int(doc, "weight", 1)),
+        weight=_int(doc, "weight", 1, MAX_WEIGHT),
         lease=lease,
         host=_str(doc, "host"),
         pid=_int(doc, "pid", 0),
@@ -755,7 +763,7 @@ def decode_claim(_stream: str, _name: str, raw: bytes | str, lease: int) -> Clai
         _number(doc, "at"),
         takeover,
         source,
-        _priority(doc) if "priority" in doc else 0,
+        _int(doc, "priority", 0, MAX_PRIORITY) if "priority" in doc else 0,
         _flag(doc, "sealed"),
         _flag(doc, "live"),
     )
@@ -836,24 +844,9 @@ def decode_resize(_stream: str, _name: str, raw: bytes | str, _lease: int) -> Re
     return resize.decode(raw)
 
 
-def _weight(weight: int) -> int:
-    """A member's weight: at most :data:`MAX_WEIGHT` (``partq consume --weight``)."""
-    if weight > MAX_WEIGHT:
-        raise MalformedValue(f"'weight' is not at most {MAX_WEIGHT}: {_shown(weight)}")
-    return weight
-
-
-def _priority(doc: dict[str, Any]) -> int:
-    """A claim's consumer priority: RabbitMQ's ``x-priority`` is a signed 32-bit integer."""
-    priority = _int(doc, "priority", 0)
-    if priority > MAX_PRIORITY:
-        raise MalformedValue(f"'priority' is not at most {MAX_PRIORITY}: {_shown(priority)}")
-    return priority
-
-
 def _seal(seal: str) -> str:
-    """A fence's seal as a resize makes them (32 hex digits)."""
-    if not _SEAL.fullmatch(seal):
+    """A fence's seal as a resize makes them (:func:`partq.producer.contract.is_seal`)."""
+    if not is_seal(seal):
         raise MalformedValue(f"a fence's seal is 32 hex digits, not {_shown(seal)}")
     return seal
 
@@ -923,10 +916,12 @@ def _str(doc: dict[str, Any], field: str) -> str:
     return value
 
 
-def _int(doc: dict[str, Any], field: str, minimum: int) -> int:
+def _int(doc: dict[str, Any], field: str, minimum: int, maximum: int | None = None) -> int:
     value = _field(doc, field)
     if type(value) is not int or value < minimum:
         raise MalformedValue(f"{field!r} is not a whole number of at least {minimum}: {value!r}")
+    if maximum is not None and value > maximum:
+        raise MalformedValue(f"{field!r} is not at most {maximum}: {_shown(value)}")
     return value
 
 

@@ -274,17 +274,7 @@ class Group:
         if weight < 1:
             raise ValueError(f"weight must be at least 1, got {weight}")
         key = keys.member(self.stream, member_id)
-        value = codec.encode_member(
-            Member(
-                id=member_id,
-                weight=weight,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                version=version,
-                started=time.time(),
-                priority=priority,
-            )
-        )
+        value = codec.encode_member(_this_process(member_id, weight, version, priority))
         ok, existing = self._put_if_absent(key, value, session, "member")
         if ok or existing is None or existing.lease_id == session.id:
             return None
@@ -344,11 +334,22 @@ class Group:
         )
         return ok
 
-    def restore_member(self, member: Member, session: Session) -> bool:
-        """Put ``member`` back at our member key (only while it is on our lease): another
-        identity changed it (etcd 3.4 checks no lease inside a transaction)."""
-        key = keys.member(self.stream, member.id)
-        value = codec.encode_member(member)
+    def restore_member(
+        self,
+        session: Session,
+        member_id: str,
+        weight: int,
+        version: str,
+        *,
+        priority: bool = False,
+        leaving: bool = False,
+    ) -> bool:
+        """Put our member key back as :meth:`join` wrote it (``leaving`` once announced),
+        only while it is on our lease: another identity changed it (etcd 3.4 checks no lease
+        inside a transaction)."""
+        key = keys.member(self.stream, member_id)
+        member = _this_process(member_id, weight, version, priority)
+        value = codec.encode_member(dataclasses.replace(member, leaving=leaving))
         put = self.client.transactions.put(key, value, lease=session.lease)
         return self._if_ours(key, session, put)[0]
 
@@ -724,3 +725,16 @@ class Group:
             with contextlib.suppress(MalformedValue):
                 out[name] = codec.decode_policy(raw)
         return out
+
+
+def _this_process(member_id: str, weight: int, version: str, priority: bool) -> Member:
+    """The member key of this process, as it joins (and puts it back)."""
+    return Member(
+        id=member_id,
+        weight=weight,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        version=version,
+        started=time.time(),
+        priority=priority,
+    )
