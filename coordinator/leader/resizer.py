@@ -233,7 +233,7 @@ class Resizer:
         spec: StreamSpec,
         user: str,
         action: Action,
-        seals: dict[int, str],
+        seals: dict[int, str] | None = None,
     ) -> Event:
         match action:
             case resize.Declare(partitions):
@@ -245,6 +245,8 @@ class Resizer:
                 topology.unbind_fillers(connection, spec, self.state.resize.retired)
                 return resize.Cut()
             case resize.Fence(epoch, partition):
+                if seals is None or partition not in seals:  # not from _work: sealed here
+                    seals = self._seal_fences([action])
                 topology.publish_fence(connection, spec, epoch, partition, user, seals[partition])
                 return resize.Fenced(partition)
             case resize.Bind(layout):
