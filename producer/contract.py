@@ -9,6 +9,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import re
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import mmh3
 
+from partq.kernel import keys
 from partq.kernel.errors import InvalidStreamName, MalformedValue, SpecMismatch, UsageError
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ __all__ = [
     "HEADER_ERROR_TYPE",
     "HEADER_FAILED_MS",
     "HEADER_FAILED_PARTITION",
+    "HEADER_GROUP",
     "HEADER_KEY",
     "HEADER_KEY_B64",
     "HEADER_MEMBER",
@@ -53,6 +56,7 @@ __all__ = [
     "encode_key",
     "exchange_name",
     "fence_routing_key",
+    "group_scope",
     "is_seal",
     "key_bytes",
     "key_from_id",
@@ -68,6 +72,8 @@ __all__ = [
     "refuse_overlap",
     "role_name",
     "seal_digest",
+    "split_scope",
+    "validate_group_name",
     "validate_stream_name",
 ]
 
@@ -82,6 +88,9 @@ MAX_PARTITIONS = 65_536
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 _NAME_MAX = 100
 _PREFIX = "partq"
+# A stream's groups (docs/groups.md): each its own queues and etcd keys, named by its scope
+DEFAULT_GROUP = "default"
+GROUP_SEPARATOR = keys.GROUP_SEPARATOR
 
 HEADER_KEY = "partq-key"
 HEADER_KEY_B64 = "partq-key-b64"
@@ -101,6 +110,10 @@ CONTROL_FENCE = "fence"
 # unhandled); this header only names it to a person looking at a queue.
 CONTROL_FILL = "fill"
 HEADER_EPOCH = "x-partq-epoch"
+# The one group a redriven dead letter or a `partq dlq` control message is for: it reaches
+# every group's partition queue through the stream's exchange, and the other groups' consumers
+# ack it unhandled (docs/groups.md). Producers may not send it.
+HEADER_GROUP = "x-partq-group"
 # A fence's seal: a random token the resize publishes only in the fence and records in
 # etcd only as its digest (seal_digest), so a drained record carrying it was written by
 # whoever consumed the fence, never forged from what etcd shows (docs/resize.md).
@@ -154,6 +167,45 @@ def partition_for(key: str | bytes, partitions: int) -> int:
     if partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
     return int(mmh3.hash(data, 0, signed=False)) % partitions
+
+
+def validate_group_name(name: str) -> str:
+    """Return ``name`` if it is a valid consumer group name (the same rule as a stream's,
+    and no reserved ending), else raise :class:`InvalidStreamName`."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > _NAME_MAX:
+        raise InvalidStreamName(
+            f"invalid group name {name!r}: use lower-case letters, digits, '_', '.' and '-', "
+            f"starting with a letter or digit, at most {_NAME_MAX} characters"
+        )
+    if _RESERVED_SUFFIX.search(name):
+        raise InvalidStreamName(
+            f"group name {name!r} ends like one of partq's queue names: pick a name that "
+            f"does not end in .pNNNNN, .dlq, .dlx, .park or .park.<16 hex>"
+        )
+    return name
+
+
+def group_scope(stream: str, group: str = DEFAULT_GROUP) -> str:
+    """What names one group of ``stream`` in etcd keys, queue names and roles: the stream's
+    name for its default group (the names a stream had before groups), ``STREAM~GROUP``
+    for any other ("~" is in no stream's or group's name, so no two scopes meet)."""
+    validate_stream_name(stream)
+    validate_group_name(group)
+    return stream if group == DEFAULT_GROUP else f"{stream}{GROUP_SEPARATOR}{group}"
+
+
+def split_scope(scope: str) -> tuple[str, str]:
+    """The stream and group a :func:`group_scope` names; :class:`InvalidStreamName` if it
+    names none."""
+    if not isinstance(scope, str):
+        raise InvalidStreamName(f"invalid stream name {scope!r}: not a string")
+    stream, separator, group = scope.partition(GROUP_SEPARATOR)
+    validate_stream_name(stream)
+    if separator:
+        if validate_group_name(group) == DEFAULT_GROUP:
+            raise InvalidStreamName(f"{scope!r}: the default group is named by its stream alone")
+        return stream, group
+    return stream, DEFAULT_GROUP
 
 
 def validate_stream_name(name: str) -> str:
@@ -210,6 +262,11 @@ def role_name(stream: str, component: str, member: str | None = None) -> str:
 
 def refuse_control_headers(headers: Mapping[str, Any] | None) -> None:
     """Producers may not send partq's control header (only ``partq dlq`` sends it)."""
+    if headers and HEADER_GROUP in headers:
+        raise UsageError(
+            f"header {HEADER_GROUP!r} is partq's own (it addresses one consumer group when "
+            f"`partq dlq` redrives): drop the header"
+        )
     if headers and HEADER_CONTROL in headers:
         raise UsageError(
             f"header {HEADER_CONTROL!r} is partq's own (a dlq redrive or purge request): "
@@ -217,8 +274,9 @@ def refuse_control_headers(headers: Mapping[str, Any] | None) -> None:
         )
 
 
-def exchange_name(stream: str) -> str:
-    return f"{_PREFIX}.{stream}"
+def exchange_name(scope: str) -> str:
+    """The stream's exchange: every group's queues are bound to it (one publish reaches each)."""
+    return f"{_PREFIX}.{keys.stream_of(scope)}"
 
 
 def queue_name(stream: str, partition: int) -> str:
@@ -340,9 +398,13 @@ class StreamSpec:
     # with an epoch is version 2, so an older partq refuses it ("upgrade") instead of
     # publishing under a stale layout; an epoch-0 spec stays version 1, byte for byte.
     epoch: int = 0
+    # the consumer group whose queues the naming methods name (not stored: a spec is the
+    # stream's, and every group reads the same one; :meth:`in_group`)
+    group: str = DEFAULT_GROUP
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name)
+        validate_group_name(self.group)
         check_partition_count(self.partitions)
         if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
             raise UsageError(f"a stream's epoch is a whole number >= 0, got {self.epoch!r}")
@@ -382,12 +444,21 @@ class StreamSpec:
 
         return Layout(self.partitions, self.epoch)
 
+    @property
+    def scope(self) -> str:
+        """The group's name in etcd keys, queue names and roles (:func:`group_scope`)."""
+        return group_scope(self.name, self.group)
+
+    def in_group(self, group: str) -> StreamSpec:
+        """This spec naming ``group``'s queues."""
+        return self if group == self.group else dataclasses.replace(self, group=group)
+
     def queue(self, partition: int) -> str:
         if not 0 <= partition < self.partitions:
             raise ValueError(
                 f"partition {partition} is outside 0..{self.partitions - 1} of {self.name!r}"
             )
-        return queue_name(self.name, partition)
+        return queue_name(self.scope, partition)
 
     @property
     def exchange(self) -> str:
@@ -395,18 +466,18 @@ class StreamSpec:
 
     @property
     def dead_letter_queue(self) -> str:
-        return dead_letter_queue(self.name)
+        return dead_letter_queue(self.scope)
 
     @property
     def dead_letter_exchange(self) -> str:
-        return dead_letter_exchange(self.name)
+        return dead_letter_exchange(self.scope)
 
     def park_queue(self, key: str | bytes) -> str:
-        return park_queue(self.name, key)
+        return park_queue(self.scope, key)
 
     @property
     def park_exchange(self) -> str:
-        return park_exchange(self.name)
+        return park_exchange(self.scope)
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {

@@ -105,6 +105,6 @@ def upgrade_policy_command(spec: StreamSpec) -> str:
         separators=(",", ":"),
     )
     return (
-        f"rabbitmqctl set_policy --apply-to queues --priority 10 partq-{spec.name} "
-        f"'{queue_pattern(spec.name)}' '{definition}'"
+        f"rabbitmqctl set_policy --apply-to queues --priority 10 partq-{spec.scope} "
+        f"'{queue_pattern(spec.scope)}' '{definition}'"
     )

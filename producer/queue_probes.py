@@ -112,7 +112,7 @@ def queue_stats(
     if channel is not None and channel.is_open:
         channel.close()
     if beyond:
-        stats.extend(scan_partition_queues(connection, spec.name, spec.partitions))
+        stats.extend(scan_partition_queues(connection, spec.scope, spec.partitions))
     return stats
 
 

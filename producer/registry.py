@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from partq.producer.contract import StreamSpec, validate_stream_name
+from partq.producer.contract import (
+    DEFAULT_GROUP,
+    StreamSpec,
+    group_scope,
+    split_scope,
+    validate_group_name,
+)
 
 from partq.kernel import keys
 from partq.kernel.errors import MalformedValue, SpecMismatch, StreamNotFound, UsageError
@@ -61,8 +68,11 @@ class Registry:
             )
         return False
 
-    def read_spec(self, stream: str) -> StreamSpec:
-        validate_stream_name(stream)
+    def read_spec(self, scope: str) -> StreamSpec:
+        """The spec of the stream ``scope`` names, naming its group's queues
+        (:func:`partq.producer.contract.group_scope`); :class:`StreamNotFound` if the stream
+        or the group does not exist."""
+        stream, group = split_scope(scope)
         with etcd_errors(self.where):
             value, _meta = self.client.get(keys.spec(stream))
         if value is None:
@@ -70,12 +80,46 @@ class Registry:
                 f"stream {stream!r} does not exist in etcd at {self.where}: create it with "
                 f"`partq stream create {stream} --partitions N`"
             )
-        return StreamSpec.from_json(value, keys.spec(stream))  # MalformedValue naming the key
+        spec = StreamSpec.from_json(value, keys.spec(stream))  # MalformedValue naming the key
+        if group != DEFAULT_GROUP and group not in self.list_groups(stream):
+            raise StreamNotFound(
+                f"stream {stream!r} has no group {group!r}: create it with "
+                f"`partq group create {stream} {group}`"
+            )
+        return spec.in_group(group)
 
-    def watch_spec(self, stream: str, on_spec: Callable[[StreamSpec | None], None]) -> int:
-        """Call ``on_spec`` with each new value of ``stream``'s spec (None: deleted), on the
-        watch's thread; a value that does not parse is logged and skipped. The watch id."""
-        key = keys.spec(stream)
+    def add_group(self, stream: str, group: str) -> bool:
+        """Record ``group`` of ``stream`` (True), or find it recorded (False)."""
+        key = keys.group_record(stream, validate_group_name(group))
+        client = self.client
+        with etcd_errors(self.where):
+            created, _ = client.transaction(
+                compare=[client.transactions.version(key) == 0],
+                success=[client.transactions.put(key, json.dumps({"v": 1, "group": group}))],
+                failure=[],
+            )
+        return bool(created)
+
+    def list_groups(self, stream: str) -> list[str]:
+        """``stream``'s groups other than its default one, by name."""
+        prefix = keys.groups_of(stream)
+        with etcd_errors(self.where):
+            found = self.client.get_prefix(prefix)
+            names = [meta.key.decode(errors="replace")[len(prefix) :] for _, meta in found]
+        return sorted(n for n in names if _is_group_name(n))
+
+    def remove_group(self, stream: str, group: str) -> None:
+        """Delete ``group``'s record and every key of its scope (``partq group delete``; its
+        load reports and policies are on leases)."""
+        with etcd_errors(self.where):
+            self.client.delete_prefix(keys.stream_prefix(group_scope(stream, group)))
+            self.client.delete(keys.group_record(stream, group))
+
+    def watch_spec(self, scope: str, on_spec: Callable[[StreamSpec | None], None]) -> int:
+        """Call ``on_spec`` with each new value of the spec of the stream ``scope`` names
+        (None: deleted), on the watch's thread; a value that does not parse is logged and
+        skipped. The watch id."""
+        key, group = keys.spec(scope), split_scope(scope)[1]
 
         def on_response(response: Any) -> None:
             if response is None or isinstance(response, Exception):
@@ -88,7 +132,7 @@ class Registry:
                     on_spec(None)
                     continue
                 try:
-                    on_spec(StreamSpec.from_json(event.value, key))
+                    on_spec(StreamSpec.from_json(event.value, key).in_group(group))
                 except (MalformedValue, UsageError) as e:
                     log.warning("%s", e)
 
@@ -118,9 +162,11 @@ class Registry:
         return sorted(specs, key=lambda s: s.name)
 
     def delete(self, stream: str) -> None:
-        """Remove every key of ``stream`` (used by tests and `partq stream delete`)."""
+        """Remove every key of ``stream`` and of its groups (used by tests and `partq stream
+        delete`)."""
         with etcd_errors(self.where):
             self.client.delete_prefix(keys.stream_prefix(stream))
+            self.client.delete_prefix(keys.group_scopes(stream))  # (loads: on leases)
 
     def close(self) -> None:
         self.client.close()
@@ -159,3 +205,11 @@ def read_spec_from_endpoints(stream: str, endpoints: str) -> StreamSpec:
     """Read ``stream``'s spec from the etcd at ``endpoints`` (the Spark sink's default reader;
     empty ``endpoints``: the usual settings)."""
     return read_spec_from_settings(stream, _at(endpoints))
+
+
+def _is_group_name(name: str) -> bool:
+    try:
+        validate_group_name(name)
+    except UsageError:
+        return False
+    return True

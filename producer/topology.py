@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import pika
 import pika.exceptions
@@ -101,7 +101,7 @@ def _declare_partitions(
     queues found as partq 0.1.0 declared them (without the delivery limit)."""
     legacy: list[str] = []
     for partition in partitions:
-        queue = queue_name(spec.name, partition)
+        queue = queue_name(spec.scope, partition)
         try:
             channel = _declare_partition_queue(connection, channel, queue, spec)
         except pika.exceptions.ChannelClosedByBroker as e:
@@ -139,7 +139,7 @@ def _bind_fillers(
     none
     reaches a partition this way. Idempotent both ways."""
     for partition in partitions:
-        queue = queue_name(spec.name, partition)
+        queue = queue_name(spec.scope, partition)
         if bind:
             channel.queue_bind(queue, spec.dead_letter_exchange, routing_key=queue)
         else:
@@ -165,7 +165,7 @@ def bind_layout(
     ignores a binding made twice, and the removal of one that is not there."""
     channel = connection.channel()
     for partition in range(layout.partitions):
-        queue, routing_key = queue_name(spec.name, partition), layout.routing_key(partition)
+        queue, routing_key = queue_name(spec.scope, partition), layout.routing_key(partition)
         if bind:
             channel.queue_bind(queue, spec.exchange, routing_key=routing_key)
         else:
@@ -180,7 +180,7 @@ def unbind_layout(connection: pika.BlockingConnection, spec: StreamSpec, layout:
 
 def publish_fence(
     connection: pika.BlockingConnection,
-    spec: StreamSpec,
+    specs: Sequence[StreamSpec],
     epoch: int,
     partition: int,
     sender: str,
@@ -191,11 +191,14 @@ def publish_fence(
     unbind; each idempotent), with partq's control header, the epoch and ``seal`` (what
     the drained record of whoever handles it must carry). ``sender`` is the user the
     connection logged in as (the message's ``user_id``, which RabbitMQ checks, so a
-    consumer can tell a fence from a forged one)."""
-    queue, routing_key = queue_name(spec.name, partition), fence_routing_key(epoch, partition)
+    consumer can tell a fence from a forged one). ``specs``: the stream's spec for each of
+    its groups: one publish puts the fence into each group's queue of ``partition``."""
+    routing_key, exchange = fence_routing_key(epoch, partition), specs[0].exchange
+    queues = [queue_name(spec.scope, partition) for spec in specs]
     channel = connection.channel()
     channel.confirm_delivery()
-    channel.queue_bind(queue, spec.exchange, routing_key=routing_key)
+    for queue in queues:
+        channel.queue_bind(queue, exchange, routing_key=routing_key)
     properties = pika.BasicProperties(
         delivery_mode=2,
         message_id=f"partq-fence-{epoch}-{partition}-{uuid.uuid4().hex}",
@@ -209,8 +212,9 @@ def publish_fence(
         user_id=sender,
         timestamp=int(time.time()),
     )
-    channel.basic_publish(spec.exchange, routing_key, b"", properties, mandatory=True)
-    channel.queue_unbind(queue, spec.exchange, routing_key=routing_key)
+    channel.basic_publish(exchange, routing_key, b"", properties, mandatory=True)
+    for queue in queues:
+        channel.queue_unbind(queue, exchange, routing_key=routing_key)
     channel.close()
 
 
@@ -224,7 +228,7 @@ def delete_if_empty(
     passive declare and deleted only at 0 messages and 0 consumers; that is safe only for
     a queue no binding can fill (a resize's retired queue, after its cut). A classic
     queue is deleted with ``if-empty`` and ``if-unused`` too."""
-    queue = queue_name(spec.name, partition)
+    queue = queue_name(spec.scope, partition)
     channel = connection.channel()
     try:
         with probe():

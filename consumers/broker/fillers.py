@@ -43,7 +43,6 @@ from partq.producer.contract import (
     CONTROL_FILL,
     HEADER_CONTROL,
     StreamSpec,
-    dead_letter_exchange,
     queue_name,
 )
 
@@ -62,8 +61,8 @@ class Fillers:
     def __init__(self, spec: StreamSpec, on_unfilled: Callable[[int, int], None]) -> None:
         # the stream's name only: a resize widens the consumer's spec, and a grown
         # partition's queue is beyond the spec this began with
-        self.stream = spec.name
-        self.exchange = dead_letter_exchange(spec.name)  # a delivery published to it is one
+        self.stream = spec.scope
+        self.exchange = spec.dead_letter_exchange  # a delivery published to it is one
         self.on_unfilled = on_unfilled  # (partition, drain): its fillers cannot reach it
         self.usable = True  # False once this stream turned out to have no such exchange
         self._unbound: set[int] = set()  # partitions whose queue returned its fillers

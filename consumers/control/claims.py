@@ -82,7 +82,7 @@ class Claims:
             f"a takeover from {claim.taken_from}" if claim.takeover else "not assigned to us",
             claim.member,
         )
-        metrics.FORGED_REMOVED.labels(p.spec.name, "claim").inc()
+        metrics.FORGED_REMOVED.labels(p.spec.scope, "claim").inc()
         try:
             p.group.release(partition, session)
         except EtcdUnavailable as e:  # then a resync reads it again: released as granted

@@ -160,7 +160,7 @@ class Consumer(BrokerLink, StreamLife, Stopping):
         self.ready = threading.Event()
         self.alive = threading.Event()
         self._retries = _BACKOFF.delays()  # of resyncs and releases, until a resync works
-        self._labels = (self.spec.name, self.member)
+        self._labels = (self.spec.scope, self.member)
         self.dead_letters = DeadLetters(amqp_url, self.spec, self.member)
         self.parking = (
             Parking(
@@ -237,14 +237,14 @@ class Consumer(BrokerLink, StreamLife, Stopping):
 
         0 after a clean drain, 1 if the drain deadline passed, 3/4/5 after a failure.
         """
-        with logs.bind(stream=self.spec.name, member=self.member):
+        with logs.bind(stream=self.spec.scope, member=self.member):
             return self._run()
 
     def _run(self) -> int:
         self.alive.set()
         self.broker.start()
         self.resize.start()
-        log.info("waiting for a usable RabbitMQ connection before joining %s", self.spec.name)
+        log.info("waiting for a usable RabbitMQ connection before joining %s", self.spec.scope)
         if self.config.load_report > 0:
             self._after(self.config.load_report, ReportLoad())
         if self.config.stall_after > 0:

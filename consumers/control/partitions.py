@@ -122,7 +122,7 @@ class Partitions:
         self.mirror = GroupMirror()
         self.slots = {p: PartitionSlot(p) for p in range(spec.partitions)}
         self.workers: Mapping[int, Worker] = WorkerView(self.slots)
-        self.labels = (spec.name, member)
+        self.labels = (spec.scope, member)
         self.claims = Claims(self, retry_release, resync)
         self.standbys = Standbys(self, settle_takeover)
         self.yielding = Yielding(self, stop_yielding)

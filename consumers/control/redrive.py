@@ -20,6 +20,7 @@ from typing import Any
 import pika
 from partq.producer.contract import CONTROL_ROLES, role_name
 
+from partq.kernel import keys
 from partq.kernel.amqp import AmqpURL, targets
 from partq.kernel.errors import PartqError
 
@@ -30,9 +31,11 @@ class ForgedControl(PartqError):
     """A control message from a user that may not send one (the dead letter's error type)."""
 
 
-def senders(stream: str, own_users: Iterable[str | None] = ()) -> frozenset[str]:
-    """The users whose control messages the consumers of ``stream`` obey."""
-    found = {role_name(stream, role) for role in CONTROL_ROLES}
+def senders(scope: str, own_users: Iterable[str | None] = ()) -> frozenset[str]:
+    """The users whose control messages the consumers of the group ``scope`` names obey:
+    the group's operator and the stream's admin (``partq security roles``)."""
+    stream = keys.stream_of(scope)
+    found = {role_name(scope if role != "admin" else stream, role) for role in CONTROL_ROLES}
     return frozenset(found | {u for u in own_users if u})
 
 

@@ -291,7 +291,7 @@ class KeyedWorker(Worker):
         """On a pool thread: the message's whole path; the dispatcher always hears of it."""
         go_on = False
         try:
-            with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
+            with logs.bind(stream=self.spec.scope, member=self.member, partition=self.partition):
                 go_on = self._process(delivery)
         except BaseException as error:
             self._crashed(error)

@@ -142,7 +142,7 @@ class KeyParking:
                     attempts,
                     error,
                     shown_key(key),
-                    self.spec.name,
+                    self.spec.scope,
                 )
             return Outcome.ACK
         stalls.ended(self.partition, parked=False)

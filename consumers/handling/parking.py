@@ -214,11 +214,11 @@ class Parking:
         limit: int = MAX_PARKED_KEYS,
     ) -> None:
         """``on_stall``: a partition began or ended waiting for a park (:class:`ParkStalls`)."""
-        self.stalls = ParkStalls((spec.name, member), on_stall)
+        self.stalls = ParkStalls((spec.scope, member), on_stall)
         self.url = url
         self.spec = spec
         self.limit = limit
-        self.senders = control.senders(spec.name, control.users_of(url))
+        self.senders = control.senders(spec.scope, control.users_of(url))
         self.member = member
         self.group = group
         self.parked = parked
@@ -235,7 +235,7 @@ class Parking:
 
     def refuse(self, error: BaseException) -> TooManyParkedKeys | None:
         """Why a key that failed with ``error`` may not be parked now, or None if it may."""
-        return too_many(self.spec.name, len(self.parked), self.limit, error)
+        return too_many(self.spec.scope, len(self.parked), self.limit, error)
 
     # -- parking ---------------------------------------------------------------------------
 

@@ -130,7 +130,7 @@ class Watchdog:
             if running is None or time.monotonic() - running.started < timeout:
                 return
             self._timed_out = True  # the worker never acks or handles anything again
-        with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
+        with logs.bind(stream=self.spec.scope, member=self.member, partition=self.partition):
             try:
                 self._expire(running, timeout)
             except BaseException:

@@ -87,6 +87,7 @@ from partq.coordinator.store.session import Session
 from partq.producer.contract import (
     CONTROL_FENCE,
     HEADER_CONTROL,
+    HEADER_GROUP,
     StreamSpec,
     key_id,
 )
@@ -165,7 +166,7 @@ class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.stopped = threading.Event()
         self.failure: str | None = None  # why the worker stopped for good, if it did
-        self._labels = (spec.name, member)
+        self._labels = (spec.scope, member)
         # labelled children looked up once: .labels() costs a lock and a dict per call
         self._m_handled_ok = metrics.HANDLED.labels(*self._labels, "ok")
         self._m_handler_seconds = metrics.HANDLER_SECONDS.labels(*self._labels)
@@ -208,7 +209,7 @@ class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
             return self._idle.wait_for(lambda: not self._running, timeout)
 
     def run(self) -> None:
-        with logs.bind(stream=self.spec.name, member=self.member, partition=self.partition):
+        with logs.bind(stream=self.spec.scope, member=self.member, partition=self.partition):
             if self.watchdogs is not None:
                 self.watchdogs.watch(self)
             try:
@@ -339,6 +340,10 @@ class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
                 shown_key(message.key),
                 wrong,
             )
+        addressed = (props.headers or {}).get(HEADER_GROUP)
+        if addressed is not None and _text(addressed) != self.spec.group:
+            metrics.HANDLED.labels(*self._labels, "other_group").inc()
+            return Outcome.ACK  # a redrive or dlq request of another group (docs/groups.md)
         control = (props.headers or {}).get(HEADER_CONTROL)
         if control in (CONTROL_FENCE, CONTROL_FENCE.encode()):
             return self._fence(delivery)
@@ -443,3 +448,7 @@ class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
             )
             return Outcome.ACK
         return Outcome.KEEP
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

@@ -41,7 +41,13 @@ from partq.coordinator.leader.resize import Action, Event, Phase, State
 from partq.coordinator.ops.dlq import sender
 from partq.coordinator.store import codec
 from partq.producer import topology
-from partq.producer.contract import MAX_PARTITIONS, StreamSpec, queue_name, seal_digest
+from partq.producer.contract import (
+    MAX_PARTITIONS,
+    StreamSpec,
+    group_scope,
+    queue_name,
+    seal_digest,
+)
 from partq.producer.registry import Registry
 
 from partq.kernel import keys
@@ -88,9 +94,9 @@ class Resizer:
     _revision: int = field(default=0, init=False)  # the record's mod revision, ours last
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _etcd_away: bool = field(default=False, init=False)  # the last read of drained keys failed
-    _kept: set[int] = field(default_factory=set, init=False)  # retired queues found not empty
+    _kept: set[str] = field(default_factory=set, init=False)  # retired queues found not empty
     # the drained records without a seal of ours logged, by (partition, revision)
-    _unsealed: set[tuple[int, int]] = field(default_factory=set, init=False)
+    _unsealed: set[tuple[str, int, int]] = field(default_factory=set, init=False)
 
     @property
     def phase(self) -> str:
@@ -123,8 +129,9 @@ class Resizer:
         epoch = state.resize.old.epoch - 1
         if epoch < 0:
             return []
-        prefix = keys.drained_prefix(self.stream, epoch).encode()
-        return [self.registry.client.transactions.delete(prefix, prefix_range_end(prefix))]
+        t = self.registry.client.transactions
+        prefixes = [keys.drained_prefix(scope, epoch).encode() for scope in self._scopes()]
+        return [t.delete(prefix, prefix_range_end(prefix)) for prefix in prefixes]
 
     def _check_spec(self, spec: StreamSpec, state: State) -> None:
         if spec.layout not in (state.resize.old, state.resize.new):
@@ -211,7 +218,17 @@ class Resizer:
         # DRAINED: a queue noted not empty is still pending, so each round tries it again
         actions = resize.pending(state)
         seals = self._seal_fences(actions)
-        return [self._do(connection, spec, user, action, seals) for action in actions]
+        groups = self._groups(spec) if actions else [spec]
+        return [self._do(connection, groups, user, action, seals) for action in actions]
+
+    def _groups(self, spec: StreamSpec) -> list[StreamSpec]:
+        """``spec`` for each group of the stream: a resize changes every group's queues."""
+        return [spec, *(spec.in_group(g) for g in self.registry.list_groups(self.stream))]
+
+    def _scopes(self) -> list[str]:
+        """Each group's scope: a resize forgets and waits for every group's drained keys."""
+        groups = self.registry.list_groups(self.stream)
+        return [self.stream, *(group_scope(self.stream, g) for g in groups)]
 
     def _seal_fences(self, actions: list[Action]) -> dict[int, str]:
         """A new seal for each fence among ``actions`` (by partition), their digests stored
@@ -230,47 +247,62 @@ class Resizer:
     def _do(
         self,
         connection: pika.BlockingConnection,
-        spec: StreamSpec,
+        specs: StreamSpec | list[StreamSpec],
         user: str,
         action: Action,
         seals: dict[int, str] | None = None,
     ) -> Event:
+        """Carry out ``action`` on the queues of each group of ``specs``."""
+        groups = specs if isinstance(specs, list) else [specs]
         match action:
             case resize.Declare(partitions):
-                topology.declare_partition_queues(connection, spec, partitions)
+                for spec in groups:
+                    topology.declare_partition_queues(connection, spec, partitions)
                 return resize.Declared()
             case resize.Unbind(layout):
                 assert self.state is not None
-                topology.unbind_layout(connection, spec, layout)
-                topology.unbind_fillers(connection, spec, self.state.resize.retired)
+                for spec in groups:
+                    topology.unbind_layout(connection, spec, layout)
+                    topology.unbind_fillers(connection, spec, self.state.resize.retired)
                 return resize.Cut()
             case resize.Fence(epoch, partition):
                 if seals is None or partition not in seals:  # not from _work: sealed here
                     seals = self._seal_fences([action])
-                topology.publish_fence(connection, spec, epoch, partition, user, seals[partition])
+                topology.publish_fence(connection, groups, epoch, partition, user, seals[partition])
                 return resize.Fenced(partition)
             case resize.Bind(layout):
-                topology.bind_layout(connection, spec, layout)
+                for spec in groups:
+                    topology.bind_layout(connection, spec, layout)
                 return resize.Bound()
             case resize.Switch(old, new):
                 self._switch(old.partitions, old.epoch, new.partitions, new.epoch)
                 return resize.Switched()
             case resize.Delete(partition):
-                left = topology.delete_if_empty(connection, spec, partition)
-                queue = queue_name(self.stream, partition)
-                if left is None:
-                    if partition in self._kept:  # the end of the warning below
-                        self._kept.discard(partition)
-                        log.info("%s: retired queue %s is empty now: deleted", self.stream, queue)
-                    return resize.Deleted(partition)
-                # tried again each round (``interval``): said once, until it is deleted
-                level = logging.DEBUG if partition in self._kept else logging.WARNING
-                self._kept.add(partition)
-                log.log(level, "%s: retired queue %s is not empty or still consumed (%d "
-                        "messages): kept, tried again until it is empty", self.stream, queue,
-                        left)  # fmt: skip
-                return resize.NotEmpty(partition)
+                return self._delete(connection, groups, partition)
         raise AssertionError(f"unknown action {action!r}")
+
+    def _delete(
+        self, connection: pika.BlockingConnection, groups: list[StreamSpec], partition: int
+    ) -> Event:
+        """The retired queue of ``partition`` deleted in each group once empty: Deleted when
+        every group's is gone, else NotEmpty (tried again next round)."""
+        kept = 0
+        for spec in groups:
+            queue = queue_name(spec.scope, partition)
+            left = topology.delete_if_empty(connection, spec, partition)
+            if left is None:
+                if queue in self._kept:  # the end of the warning below
+                    self._kept.discard(queue)
+                    log.info("%s: retired queue %s is empty now: deleted", self.stream, queue)
+                continue
+            kept += 1
+            # tried again each round (``interval``): said once, until it is deleted
+            level = logging.DEBUG if queue in self._kept else logging.WARNING
+            self._kept.add(queue)
+            log.log(level, "%s: retired queue %s is not empty or still consumed (%d "
+                    "messages): kept, tried again until it is empty", self.stream, queue,
+                    left)  # fmt: skip
+        return resize.NotEmpty(partition) if kept else resize.Deleted(partition)
 
     def _switch(self, old: int, old_epoch: int, new: int, new_epoch: int) -> None:
         """The spec to ``new`` partitions in ``new_epoch`` if it still holds the old layout
@@ -301,25 +333,30 @@ class Resizer:
             self._switch(old, old_epoch, new, new_epoch)
 
     def _drained(self, state: State) -> list[Event]:
-        """The old partitions whose consumer recorded its fence handled."""
+        """The old partitions whose consumer recorded its fence handled, in every group."""
+        each = [self._drained_in(state, scope) for scope in self._scopes()]
+        return [resize.Drained(state.resize.old.epoch, p) for p in sorted(set.intersection(*each))]
+
+    def _drained_in(self, state: State, scope: str) -> set[int]:
+        """The old partitions whose consumer in the group ``scope`` names recorded its fence."""
         epoch = state.resize.old.epoch
-        prefix = keys.drained_prefix(self.stream, epoch)
+        prefix = keys.drained_prefix(scope, epoch)
         with etcd_errors(self.registry.where):
             found = list(self.registry.client.get_prefix(prefix))
-        events: list[Event] = []
+        events: set[int] = set()
         for value, meta in found:
             name = meta.key.decode("utf-8", errors="replace")[len(prefix) :]
             with contextlib.suppress(MalformedValue):  # not a drained key: not ours to read
                 drained = codec.decode_drained(self.stream, f"{epoch}/{name}", value, 0)
                 if state.sealed_by(drained.partition, drained.seal):
-                    events.append(resize.Drained(epoch, drained.partition))
-                elif (drained.partition, int(meta.mod_revision)) not in self._unsealed:
-                    self._unsealed.add((drained.partition, int(meta.mod_revision)))
+                    events.add(drained.partition)
+                elif (scope, drained.partition, int(meta.mod_revision)) not in self._unsealed:
+                    self._unsealed.add((scope, drained.partition, int(meta.mod_revision)))
                     log.warning(
                         "%s: ignoring the drained record of old partition %d naming %s: it "
                         "carries no seal of a fence of this resize, so it was written with a "
                         "consumer's credentials without handling the fence",
-                        self.stream,
+                        scope,
                         drained.partition,
                         drained.member,
                     )

@@ -45,6 +45,7 @@ from partq.producer.contract import (
     HEADER_ERROR_TYPE,
     HEADER_FAILED_MS,
     HEADER_FAILED_PARTITION,
+    HEADER_GROUP,
     HEADER_KEY_B64,
     HEADER_MEMBER,
     HEADER_PARTITION,
@@ -159,10 +160,13 @@ def letter_from(position: int, properties: pika.BasicProperties, body: bytes) ->
     )
 
 
-def republished(properties: pika.BasicProperties) -> pika.BasicProperties:
+def republished(properties: pika.BasicProperties, group: str) -> pika.BasicProperties:
     """A dead letter's properties for its partition: as published, without the bookkeeping
-    of its failure (:data:`~partq.producer.contract.DEAD_LETTER_HEADERS`)."""
+    of its failure (:data:`~partq.producer.contract.DEAD_LETTER_HEADERS`), for ``group``
+    alone (:data:`~partq.producer.contract.HEADER_GROUP`: the stream's exchange copies it to
+    every group's queue, and the others drop it)."""
     headers = {k: v for k, v in (properties.headers or {}).items() if k not in DEAD_LETTER_HEADERS}
+    headers[HEADER_GROUP] = group
     return pika.BasicProperties(
         content_type=properties.content_type,
         content_encoding=properties.content_encoding,
@@ -327,18 +331,18 @@ def _publish(
             spec.exchange,
             spec.layout.routing_key(partition),  # the current epoch's: "q", or "E.q" resized
             body,
-            republished(properties),
+            republished(properties, spec.group),
             mandatory=True,
         )
     except pika.exceptions.UnroutableError:
         raise MessageUnroutable(
-            f"partition {partition} of {spec.name} has no queue bound under layout epoch "
+            f"partition {partition} of {spec.scope} has no queue bound under layout epoch "
             f"{spec.epoch} (a resize switched it meanwhile, or run `partq stream create "
             f"{spec.name}` again); the dead letter stays in {spec.dead_letter_queue}: run "
             f"the command again"
         ) from None
     except pika.exceptions.NackError:
         raise MessageNacked(
-            f"RabbitMQ refused the copy for partition {partition} of {spec.name}; the dead "
+            f"RabbitMQ refused the copy for partition {partition} of {spec.scope}; the dead "
             f"letter stays in {spec.dead_letter_queue}: run the command again"
         ) from None

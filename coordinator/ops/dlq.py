@@ -25,6 +25,7 @@ import pika.exceptions
 from partq.coordinator.store.group import Group, Parked
 from partq.producer.contract import (
     HEADER_CONTROL,
+    HEADER_GROUP,
     HEADER_PARTITION,
     StreamSpec,
     encode_key,
@@ -74,7 +75,7 @@ def parked_keys(
     registry: Registry, amqp_url: AmqpURL, spec: StreamSpec, key: str | bytes | None = None
 ) -> list[ParkedKey]:
     """The stream's parked keys (or only ``key``), with their parking queues' depths."""
-    records = Group(registry.client, registry.where, spec.name, report=False).parked()
+    records = Group(registry.client, registry.where, spec.scope, report=False).parked()
     if key is not None:
         records = {n: r for n, r in records.items() if n == key_id(key)}
     found: list[ParkedKey] = []
@@ -134,6 +135,7 @@ def _request(
         **encode_key(key),
         HEADER_PARTITION: partition,
         HEADER_CONTROL: action,
+        HEADER_GROUP: spec.group,  # the other groups' queues get a copy too: they drop it
     }
     properties = pika.BasicProperties(
         delivery_mode=2,

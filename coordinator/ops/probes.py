@@ -81,10 +81,10 @@ class QueueDepths:
         """
         with self._lock:
             now = self._clock()
-            cached = self._cache.get(spec.name)
+            cached = self._cache.get(spec.scope)
             if cached is None or cached[1] != spec or now - cached[0] >= self.max_age:
                 cached = (now, spec, self._refresh(spec))
-                self._cache[spec.name] = cached
+                self._cache[spec.scope] = cached
             result = cached[2]
         if isinstance(result, str):
             raise BrokerUnavailable(result)
@@ -212,11 +212,13 @@ class DepthExporter:
                     stats = self.depths.stats(spec)
                 except BrokerUnavailable:
                     continue  # logged once by QueueDepths; no series until it is back
-                labels = current.setdefault(spec.name, set())
+                labels = current.setdefault(spec.scope, set())
                 for q in stats:
                     if q.messages is not None:
                         partition = str(q.partition)
-                        metrics.QUEUE_MESSAGES.labels(spec.name, partition, q.queue).set(q.messages)
+                        metrics.QUEUE_MESSAGES.labels(spec.scope, partition, q.queue).set(
+                            q.messages
+                        )
                         labels.add((partition, q.queue))
             for stream, previous in self._exported.items():
                 for partition, queue in previous - current.get(stream, set()):

@@ -67,6 +67,7 @@ def _report(
     owned = {p: o for p, o in state.assignment.items() if o in live}
     return {
         "stream": spec.name,
+        "group": spec.group,
         "partitions": spec.partitions,
         "queue_type": spec.queue_type,
         "leader": state.leaders[0][1] if state.leaders else None,

@@ -88,6 +88,7 @@ from partq.producer.contract import (
     key_from_id,
     key_id,
     long_key_id,
+    split_scope,
 )
 
 from partq.kernel.errors import InvalidMemberId, MalformedValue, UsageError
@@ -819,14 +820,16 @@ def decode_parked(_stream: str, name: str, raw: bytes | str, _lease: int) -> Par
     )
 
 
-def decode_spec(stream: str, _name: str, raw: bytes | str, _lease: int) -> StreamSpec:
+def decode_spec(scope: str, _name: str, raw: bytes | str, _lease: int) -> StreamSpec:
+    """The stream's spec, naming the queues of the group ``scope`` names."""
+    stream, group = split_scope(scope)
     try:
         spec = StreamSpec.from_json(raw)
     except UsageError as e:  # a version this partq does not understand
         raise MalformedValue(str(e)) from None
     if spec.name != stream:
         raise MalformedValue(f"the spec of stream {spec.name!r} is not {stream!r}'s")
-    return spec
+    return spec.in_group(group)
 
 
 def decode_drained(_stream: str, name: str, raw: bytes | str, _lease: int) -> Drained:

@@ -116,7 +116,8 @@ class Group:
     def __init__(self, client: EtcdClient, where: str, stream: str, *, report: bool = True) -> None:
         self.client = client
         self.where = where
-        self.stream = stream
+        self.stream = stream  # the group's scope (partq.producer.contract.group_scope)
+        self._key_watches: dict[int, list[int]] = {}  # a prefix watch's key watches
         self.report = report
 
     # -- decoding ----------------------------------------------------------------------
@@ -143,22 +144,30 @@ class Group:
     def snapshot(self) -> GroupState:
         with etcd_errors(self.where):
             response = self.client.get_prefix_response(keys.stream_prefix(self.stream))
+            stored = [
+                (kv.key, kv.value, kv.lease, kv.mod_revision, kv.create_revision)
+                for kv in response.kvs
+            ]
+            for key in self._stream_keys():  # the stream's spec and resize, at that revision
+                at, meta = self.client.get(key, revision=int(response.header.revision))
+                if at is not None:
+                    stored.append(
+                        (meta.key, at, meta.lease_id, meta.mod_revision, meta.create_revision)
+                    )
         malformed: dict[str, Malformed] = {}
         events: list[WatchEvent] = []
-        for kv in response.kvs:
-            key = kv.key.decode("utf-8", errors="replace")
+        for raw_key, raw, lease, mod_revision, create_revision in stored:
+            key = raw_key.decode("utf-8", errors="replace")
             found = kind_of(self.stream, key)
             if found is None:
                 continue
             row, name = found
-            value = self._decode(row.kind, name, key, kv.value, kv.lease, kv.mod_revision)
+            value = self._decode(row.kind, name, key, raw, lease, mod_revision)
             if isinstance(value, Malformed):
                 malformed[key] = value
                 continue
             events.append(
-                WatchEvent(
-                    row.kind, name, value, kv.lease, kv.mod_revision, None, kv.create_revision
-                )
+                WatchEvent(row.kind, name, value, lease, mod_revision, None, create_revision)
             )
         return GroupMirror.load(int(response.header.revision), events, malformed)
 
@@ -209,7 +218,18 @@ class Group:
             watch_id: int = self.client.add_watch_prefix_callback(
                 keys.stream_prefix(self.stream), on_response, start_revision=revision + 1
             )
+            # a group's own prefix holds neither: the stream's spec and resize, key by key
+            self._key_watches[watch_id] = [
+                self.client.add_watch_callback(key, on_response, start_revision=revision + 1)
+                for key in self._stream_keys()
+            ]
         return watch_id
+
+    def _stream_keys(self) -> tuple[str, ...]:
+        """The stream's keys a group other than the default one reads outside its prefix."""
+        if keys.stream_prefix(self.stream) == keys.stream_prefix(keys.stream_of(self.stream)):
+            return ()
+        return keys.spec(self.stream), keys.resize(self.stream)
 
     def _watch_ended(self, error: Exception | None) -> EtcdError:
         """Why a watch stream ended: etcd's refusal (not retried) or its compaction of the
@@ -220,11 +240,12 @@ class Group:
         return EtcdUnavailable(f"watch on {self.stream} ended: {error}")
 
     def cancel_watch(self, watch_id: int) -> None:
-        try:
-            with etcd_errors(self.where):
-                self.client.cancel_watch(watch_id)
-        except EtcdError:
-            pass
+        for each in (watch_id, *self._key_watches.pop(watch_id, ())):
+            try:
+                with etcd_errors(self.where):
+                    self.client.cancel_watch(each)
+            except EtcdError:
+                pass
 
     # -- membership --------------------------------------------------------------------
 

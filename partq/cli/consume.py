@@ -9,7 +9,7 @@ import threading
 
 import click
 
-from partq.cli.context import Context, Seconds, expected_partitions, pass_context
+from partq.cli.context import Context, Seconds, expected_partitions, grouped, pass_context
 from partq.cli.web import base_url, http_options, serve_http, server_context
 from partq.consumers.control.daemon import (
     DEFAULT_HANDLER_TIMEOUT,
@@ -30,6 +30,7 @@ log = logging.getLogger("partq.cli")
 
 @click.command()
 @click.argument("stream")
+@grouped
 @click.option(
     "--handler",
     required=True,

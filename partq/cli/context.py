@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
+from partq.kernel.errors import UsageError
 from partq.kernel.settings import Settings
+from partq.producer.contract import DEFAULT_GROUP, group_scope, split_scope
 from partq.producer.registry import Registry
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass
@@ -55,3 +61,29 @@ expected_partitions = click.option(
     type=click.IntRange(min=1),
     help="Expected partition count; refused if etcd differs.",
 )
+
+
+def scope_of(stream: str, group: str | None) -> str:
+    """The scope of ``--group`` of ``stream`` (``STREAM~GROUP`` as the stream names it too)."""
+    named, named_group = split_scope(stream)
+    if group is None:
+        return group_scope(named, named_group)
+    if named_group != DEFAULT_GROUP:
+        raise UsageError(f"{stream!r} names group {named_group!r} already: drop --group {group}")
+    return group_scope(named, group)
+
+
+def grouped(command: F) -> F:
+    """Add ``--group`` to a command taking a ``stream``: the command gets the group's scope
+    (:func:`partq.producer.contract.group_scope`) as ``stream``."""
+
+    @click.option(
+        "--group",
+        default=None,
+        help=f"The consumer group [default: {DEFAULT_GROUP}] (partq group create STREAM GROUP).",
+    )
+    @functools.wraps(command)
+    def with_group(*args: Any, stream: str, group: str | None, **kwargs: Any) -> Any:
+        return command(*args, stream=scope_of(stream, group), **kwargs)
+
+    return with_group  # type: ignore[return-value]

@@ -10,7 +10,7 @@ import json
 
 import click
 
-from partq.cli.context import Context, Seconds, pass_context
+from partq.cli.context import Context, Seconds, grouped, pass_context
 from partq.coordinator.ops import deadletters, dlq
 from partq.coordinator.store.group import Group
 from partq.kernel.amqp import blocking_connection
@@ -99,6 +99,7 @@ def _error_line(error_type: str | None, error: str | None) -> str:
 
 @dlq_group.command("list")
 @click.argument("stream")
+@grouped
 @click.option(
     "--limit",
     type=click.IntRange(0, deadletters.MAX_PREFETCH),
@@ -151,6 +152,7 @@ def list_(ctx: Context, stream: str, limit: int, as_json: bool) -> None:
 
 @dlq_group.command()
 @click.argument("stream")
+@grouped
 @click.option("--key", "-k", "key_text", required=True, help="The key (b64:<base64> if binary).")
 @_LOOK
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -199,6 +201,7 @@ def show(ctx: Context, stream: str, key_text: str, limit: int, as_json: bool) ->
 
 @dlq_group.command()
 @click.argument("stream")
+@grouped
 @_ONE_KEY
 @_TIMEOUT
 @_DEAD_LETTERS
@@ -229,6 +232,7 @@ def redrive(
 
 @dlq_group.command()
 @click.argument("stream")
+@grouped
 @_ONE_KEY
 @click.option("--yes", is_flag=True, help="Yes, delete the messages.")
 @_TIMEOUT

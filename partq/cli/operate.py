@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from partq.cli.context import Context, pass_context
+from partq.cli.context import Context, grouped, pass_context
 from partq.coordinator.leader.policy import differences, draining, leaving, plan
 from partq.coordinator.ops.status import beyond_lines, malformed_lines, per_second, snapshot_status
 from partq.coordinator.store.group import (
@@ -34,6 +34,7 @@ _ONE_PARTITION = click.option(
 
 @click.command()
 @click.argument("stream")
+@grouped
 @click.option("--json", "as_json", is_flag=True)
 @pass_context
 def status(ctx: Context, stream: str, as_json: bool) -> None:
@@ -131,6 +132,7 @@ def _num(value: int | None) -> str:
 
 @click.command()
 @click.argument("stream")
+@grouped
 @click.option("--dry-run", is_flag=True, help="Print the planned moves; change nothing.")
 @click.option("--max-moves", type=click.IntRange(min=1))
 @pass_context
@@ -157,6 +159,7 @@ def rebalance(ctx: Context, stream: str, dry_run: bool, max_moves: int | None) -
 
 @click.command()
 @click.argument("stream")
+@grouped
 @click.option("--partition", "-p", type=click.IntRange(min=0), required=True)
 @click.option("--to", "member", required=True, help="The member that should own it.")
 @pass_context
@@ -182,6 +185,7 @@ def move(ctx: Context, stream: str, partition: int, member: str) -> None:
 
 @click.command()
 @click.argument("stream")
+@grouped
 @click.argument("member")
 @click.option("--cancel", is_flag=True, help="Undo a drain: MEMBER gets partitions again.")
 @click.option(
@@ -219,6 +223,7 @@ def drain(ctx: Context, stream: str, member: str, cancel: bool, force: bool) -> 
 
 @click.command()
 @click.argument("stream")
+@grouped
 @_ONE_PARTITION
 @pass_context
 def pause(ctx: Context, stream: str, partition: int | None) -> None:
@@ -240,6 +245,7 @@ def pause(ctx: Context, stream: str, partition: int | None) -> None:
 
 @click.command()
 @click.argument("stream")
+@grouped
 @_ONE_PARTITION
 @pass_context
 def resume(ctx: Context, stream: str, partition: int | None) -> None:

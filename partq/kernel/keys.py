@@ -19,6 +19,14 @@ Everything lives under ``/partq/v1/``; per stream::
 
 Partitions are zero-padded to 5 digits so keys sort numerically.
 
+A stream's **groups** (docs/groups.md): the keys above are its default group's. Another
+group ``G`` has the same kinds under ``/partq/v1/streams/<stream>~G/`` (its *scope*: no
+stream or group name holds "~", so one group's keys are never under another's prefix and
+a role's rights on one reach no other), except the spec and the resize record, which are
+the stream's and read by every group. The groups a stream has::
+
+    /partq/v1/streams/<stream>/groups/<group>            a group's record (JSON)
+
 Apart from the stream's keys, so that no member's watch receives them::
 
     /partq/v1/load/<stream>/<member>                     what a member handled lately, per
@@ -33,14 +41,36 @@ from __future__ import annotations
 
 ROOT = "/partq/v1"
 STREAMS = f"{ROOT}/streams/"
+GROUP_SEPARATOR = "~"
+
+
+def stream_of(scope: str) -> str:
+    """The stream a group's scope (``stream`` or ``stream~group``) belongs to."""
+    return scope.partition(GROUP_SEPARATOR)[0]
+
+
+def groups_of(stream: str) -> str:
+    """The records of ``stream``'s groups other than its default one."""
+    return f"{stream_prefix(stream)}groups/"
+
+
+def group_record(stream: str, group: str) -> str:
+    return f"{groups_of(stream)}{group}"
+
+
+def group_scopes(stream: str) -> str:
+    """The prefix of every key of every group of ``stream`` but its default one (``stream
+    delete``; the admin's right)."""
+    return f"{STREAMS}{stream}{GROUP_SEPARATOR}"
 
 
 def stream_prefix(stream: str) -> str:
     return f"{STREAMS}{stream}/"
 
 
-def spec(stream: str) -> str:
-    return f"{stream_prefix(stream)}spec"
+def spec(scope: str) -> str:
+    """The stream's spec (every group of it reads the one)."""
+    return f"{stream_prefix(stream_of(scope))}spec"
 
 
 def members(stream: str) -> str:
@@ -83,8 +113,9 @@ def standby(stream: str, partition: int) -> str:
     return f"{standbys(stream)}{partition:05d}"
 
 
-def resize(stream: str) -> str:
-    return f"{stream_prefix(stream)}resize"
+def resize(scope: str) -> str:
+    """The stream's resize record (every group of it reads the one)."""
+    return f"{stream_prefix(stream_of(scope))}resize"
 
 
 def drained_all(stream: str) -> str:

@@ -55,11 +55,12 @@ def test_malformed_or_missing_headers_read_as_missing() -> None:
 
 
 def test_a_redrive_drops_the_bookkeeping_and_keeps_the_rest() -> None:
-    properties = republished(dead(FAILED))
+    properties = republished(dead(FAILED), "default")
     assert properties.headers == {
         "partq-key": "k1",
         "partq-partition": SPEC.partition_for("k1"),
         "partq-published-ms": 5,
+        "x-partq-group": "default",  # the other groups' consumers drop their copies
     }
     assert properties.message_id == "m1" and properties.delivery_mode == 2
     assert not set(DEAD_LETTER_HEADERS) & set(properties.headers)
