@@ -65,6 +65,7 @@ __all__ = [
     "park_exchange",
     "park_queue",
     "park_queue_pattern",
+    "partition_exchange",
     "partition_for",
     "queue_name",
     "queue_pattern",
@@ -284,6 +285,15 @@ def queue_name(stream: str, partition: int) -> str:
     if not 0 <= partition < MAX_PARTITIONS:
         raise ValueError(f"partition {partition} is outside 0..{MAX_PARTITIONS - 1}")
     return f"{_PREFIX}.{stream}.p{partition:05d}"
+
+
+def partition_exchange(stream: str, partition: int) -> str:
+    """The fanout exchange of one partition of a stream that has groups, e.g.
+    ``partq.orders~p00007``: the stream's exchange routes the partition's routing keys to
+    it, and every group's queue of the partition is bound to it, so one binding carries a
+    partition to every group and a resize's cut of it is one step for all (docs/groups.md).
+    ("~" is in no stream's name, and no group's names end without a suffix.)"""
+    return f"{_PREFIX}.{keys.stream_of(stream)}{GROUP_SEPARATOR}p{partition:05d}"
 
 
 def queue_pattern(stream: str) -> str:

@@ -81,12 +81,17 @@ class Registry:
                 f"`partq stream create {stream} --partitions N`"
             )
         spec = StreamSpec.from_json(value, keys.spec(stream))  # MalformedValue naming the key
-        if group != DEFAULT_GROUP and group not in self.list_groups(stream):
+        if group != DEFAULT_GROUP and not self._has_group(stream, group):
             raise StreamNotFound(
                 f"stream {stream!r} has no group {group!r}: create it with "
                 f"`partq group create {stream} {group}`"
             )
         return spec.in_group(group)
+
+    def _has_group(self, stream: str, group: str) -> bool:
+        with etcd_errors(self.where):  # its own key: a group's roles may read only that one
+            value, _meta = self.client.get(keys.group_record(stream, group))
+        return value is not None
 
     def add_group(self, stream: str, group: str) -> bool:
         """Record ``group`` of ``stream`` (True), or find it recorded (False)."""

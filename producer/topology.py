@@ -20,12 +20,14 @@ import pika
 import pika.exceptions
 from partq.producer.contract import (
     CONTROL_FENCE,
+    DEFAULT_GROUP,
     HEADER_CONTROL,
     HEADER_EPOCH,
     HEADER_PARTITION,
     HEADER_SEAL,
     StreamSpec,
     fence_routing_key,
+    partition_exchange,
     queue_name,
 )
 from partq.producer.layout import Layout
@@ -46,8 +48,11 @@ __all__ = [
     "declare_partition_queues",
     "declare_stream",
     "delete_if_empty",
+    "delete_partition_exchange",
     "delete_stream",
+    "is_routed",
     "publish_fence",
+    "route_through_partition_exchanges",
     "unbind_fillers",
     "unbind_layout",
 ]
@@ -73,12 +78,19 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
     )
     channel, legacy = _declare_partitions(connection, channel, spec, range(spec.partitions))
     _bind_fillers(channel, spec, range(spec.partitions))
+    routed = is_routed(connection, spec)
+    if routed:
+        _route(channel, spec, range(spec.partitions))
     for partition in range(spec.partitions):
         # the current epoch's routing key: "q" as created, "E.q" once resized (an older
         # epoch's binding is never made again: its late publishes must stay unroutable)
-        channel.queue_bind(
-            spec.queue(partition), spec.exchange, routing_key=spec.layout.routing_key(partition)
-        )
+        routing_key = spec.layout.routing_key(partition)
+        if routed:
+            channel.exchange_bind(
+                partition_exchange(spec.name, partition), spec.exchange, routing_key=routing_key
+            )
+        else:
+            channel.queue_bind(spec.queue(partition), spec.exchange, routing_key=routing_key)
     if legacy:
         log.warning(
             "%d queues of stream %s have no delivery limit (declared by partq 0.1.0): a "
@@ -127,6 +139,52 @@ def declare_partition_queues(
     partitions = list(partitions)
     channel, _legacy = _declare_partitions(connection, connection.channel(), spec, partitions)
     _bind_fillers(channel, spec, partitions)
+    if is_routed(connection, spec):
+        _route(channel, spec, partitions)
+    channel.close()
+
+
+def is_routed(connection: pika.BlockingConnection, spec: StreamSpec) -> bool:
+    """Whether the stream routes through partition exchanges (it has had groups:
+    :func:`partq.producer.contract.partition_exchange`): partition 0's exchange exists."""
+    channel = connection.channel()
+    try:
+        with probe():
+            channel.exchange_declare(partition_exchange(spec.name, 0), passive=True)
+    except pika.exceptions.ChannelClosedByBroker as e:
+        if e.reply_code == 404:
+            return False
+        raise
+    channel.close()
+    return True
+
+
+def _route(channel: BlockingChannel, spec: StreamSpec, partitions: Iterable[int]) -> None:
+    """Declare the exchanges of ``partitions`` and bind ``spec``'s group's queues to them."""
+    for partition in partitions:
+        exchange = partition_exchange(spec.name, partition)
+        channel.exchange_declare(exchange, exchange_type="fanout", durable=True)
+        channel.queue_bind(queue_name(spec.scope, partition), exchange)
+
+
+def route_through_partition_exchanges(
+    connection: pika.BlockingConnection, spec: StreamSpec
+) -> None:
+    """Move the stream's bindings onto partition exchanges (its first group's creation), for
+    the current layout: each partition's exchange declared, the default group's queue bound
+    to it, the stream's exchange bound to it under the partition's routing key, and only
+    then the queue's own binding removed. No publish is unroutable or delivered twice in
+    between (RabbitMQ puts a message in a queue once, however many bindings lead there).
+    Idempotent."""
+    default = spec.in_group(DEFAULT_GROUP)
+    channel = connection.channel()
+    _route(channel, default, range(spec.partitions))
+    for partition in range(spec.partitions):
+        routing_key = spec.layout.routing_key(partition)
+        channel.exchange_bind(
+            partition_exchange(spec.name, partition), spec.exchange, routing_key=routing_key
+        )
+        channel.queue_unbind(default.queue(partition), spec.exchange, routing_key=routing_key)
     channel.close()
 
 
@@ -140,10 +198,25 @@ def _bind_fillers(
     reaches a partition this way. Idempotent both ways."""
     for partition in partitions:
         queue = queue_name(spec.scope, partition)
-        if bind:
-            channel.queue_bind(queue, spec.dead_letter_exchange, routing_key=queue)
-        else:
-            channel.queue_unbind(queue, spec.dead_letter_exchange, routing_key=queue)
+        _binding(channel, bind, queue, spec.dead_letter_exchange, queue)
+
+
+def _binding(
+    channel: BlockingChannel,
+    bind: bool,
+    destination: str,
+    source: str,
+    routing_key: str,
+    *,
+    exchange: bool = False,
+) -> None:
+    """Make (``bind``) or remove the binding of queue ``destination`` (an exchange with
+    ``exchange``) to ``source`` under ``routing_key``."""
+    if exchange:
+        change = channel.exchange_bind if bind else channel.exchange_unbind
+    else:
+        change = channel.queue_bind if bind else channel.queue_unbind
+    change(destination, source, routing_key=routing_key)
 
 
 def unbind_fillers(
@@ -158,24 +231,36 @@ def unbind_fillers(
 
 
 def bind_layout(
-    connection: pika.BlockingConnection, spec: StreamSpec, layout: Layout, *, bind: bool = True
+    connection: pika.BlockingConnection,
+    specs: Sequence[StreamSpec],
+    layout: Layout,
+    *,
+    bind: bool = True,
 ) -> None:
-    """Bind (or with ``bind=False`` unbind) every partition queue of ``layout`` to the
-    stream's exchange under the layout's routing keys. Idempotent both ways: RabbitMQ
-    ignores a binding made twice, and the removal of one that is not there."""
+    """Bind (or with ``bind=False`` unbind) every partition of ``layout`` to the stream's
+    exchange under the layout's routing keys: its partition exchange, one binding for every
+    group, on a stream that has groups; else the queue of each group of ``specs``.
+    Idempotent both ways: RabbitMQ ignores a binding made twice, and the removal of one
+    that is not there."""
+    stream = specs[0]
+    routed = is_routed(connection, stream)
     channel = connection.channel()
     for partition in range(layout.partitions):
-        queue, routing_key = queue_name(spec.scope, partition), layout.routing_key(partition)
-        if bind:
-            channel.queue_bind(queue, spec.exchange, routing_key=routing_key)
-        else:
-            channel.queue_unbind(queue, spec.exchange, routing_key=routing_key)
+        routing_key = layout.routing_key(partition)
+        if routed:
+            exchange = partition_exchange(stream.name, partition)
+            _binding(channel, bind, exchange, stream.exchange, routing_key, exchange=True)
+            continue
+        for spec in specs:
+            _binding(channel, bind, queue_name(spec.scope, partition), spec.exchange, routing_key)
     channel.close()
 
 
-def unbind_layout(connection: pika.BlockingConnection, spec: StreamSpec, layout: Layout) -> None:
+def unbind_layout(
+    connection: pika.BlockingConnection, specs: Sequence[StreamSpec], layout: Layout
+) -> None:
     """Remove every binding of ``layout``'s epoch (a resize's cut)."""
-    bind_layout(connection, spec, layout, bind=False)
+    bind_layout(connection, specs, layout, bind=False)
 
 
 def publish_fence(
@@ -194,10 +279,14 @@ def publish_fence(
     consumer can tell a fence from a forged one). ``specs``: the stream's spec for each of
     its groups: one publish puts the fence into each group's queue of ``partition``."""
     routing_key, exchange = fence_routing_key(epoch, partition), specs[0].exchange
+    routed = is_routed(connection, specs[0])
     queues = [queue_name(spec.scope, partition) for spec in specs]
+    to = partition_exchange(specs[0].name, partition)
     channel = connection.channel()
     channel.confirm_delivery()
-    for queue in queues:
+    if routed:  # one binding reaches every group's queue
+        channel.exchange_bind(to, exchange, routing_key=routing_key)
+    for queue in [] if routed else queues:
         channel.queue_bind(queue, exchange, routing_key=routing_key)
     properties = pika.BasicProperties(
         delivery_mode=2,
@@ -213,7 +302,9 @@ def publish_fence(
         timestamp=int(time.time()),
     )
     channel.basic_publish(exchange, routing_key, b"", properties, mandatory=True)
-    for queue in queues:
+    if routed:
+        channel.exchange_unbind(to, exchange, routing_key=routing_key)
+    for queue in [] if routed else queues:
         channel.queue_unbind(queue, exchange, routing_key=routing_key)
     channel.close()
 
@@ -251,6 +342,16 @@ def delete_if_empty(
         raise
     channel.close()
     return None
+
+
+def delete_partition_exchange(
+    connection: pika.BlockingConnection, spec: StreamSpec, partition: int
+) -> None:
+    """Delete a retired partition's exchange (a shrink of a stream that has groups, once
+    every group's queue of it is gone). Idempotent."""
+    channel = connection.channel()
+    channel.exchange_delete(partition_exchange(spec.name, partition))
+    channel.close()
 
 
 def _declare_dead_letter_queue(
@@ -305,12 +406,20 @@ def _declare_partition_queue(
     raise first
 
 
-def delete_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> None:
+def delete_stream(
+    connection: pika.BlockingConnection, spec: StreamSpec, *, exchange: bool = True
+) -> None:
+    """Delete the queues and exchanges of ``spec``'s group, and the stream's exchange with
+    ``exchange`` (not for one group of several: the others are bound to it)."""
+    routed = exchange and is_routed(connection, spec)
     channel = connection.channel()
     for partition in range(spec.partitions):
         channel.queue_delete(spec.queue(partition))
+        if routed:
+            channel.exchange_delete(partition_exchange(spec.name, partition))
     channel.queue_delete(spec.dead_letter_queue)
-    channel.exchange_delete(spec.exchange)
+    if exchange:
+        channel.exchange_delete(spec.exchange)
     channel.exchange_delete(spec.dead_letter_exchange)
     channel.exchange_delete(spec.park_exchange)
     channel.close()

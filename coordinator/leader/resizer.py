@@ -261,8 +261,8 @@ class Resizer:
                 return resize.Declared()
             case resize.Unbind(layout):
                 assert self.state is not None
+                topology.unbind_layout(connection, groups, layout)
                 for spec in groups:
-                    topology.unbind_layout(connection, spec, layout)
                     topology.unbind_fillers(connection, spec, self.state.resize.retired)
                 return resize.Cut()
             case resize.Fence(epoch, partition):
@@ -271,8 +271,7 @@ class Resizer:
                 topology.publish_fence(connection, groups, epoch, partition, user, seals[partition])
                 return resize.Fenced(partition)
             case resize.Bind(layout):
-                for spec in groups:
-                    topology.bind_layout(connection, spec, layout)
+                topology.bind_layout(connection, groups, layout)
                 return resize.Bound()
             case resize.Switch(old, new):
                 self._switch(old.partitions, old.epoch, new.partitions, new.epoch)
@@ -302,7 +301,10 @@ class Resizer:
             log.log(level, "%s: retired queue %s is not empty or still consumed (%d "
                     "messages): kept, tried again until it is empty", self.stream, queue,
                     left)  # fmt: skip
-        return resize.NotEmpty(partition) if kept else resize.Deleted(partition)
+        if kept:
+            return resize.NotEmpty(partition)
+        topology.delete_partition_exchange(connection, groups[0], partition)
+        return resize.Deleted(partition)
 
     def _switch(self, old: int, old_epoch: int, new: int, new_epoch: int) -> None:
         """The spec to ``new`` partitions in ``new_epoch`` if it still holds the old layout

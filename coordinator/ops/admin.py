@@ -14,7 +14,7 @@ import pika
 from partq.coordinator.leader.resize import State as ResizeState
 from partq.coordinator.leader.resize import command_line, summary
 from partq.coordinator.leader.resizer import read_record
-from partq.coordinator.store.group import Group
+from partq.coordinator.ops.groups import delete_queues
 from partq.producer.contract import (
     MAX_PARTITIONS,
     OnFailure,
@@ -31,7 +31,7 @@ from partq.producer.queue_probes import (
     scan_partition_queues,
 )
 from partq.producer.registry import Registry
-from partq.producer.topology import declare_stream, delete_stream
+from partq.producer.topology import declare_stream
 
 from partq.kernel import keys
 from partq.kernel.amqp import AmqpURL, blocking_connection
@@ -255,17 +255,11 @@ def describe(registry: Registry, amqp_url: AmqpURL, stream: str) -> Description:
 
 
 def delete(registry: Registry, amqp_url: AmqpURL, stream: str) -> None:
-    """Delete the stream's queues (and their messages) and every etcd key of it; during a
-    resize, the queues of both layouts."""
+    """Delete the stream's queues (and their messages), every group's, and every etcd key
+    of it; during a resize, the queues of both layouts."""
     spec = registry.read_spec(stream)
-    parked = Group(registry.client, registry.where, stream, report=False).parked()
-    running = resize_record(registry, stream)
-    if running is not None and running.running:
-        both = max(running.resize.old.partitions, running.resize.new.partitions)
-        spec = replace(spec, partitions=max(spec.partitions, both))
     with blocking_connection(amqp_url) as connection:
-        delete_stream(connection, spec)
-        channel = connection.channel()
-        for record in parked.values():  # the parked keys' own queues
-            channel.queue_delete(spec.park_queue(record.key))
+        for group in registry.list_groups(stream):  # each group's queues, then the default's
+            delete_queues(registry, connection, spec.in_group(group), exchange=False)
+        delete_queues(registry, connection, spec, exchange=True)
     registry.delete(stream)

@@ -41,6 +41,8 @@ from typing import Literal
 
 from partq.coordinator.store.codec import validate_member_id
 from partq.producer.contract import (
+    DEFAULT_GROUP,
+    GROUP_SEPARATOR,
     dead_letter_exchange,
     dead_letter_queue,
     exchange_name,
@@ -49,6 +51,7 @@ from partq.producer.contract import (
     queue_pattern,
     refuse_overlap,
     role_name,
+    split_scope,
 )
 
 from partq.kernel import keys
@@ -99,76 +102,88 @@ def _exactly(*names: str) -> str:
     return "^(" + "|".join(re.escape(n) for n in names) + ")$"
 
 
-def roles(stream: str, members: Iterable[str] = ()) -> list[Role]:
-    """The roles of ``stream``: one per component, and one per named consumer member.
+def roles(scope: str, members: Iterable[str] = ()) -> list[Role]:
+    """The roles of a stream's group (``scope``: the stream for its default group, else
+    ``STREAM~GROUP``): one per component, and one per named consumer member. A group other
+    than the default has no producer or admin role of its own: the stream's serve it.
 
     With ``members`` the shared consumer role is left out: each member gets
     ``partq-S-consumer-ID``, which may write only its own member key.
     """
+    stream, group = split_scope(scope)
     refuse_overlap(stream)  # another stream's rights would reach this one's queues
     named = sorted(set(members))
     for member in named:
         validate_member_id(member)
-    base = keys.stream_prefix(stream)
+    base = keys.stream_prefix(scope)
     read_all = EtcdRight("read", base, prefix=True)
-    queues = queue_pattern(stream)
-    parking = park_queue_pattern(stream)  # declared, bound, read and deleted by consumers
-    dlx = _exactly(dead_letter_exchange(stream))
-    park = _exactly(park_exchange(stream))  # parking queues are bound to it: binding reads it
+    # a group's own keys, and the stream's that every group reads (the default group's
+    # prefix holds them; another group may not read the default group's keys)
+    stream_keys = [] if group == DEFAULT_GROUP else [
+        EtcdRight("read", keys.spec(scope)), EtcdRight("read", keys.resize(scope)),
+        EtcdRight("read", keys.group_record(stream, group))]  # fmt: skip
+    queues = queue_pattern(scope)
+    parking = park_queue_pattern(scope)  # declared, bound, read and deleted by consumers
+    dlx = _exactly(dead_letter_exchange(scope))
+    park = _exactly(park_exchange(scope))  # parking queues are bound to it: binding reads it
     consumer_amqp = AmqpRights(
         configure=parking,
         write=_either(dlx, park, parking),
         # no read on the dlx: it could bind a queue under the DLQ's routing key
         read=_either(queues, parking, park),
     )
-    claims = EtcdRight("readwrite", keys.claims(stream), prefix=True)
-    parked = EtcdRight("readwrite", keys.parked_keys(stream), prefix=True)
-    drained = EtcdRight("readwrite", keys.drained_all(stream), prefix=True)  # resize fences
-    read_loads = EtcdRight("read", keys.loads(stream), prefix=True)  # load reports
-    read_policies = EtcdRight("read", keys.policies(stream), prefix=True)  # coordinators'
+    claims = EtcdRight("readwrite", keys.claims(scope), prefix=True)
+    parked = EtcdRight("readwrite", keys.parked_keys(scope), prefix=True)
+    drained = EtcdRight("readwrite", keys.drained_all(scope), prefix=True)  # resize fences
+    read_loads = EtcdRight("read", keys.loads(scope), prefix=True)  # load reports
+    read_policies = EtcdRight("read", keys.policies(scope), prefix=True)  # coordinators'
 
     def role(component: str, etcd: Sequence[EtcdRight], amqp: AmqpRights) -> Role:
-        return Role(role_name(stream, component), component, stream, tuple(etcd), amqp)
+        return Role(role_name(scope, component), component, stream, tuple(etcd), amqp)
 
     found = [
-        role("producer", [EtcdRight("read", keys.spec(stream)),  # and the resize record:
-                          EtcdRight("read", keys.resize(stream))],  # a returned message
-             AmqpRights(write=_exactly(exchange_name(stream)))),
-        role("coordinator", [read_all, read_loads,
-             EtcdRight("readwrite", keys.assignments(stream), prefix=True),
-             EtcdRight("readwrite", keys.leader_prefix(stream), prefix=True),
-             EtcdRight("readwrite", keys.standbys(stream), prefix=True),
-             EtcdRight("readwrite", keys.requests(stream), prefix=True),
-             EtcdRight("readwrite", keys.policies(stream), prefix=True),
+        role("coordinator", [read_all, *stream_keys, read_loads,
+             EtcdRight("readwrite", keys.assignments(scope), prefix=True),
+             EtcdRight("readwrite", keys.leader_prefix(scope), prefix=True),
+             EtcdRight("readwrite", keys.standbys(scope), prefix=True),
+             EtcdRight("readwrite", keys.requests(scope), prefix=True),
+             EtcdRight("readwrite", keys.policies(scope), prefix=True),
              claims, parked], AmqpRights()),  # deletes forged ones: partq.coordinator.leader.forged
-        role("operator", [read_all, read_loads, read_policies,
-                          EtcdRight("readwrite", keys.requests(stream), prefix=True)],
-             AmqpRights(write=_exactly(exchange_name(stream)),  # dlq requests, redriven copies
-                        read=_exactly(dead_letter_queue(stream)))),  # dlq list/redrive/purge
-        role("admin", [EtcdRight("readwrite", base, prefix=True),
-                       EtcdRight("readwrite", keys.loads(stream), prefix=True),
-                       EtcdRight("readwrite", keys.policies(stream), prefix=True)],
-             AmqpRights(*[_admin_pattern(stream, queues)] * 3)),
+        role("operator", [read_all, *stream_keys, read_loads, read_policies,
+                          EtcdRight("readwrite", keys.requests(scope), prefix=True)],
+             AmqpRights(write=_exactly(exchange_name(scope)),  # dlq requests, redriven copies
+                        read=_exactly(dead_letter_queue(scope)))),  # dlq list/redrive/purge
     ]  # fmt: skip
+    if group == DEFAULT_GROUP:  # the stream's own: its groups' too
+        found += [
+            role("producer", [EtcdRight("read", keys.spec(stream)),  # and the resize record:
+                              EtcdRight("read", keys.resize(stream))],  # a returned message
+                 AmqpRights(write=_exactly(exchange_name(stream)))),
+            role("admin", [EtcdRight("readwrite", base, prefix=True),
+                           EtcdRight("readwrite", keys.group_scopes(stream), prefix=True),
+                           EtcdRight("readwrite", keys.loads(stream), prefix=True),
+                           EtcdRight("readwrite", keys.policies(stream), prefix=True)],
+                 AmqpRights(*[_admin_pattern(stream, queues)] * 3)),
+        ]  # fmt: skip
     if not named:
-        members_right = EtcdRight("readwrite", keys.members(stream), prefix=True)
-        loads_right = EtcdRight("readwrite", keys.loads(stream), prefix=True)
+        members_right = EtcdRight("readwrite", keys.members(scope), prefix=True)
+        loads_right = EtcdRight("readwrite", keys.loads(scope), prefix=True)
         found.append(
             role(
                 "consumer",
-                [read_all, members_right, claims, parked, drained, loads_right],
+                [read_all, *stream_keys, members_right, claims, parked, drained, loads_right],
                 consumer_amqp,
             )
         )
     for member in named:
-        own = EtcdRight("readwrite", keys.member(stream, member))
-        own_load = EtcdRight("readwrite", keys.load(stream, member))
+        own = EtcdRight("readwrite", keys.member(scope, member))
+        own_load = EtcdRight("readwrite", keys.load(scope, member))
         found.append(
             Role(
-                role_name(stream, "consumer", member),
+                role_name(scope, "consumer", member),
                 "consumer",
                 stream,
-                (read_all, own, claims, parked, drained, own_load),
+                (read_all, *stream_keys, own, claims, parked, drained, own_load),
                 consumer_amqp,
                 member,
             )
@@ -185,7 +200,12 @@ def _admin_pattern(stream: str, queues: str) -> str:
         dead_letter_queue(stream),
         park_exchange(stream),
     )
-    return f"{fixed}|{queues}|{park_queue_pattern(stream)}"
+    groups = (  # every group's queues and exchanges (group delete, stream delete)
+        rf"^{re.escape(f'partq.{stream}')}{GROUP_SEPARATOR}[a-z0-9][a-z0-9_.-]*"
+        r"\.(p\d{5}|dlq|dlx|park|park\.[0-9a-f]{16})$"
+    )
+    routes = rf"^{re.escape(f'partq.{stream}')}{GROUP_SEPARATOR}p\d{{5}}$"  # partition exchanges
+    return f"{fixed}|{queues}|{park_queue_pattern(stream)}|{groups}|{routes}"
 
 
 def amqp_table(stream: str = "orders") -> str:

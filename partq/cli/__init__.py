@@ -17,6 +17,7 @@ from partq.cli.consume import consume
 from partq.cli.context import Context
 from partq.cli.coordinate import coordinator
 from partq.cli.dlq import dlq_group
+from partq.cli.groups import group_group
 from partq.cli.operate import drain, move, pause, rebalance, resume, status
 from partq.cli.produce import produce
 from partq.cli.security import security
@@ -105,6 +106,7 @@ cli.add_command(produce)
 cli.add_command(spark_job)
 cli.add_command(security)
 cli.add_command(dlq_group)
+cli.add_command(group_group)
 for _command in (consume, coordinator, status, rebalance, move, drain, pause, resume):
     cli.add_command(_command)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from partq.cli.context import Context, Seconds, pass_context
+from partq.cli.context import Context, Seconds, pass_context, scope_of
 from partq.cli.web import base_url, http_options, serve_http, server_context
 from partq.consumers.control.signals import on_stop_signals
 from partq.coordinator.leader.policy import standby_mode
@@ -28,6 +28,13 @@ log = logging.getLogger("partq.cli")
 
 @click.command()
 @click.argument("streams", nargs=-1, required=True)
+@click.option(
+    "--group",
+    "groups",
+    multiple=True,
+    help="Coordinate this consumer group of each stream; repeat it for several "
+    "[default: the default group]. STREAM~GROUP names one group of one stream.",
+)
 @click.option("--min-members", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
     "--settle",
@@ -83,6 +90,7 @@ log = logging.getLogger("partq.cli")
 def coordinator(
     ctx: Context,
     streams: tuple[str, ...],
+    groups: tuple[str, ...],
     min_members: int,
     settle: float,
     max_moves: int | None,
@@ -100,6 +108,7 @@ def coordinator(
     security = ctx.settings.http
     server_context(security)  # a certificate that cannot be used: exit 2 before connecting
     registry = ctx.registry()
+    streams = tuple(scope_of(s, g) for s in streams for g in (groups or (None,)))
     for stream in streams:
         registry.read_spec(stream)  # fail now, not in a thread, for a stream that does not exist
     config = CoordinatorConfig(

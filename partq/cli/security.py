@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from partq.cli.context import Context, pass_context
+from partq.cli.context import Context, grouped, pass_context
 from partq.coordinator.ops import grants, rights
 from partq.kernel.etcd import etcd_errors
 
@@ -20,6 +20,7 @@ def security() -> None:
 
 @security.command()
 @click.argument("stream")
+@grouped
 @click.option(
     "--member",
     "members",
@@ -77,7 +78,10 @@ def roles(
     stream, writes its member key and claims, consumes the partition queues, publishes
     dead letters. Coordinator: writes assignment and leader keys. Operator: writes
     requests. Admin: creates and deletes the stream. Role and user names are
-    partq-STREAM-COMPONENT (partq-STREAM-consumer-MEMBER with --member).
+    partq-STREAM-COMPONENT (partq-STREAM-consumer-MEMBER with --member). With --group G
+    (not the default): G's consumer, coordinator and operator, named partq-STREAM~G-...,
+    whose rights reach only G's queues and keys (the stream's producer and admin serve
+    every group).
     """
     found = rights.roles(stream, members)
     if not apply:
