@@ -43,7 +43,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STREAM = f"er-{uuid.uuid4().hex[:8]}"
 GRACE = 2.0  # coordinator --unbound-grace (etcdsite.running's)
-ROLES = {r.name: r for r in [*roles(STREAM), *roles(STREAM, MEMBERS)]}  # + the shared one
+GROUP = f"{STREAM}~audit"  # a second consumer group of the stream (docs/groups.md)
+ROLES = {  # + the shared one, and the second group's
+    r.name: r for r in [*roles(STREAM), *roles(STREAM, MEMBERS), *roles(GROUP)]
+}
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +71,10 @@ PROBES = {  # one key of every kind in the layout, and keys of another stream
     "drained": keys.drained(STREAM, 0, 3),
     "load c-1": keys.load(STREAM, "c-1"),
     "load c-2": keys.load(STREAM, "c-2"),
+    "group audit's claim": keys.claim(GROUP, 0),
+    "group audit's member": keys.member(GROUP, "a-1"),
+    "group audit's record": keys.group_record(STREAM, "audit"),
+    "group other's record": keys.group_record(STREAM, "other"),
     "other stream's spec": keys.spec("other"),
     "other stream's load": keys.load("other", "c-1"),
 }
@@ -217,3 +224,30 @@ def test_a_parked_record_for_a_partition_not_held_is_ignored_and_removed(site: S
         ]
         assert ignored, logs
         print(f"forged parked record: removed; the key's 5 messages handled in {took:.2f} s")
+
+
+def test_a_groups_identities_reach_its_own_keys_and_the_streams_not_another_groups(
+    site: Site,
+) -> None:
+    # Given the default group's shared consumer and group audit's consumer and operator
+    default = connect(site.settings(f"partq-{STREAM}-consumer", STREAM))
+    audit = connect(site.settings(f"partq-{GROUP}-consumer", STREAM))
+    operator = connect(site.settings(f"partq-{GROUP}-operator", STREAM))
+    try:
+        # Then audit's consumer reads the stream's spec and resize record and its own keys
+        for key in (keys.spec(STREAM), keys.resize(STREAM), keys.claim(GROUP, 0)):
+            assert attempt(audit, "get", key), key
+        assert attempt(audit, "put", keys.member(GROUP, "a-1"))
+        # And neither the default group's keys nor another group's record
+        for key in (keys.claim(STREAM, 0), keys.member(STREAM, "c-1"), keys.parked(STREAM, "x")):
+            assert not attempt(audit, "get", key), key
+            assert not attempt(audit, "put", key), key
+        assert not attempt(audit, "get", keys.group_record(STREAM, "other"))
+        assert not attempt(operator, "get", keys.claim(STREAM, 0))
+        # And the default group's consumer reaches none of audit's keys
+        for key in (keys.claim(GROUP, 0), keys.member(GROUP, "a-1")):
+            assert not attempt(default, "get", key), key
+            assert not attempt(default, "put", key), key
+    finally:
+        for client in (default, audit, operator):
+            client.close()

@@ -33,7 +33,7 @@ from partq.producer.registry import Registry
 from examples import audit
 from partq.kernel import keys
 from partq.kernel.amqp import connect_blocking
-from partq.kernel.errors import EtcdPermissionDenied, UsageError
+from partq.kernel.errors import EtcdPermissionDenied, StreamNotFound, UsageError
 from partq.kernel.etcd import connect, etcd_errors
 from partq.kernel.local import LocalEtcd
 from partq.kernel.settings import Settings
@@ -55,6 +55,10 @@ USERS = {
     "operator": f"partq-{STREAM}-operator",
     "c-1": f"partq-{STREAM}-consumer-c-1",
     "c-2": f"partq-{STREAM}-consumer-c-2",
+    # the second consumer group, audit (docs/groups.md)
+    "audit-consumer": f"partq-{STREAM}~audit-consumer",
+    "audit-coordinator": f"partq-{STREAM}~audit-coordinator",
+    "audit-operator": f"partq-{STREAM}~audit-operator",
 }
 
 
@@ -430,6 +434,74 @@ def test_each_component_works_with_its_own_role_and_nothing_more(site: Site) -> 
     )  # fmt: skip
     leaked = [user for user, password in site.secret.items() if password in seen]
     assert leaked == []
+
+
+def test_a_group_runs_on_its_own_roles_and_reaches_no_other_groups_queues(site: Site) -> None:
+    # Given the stream's roles and group audit's applied, and the stream (after the tests
+    # above, or alone)
+    rabbitmqctl = str(site.rabbit.install.program("rabbitmqctl", site.tmp))
+    for group in ([f"--member={m}" for m in MEMBERS], ["--group", "audit"]):
+        site.partq(
+            "root", "security", "roles", STREAM, *group, "--apply", "--passwords",
+            str(site.passwords), "--rabbitmqctl", rabbitmqctl, extra=dict(site.rabbit.env),
+        )  # fmt: skip
+    admin = Registry.connect(site.settings("admin"))
+    try:
+        try:
+            partitions = admin.read_spec(STREAM).partitions
+        except StreamNotFound:
+            site.partq("admin", "stream", "create", STREAM, "--partitions", str(PARTITIONS))
+            partitions = PARTITIONS
+        # When the admin creates group audit, and its coordinator and one consumer run on
+        # the group's own identities
+        assert "created" in site.partq("admin", "group", "create", STREAM, "audit")
+        scope = f"{STREAM}~audit"
+        record = site.tmp / "audit-records.jsonl"
+        fleets = [
+            Fleet(scope, site.tmp, site.etcd.endpoint, "", record, env=site.env(who))
+            for who in ("audit-coordinator", "audit-consumer")
+        ]
+        try:
+            fleets[0].coordinator("audit-coordinator", ttl=3)
+            fleets[1].consumer("a-1", ttl=3)
+            group = Group(admin.client, admin.where, scope)
+            wait_until(lambda: balanced(group, partitions, {"a-1"}), 60, 0.2, "audit balanced")
+            # ... and the producer publishes once, with its own identity
+            producer = Registry.connect(site.settings("producer"))
+            sent = {(f"g{i:02d}", n) for n in range(5) for i in range(20)}
+            with Producer(STREAM, amqp_url=site.settings("producer").amqp, etcd=producer) as p:
+                for key, n in sorted(sent, key=lambda s: (s[1], s[0])):
+                    body = json.dumps({"key": key, "seq": n}).encode()
+                    p.publish(key, body, message_id=f"{key}:{n}")
+                p.flush(30)
+            producer.close()
+
+            # Then the group handles every message, in order per key
+            def handled() -> set[tuple[str, int]]:
+                return (
+                    {(r["key"], r["seq"]) for r in audit.load(record)} if record.exists() else set()
+                )
+
+            wait_until(lambda: handled() >= sent, 60, 0.2, "audit handled everything")
+            assert audit.order_violations(audit.load(record)) == []
+        finally:
+            for fleet in fleets:
+                fleet.close()
+        # And RabbitMQ refuses each group's consumer the other group's queues (403)
+        with _amqp(site, "audit-consumer") as connection:
+            channel = connection.channel()
+            theirs = f"partq.{STREAM}.p00000"
+            assert _refused(lambda: channel.basic_consume(theirs, lambda *a: None)) == 403
+        with _amqp(site, "audit-operator") as connection:
+            channel = connection.channel()
+            theirs = f"partq.{STREAM}.dlq"
+            assert _refused(lambda: channel.basic_get(theirs)) == 403
+        with _amqp(site, "c-1") as connection:
+            channel = connection.channel()
+            ours = f"partq.{scope}.p00000"
+            assert _refused(lambda: channel.basic_consume(ours, lambda *a: None)) == 403
+    finally:
+        admin.close()
 
 
 def test_the_admin_role_alone_can_resize_and_the_operator_role_cannot(site: Site) -> None:
