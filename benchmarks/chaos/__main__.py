@@ -14,6 +14,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,9 +24,10 @@ from types import FrameType
 from typing import Any
 
 from partq.coordinator.leader.policy import standby_mode
-from partq.coordinator.ops import admin
+from partq.coordinator.ops import admin, groups
 from partq.coordinator.store.group import Group
 from partq.producer import StreamSpec
+from partq.producer.contract import group_scope
 from partq.producer.registry import Registry
 
 from partq.kernel.settings import DEFAULT_HANDOFF, Settings
@@ -34,7 +36,7 @@ from tests.integration.groups.harness import Fleet, SequenceProducer, balanced, 
 from tests.rabbit import MACHINE, TREE_40
 
 from .broker_memory import BrokerSampler, summary
-from .nemesis import KINDS, Nemesis
+from .nemesis import KINDS, PROCESS_KINDS, Nemesis
 from .records import RecordReader
 from .report import table
 from .sampler import Sampler
@@ -85,6 +87,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ask.add_argument("--idle-limit", type=float, default=IDLE_LIMIT, help="Seconds a partition "
                      "may handle nothing while a message waits in it before the run fails "
                      f"(default {IDLE_LIMIT:.0f}: the worst stall faults explain).")  # fmt: skip
+    ask.add_argument("--groups", type=int, default=1, help="Consumer groups reading the "
+                     "stream (1..3): the default one, g2, g3, each with two coordinators, its "
+                     "own consumers and a nemesis of its processes (the servers' faults are "
+                     "shared), each judged on its own.")  # fmt: skip
     ask.add_argument("--out", type=Path, help="Write the results as JSON here.")
     ask.add_argument("--workdir", type=Path, help="Keep logs and records here (kept).")
     args = ask.parse_args(argv)
@@ -92,6 +98,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         ask.error(f"unknown fault kinds {unknown}: choose from {','.join(KINDS)}")
+    if not 1 <= args.groups <= 3:
+        ask.error("--groups must be 1..3")
     if not 4 <= args.consumers <= 6:
         ask.error("--consumers must be 4..6 (the nemesis scales between 4 and 6)")
     bad = [line for line in args.rabbit_conf if "=" not in line or "\n" in line]
@@ -158,14 +166,24 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         )
         for _ in range(args.consumers):
             nemesis.start_consumer()
-        group = Group(registry.client, registry.where, stream)
-        wait_until(
-            lambda: balanced(group, args.partitions, set(nemesis.consumers)), 120, 0.5, "balanced"
-        )
+        others = [
+            _other_group(
+                args, stack, stream, registry, urls, etcd.endpoints, rabbit, etcd, root, n, extra
+            )
+            for n in range(2, args.groups + 1)
+        ]
+        for fleet_of, nemesis_of in [(fleet, nemesis), *((f, n) for _, f, n in others)]:
+            group = Group(registry.client, registry.where, fleet_of.stream)
+            wait_until(
+                lambda g=group, n=nemesis_of: balanced(g, args.partitions, set(n.consumers)),
+                120,
+                0.5,
+                f"{fleet_of.stream} balanced",
+            )
 
         def processes() -> Iterator[tuple[str, int]]:
             yield "driver+producer", os.getpid()
-            for proc in list(fleet.procs):
+            for proc in [*fleet.procs, *(p for _, f, _ in others for p in f.procs)]:
                 if proc.alive():
                     yield f"consumer {proc.name}" if proc.name[0] == "c" else proc.name, proc.pid
             for member in etcd.members:
@@ -189,20 +207,45 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         wait_until(lambda: len(load.published()) >= args.keys, 60, 0.1, "first confirms")
         began, load_before = time.time(), loadavg()
         log(f"group balanced, load running; nemesis for {args.duration:.0f} s (seed {args.seed})")
+        threads = [
+            threading.Thread(target=n.run, args=(args.duration,), name=f"nemesis-{name}")
+            for name, _, n in others
+        ]
+        for thread in threads:
+            thread.start()
         try:
             nemesis.run(args.duration)
         finally:
+            for thread in threads:
+                thread.join(args.duration + 60)
             log("healing: SIGCONT, restarts, drain --cancel")
-            nemesis.heal()
+            for each in [nemesis, *(n for _, _, n in others)]:
+                each.heal()
         load.stop()
         confirmed = load.published()
         reader = RecordReader(fleet.record)
+        readers = {name: RecordReader(f.record) for name, f, _ in others}
         log(f"{len(confirmed)} confirmed; waiting up to {args.drain_wait:.0f} s for every one")
         with contextlib.suppress(AssertionError):
-            wait_until(lambda: reader.covers(confirmed), args.drain_wait, 2.0, "all handled")
+            wait_until(
+                lambda: all(r.covers(confirmed) for r in [reader, *readers.values()]),
+                args.drain_wait,
+                2.0,
+                "all handled",
+            )
         sampler.stop()
         broker.stop()
         verdict = judge(reader.records, confirmed, nemesis.faults, sampler.samples, args.idle_limit)
+        group_verdicts = {
+            name: judge(
+                readers[name].records,
+                confirmed,
+                [*nemesis.faults, *n.faults],
+                sampler.samples,
+                args.idle_limit,
+            ).as_json()
+            for name, _, n in others
+        }
         return {
             "seed": args.seed,
             "duration_s": args.duration,
@@ -222,6 +265,8 @@ def soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "publish_failure_examples": load.failed[:1000],
             "fault_log": [asdict(f) for f in nemesis.faults],
             "verdict": verdict.as_json(),
+            "groups": group_verdicts,
+            "group_faults": {name: [asdict(f) for f in n.faults] for name, _, n in others},
             "rss_samples": [asdict(s) for s in sampler.samples],
             "rabbit_conf": args.rabbit_conf,
             "wal_max_size_bytes": wal_max,
@@ -240,9 +285,51 @@ def main(argv: list[str] | None = None) -> int:
         log(f"the soak could not run: {type(e).__name__}: {e}")
         return 2
     print(table(results))
+    for name, verdict in results["groups"].items():
+        print(
+            f"group {name}: {'PASS' if verdict['passed'] else 'FAIL'}: "
+            f"{len(results['group_faults'][name])} process faults of its own, "
+            f"{verdict['handled']} handled, {verdict['lost']} lost, "
+            f"{verdict['order_unexplained']} order violations, {verdict['overlaps']} overlaps"
+        )
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=1, sort_keys=True, default=str))
-    return 0 if results["verdict"]["passed"] else 1
+    passed = [results["verdict"]["passed"], *(v["passed"] for v in results["groups"].values())]
+    return 0 if all(passed) else 1
+
+
+def _other_group(
+    args: argparse.Namespace,
+    stack: contextlib.ExitStack,
+    stream: str,
+    registry: Registry,
+    urls: str,
+    endpoints: str,
+    rabbit: RabbitCluster,
+    etcd: EtcdCluster,
+    root: Path,
+    number: int,
+    extra: tuple[str, ...],
+) -> tuple[str, Fleet, Nemesis]:
+    """Group ``g<number>`` of the stream: created, two coordinators, its consumers, and a
+    nemesis of its own processes (seeded apart from the first)."""
+    name = f"g{number}"
+    groups.create_group(registry, urls, stream, name)
+    home = root / name
+    home.mkdir(exist_ok=True)
+    fleet = Fleet(group_scope(stream, name), home, endpoints, urls, home / "records.jsonl")
+    fleet.env["PARTQ_HANDOFF"] = args.handoff
+    stack.callback(fleet.close)
+    for coordinator in ("k1", "k2"):
+        fleet.coordinator(coordinator, ttl=args.ttl, settle=1.0, extra=extra)
+    kinds = tuple(k for k in args.kinds if k in PROCESS_KINDS)
+    nemesis = Nemesis(
+        fleet, rabbit, etcd, args.partitions, args.seed + 1000 * number, kinds, args.ttl,
+        lambda line: log(f"[{name}] {line}"), prefix=f"{name}c",
+    )  # fmt: skip
+    for _ in range(args.consumers):
+        nemesis.start_consumer()
+    return name, fleet, nemesis
 
 
 if __name__ == "__main__":

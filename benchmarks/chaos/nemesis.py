@@ -23,7 +23,7 @@ from tests.integration.groups.harness import Fleet, Proc
 
 from .verdict import BROKER_CRASH, CONSUMER_CRASH, FREEZE, Fault
 
-__all__ = ["KINDS", "Nemesis"]
+__all__ = ["KINDS", "PROCESS_KINDS", "Nemesis"]
 
 KINDS = (
     CONSUMER_CRASH,  # kill -9, restarted under the same member id (a StatefulSet's pod)
@@ -38,6 +38,9 @@ KINDS = (
     "scale-up",  # one more consumer (at most MAX_CONSUMERS)
     "scale-down",  # SIGTERM of one, not replaced (at least MIN_CONSUMERS)
 )
+# what another group's nemesis fires: its own processes and operations (the servers are
+# the first nemesis's, shared by every group)
+PROCESS_KINDS = tuple(k for k in KINDS if k not in ("etcd-kill", "etcd-leader-kill", BROKER_CRASH))
 MIN_CONSUMERS, MAX_CONSUMERS = 4, 6
 CLI = [sys.executable, "-m", "partq"]
 
@@ -66,6 +69,7 @@ class Nemesis:
     _repairs: list[_Repair] = field(default_factory=list)
     _deck: list[str] = field(default_factory=list)  # kinds not yet fired this round
     _next_member: int = 1
+    prefix: str = "c"  # member ids: c1, c2, ... (another group's nemesis: its own prefix)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -74,7 +78,7 @@ class Nemesis:
 
     def start_consumer(self, member: str | None = None) -> Proc:
         if member is None:
-            member, self._next_member = f"c{self._next_member}", self._next_member + 1
+            member, self._next_member = f"{self.prefix}{self._next_member}", self._next_member + 1
         proc = self.fleet.consumer(member, ttl=self.ttl)
         self.consumers[member] = proc
         return proc

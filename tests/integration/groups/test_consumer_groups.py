@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pika
+import pika.exceptions
 import pytest
 from partq.coordinator.ops import dlq
 from partq.coordinator.store.group import Group
 from partq.producer import Producer
-from partq.producer.contract import group_scope
+from partq.producer.contract import group_scope, partition_exchange
 from partq.producer.queue_probes import scan_partition_queues
 from partq.producer.registry import Registry
 
@@ -84,6 +85,11 @@ def test_two_groups_each_handle_every_message_in_order_through_a_resize(
         settle(billing_group, billing, 8, {"b-c1", "b-c2"})
         flowing(fleet, "the default group at 8", 600)
         flowing(billing, "billing at 8", 600)
+        # And shrinks 8 -> 4 (every group's retired queues deleted once empty)
+        resized = partq(fleet, "stream", "resize", stream, "-p", "4", "--wait", "--timeout", "120")
+        assert resized.returncode == 0, resized.stderr + fleet.logs()
+        settle(billing_group, billing, 4, {"b-c1", "b-c2"})
+        flowing(billing, "billing at 4", 600)
     # Then each group handled every confirmed message, per key in order, never overlapping
     try:
         sent, records = audited(load, fleet)
@@ -97,12 +103,18 @@ def test_two_groups_each_handle_every_message_in_order_through_a_resize(
         print(fleet.logs())
         raise
     assert sent == billing_sent
-    # And the resize waited for both groups' fences, and made both groups' new queues
+    # And each resize waited for both groups' fences, and changed both groups' queues
     assert drained(registry, stream, 0) == set(range(4))
     assert drained(registry, billing.stream, 0) == set(range(4))
+    assert drained(registry, billing.stream, 1) == set(range(8))
     with pika.BlockingConnection(pika.URLParameters(rabbitmq)) as connection:
-        assert len(scan_partition_queues(connection, stream)) == 8
-        assert len(scan_partition_queues(connection, billing.stream)) == 8
+        assert len(scan_partition_queues(connection, stream)) == 4
+        assert len(scan_partition_queues(connection, billing.stream)) == 4
+        # the retired partitions' exchanges went with their queues; the others route
+        channel = connection.channel()
+        channel.exchange_declare(partition_exchange(stream, 3), passive=True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="NOT_FOUND"):
+            channel.exchange_declare(partition_exchange(stream, 4), passive=True)
     # And `group list` shows both groups with their members
     listed = partq(fleet, "group", "list", stream, "--json")
     assert listed.returncode == 0, listed.stderr
