@@ -1,4 +1,3 @@
-# ruff: noqa: E501  (Markdown tables)
 """What a consumer group costs the broker: one stream read by 1 group and by 3 groups.
 
     .venv/bin/python -m benchmarks.fanout [--messages 30000] [--repeats 3] [--groups 3]
@@ -22,13 +21,13 @@ import uuid
 from typing import Any
 
 import pika
-
-from benchmarks.consume import broker_cpu, load_average, log, prefill
 from partq.coordinator.ops import admin, groups
-from partq.kernel.local import LocalEtcd
-from partq.kernel.settings import Settings
 from partq.producer.contract import StreamSpec
 from partq.producer.registry import Registry
+
+from benchmarks.consume import broker_cpu, load_average, log, prefill
+from partq.kernel.local import LocalEtcd
+from partq.kernel.settings import Settings
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
 PARTITIONS = 8

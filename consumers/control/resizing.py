@@ -82,10 +82,14 @@ class ResizeGate:
 
     def _start(self) -> None:
         with etcd_errors(self.where):
-            for prefix in (keys.resize(self.stream), self._prefix):
-                self._watches.append(
-                    self.client.add_watch_prefix_callback(prefix, self._on_response)
-                )
+            # the record by its key alone: a group's roles may read only that key of the
+            # stream's (docs/groups.md); the drained keys are the group's own
+            self._watches.append(
+                self.client.add_watch_callback(keys.resize(self.stream), self._on_response)
+            )
+            self._watches.append(
+                self.client.add_watch_prefix_callback(self._prefix, self._on_response)
+            )
             raw, meta = self.client.get(keys.resize(self.stream))
             drained = list(self.client.get_prefix(self._prefix))
         if raw is not None:

@@ -461,29 +461,49 @@ def test_a_group_runs_on_its_own_roles_and_reaches_no_other_groups_queues(site: 
             Fleet(scope, site.tmp, site.etcd.endpoint, "", record, env=site.env(who))
             for who in ("audit-coordinator", "audit-consumer")
         ]
+        # (and the default group's, so that a resize's fences are handled in both groups)
+        fleets += [
+            Fleet(STREAM, site.tmp, site.etcd.endpoint, "", site.tmp / "default.jsonl",
+                  env=site.env(who))
+            for who in ("coordinator", "c-1")
+        ]  # fmt: skip
         try:
             fleets[0].coordinator("audit-coordinator", ttl=3)
             fleets[1].consumer("a-1", ttl=3)
+            fleets[2].coordinator("default-coordinator", ttl=3)
+            fleets[3].consumer("c-1", ttl=3)
             group = Group(admin.client, admin.where, scope)
             wait_until(lambda: balanced(group, partitions, {"a-1"}), 60, 0.2, "audit balanced")
-            # ... and the producer publishes once, with its own identity
             producer = Registry.connect(site.settings("producer"))
-            sent = {(f"g{i:02d}", n) for n in range(5) for i in range(20)}
-            with Producer(STREAM, amqp_url=site.settings("producer").amqp, etcd=producer) as p:
-                for key, n in sorted(sent, key=lambda s: (s[1], s[0])):
-                    body = json.dumps({"key": key, "seq": n}).encode()
-                    p.publish(key, body, message_id=f"{key}:{n}")
-                p.flush(30)
-            producer.close()
 
-            # Then the group handles every message, in order per key
+            def publish(rounds: range) -> set[tuple[str, int]]:
+                """The producer publishes 20 keys x rounds once, with its own identity."""
+                sent = {(f"g{i:02d}", n) for n in rounds for i in range(20)}
+                with Producer(STREAM, amqp_url=site.settings("producer").amqp, etcd=producer) as p:
+                    for key, n in sorted(sent, key=lambda s: (s[1], s[0])):
+                        p.publish(key, json.dumps({"key": key, "seq": n}).encode())
+                    p.flush(30)
+                return sent
+
             def handled() -> set[tuple[str, int]]:
                 return (
                     {(r["key"], r["seq"]) for r in audit.load(record)} if record.exists() else set()
                 )
 
+            # ... and the producer publishes once
+            sent = publish(range(5))
+            # Then the group handles every message, in order per key
             wait_until(lambda: handled() >= sent, 60, 0.2, "audit handled everything")
+            # And when the admin resizes the stream and back, waiting for every group's
+            # fences (the group's consumer reads the resize record with its own rights)
+            for round_, count in enumerate((partitions * 2, partitions)):
+                site.partq("admin", "stream", "resize", STREAM, "-p", str(count), "--wait",
+                           "--timeout", "120")  # fmt: skip
+                wait_until(lambda c=count: balanced(group, c, {"a-1"}), 60, 0.2, "rebalanced")
+                sent |= publish(range(5 + 3 * round_, 8 + 3 * round_))
+            wait_until(lambda: handled() >= sent, 60, 0.2, "audit handled the rest")
             assert audit.order_violations(audit.load(record)) == []
+            producer.close()
         finally:
             for fleet in fleets:
                 fleet.close()
@@ -514,16 +534,18 @@ def test_the_admin_role_alone_can_resize_and_the_operator_role_cannot(site: Site
     site.partq("admin", "stream", "create", STREAM, "--partitions", str(PARTITIONS))
     # When the operator asks for a resize / Then etcd refuses its record, in one line, and nothing
     # changed
+    registry = Registry.connect(site.settings("admin"))
+    epoch = registry.read_spec(STREAM).epoch  # the group test above resized it, and back
+    registry.close()
     refused = site.partq("operator", "stream", "resize", STREAM, "-p", "8", fails=True)
     assert "permission denied" in refused.lower() and len(refused.strip().splitlines()) == 1
-    assert f"stream {STREAM}: {PARTITIONS} partitions, quorum" in site.partq(
-        "admin", "stream", "describe", STREAM
-    )
+    was = f"{PARTITIONS} partitions" + (f" (epoch {epoch})" if epoch else "") + ", quorum"
+    assert f"stream {STREAM}: {was}" in site.partq("admin", "stream", "describe", STREAM)
     # When the admin resizes it / Then the broker steps and the switch are done with its
     # rights alone (declare, unbind, the fences, bind, the spec)
     done = site.partq("admin", "stream", "resize", STREAM, "-p", str(PARTITIONS * 2))
-    assert f"producers publish {PARTITIONS * 2} partitions (epoch 1)" in done
-    assert f"{PARTITIONS * 2} partitions (epoch 1)" in site.partq(
+    assert f"producers publish {PARTITIONS * 2} partitions (epoch {epoch + 1})" in done
+    assert f"{PARTITIONS * 2} partitions (epoch {epoch + 1})" in site.partq(
         "admin", "stream", "describe", STREAM
     )
     assert all(secret not in out for out in site.outputs for secret in site.secret.values())
