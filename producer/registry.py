@@ -157,13 +157,17 @@ class Registry:
         return value
 
     def list_specs(self) -> list[StreamSpec]:
+        """Every stream's spec: the keys under the streams read without their values (a
+        stream's group keys can be many and large), then each spec by its key."""
+        specs = []
         with etcd_errors(self.where):
-            items = list(self.client.get_prefix(keys.STREAMS))
-        specs = [
-            StreamSpec.from_json(value, meta.key.decode(errors="replace"))
-            for value, meta in items
-            if keys.stream_of_spec(meta.key) is not None
-        ]
+            found = [meta.key for _, meta in self.client.get_prefix(keys.STREAMS, keys_only=True)]
+            for key in found:
+                if keys.stream_of_spec(key) is None:
+                    continue
+                value, _meta = self.client.get(key.decode(errors="replace"))
+                if value is not None:  # deleted since
+                    specs.append(StreamSpec.from_json(value, key.decode(errors="replace")))
         return sorted(specs, key=lambda s: s.name)
 
     def delete(self, stream: str) -> None:

@@ -122,7 +122,8 @@ class EtcdClient(Protocol):
     def get(self, key: str, revision: int | None = None) -> tuple[bytes | None, Any]:
         """The value and metadata of ``key`` (at ``revision``: as it was then)."""
 
-    def get_prefix(self, prefix: str) -> Iterable[tuple[bytes, Any]]: ...
+    def get_prefix(self, prefix: str, *, keys_only: bool = False) -> Iterable[tuple[bytes, Any]]:
+        """Every key under ``prefix`` with its value (``keys_only``: an empty value)."""
 
     def get_prefix_response(self, prefix: str) -> Any: ...
 

@@ -201,9 +201,13 @@ class FakeEtcd:
         start = to_bytes(prefix)
         return self._range(start, prefix_range_end(start))
 
-    def get_prefix(self, prefix: str | bytes) -> Iterator[tuple[bytes, KVMetadata]]:
+    def get_prefix(
+        self, prefix: str | bytes, *, keys_only: bool = False
+    ) -> Iterator[tuple[bytes, KVMetadata]]:
         response = self.get_prefix_response(prefix)
-        return ((kv.value, KVMetadata(kv, response.header)) for kv in response.kvs)
+        return (
+            (b"" if keys_only else kv.value, KVMetadata(kv, response.header)) for kv in response.kvs
+        )
 
     def put(self, key: str | bytes, value: str | bytes, lease: Any = None) -> Any:
         ops = [self.transactions.put(key, value, lease)]
