@@ -84,13 +84,7 @@ def declare_stream(connection: pika.BlockingConnection, spec: StreamSpec) -> Non
     for partition in range(spec.partitions):
         # the current epoch's routing key: "q" as created, "E.q" once resized (an older
         # epoch's binding is never made again: its late publishes must stay unroutable)
-        routing_key = spec.layout.routing_key(partition)
-        if routed:
-            channel.exchange_bind(
-                partition_exchange(spec.name, partition), spec.exchange, routing_key=routing_key
-            )
-        else:
-            channel.queue_bind(spec.queue(partition), spec.exchange, routing_key=routing_key)
+        _bind_partition(channel, [spec], partition, spec.layout.routing_key(partition), routed)
     if legacy:
         log.warning(
             "%d queues of stream %s have no delivery limit (declared by partq 0.1.0): a "
@@ -181,10 +175,8 @@ def route_through_partition_exchanges(
     _route(channel, default, range(spec.partitions))
     for partition in range(spec.partitions):
         routing_key = spec.layout.routing_key(partition)
-        channel.exchange_bind(
-            partition_exchange(spec.name, partition), spec.exchange, routing_key=routing_key
-        )
-        channel.queue_unbind(default.queue(partition), spec.exchange, routing_key=routing_key)
+        _bind_partition(channel, [default], partition, routing_key, routed=True)
+        _bind_partition(channel, [default], partition, routing_key, routed=False, bind=False)
     channel.close()
 
 
@@ -198,25 +190,32 @@ def _bind_fillers(
     reaches a partition this way. Idempotent both ways."""
     for partition in partitions:
         queue = queue_name(spec.scope, partition)
-        _binding(channel, bind, queue, spec.dead_letter_exchange, queue)
+        if bind:
+            channel.queue_bind(queue, spec.dead_letter_exchange, routing_key=queue)
+        else:
+            channel.queue_unbind(queue, spec.dead_letter_exchange, routing_key=queue)
 
 
-def _binding(
+def _bind_partition(
     channel: BlockingChannel,
-    bind: bool,
-    destination: str,
-    source: str,
+    specs: Sequence[StreamSpec],
+    partition: int,
     routing_key: str,
+    routed: bool,
     *,
-    exchange: bool = False,
+    bind: bool = True,
 ) -> None:
-    """Make (``bind``) or remove the binding of queue ``destination`` (an exchange with
-    ``exchange``) to ``source`` under ``routing_key``."""
-    if exchange:
+    """Make (``bind``) or remove the binding that carries ``routing_key`` of the stream's
+    exchange to ``partition``: to its partition exchange, one for every group, when the
+    stream is ``routed`` (:func:`is_routed`); else to the queue of each group of ``specs``."""
+    exchange = specs[0].exchange
+    if routed:
         change = channel.exchange_bind if bind else channel.exchange_unbind
-    else:
+        change(partition_exchange(specs[0].name, partition), exchange, routing_key=routing_key)
+        return
+    for spec in specs:
         change = channel.queue_bind if bind else channel.queue_unbind
-    change(destination, source, routing_key=routing_key)
+        change(queue_name(spec.scope, partition), exchange, routing_key=routing_key)
 
 
 def unbind_fillers(
@@ -242,17 +241,10 @@ def bind_layout(
     group, on a stream that has groups; else the queue of each group of ``specs``.
     Idempotent both ways: RabbitMQ ignores a binding made twice, and the removal of one
     that is not there."""
-    stream = specs[0]
-    routed = is_routed(connection, stream)
+    routed = is_routed(connection, specs[0])
     channel = connection.channel()
     for partition in range(layout.partitions):
-        routing_key = layout.routing_key(partition)
-        if routed:
-            exchange = partition_exchange(stream.name, partition)
-            _binding(channel, bind, exchange, stream.exchange, routing_key, exchange=True)
-            continue
-        for spec in specs:
-            _binding(channel, bind, queue_name(spec.scope, partition), spec.exchange, routing_key)
+        _bind_partition(channel, specs, partition, layout.routing_key(partition), routed, bind=bind)
     channel.close()
 
 
@@ -280,14 +272,9 @@ def publish_fence(
     its groups: one publish puts the fence into each group's queue of ``partition``."""
     routing_key, exchange = fence_routing_key(epoch, partition), specs[0].exchange
     routed = is_routed(connection, specs[0])
-    queues = [queue_name(spec.scope, partition) for spec in specs]
-    to = partition_exchange(specs[0].name, partition)
     channel = connection.channel()
     channel.confirm_delivery()
-    if routed:  # one binding reaches every group's queue
-        channel.exchange_bind(to, exchange, routing_key=routing_key)
-    for queue in [] if routed else queues:
-        channel.queue_bind(queue, exchange, routing_key=routing_key)
+    _bind_partition(channel, specs, partition, routing_key, routed)
     properties = pika.BasicProperties(
         delivery_mode=2,
         message_id=f"partq-fence-{epoch}-{partition}-{uuid.uuid4().hex}",
@@ -302,10 +289,7 @@ def publish_fence(
         timestamp=int(time.time()),
     )
     channel.basic_publish(exchange, routing_key, b"", properties, mandatory=True)
-    if routed:
-        channel.exchange_unbind(to, exchange, routing_key=routing_key)
-    for queue in [] if routed else queues:
-        channel.queue_unbind(queue, exchange, routing_key=routing_key)
+    _bind_partition(channel, specs, partition, routing_key, routed, bind=False)
     channel.close()
 
 

@@ -341,7 +341,7 @@ class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
                 wrong,
             )
         addressed = (props.headers or {}).get(HEADER_GROUP)
-        if addressed is not None and _text(addressed) != self.spec.group:
+        if addressed is not None and addressed not in (self.spec.group, self.spec.group.encode()):
             metrics.HANDLED.labels(*self._labels, "other_group").inc()
             return Outcome.ACK  # a redrive or dlq request of another group (docs/groups.md)
         control = (props.headers or {}).get(HEADER_CONTROL)
@@ -448,7 +448,3 @@ class Worker(KeyParking, ResizeSteps, Watchdog, threading.Thread):
             )
             return Outcome.ACK
         return Outcome.KEEP
-
-
-def _text(value: object) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

@@ -258,8 +258,7 @@ def delete(registry: Registry, amqp_url: AmqpURL, stream: str) -> None:
     """Delete the stream's queues (and their messages), every group's, and every etcd key
     of it; during a resize, the queues of both layouts."""
     spec = registry.read_spec(stream)
-    with blocking_connection(amqp_url) as connection:
-        for group in registry.list_groups(stream):  # each group's queues, then the default's
-            delete_queues(registry, connection, spec.in_group(group), exchange=False)
-        delete_queues(registry, connection, spec, exchange=True)
+    groups = [spec.in_group(g) for g in registry.list_groups(stream)]
+    with blocking_connection(amqp_url) as connection:  # the default group's last
+        delete_queues(registry, connection, [*groups, spec], exchange=True)
     registry.delete(stream)

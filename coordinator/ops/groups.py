@@ -62,16 +62,16 @@ def create_group(registry: Registry, amqp_url: AmqpURL, stream: str, group: str)
 def list_groups(registry: Registry, amqp_url: AmqpURL | None, stream: str) -> list[GroupSummary]:
     """Every group of ``stream``, the default one first; depths only with ``amqp_url``."""
     spec = registry.read_spec(stream)
+    specs = [spec.in_group(g) for g in [DEFAULT_GROUP, *registry.list_groups(stream)]]
+    messages: dict[str, int | None] = dict.fromkeys((s.scope for s in specs), None)
+    if amqp_url is not None:
+        with blocking_connection(amqp_url, name="partq-group-list") as connection:
+            for each in specs:
+                messages[each.scope] = sum(q.messages or 0 for q in queue_stats(connection, each))
     found = []
-    for group in [DEFAULT_GROUP, *registry.list_groups(stream)]:
-        scope = group_scope(stream, group)
-        state = Group(registry.client, registry.where, scope, report=False).snapshot()
-        messages = None
-        if amqp_url is not None:
-            with blocking_connection(amqp_url, name="partq-group-list") as connection:
-                stats = queue_stats(connection, spec.in_group(group))
-            messages = sum(q.messages or 0 for q in stats)
-        found.append(GroupSummary(group, scope, len(state.members), messages))
+    for each in specs:
+        state = Group(registry.client, registry.where, each.scope, report=False).snapshot()
+        found.append(GroupSummary(each.group, each.scope, len(state.members), messages[each.scope]))
     return found
 
 
@@ -94,22 +94,28 @@ def delete_group(
             f"or add --force"
         )
     with blocking_connection(amqp_url, name=f"partq-group-{stream}") as connection:
-        delete_queues(registry, connection, spec, exchange=False)
+        delete_queues(registry, connection, [spec], exchange=False)
     registry.remove_group(stream, group)
 
 
 def delete_queues(
-    registry: Registry, connection: pika.BlockingConnection, spec: StreamSpec, *, exchange: bool
+    registry: Registry,
+    connection: pika.BlockingConnection,
+    specs: list[StreamSpec],
+    *,
+    exchange: bool,
 ) -> None:
-    """Delete one group's queues and exchanges (and the stream's exchange with ``exchange``):
-    during a resize, the queues of both layouts."""
-    running, _revision = read_record(registry, spec.name)
-    if running is not None and running.running:
-        both = max(running.resize.old.partitions, running.resize.new.partitions)
-        spec = replace(spec, partitions=max(spec.partitions, both))
-    parked = Group(registry.client, registry.where, spec.scope, report=False).parked()
-    delete_stream(connection, spec, exchange=exchange)
-    channel = connection.channel()
-    for record in parked.values():  # the parked keys' own queues
-        channel.queue_delete(spec.park_queue(record.key))
-    channel.close()
+    """Delete the queues and exchanges of each group of ``specs`` (and then the stream's
+    exchange with ``exchange``): during a resize, the queues of both layouts."""
+    running, _revision = read_record(registry, specs[0].name)
+    for number, each in enumerate(specs, 1):
+        spec = each
+        if running is not None and running.running:
+            both = max(running.resize.old.partitions, running.resize.new.partitions)
+            spec = replace(each, partitions=max(each.partitions, both))
+        parked = Group(registry.client, registry.where, spec.scope, report=False).parked()
+        delete_stream(connection, spec, exchange=exchange and number == len(specs))
+        channel = connection.channel()
+        for record in parked.values():  # the parked keys' own queues
+            channel.queue_delete(spec.park_queue(record.key))
+        channel.close()

@@ -227,7 +227,7 @@ class Group:
 
     def _stream_keys(self) -> tuple[str, ...]:
         """The stream's keys a group other than the default one reads outside its prefix."""
-        if keys.stream_prefix(self.stream) == keys.stream_prefix(keys.stream_of(self.stream)):
+        if keys.stream_of(self.stream) == self.stream:  # the default group: under its prefix
             return ()
         return keys.spec(self.stream), keys.resize(self.stream)
 

@@ -9,8 +9,8 @@ they did and refuse what would lose messages.
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -27,21 +27,15 @@ from partq.producer.registry import Registry
 from examples import audit
 from partq.kernel import keys
 
-from .harness import PARTQ, Fleet, wait_until
+from ..test_parking import partq as run_partq
+from .harness import Fleet, wait_until
 from .test_resize_clients import audited, drained, flowing, keyed_load, settle
 
 pytestmark = [pytest.mark.integration]
 
 
-def partq(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(PARTQ), *args],
-        env=fleet._env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+# each call's exit code is the test's to check
+partq = functools.partial(run_partq, check=False)
 
 
 def group_fleet(fleet: Fleet, group: str) -> Fleet:
